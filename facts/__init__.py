@@ -1,0 +1,1 @@
+"""pyinfra facts: read host state, one probe round-trip per host."""

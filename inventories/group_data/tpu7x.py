@@ -1,0 +1,3 @@
+"""TPU 7x hosts: the slice's data-center network interface."""
+
+kimi_socket_ifname = "ens8"

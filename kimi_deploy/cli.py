@@ -1,0 +1,96 @@
+"""``kimi-deploy``: validate a recipe against an inventory, show or render the plan."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.inventory_file import load_inventory
+from kimi_deploy.plan_table import format_plan
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import load_recipe
+from kimi_deploy.render import render_host
+from kimi_deploy.servespec import Plan
+
+
+def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
+    recipe = load_recipe(args.recipe)
+    inventory = load_inventory(args.inventory)
+    return recipe, plan(recipe, args.recipe, inventory, getattr(args, "topology", None))
+
+
+def _validate(args: argparse.Namespace) -> int:
+    _, result = _plan(args)
+    topologies = sorted({h.topology for h in result.hosts})
+    print(f"ok: {args.recipe} x {args.inventory}: {len(result.hosts)} hosts in {', '.join(topologies)}")
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _render(recipe: Any, result: Plan, out: Path) -> int:
+    count = 0
+    for host in result.hosts:
+        for f in render_host(recipe, host):
+            target = out / host.host / f.path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f.content, encoding="utf-8")
+            count += 1
+    print(f"rendered {count} files for {len(result.hosts)} hosts under {out}", file=sys.stderr)
+    return 0
+
+
+def _show_plan(args: argparse.Namespace) -> int:
+    recipe, result = _plan(args)
+    if args.json:
+        print(json.dumps(_jsonable(result), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(format_plan(result))
+    if args.render:
+        return _render(recipe, result, Path(args.render))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kimi-deploy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    validate = sub.add_parser("validate", help="check a recipe and an inventory together; change nothing")
+    validate.add_argument("recipe")
+    validate.add_argument("inventory")
+    validate.set_defaults(func=_validate)
+    show = sub.add_parser("plan", help="print every host's serve spec (pool, rank, ports, argv)")
+    show.add_argument("recipe")
+    show.add_argument("inventory")
+    show.add_argument("--topology", help="only this topology of the recipe")
+    show.add_argument("--json", action="store_true", help="print the plan as JSON")
+    show.add_argument("--render", metavar="DIR", help="write every host's rendered files under DIR/<host>/")
+    show.set_defaults(func=_show_plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The plan as a deploy sees it: the recipe named by host data, the whole inventory, this host."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from kimi_deploy.inventory_file import from_pyinfra
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.servespec import HostPlan
+
+DEFAULT_RECIPE = "recipes/kimi-k3.1-pro.yaml"
+
+
+def inventory_label(argv: list[str] | None = None) -> str:
+    """The inventory file pyinfra was given (its first argument), for error messages."""
+    args = sys.argv if argv is None else argv
+    if len(args) > 1 and Path(args[1]).is_file():
+        return args[1]
+    return "inventory"
+
+
+def plan_for(inventory: Any, host: Any, label: str | None = None) -> tuple[Recipe, HostPlan]:
+    """Plan the whole inventory exactly as ``kimi-deploy plan`` does and return ``host``'s part.
+
+    ``inventory`` and ``host`` are pyinfra's objects; the recipe is the host's ``kimi_recipe``
+    data (relative to the directory pyinfra runs in) or the default recipe.
+    """
+    recipe_file = host.data.get("kimi_recipe") or DEFAULT_RECIPE
+    recipe = load_recipe(recipe_file)
+    full = plan(recipe, recipe_file, from_pyinfra(inventory, label or inventory_label()))
+    return recipe, full.for_host(host.name)

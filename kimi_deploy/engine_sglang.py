@@ -1,0 +1,68 @@
+"""The SGLang engine unit: ``sglang serve`` across ``--nnodes``, with HiCache and PD disaggregation."""
+
+from __future__ import annotations
+
+from kimi_deploy.engine_unit import dist_init_flags, engine_unit_for, model_flags
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.host_paths import engine_dir, model_dir
+from kimi_deploy.listen import api_port, bind_address
+from kimi_deploy.placement import Placement
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import Unit
+
+UNIT = "kimi-sglang"
+# SGLang reads its API key only from its options; a --config YAML file readable by the engine user
+# alone carries it, so the key never appears in argv.
+SECRET_CONFIG = "kimi-sglang.yaml"  # noqa: S105 - a file name
+
+
+def check_layout(recipe_file: str, placement: Placement) -> None:
+    p = placement.pool.parallel
+    field = f"topologies.{placement.topology_name}.pools.{placement.pool_name}.parallel"
+    if p.tp % p.ep:
+        raise ConfigError(recipe_file, field, f"SGLang needs ep to divide tp, found tp {p.tp} ep {p.ep}")
+
+
+def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, secrets_dir: str) -> Unit:
+    topo = placement.topology
+    p = placement.pool.parallel
+    check_layout(recipe_file, placement)
+    version = recipe.engines["sglang"].version
+    worker = placement.node_rank > 0
+    bind = bind_address(topo, placement.host)
+    port = api_port(topo)
+    argv = [f"{engine_dir(recipe, 'sglang', version)}/bin/sglang", "serve"]
+    argv += ["--model-path", model_dir(recipe), "--served-model-name", recipe.model.served_name]
+    argv += ["--host", bind, "--port", str(port), "--tp-size", str(p.tp)]
+    if p.dp > 1:
+        argv += ["--dp-size", str(p.dp)]
+    if p.pp > 1:
+        argv += ["--pp-size", str(p.pp)]
+    if p.ep > 1:
+        argv += ["--ep-size", str(p.ep)]
+    listens: dict[str, int] = {} if worker else {"api": port}
+    argv += dist_init_flags(placement, listens)
+    argv += ["--context-length", str(topo.max_model_len)]
+    argv += model_flags(recipe, placement, tool_choice_flag=False)
+    if topo.hicache is not None:
+        argv += ["--enable-hierarchical-cache", "--hicache-ratio", f"{topo.hicache.ratio:g}"]
+        argv += ["--hicache-write-policy", topo.hicache.write_policy]
+    if topo.kv_transfer is not None and placement.pool.role in ("prefill", "decode"):
+        backend = "nixl" if "NixlConnector" in topo.kv_transfer.connectors else "mooncake"
+        argv += ["--disaggregation-mode", placement.pool.role]
+        argv += ["--disaggregation-transfer-backend", backend]
+        argv += ["--disaggregation-bootstrap-port", str(topo.ports.bootstrap)]
+        devices = placement.host.vars.kimi_rdma_devices
+        if topo.kv_transfer.transport == "rdma" and devices:
+            argv += ["--disaggregation-ib-device", ",".join(devices)]
+        if placement.pool.role == "prefill" and not worker:
+            listens["bootstrap"] = topo.ports.bootstrap
+    secret_files: dict[str, str] = {}
+    if topo.expose is not None and not worker:
+        path = f"{secrets_dir}/{SECRET_CONFIG}"
+        argv += ["--config", path]
+        secret_files[path] = "sglang-secrets.yaml.j2"
+    return engine_unit_for(
+        recipe, placement, name=UNIT, label="SGLang", argv=argv, listens=listens, bind=bind,
+        secret_files=secret_files,
+    )  # fmt: skip

@@ -1,0 +1,81 @@
+"""What every engine's unit shares: its role in the instance, its name line, common flags."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kimi_deploy.placement import Placement
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import ConfigFile, NodeRole, Unit
+from kimi_deploy.unit_env import common_env
+
+
+def node_role(placement: Placement) -> NodeRole:
+    if placement.node_rank:
+        return "worker"
+    return "leader" if placement.nodes > 1 else "single"
+
+
+def dist_init_flags(placement: Placement, listens: dict[str, int]) -> list[str]:
+    """``--nnodes/--node-rank/--dist-init-addr`` (SGLang, TokenSpeed); the leader listens on it."""
+    if placement.nodes == 1:
+        return []
+    port = placement.topology.ports.dist_init
+    if placement.node_rank == 0:
+        listens["dist_init"] = port
+    return [
+        "--nnodes", str(placement.nodes),
+        "--node-rank", str(placement.node_rank),
+        "--dist-init-addr", f"{placement.leader.address}:{port}",
+    ]  # fmt: skip
+
+
+def model_flags(recipe: Recipe, placement: Placement, tool_choice_flag: bool) -> list[str]:
+    """Load format, remote code and parsers, spelled alike by every engine."""
+    topo = placement.topology
+    flags: list[str] = []
+    if topo.load_format:
+        flags += ["--load-format", topo.load_format]
+    if recipe.model.trust_remote_code:
+        flags += ["--trust-remote-code"]
+    if topo.parsers.tool_call:
+        flags += ["--tool-call-parser", topo.parsers.tool_call]
+        if tool_choice_flag:
+            flags += ["--enable-auto-tool-choice"]
+    if topo.parsers.reasoning:
+        flags += ["--reasoning-parser", topo.parsers.reasoning]
+    return flags
+
+
+def engine_unit_for(
+    recipe: Recipe,
+    placement: Placement,
+    *,
+    name: str,
+    label: str,
+    argv: list[str],
+    listens: Mapping[str, int],
+    bind: str,
+    env: Mapping[str, str] | None = None,
+    secret_env: tuple[str, ...] = (),
+    secret_files: Mapping[str, str] | None = None,
+    files: Mapping[str, ConfigFile] | None = None,
+) -> Unit:
+    role = node_role(placement)
+    version = recipe.engines[placement.topology.engine].version
+    return Unit(
+        name=name,
+        kind="engine",
+        stage=2 if role == "worker" else 1,
+        description=(
+            f"Kimi {recipe.model.served_name} {label} {version} ({placement.topology_name} "
+            f"{placement.pool_name} instance {placement.instance} {role} rank {placement.node_rank})"
+        ),
+        argv=tuple(argv),
+        env=common_env(placement) if env is None else env,
+        listens=listens,
+        bind=bind,
+        secret_env=secret_env,
+        secret_files=secret_files or {},
+        files=files or {},
+    )

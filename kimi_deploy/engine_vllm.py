@@ -1,0 +1,161 @@
+"""The vLLM engine unit: ``vllm serve`` with native data parallel, multi-node TP and KV connectors."""
+
+from __future__ import annotations
+
+import json
+
+from kimi_deploy.engine_unit import engine_unit_for, model_flags
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.host_paths import engine_dir, model_dir
+from kimi_deploy.listen import api_port, bind_address
+from kimi_deploy.placement import Placement
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import ConfigFile, Unit
+from kimi_deploy.unit_env import common_env
+
+UNIT = "kimi-vllm"
+MOONCAKE_CONFIG = "mooncake.json"
+
+
+def check_layout(recipe_file: str, placement: Placement) -> None:
+    """vLLM's own rules on one pool's parallel sizes."""
+    p = placement.pool.parallel
+    field = f"topologies.{placement.topology_name}.pools.{placement.pool_name}.parallel"
+    if p.ep not in (1, p.tp * p.dp):
+        raise ConfigError(
+            recipe_file, field, f"vLLM expert parallel spans tp*dp = {p.tp * p.dp} ranks, found ep {p.ep}"
+        )
+    per_host = placement.topology.accelerators.per_host
+    if p.dp > 1 and p.tp * p.pp > per_host:
+        raise ConfigError(
+            recipe_file,
+            field,
+            f"vLLM data parallel needs each rank's tp*pp = {p.tp * p.pp} "
+            f"within one {per_host}-accelerator host",
+        )
+
+
+def _kv_transfer_config(recipe: Recipe, placement: Placement) -> str:
+    kv = placement.topology.kv_transfer
+    assert kv is not None
+    parts: list[dict[str, object]] = [{"kv_connector": n, "kv_role": "kv_both"} for n in kv.connectors]
+    config: dict[str, object]
+    if len(parts) == 1:
+        config = parts[0]
+    else:
+        config = {
+            "kv_connector": "MultiConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"connectors": parts},
+        }
+    return json.dumps(config, separators=(",", ":"), sort_keys=True)
+
+
+def _mooncake_config(placement: Placement) -> dict[str, object]:
+    """The Mooncake store client's config: master and metadata on the store host, explicit transport."""
+    topo = placement.topology
+    kv = topo.kv_transfer
+    assert kv is not None
+    store = placement.store_address or placement.leader.address
+    devices = placement.host.vars.kimi_rdma_devices or []
+    return {
+        "local_hostname": placement.host.address,
+        "metadata_server": f"http://{store}:{topo.ports.mooncake_metadata}/metadata",
+        "master_server_address": f"{store}:{topo.ports.mooncake_master}",
+        "protocol": kv.transport,
+        "device_name": ",".join(devices) if kv.transport == "rdma" else "",
+    }
+
+
+def _multi_node_flags(placement: Placement, listens: dict[str, int]) -> list[str]:
+    """Native data parallel across hosts, or one tensor-parallel instance spanning hosts."""
+    topo = placement.topology
+    worker = placement.node_rank > 0
+    if placement.nodes == 1:
+        return []
+    if placement.pool.parallel.dp > 1:
+        flags = ["--data-parallel-size-local", str(placement.dp_local)]
+        flags += ["--data-parallel-address", placement.leader.address]
+        flags += ["--data-parallel-rpc-port", str(topo.ports.dp_rpc)]
+        if worker:
+            return [*flags, "--headless", "--data-parallel-start-rank", str(placement.dp_start_rank)]
+        listens["dp_rpc"] = topo.ports.dp_rpc
+        return flags
+    flags = ["--nnodes", str(placement.nodes), "--node-rank", str(placement.node_rank)]
+    flags += ["--master-addr", placement.leader.address, "--master-port", str(topo.ports.dist_init)]
+    if worker:
+        return [*flags, "--headless"]
+    listens["dist_init"] = topo.ports.dist_init
+    return flags
+
+
+def _kv_transfer(
+    recipe: Recipe, placement: Placement, config_dir: str, env: dict[str, str], listens: dict[str, int]
+) -> tuple[list[str], dict[str, ConfigFile]]:
+    """``--kv-transfer-config`` and what its connectors need: side channels, transport, store config."""
+    topo = placement.topology
+    kv = topo.kv_transfer
+    if kv is None:
+        return [], {}
+    host = placement.host
+    files: dict[str, ConfigFile] = {}
+    devices = host.vars.kimi_rdma_devices
+    if "NixlConnector" in kv.connectors:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host.address
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(topo.ports.nixl_side_channel)
+        for i in range(placement.dp_local):
+            rank = placement.dp_start_rank + i
+            listens[f"nixl_side_channel_{rank}"] = topo.ports.nixl_side_channel + rank
+        # No TCP transport in UCX: a missing RDMA path fails loudly instead of falling back.
+        if kv.transport == "rdma" and devices:
+            env["UCX_TLS"] = "rc,ud,sm,self,cuda_copy,cuda_ipc"
+            env["UCX_NET_DEVICES"] = ",".join(f"{d}:1" if ":" not in d else d for d in devices)
+        else:
+            env["UCX_TLS"] = "tcp,sm,self,cuda_copy,cuda_ipc"
+    if "MooncakeStoreConnector" in kv.connectors:
+        path = f"{config_dir}/{MOONCAKE_CONFIG}"
+        env["MOONCAKE_CONFIG_PATH"] = path
+        files[path] = ConfigFile("mooncake.json.j2", {"mooncake": _mooncake_config(placement)})
+    return ["--kv-transfer-config", _kv_transfer_config(recipe, placement)], files
+
+
+def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, config_dir: str) -> Unit:
+    topo = placement.topology
+    p = placement.pool.parallel
+    check_layout(recipe_file, placement)
+    worker = placement.node_rank > 0
+    version = recipe.engines["vllm"].version
+    argv = [f"{engine_dir(recipe, 'vllm', version)}/bin/vllm", "serve", model_dir(recipe)]
+    argv += ["--served-model-name", recipe.model.served_name]
+    listens: dict[str, int] = {}
+    bind = bind_address(topo, placement.host)
+    if not worker:
+        argv += ["--host", bind, "--port", str(api_port(topo))]
+        listens["api"] = api_port(topo)
+    argv += ["--tensor-parallel-size", str(p.tp)]
+    if p.pp > 1:
+        argv += ["--pipeline-parallel-size", str(p.pp)]
+    if p.dp > 1:
+        argv += ["--data-parallel-size", str(p.dp)]
+    if p.ep > 1:
+        argv += ["--enable-expert-parallel"]
+    argv += _multi_node_flags(placement, listens)
+    argv += ["--max-model-len", str(topo.max_model_len)]
+    argv += model_flags(recipe, placement, tool_choice_flag=True)
+    env = common_env(placement)
+    kv_flags, files = _kv_transfer(recipe, placement, config_dir, env, listens)
+    argv += kv_flags
+    if topo.speculative is not None:
+        spec: dict[str, object] = {
+            "method": topo.speculative.method,
+            "num_speculative_tokens": topo.speculative.num_speculative_tokens,
+        }
+        if topo.speculative.model:
+            spec["model"] = topo.speculative.model
+        argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"), sort_keys=True)]
+    # vLLM reads its API key from this variable; it reaches the unit through its secret env file.
+    secret_env = ("VLLM_API_KEY",) if topo.expose is not None and not worker else ()
+    return engine_unit_for(
+        recipe, placement, name=UNIT, label="vLLM", argv=argv, listens=listens, bind=bind,
+        env=env, secret_env=secret_env, files=files,
+    )  # fmt: skip

@@ -1,0 +1,70 @@
+"""The inventory as the planner sees it: hosts in order, their groups and their kimi_* data.
+
+Pure: built from a pyinfra inventory by ``kimi_deploy.inventory_file``; nothing here talks to hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.validation_error import first_error_line
+
+IfName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")]
+
+
+class HostVars(BaseModel):
+    """The host data keys kimi-deploy reads; any other ``kimi_*`` key is a typo."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    kimi_address: Annotated[str, StringConstraints(min_length=1)] | None = None
+    kimi_socket_ifname: IfName | None = None
+    kimi_rdma_devices: (
+        Annotated[
+            list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(:[0-9]+)?$")]], Field(min_length=1)
+        ]
+        | None
+    ) = None
+    kimi_recipe: str | None = None
+
+
+@dataclass(frozen=True)
+class InventoryHost:
+    name: str
+    groups: tuple[str, ...]
+    address: str
+    vars: HostVars
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Hosts in inventory order; ``groups`` maps each group to its host names in order."""
+
+    source: str
+    hosts: tuple[InventoryHost, ...]
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def host(self, name: str) -> InventoryHost:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+
+def make_host(source: str, name: str, groups: tuple[str, ...], data: Mapping[str, Any]) -> InventoryHost:
+    """Validate one host's data; ``ConfigError`` names the inventory file, host and field."""
+    ours = {k: v for k, v in data.items() if k.startswith("kimi_")}
+    try:
+        host_vars = HostVars.model_validate(ours)
+    except ValidationError as exc:
+        raise first_error_line(f"{source}: host {name}", exc, HostVars) from None
+    ssh = data.get("ssh_hostname")
+    if ssh is not None and not isinstance(ssh, str):
+        raise ConfigError(f"{source}: host {name}", "ssh_hostname", f"expected a string, found {ssh!r}")
+    address = host_vars.kimi_address or ssh or name
+    return InventoryHost(name=name, groups=groups, address=address, vars=host_vars)

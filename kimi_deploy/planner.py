@@ -1,0 +1,199 @@
+"""The planner: recipe x inventory -> one exact serve spec per host. Pure: no I/O to hosts.
+
+Every failure is a ``ConfigError`` raised before anything is changed anywhere: placement rules
+(``placement``), each engine's layout rules, names the pinned engine release does not know
+(its flag catalog), flags it would not accept, and ports that clash on a host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kimi_deploy import engine_sglang, engine_tokenspeed, engine_vllm
+from kimi_deploy.catalog import CatalogMissing, load_catalog
+from kimi_deploy.engine_unit import node_role
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.host_paths import engine_dir, model_dir
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.placement import Placement, TopologyPlacement, place
+from kimi_deploy.recipe import Recipe, Topology
+from kimi_deploy.router_units import mooncake_master_unit, router_unit
+from kimi_deploy.servespec import HostPlan, Plan, Unit
+
+# Arguments before the first flag: the launch prefix and, for vLLM, the model path.
+ARGV_POSITIONALS = {"vllm": 3, "sglang": 2, "tokenspeed": 2}
+
+# Recipe fields whose values must be names the engine release registers.
+_REGISTRY_FIELDS: tuple[tuple[str, str, Callable[[Topology], list[str]]], ...] = (
+    ("parsers.tool_call", "tool_call_parser", lambda t: [t.parsers.tool_call] if t.parsers.tool_call else []),
+    ("parsers.reasoning", "reasoning_parser", lambda t: [t.parsers.reasoning] if t.parsers.reasoning else []),
+    (
+        "kv_transfer.connectors",
+        "kv_connector",
+        lambda t: list(t.kv_transfer.connectors) if t.kv_transfer else [],
+    ),
+    ("speculative.method", "speculative_method", lambda t: [t.speculative.method] if t.speculative else []),
+    ("load_format", "load_format", lambda t: [t.load_format] if t.load_format else []),
+)
+
+
+def _check_names(recipe: Recipe, recipe_file: str, name: str, topo: Topology) -> None:
+    version = recipe.engines[topo.engine].version
+    try:
+        catalog = load_catalog(topo.engine, version)
+    except CatalogMissing as exc:
+        raise ConfigError(recipe_file, f"engines.{topo.engine}.version", str(exc)) from None
+    for field, registry, values in _REGISTRY_FIELDS:
+        known = catalog.registries.get(registry)
+        for value in values(topo):
+            if known is None:
+                raise ConfigError(
+                    recipe_file,
+                    f"topologies.{name}.{field}",
+                    f"{topo.engine} {version} does not support {field.split('.')[0]} (found {value!r})",
+                )
+            if value not in known:
+                raise ConfigError(
+                    recipe_file,
+                    f"topologies.{name}.{field}",
+                    f"{topo.engine} {version} has no {registry} {value!r} (known: {', '.join(known)})",
+                )
+
+
+def _check_hosts(inventory: Inventory, tp: TopologyPlacement) -> None:
+    kv = tp.topology.kv_transfer
+    if kv is None or kv.transport != "rdma":
+        return
+    for p in tp.engines:
+        if not p.host.vars.kimi_rdma_devices:
+            raise ConfigError(
+                f"{inventory.source}: host {p.host.name}",
+                "kimi_rdma_devices",
+                f"topology {tp.name} moves KV cache over RDMA: list the host's RDMA devices",
+            )
+
+
+def _engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
+    config = recipe.paths.config
+    engine = placement.topology.engine
+    if engine == "vllm":
+        return engine_vllm.engine_unit(recipe, recipe_file, placement, config)
+    if engine == "sglang":
+        return engine_sglang.engine_unit(recipe, recipe_file, placement, f"{config}/secrets")
+    return engine_tokenspeed.engine_unit(recipe, recipe_file, placement)
+
+
+def _check_argv(recipe: Recipe, recipe_file: str, placement: Placement, unit: Unit) -> None:
+    engine = placement.topology.engine
+    catalog = load_catalog(engine, recipe.engines[engine].version)
+    where = f"topologies.{placement.topology_name}"
+    host = placement.host.name
+    launch = catalog.launch[1:]
+    if tuple(unit.argv[1 : 1 + len(launch)]) != launch:
+        raise ConfigError(
+            recipe_file, where, f"host {host}: {unit.name} does not start with {' '.join(catalog.launch)}"
+        )
+    for problem in catalog.problems(unit.argv, ARGV_POSITIONALS[engine]):
+        raise ConfigError(recipe_file, where, f"host {host}: {unit.name}: {problem}")
+
+
+def _check_ports(recipe_file: str, plan: HostPlan) -> None:
+    seen: dict[int, str] = {}
+    for unit in plan.units:
+        for label, port in unit.listens.items():
+            who = f"{unit.name} {label}"
+            if port in seen:
+                raise ConfigError(
+                    recipe_file,
+                    f"topologies.{plan.topology}.ports",
+                    f"host {plan.host}: {seen[port]} and {who} both use port {port}",
+                )
+            seen[port] = who
+
+
+def _host_plan(recipe: Recipe, placement: Placement, units: tuple[Unit, ...]) -> HostPlan:
+    topo = placement.topology
+    p = placement.pool.parallel
+    version = recipe.engines[topo.engine].version
+    return HostPlan(
+        host=placement.host.name,
+        address=placement.host.address,
+        topology=placement.topology_name,
+        pool=placement.pool_name,
+        role=placement.pool.role,
+        node_role=node_role(placement),
+        engine=topo.engine,
+        engine_version=version,
+        instance=placement.instance,
+        node_rank=placement.node_rank,
+        nodes=placement.nodes,
+        leader=placement.leader.name,
+        leader_address=placement.leader.address,
+        tp=p.tp,
+        dp=p.dp,
+        pp=p.pp,
+        ep=p.ep,
+        dp_local=placement.dp_local,
+        dp_start_rank=placement.dp_start_rank,
+        accelerator_vendor=topo.accelerators.vendor,
+        accelerator_model=topo.accelerators.model,
+        accelerators=topo.accelerators.per_host,
+        accelerator_memory_gib=topo.accelerators.memory_gib,
+        engine_dir=engine_dir(recipe, topo.engine, version),
+        model_dir=model_dir(recipe),
+        units=units,
+    )
+
+
+def _router_plan(recipe: Recipe, tp: TopologyPlacement) -> HostPlan:
+    topo = tp.topology
+    assert topo.router is not None
+    assert tp.router is not None
+    master = mooncake_master_unit(recipe, tp)
+    units = tuple(u for u in (master, router_unit(recipe, tp)) if u is not None)
+    package = topo.router.package
+    return HostPlan(
+        host=tp.router.name,
+        address=tp.router.address,
+        topology=tp.name,
+        pool="router",
+        role="router",
+        node_role="router",
+        engine=package,
+        engine_version=recipe.routers[package].version,
+        instance=0,
+        node_rank=0,
+        nodes=1,
+        leader=tp.router.name,
+        leader_address=tp.router.address,
+        tp=0,
+        dp=0,
+        pp=0,
+        ep=0,
+        dp_local=0,
+        dp_start_rank=0,
+        accelerator_vendor="none",
+        accelerator_model="none",
+        accelerators=0,
+        accelerator_memory_gib=0,
+        engine_dir=engine_dir(recipe, package, recipe.routers[package].version),
+        model_dir="",
+        units=units,
+    )
+
+
+def plan(recipe: Recipe, recipe_file: str, inventory: Inventory, only: str | None = None) -> Plan:
+    """Plan every host of ``inventory`` (or of topology ``only``); raise ``ConfigError`` on any fault."""
+    hosts: list[HostPlan] = []
+    for tp in place(recipe, inventory, only):
+        _check_names(recipe, recipe_file, tp.name, tp.topology)
+        _check_hosts(inventory, tp)
+        for placement in tp.engines:
+            unit = _engine_unit(recipe, recipe_file, placement)
+            _check_argv(recipe, recipe_file, placement, unit)
+            hosts.append(_host_plan(recipe, placement, (unit,)))
+        if tp.router is not None:
+            hosts.append(_router_plan(recipe, tp))
+    for host_plan in hosts:
+        _check_ports(recipe_file, host_plan)
+    return Plan(recipe=recipe_file, inventory=inventory.source, hosts=tuple(hosts))

@@ -1,0 +1,341 @@
+"""The recipe: WHAT to serve (model at a pinned revision, pinned engines and drivers, topologies).
+
+The schema is strict: unknown keys are typos, types are not coerced, and every rule that can be
+checked without an inventory is checked here. ``load_recipe`` is the only way in; it returns a
+frozen ``Recipe`` or raises one ``ConfigError`` line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from kimi_deploy.validation_error import first_error_line
+from kimi_deploy.yaml_file import read_yaml_mapping
+
+EngineName = Literal["vllm", "sglang", "tokenspeed"]
+RouterName = Literal["vllm-router", "sglang-router"]
+PoolRole = Literal["serve", "prefill", "decode"]
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=63)]
+GroupName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Version = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)$")]
+RepoId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+AbsPath = Annotated[str, StringConstraints(pattern=r"^/[^\s]*$")]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$")]
+Port = Annotated[int, Field(ge=1024, le=65535)]
+Positive = Annotated[int, Field(ge=1)]
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# Weights must fit an instance's accelerator memory with room left for activations and KV cache.
+_HEADROOM_PERCENT = 110
+
+
+class Strict(BaseModel):
+    """Base for every recipe object: no unknown keys, no coercion, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class License(Strict):
+    name: str
+    url: str | None = None
+    accepted: bool
+
+    @model_validator(mode="after")
+    def _accepted(self) -> License:
+        if not self.accepted:
+            raise ValueError(f"license {self.name!r} is not acknowledged: read it and set accepted: true")
+        return self
+
+
+class ModelSpec(Strict):
+    repo: RepoId
+    revision: Annotated[str, StringConstraints(min_length=1)]
+    shards: Positive
+    size_bytes: Annotated[int, Field(ge=1, le=10**15)]  # up to 1 PB: larger is a typo
+    max_context: Positive
+    served_name: Name
+    quantization: str | None = None
+    trust_remote_code: bool = False
+    license: License
+
+    @model_validator(mode="after")
+    def _pinned_when_trusting(self) -> ModelSpec:
+        if self.trust_remote_code and not _COMMIT.match(self.revision):
+            raise ValueError(
+                f"trust_remote_code needs revision pinned to a 40-hex commit, found {self.revision!r}"
+            )
+        return self
+
+    @property
+    def dir_name(self) -> str:
+        """Folder name of this model under the models directory (Hub cache style)."""
+        return self.repo.replace("/", "--")
+
+
+class EngineRelease(Strict):
+    version: Version
+    packages: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")], Version] = {}
+
+
+class RouterRelease(Strict):
+    version: Version
+
+
+class NvidiaDriver(Strict):
+    branch: Annotated[str, StringConstraints(pattern=r"^[0-9]{3}$")]
+    flavor: Literal["open", "proprietary"] = "open"
+    compute_only: bool = True
+
+
+class TpuRuntime(Strict):
+    libtpu: Version
+
+
+class Drivers(Strict):
+    nvidia: NvidiaDriver | None = None
+    tpu: TpuRuntime | None = None
+
+
+class Paths(Strict):
+    engines: AbsPath = "/opt/kimi/engines"
+    models: AbsPath = "/srv/models"
+    current: AbsPath = "/opt/kimi/current"
+    config: AbsPath = "/etc/kimi"
+    user: Name = "kimi"
+
+
+class Accelerators(Strict):
+    vendor: Literal["nvidia", "tpu"]
+    model: str
+    per_host: Positive
+    memory_gib: Positive
+
+
+class Parallel(Strict):
+    """Sizes of ONE engine instance; ``ep`` 1 means no expert parallelism."""
+
+    tp: Positive = 1
+    dp: Positive = 1
+    pp: Positive = 1
+    ep: Positive = 1
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    @property
+    def replica_devices(self) -> int:
+        """Devices one copy of the weights is split over: data-parallel ranks each hold a full
+        copy unless expert parallelism shards the experts (the bulk of an MoE) across them."""
+        return self.tp * self.pp * (self.dp if self.ep > 1 else 1)
+
+
+class Pool(Strict):
+    group: GroupName
+    role: PoolRole
+    hosts: Positive
+    instances: Positive = 1
+    parallel: Parallel = Parallel()
+
+
+class Parsers(Strict):
+    tool_call: str | None = None
+    reasoning: str | None = None
+
+
+class SecretRef(Strict):
+    """Where the controller reads a secret: an environment variable or a file (never the recipe)."""
+
+    env: EnvName | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of env or file")
+        return self
+
+
+class Expose(Strict):
+    """Listen beyond loopback, with a mandatory API key.
+
+    ``bind: address`` listens on the host's inventory address only (what prefill/decode pools
+    need so the router can reach them); ``0.0.0.0`` or ``::`` listens everywhere.
+    """
+
+    bind: Literal["address", "0.0.0.0", "::"]  # noqa: S104 - opted into by the recipe, with a key
+    api_key: SecretRef
+
+
+class KvTransfer(Strict):
+    connectors: Annotated[list[str], Field(min_length=1)]
+    transport: Literal["rdma", "tcp"]
+    rdma_devices_from_host: bool = True
+
+
+class Speculative(Strict):
+    method: str
+    num_speculative_tokens: Positive
+    model: str | None = None
+
+
+class HiCache(Strict):
+    ratio: Annotated[float, Field(gt=1.0)]
+    write_policy: Literal["write_through", "write_back", "write_through_selective"] = "write_through"
+
+
+class Router(Strict):
+    group: GroupName
+    package: RouterName
+    policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
+
+
+class Ports(Strict):
+    """Ports on each host; ``None`` means the engine's own default."""
+
+    api: Port | None = None
+    dp_rpc: Port = 13345
+    dist_init: Port = 29500
+    nixl_side_channel: Port = 5600
+    mooncake_master: Port = 50051
+    mooncake_metadata: Port = 8080
+    bootstrap: Port = 8998
+    router: Port = 8000
+
+
+class Topology(Strict):
+    engine: EngineName
+    group: GroupName
+    accelerators: Accelerators
+    max_model_len: Positive
+    pools: Annotated[dict[Name, Pool], Field(min_length=1)]
+    parsers: Parsers = Parsers()
+    load_format: str | None = None
+    kv_transfer: KvTransfer | None = None
+    speculative: Speculative | None = None
+    hicache: HiCache | None = None
+    router: Router | None = None
+    expose: Expose | None = None
+    ports: Ports = Ports()
+    env: dict[EnvName, str] = {}
+
+    @model_validator(mode="after")
+    def _shape(self) -> Topology:
+        roles = sorted({p.role for p in self.pools.values()})
+        if "serve" in roles and len(self.pools) > 1:
+            raise ValueError("a serve pool must be the only pool; use prefill and decode pools to split")
+        disaggregated = "serve" not in roles
+        if disaggregated and roles != ["decode", "prefill"]:
+            raise ValueError(f"a disaggregated topology needs prefill and decode pools, found {roles}")
+        if disaggregated and self.kv_transfer is None:
+            raise ValueError("prefill/decode pools need kv_transfer (connectors and transport)")
+        if disaggregated and self.router is None:
+            raise ValueError("prefill/decode pools need a router in front")
+        if disaggregated and self.expose is None:
+            raise ValueError(
+                "prefill/decode engines are reached by the router over the network: "
+                "set expose (bind: address) with an api_key"
+            )
+        if not disaggregated and self.router is not None:
+            raise ValueError("a router is only for prefill/decode pools")
+        own = [p.group for p in self.pools.values()] + ([self.router.group] if self.router else [])
+        if len(set(own)) != len(own):
+            raise ValueError(f"pools and router need a group each, found {own}")
+        per_host = self.accelerators.per_host
+        for name, pool in self.pools.items():
+            size = pool.parallel.size
+            if size % per_host:
+                raise ValueError(
+                    f"pool {name}: one instance uses tp*dp*pp = {size} accelerators, "
+                    f"not a whole number of {per_host}-accelerator hosts"
+                )
+            if size * pool.instances != pool.hosts * per_host:
+                raise ValueError(
+                    f"pool {name}: parallel sizes do not multiply to the pool's accelerators: "
+                    f"instances*tp*dp*pp = {pool.instances}*{pool.parallel.tp}*{pool.parallel.dp}*"
+                    f"{pool.parallel.pp} = {size * pool.instances}, "
+                    f"hosts*per_host = {pool.hosts}*{per_host} = {pool.hosts * per_host}"
+                )
+            spans = size // per_host
+            if pool.parallel.dp > 1 and pool.parallel.dp % spans:
+                raise ValueError(
+                    f"pool {name}: {pool.parallel.dp} data-parallel ranks do not spread evenly over "
+                    f"the {spans} hosts of an instance"
+                )
+        if self.hicache is not None and self.engine != "sglang":
+            raise ValueError(f"hicache is an SGLang feature, engine is {self.engine}")
+        return self
+
+
+class Recipe(Strict):
+    schema_version: Literal[1] = Field(alias="schema")
+    model: ModelSpec
+    engines: dict[EngineName, EngineRelease]
+    routers: dict[RouterName, RouterRelease] = {}
+    drivers: Drivers = Drivers()
+    paths: Paths = Paths()
+    context_ladder: Annotated[list[Positive], Field(min_length=1)]
+    topologies: Annotated[dict[Name, Topology], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> Recipe:
+        ladder = self.context_ladder
+        if ladder != sorted(set(ladder)):
+            raise ValueError(f"context_ladder must rise strictly, found {ladder}")
+        if ladder[-1] > self.model.max_context:
+            raise ValueError(
+                f"context_ladder top {ladder[-1]} exceeds model.max_context {self.model.max_context}"
+            )
+        groups: dict[str, str] = {}
+        for name, topo in self.topologies.items():
+            where = f"topologies.{name}"
+            if topo.engine not in self.engines:
+                raise ValueError(f"{where}.engine: {topo.engine!r} has no pinned release under engines")
+            if topo.max_model_len not in ladder:
+                raise ValueError(
+                    f"{where}.max_model_len: {topo.max_model_len} is not a context_ladder step {ladder}"
+                )
+            if topo.router is not None and topo.router.package not in self.routers:
+                raise ValueError(
+                    f"{where}.router.package: {topo.router.package!r} has no pinned release under routers"
+                )
+            acc = topo.accelerators
+            for pool_name, pool in topo.pools.items():
+                devices = pool.parallel.replica_devices
+                have = devices * acc.memory_gib * 2**30
+                need = self.model.size_bytes * _HEADROOM_PERCENT // 100
+                if have < need:
+                    raise ValueError(
+                        f"{where}.pools.{pool_name}: one copy of the weights spans {devices} x "
+                        f"{acc.memory_gib} GiB = {devices * acc.memory_gib} GiB, the weights "
+                        f"need {need // 2**30} GiB ({self.model.size_bytes} bytes + "
+                        f"{_HEADROOM_PERCENT - 100}% headroom)"
+                    )
+            vendor = acc.vendor
+            if vendor == "nvidia" and self.drivers.nvidia is None:
+                raise ValueError(f"{where}.accelerators: nvidia hosts need drivers.nvidia pinned")
+            if vendor == "tpu" and self.drivers.tpu is None:
+                raise ValueError(f"{where}.accelerators: tpu hosts need drivers.tpu pinned")
+            own = [topo.group, *(p.group for p in topo.pools.values())]
+            if topo.router is not None:
+                own.append(topo.router.group)
+            for group in dict.fromkeys(own):
+                if group in groups and groups[group] != name:
+                    raise ValueError(f"{where}: group {group!r} is already used by topology {groups[group]}")
+                groups[group] = name
+        return self
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe file; raise ``ConfigError`` (one line) on any fault."""
+    shown = str(path)
+    data = read_yaml_mapping(path)
+    try:
+        return Recipe.model_validate(data)
+    except ValueError as exc:
+        raise first_error_line(shown, exc, Recipe) from None

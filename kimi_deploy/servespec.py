@@ -1,0 +1,99 @@
+"""What the planner decides for each host: its place in the topology and the units it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+UnitKind = Literal["engine", "router", "mooncake-master"]
+HostRole = Literal["serve", "prefill", "decode", "router"]
+NodeRole = Literal["single", "leader", "worker", "router"]
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A file a unit reads, rendered from ``template`` with ``data``."""
+
+    template: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One systemd service on one host.
+
+    ``argv`` is the exact command line and never holds a secret. ``secret_env`` names variables
+    the unit reads from its secret EnvironmentFile; ``secret_files`` maps an absolute path to the
+    template of a secret file the engine reads itself. Both are readable by the engine user
+    alone and written only by a deploy, never by ``plan --render``. ``listens`` maps a label to each
+    port the unit binds; ``bind`` is the address of its HTTP API. ``stage`` orders starts across
+    the topology: 0 stores (Mooncake master), 1 engine leaders, 2 engine workers, 3 routers.
+    ``files`` are the other config files the unit reads, by absolute path.
+    """
+
+    name: str
+    kind: UnitKind
+    stage: int
+    description: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    listens: Mapping[str, int]
+    bind: str
+    secret_env: tuple[str, ...] = ()
+    secret_files: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, ConfigFile] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """One host's serve spec: its place in the topology and the units it runs."""
+
+    host: str
+    address: str
+    topology: str
+    pool: str
+    role: HostRole
+    node_role: NodeRole
+    engine: str
+    engine_version: str
+    instance: int
+    node_rank: int
+    nodes: int
+    leader: str
+    leader_address: str
+    tp: int
+    dp: int
+    pp: int
+    ep: int
+    dp_local: int
+    dp_start_rank: int
+    accelerator_vendor: str
+    accelerator_model: str
+    accelerators: int
+    accelerator_memory_gib: int
+    engine_dir: str
+    model_dir: str
+    units: tuple[Unit, ...]
+
+    def ports(self) -> dict[str, int]:
+        """Every port this host binds, labelled ``unit:label``."""
+        return {f"{u.name}:{label}": port for u in self.units for label, port in u.listens.items()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every planned host, by topology then inventory order."""
+
+    recipe: str
+    inventory: str
+    hosts: tuple[HostPlan, ...]
+
+    def for_host(self, name: str) -> HostPlan:
+        for h in self.hosts:
+            if h.host == name:
+                return h
+        raise KeyError(name)
+
+    def topology(self, name: str) -> tuple[HostPlan, ...]:
+        return tuple(h for h in self.hosts if h.topology == name)

@@ -1,0 +1,1 @@
+"""pyinfra operations: change one thing idempotently, yielding nothing when the host is right."""

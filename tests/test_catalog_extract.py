@@ -1,0 +1,459 @@
+"""tools/extract_flag_catalog.py on a synthetic wheel, and the shape of the committed catalogs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXTRACTOR = ROOT / "tools" / "extract_flag_catalog.py"
+CATALOG_DIR = ROOT / "kimi_deploy" / "catalogs"
+
+TOY_FILES = {
+    "toy/__init__.py": "",
+    "toy/consts.py": """
+        DEVICES = ["cuda", "cpu"]
+        EXTRA_DEVICES = [*DEVICES, "npu"]
+    """,
+    # vLLM pattern: dataclass fields -> argparse kwargs via get_kwargs(cls).
+    "toy/config.py": """
+        from __future__ import annotations
+
+        from dataclasses import dataclass, field
+        from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+        if TYPE_CHECKING:
+            from toy.formats import LoadFormats
+        else:
+            LoadFormats = str
+
+        Mode = Literal["fast", "safe"]
+
+
+        def get_kwargs(cls: type) -> dict[str, dict[str, Any]]:
+            raise NotImplementedError  # the extractor models it, never runs it
+
+
+        @dataclass
+        class BaseFrontendArgs:
+            enable_auto_tool_choice: bool = False
+            tool_call_parser: str | None = None
+            hf_token: bool | str | None = None
+            counter: ClassVar[int] = 0
+
+            @classmethod
+            def add_cli_args(cls, parser):
+                frontend_kwargs = get_kwargs(cls)
+                group = parser.add_argument_group(title=cls.__name__)
+                for key, value in frontend_kwargs.items():
+                    group.add_argument(f"--{key.replace('_', '-')}", **value)
+                return parser
+
+
+        @dataclass
+        class FrontendArgs(BaseFrontendArgs):
+            host: str | None = None
+            port: int = 8000
+            mode: Mode = "fast"
+            api_key: list[str] | None = None
+
+
+        @dataclass
+        class LoadConfig:
+            load_format: str | LoadFormats = "auto"
+            dtype: Literal["auto", "half"] | None = None
+            trust_remote_code: bool = False
+            nested: FrontendArgs = field(default_factory=FrontendArgs)
+    """,
+    "toy/formats.py": """
+        from typing import Literal
+        LoadFormats = Literal["auto", "safetensors"]
+    """,
+    # SGLang pattern: A[T, "help"] / A[T, Arg(...)] fields added by a helper loop.
+    "toy/fields.py": """
+        from typing import Annotated as A, Optional
+
+
+        class Arg:
+            def __init__(self, **kwargs): ...
+
+
+        def add_cli_args_from_dataclass(parser, cls, *, fields=None): ...
+
+
+        class Parallel:
+            tp_size: A[int, Arg(help="tp", aliases=["--tensor-parallel-size"])] = 1
+            nnodes: A[int, "number of nodes"] = 1
+            enable_hierarchical_cache: A[bool, Arg(help="hicache", aliases=["--enable-hicache"])] = False
+            hicache_io_backend: A[str, Arg(help="io", choices=["direct", "kernel"])] = "kernel"
+            internal_only: A[int, Arg(help="hidden", no_cli=True)] = 0
+            not_annotated: Optional[int] = None
+    """,
+    "toy/cli.py": """
+        import argparse
+
+        from toy.config import FrontendArgs, LoadConfig, get_kwargs
+        from toy.consts import EXTRA_DEVICES
+        from toy.fields import Parallel, add_cli_args_from_dataclass
+
+
+        class FlagAction(argparse.Action):
+            def __init__(self, option_strings, dest, nargs=0, **kwargs):
+                super().__init__(option_strings, dest, nargs=nargs, **kwargs)
+
+
+        def make_parser(parser):
+            parser.add_argument("model_tag", nargs="?")
+            parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+            parser.add_argument("--headless", action="store_true")
+            parser.add_argument("--device", choices=EXTRA_DEVICES)
+            parser.add_argument("--enable-thing", action=argparse.BooleanOptionalAction)
+            parser.add_argument("--legacy", action=FlagAction)
+            parser.add_argument("--legacy-value", action=FlagAction, nargs=None)
+            load_kwargs = get_kwargs(LoadConfig)
+            load_kwargs["dtype"]["choices"].remove("half")
+            load_kwargs["trust_remote_code"]["action"] = "store_true"
+            parser.add_argument("--load-format", **load_kwargs["load_format"])
+            parser.add_argument("--dtype", **load_kwargs["dtype"])
+            parser.add_argument("--trust-remote-code", **load_kwargs["trust_remote_code"])
+            parser.add_argument("--nested-config", "-nc", **{**load_kwargs["nested"], "default": None})
+            parser = FrontendArgs.add_cli_args(parser)
+            add_cli_args_from_dataclass(parser, Parallel)
+            return parser
+
+
+        class ServeSubcommand:
+            name = "serve"
+
+            def subparser_init(self, subparsers):
+                serve_parser = subparsers.add_parser(self.name)
+                bench = subparsers.add_parser("bench")
+                bench.add_argument("--bench-only")
+                return make_parser(serve_parser)
+    """,
+}
+
+
+TOY_ARGS = (
+    "--engine",
+    "toy",
+    "--root",
+    "toy.cli:ServeSubcommand.subparser_init@serve",
+    "--launch",
+    "toy serve",
+)
+
+
+def build_toy_wheel(directory: Path) -> Path:
+    wheel = directory / "toy-1.2.3-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, body in TOY_FILES.items():
+            zf.writestr(name, textwrap.dedent(body).lstrip())
+        zf.writestr("toy-1.2.3.dist-info/METADATA", "Metadata-Version: 2.1\nName: toy\nVersion: 1.2.3\n\n")
+        zf.writestr(
+            "toy-1.2.3.dist-info/entry_points.txt",
+            "[console_scripts]\ntoy = toy.cli:main\n\n[toy.plugins]\nx = toy.cli:make_parser\n",
+        )
+    return wheel
+
+
+def run_extractor(wheel: Path, out: Path, *extra: str) -> dict[str, Any]:
+    subprocess.run([sys.executable, str(EXTRACTOR), str(wheel), "-o", str(out), *extra], check=True)
+    data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return data
+
+
+@pytest.fixture(scope="module")
+def toy_catalog(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    directory = tmp_path_factory.mktemp("toy")
+    wheel = build_toy_wheel(directory)
+    data = run_extractor(wheel, directory / "toy.json", *TOY_ARGS)
+    return wheel, data
+
+
+def flag(data: dict[str, Any], name: str) -> dict[str, Any]:
+    entry: dict[str, Any] = data["flags"][name]
+    return entry
+
+
+def test_toy_header(toy_catalog: tuple[Path, dict[str, Any]]) -> None:
+    wheel, data = toy_catalog
+    assert data["engine"] == "toy"
+    assert data["version"] == "1.2.3"
+    assert data["launch"] == ["toy", "serve"]
+    assert data["entry_points"] == {"toy": "toy.cli:main"}
+    assert data["source"] == {
+        "wheel": wheel.name,
+        "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        "extractor": "tools/extract_flag_catalog.py",
+    }
+    assert data["additions"] is None
+
+
+def test_toy_plain_add_argument(toy_catalog: tuple[Path, dict[str, Any]]) -> None:
+    _, data = toy_catalog
+    assert flag(data, "--tensor-parallel-size") == {"aliases": ["-tp"], "takes_value": True, "choices": None}
+    assert flag(data, "--headless")["takes_value"] is False
+    assert flag(data, "--device")["choices"] == ["cpu", "cuda", "npu"]
+    assert flag(data, "--help") == {"aliases": ["-h"], "takes_value": False, "choices": None}
+    # BooleanOptionalAction creates a --no- form.
+    assert flag(data, "--enable-thing")["takes_value"] is False
+    assert flag(data, "--no-enable-thing")["takes_value"] is False
+    # Custom Action: nargs=0 default in __init__, overridable per call.
+    assert flag(data, "--legacy")["takes_value"] is False
+    assert flag(data, "--legacy-value")["takes_value"] is True
+    # Other subcommands and positionals are not serve flags.
+    assert "--bench-only" not in data["flags"]
+    assert "model_tag" not in data["flags"]
+
+
+def test_toy_get_kwargs_fields(toy_catalog: tuple[Path, dict[str, Any]]) -> None:
+    _, data = toy_catalog
+    # `str | LoadFormats` where LoadFormats is str at runtime: a free value, no choices.
+    assert flag(data, "--load-format") == {"aliases": [], "takes_value": True, "choices": None}
+    # Literal | None -> choices; `.remove("half")` is applied.
+    assert flag(data, "--dtype")["choices"] == ["auto"]
+    # action overridden to store_true: no negation.
+    assert flag(data, "--trust-remote-code")["takes_value"] is False
+    assert "--no-trust-remote-code" not in data["flags"]
+    # A dataclass-typed field takes a JSON value, also through a dict merge.
+    assert flag(data, "--nested-config") == {"aliases": ["-nc"], "takes_value": True, "choices": None}
+
+
+def test_toy_dataclass_loop(toy_catalog: tuple[Path, dict[str, Any]]) -> None:
+    _, data = toy_catalog
+    # Fields of FrontendArgs and its base, turned into flags by the loop in a classmethod.
+    assert flag(data, "--host")["takes_value"] is True
+    assert flag(data, "--port")["takes_value"] is True
+    assert flag(data, "--api-key")["takes_value"] is True
+    assert flag(data, "--tool-call-parser")["takes_value"] is True
+    assert flag(data, "--mode")["choices"] == ["fast", "safe"]
+    assert flag(data, "--enable-auto-tool-choice")["takes_value"] is False
+    assert flag(data, "--no-enable-auto-tool-choice")["takes_value"] is False
+    assert flag(data, "--hf-token")["takes_value"] is True  # bool | str | None: optional value
+    assert "--counter" not in data["flags"]  # ClassVar is not a field
+
+
+def test_toy_annotated_field_loop(toy_catalog: tuple[Path, dict[str, Any]]) -> None:
+    _, data = toy_catalog
+    assert flag(data, "--tp-size") == {
+        "aliases": ["--tensor-parallel-size"],
+        "takes_value": True,
+        "choices": None,
+    }
+    assert flag(data, "--nnodes")["takes_value"] is True
+    assert flag(data, "--enable-hierarchical-cache") == {
+        "aliases": ["--enable-hicache"],
+        "takes_value": False,
+        "choices": None,
+    }
+    assert flag(data, "--hicache-io-backend")["choices"] == ["direct", "kernel"]
+    assert "--internal-only" not in data["flags"]
+    assert "--not-annotated" not in data["flags"]
+
+
+def test_toy_output_is_deterministic(tmp_path: Path, toy_catalog: tuple[Path, dict[str, Any]]) -> None:
+    wheel, data = toy_catalog
+    again = run_extractor(wheel, tmp_path / "again.json", *TOY_ARGS)
+    assert again == data
+    text = (tmp_path / "again.json").read_text(encoding="utf-8")
+    assert text == json.dumps(again, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# --------------------------------------------------------------------------
+# Committed catalogs.
+# --------------------------------------------------------------------------
+
+BASE_KEYS = {
+    "engine",
+    "version",
+    "source",
+    "entry_points",
+    "launch",
+    "flags",
+    "registries",
+    "additions",
+}
+EXTRACTED = {
+    "vllm": "vllm-0.33.0.json",
+    "sglang": "sglang-0.5.23.json",
+    "tokenspeed": "tokenspeed-0.1.1.json",
+}
+REQUIRED_FLAGS = {
+    "vllm": [
+        "--tensor-parallel-size",
+        "-tp",
+        "--headless",
+        "--data-parallel-start-rank",
+        "--data-parallel-size-local",
+        "--data-parallel-address",
+        "--data-parallel-rpc-port",
+        "--kv-transfer-config",
+        "--speculative-config",
+        "--enable-expert-parallel",
+        "--host",
+        "--port",
+        "--api-key",
+        "--served-model-name",
+        "--tool-call-parser",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "--load-format",
+        "--trust-remote-code",
+        "--max-model-len",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+    ],
+    "sglang": [
+        "--model-path",
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend",
+        "--disaggregation-mode",
+        "--disaggregation-transfer-backend",
+        "--tool-call-parser",
+        "--reasoning-parser",
+        "--served-model-name",
+        "--host",
+        "--port",
+    ],
+    "tokenspeed": [
+        "--model",
+        "--tensor-parallel-size",
+        "--host",
+        "--port",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--served-model-name",
+        "--reasoning-parser",
+        "--tool-call-parser",
+        "--headless",
+    ],
+}
+NO_VALUE_FLAGS = {
+    "vllm": ["--headless", "--enable-expert-parallel", "--trust-remote-code", "--enable-auto-tool-choice"],
+    "sglang": ["--enable-hierarchical-cache", "--trust-remote-code"],
+    "tokenspeed": ["--headless", "--trust-remote-code"],
+}
+REQUIRED_REGISTRY_NAMES = {
+    "vllm": {
+        "tool_call_parser": ["kimi_k2", "kimi_k3"],
+        "reasoning_parser": ["kimi_k2", "kimi_k3"],
+        "kv_connector": ["NixlConnector", "MooncakeConnector", "MultiConnector"],
+        "speculative_method": ["eagle3", "mtp"],
+        "load_format": ["auto", "safetensors"],
+    },
+    "sglang": {
+        "tool_call_parser": ["kimi_k2", "kimi_k3"],
+        "reasoning_parser": ["kimi_k2", "kimi_k3"],
+        "disaggregation_transfer_backend": ["mooncake", "nixl"],
+    },
+    "tokenspeed": {"load_format": ["auto", "safetensors"]},
+}
+
+
+def catalog_files() -> list[Path]:
+    return sorted(CATALOG_DIR.glob("*.json"))
+
+
+def option_strings(data: dict[str, Any]) -> set[str]:
+    out: set[str] = set()
+    for name, info in data["flags"].items():
+        out.add(name)
+        out.update(info["aliases"])
+    return out
+
+
+def test_catalogs_exist() -> None:
+    names = {p.name for p in catalog_files()}
+    assert {*EXTRACTED.values(), "vllm-0.34.0.json"} <= names
+
+
+@pytest.mark.parametrize("path", catalog_files(), ids=lambda p: p.name)
+def test_catalog_shape(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    assert text == json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    engine, version = path.stem.split("-", 1)
+    assert data["engine"] == engine
+    assert data["version"] == version
+    if "base" in data:
+        assert set(data) == {"engine", "version", "base", "additions", "note"}
+        assert (CATALOG_DIR / f"{engine}-{data['base']}.json").is_file()
+        assert set(data["additions"]) <= {"flags", "registries"}
+        assert isinstance(data["note"], str)
+        assert data["note"]
+        return
+    assert set(data) == BASE_KEYS
+    assert data["additions"] is None
+    source = data["source"]
+    assert set(source) == {"wheel", "sha256", "extractor"}
+    assert source["wheel"].startswith(f"{engine}-{version}-")
+    assert source["wheel"].endswith(".whl")
+    assert len(source["sha256"]) == 64
+    assert source["extractor"] == "tools/extract_flag_catalog.py"
+    assert data["launch"]
+    assert all(isinstance(part, str) for part in data["launch"])
+    assert data["entry_points"]
+    for name, info in data["flags"].items():
+        assert name.startswith("-"), name
+        assert set(info) == {"aliases", "takes_value", "choices"}, name
+        assert isinstance(info["takes_value"], bool)
+        assert all(alias.startswith("-") for alias in info["aliases"])
+        choices = info["choices"]
+        assert choices is None or (choices == sorted(set(choices)) and choices), name
+    for key, names in data["registries"].items():
+        assert names == sorted(set(names)), key
+        assert names, key
+    seen: dict[str, str] = {}
+    for name, info in data["flags"].items():
+        for option in [name, *info["aliases"]]:
+            assert option not in seen, f"{option} belongs to {seen.get(option)} and {name}"
+            seen[option] = name
+
+
+@pytest.mark.parametrize("engine", sorted(REQUIRED_FLAGS))
+def test_catalog_required_flags(engine: str) -> None:
+    data: dict[str, Any] = json.loads((CATALOG_DIR / EXTRACTED[engine]).read_text(encoding="utf-8"))
+    options = option_strings(data)
+    missing = [f for f in REQUIRED_FLAGS[engine] if f not in options]
+    assert not missing
+    for name in NO_VALUE_FLAGS[engine]:
+        assert data["flags"][name]["takes_value"] is False, name
+    for registry, names in REQUIRED_REGISTRY_NAMES[engine].items():
+        assert set(names) <= set(data["registries"][registry]), registry
+
+
+def test_vllm_launch_and_negations() -> None:
+    data: dict[str, Any] = json.loads((CATALOG_DIR / "vllm-0.33.0.json").read_text(encoding="utf-8"))
+    assert data["launch"] == ["vllm", "serve"]
+    assert data["entry_points"] == {"vllm": "vllm.entrypoints.cli.main:main"}
+    # BooleanOptionalAction (--no-X) and vLLM's EnableDisableAction (--disable-X).
+    assert "--no-enable-expert-parallel" in data["flags"]
+    assert "--disable-expert-parallel" in data["flags"]
+    assert data["flags"]["--tensor-parallel-size"]["takes_value"] is True
+
+
+def test_vllm_0_34_additions_resolve_against_base() -> None:
+    data: dict[str, Any] = json.loads((CATALOG_DIR / "vllm-0.34.0.json").read_text(encoding="utf-8"))
+    base: dict[str, Any] = json.loads((CATALOG_DIR / "vllm-0.33.0.json").read_text(encoding="utf-8"))
+    assert data["base"] == "0.33.0"
+    for name in data["additions"].get("flags", {}):
+        assert name not in base["flags"], f"{name} already in the base release"
+    for key, names in data["additions"].get("registries", {}).items():
+        assert not set(names) & set(base["registries"].get(key, [])), key

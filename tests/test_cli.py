@@ -1,0 +1,102 @@
+"""The ``kimi-deploy`` command as a user runs it: a subprocess from the repository root."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROD, RECIPE, ROOT
+
+
+def kimi(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kimi_deploy.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_plan_gb300_pd_prints_every_host_with_pool_rank_ports_and_argv() -> None:
+    run = kimi("plan", RECIPE, PROD, "--topology", "gb300-pd")
+    assert run.returncode == 0, run.stderr
+    rows = {line.split()[0]: line.split() for line in run.stdout.splitlines()[2:13]}
+    assert sorted(rows) == sorted(
+        [f"gb300-p0{i}" for i in range(1, 7)] + [f"gb300-d0{i}" for i in range(1, 5)] + ["gb300-rt01"]
+    )
+    assert rows["gb300-d02"][1:6] == ["10.41.0.32", "decode", "worker", "0", "1/4"]
+    assert "dp_rpc=13345" in rows["gb300-d01"]
+    assert "router=8000" in rows["gb300-rt01"]
+    argv_lines = [line for line in run.stdout.splitlines() if line.startswith("  gb300-d03 kimi-vllm: ")]
+    assert len(argv_lines) == 1
+    assert "--data-parallel-start-rank 8" in argv_lines[0]
+    assert "tpu7x" not in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("topology", "hosts", "needle"),
+    [
+        ("single-node", ["b300-01"], "--tensor-parallel-size 8"),
+        ("tpu7x", [f"tpu7x-w{i}" for i in range(8)], "--enable-hierarchical-cache"),
+    ],
+)
+def test_plan_other_reference_topologies(topology: str, hosts: list[str], needle: str) -> None:
+    run = kimi("plan", RECIPE, PROD, "--topology", topology)
+    assert run.returncode == 0, run.stderr
+    for host in hosts:
+        assert f"  {host} kimi-" in run.stdout
+    assert needle in run.stdout
+
+
+def test_plan_json_is_the_full_spec() -> None:
+    run = kimi("plan", RECIPE, PROD, "--json")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert len(data["hosts"]) == 23
+    d2 = next(h for h in data["hosts"] if h["host"] == "gb300-d02")
+    assert (d2["pool"], d2["node_rank"], d2["dp_start_rank"], d2["leader"]) == ("decode", 1, 4, "gb300-d01")
+    assert d2["units"][0]["argv"][:2] == ["/opt/kimi/engines/vllm-0.34.0/bin/vllm", "serve"]
+
+
+def test_render_writes_each_hosts_files_and_no_secret(tmp_path: Path) -> None:
+    run = kimi("plan", RECIPE, PROD, "--topology", "gb300-pd", "--render", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "gb300-d01/etc/systemd/system/kimi-vllm.service").is_file()
+    assert (tmp_path / "gb300-rt01/etc/systemd/system/kimi-mooncake-master.service").is_file()
+    assert not list(tmp_path.rglob("secrets"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"gb300-p0{i}" for i in range(1, 7)] + [f"gb300-d0{i}" for i in range(1, 5)] + ["gb300-rt01"]
+    )
+
+
+def test_validate_says_ok() -> None:
+    run = kimi("validate", RECIPE, PROD)
+    assert run.returncode == 0
+    assert run.stdout.startswith(f"ok: {RECIPE} x {PROD}: 23 hosts in ")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ("validate", "recipes/nope.yaml", PROD),
+            "recipes/nope.yaml: cannot read: No such file or directory",
+        ),
+        (("validate", RECIPE, "inventories/nope.py"), "inventories/nope.py: no such inventory file"),
+        (
+            ("plan", RECIPE, PROD, "--topology", "gb200"),
+            "inventories/prod.py: topology 'gb200' is not in the recipe "
+            "(known: single-node, gb300-pd, tpu7x, tokenspeed-single, tokenspeed-multi)",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], line: str) -> None:
+    run = kimi(*args)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [line]

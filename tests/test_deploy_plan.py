@@ -1,0 +1,68 @@
+"""deploys/kimi.py plans exactly what ``kimi-deploy plan`` shows, and stops on bad input.
+
+pyinfra runs here only against ``@local`` (this machine, no network); the example production
+inventory is loaded but never connected to.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from pyinfra.api.state import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory_from_files
+
+from kimi_deploy.deploy_plan import plan_for
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Recipe
+from tests.conftest import PROD, RECIPE, ROOT
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+
+def test_deploy_plan_equals_cli_plan_for_every_host(recipe: Recipe, prod: Inventory) -> None:
+    with ctx_state.use(State()):
+        inventory = make_inventory_from_files(PROD, cwd=str(ROOT))
+    expected = plan(recipe, RECIPE, prod)
+    hosts = list(inventory)
+    assert len(hosts) == len(expected.hosts)
+    for host in hosts:
+        _, spec = plan_for(inventory, host, PROD)
+        assert spec == expected.for_host(host.name)
+
+
+def _run_deploy(tmp_path: Path, recipe_file: Path) -> subprocess.CompletedProcess[str]:
+    inventory = tmp_path / "local.py"
+    inventory.write_text(f'b300 = [("@local", {{"kimi_recipe": {str(recipe_file)!r}}})]\n', encoding="utf-8")
+    return subprocess.run(
+        [PYINFRA, str(inventory), "deploys/kimi.py", "-y"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_deploy_plans_its_host(tmp_path: Path) -> None:
+    run = _run_deploy(tmp_path, ROOT / RECIPE)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "@local: topology single-node, pool serve, single 0/1, units kimi-vllm" in run.stdout + run.stderr
+
+
+def test_deploy_stops_with_one_line_on_a_bad_recipe(tmp_path: Path) -> None:
+    data = yaml.safe_load((ROOT / RECIPE).read_text(encoding="utf-8"))
+    data["model"]["license"]["accepted"] = False
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data), encoding="utf-8")
+    run = _run_deploy(tmp_path, bad)
+    assert run.returncode != 0
+    errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
+    assert len(errors) == 1
+    assert errors[0].endswith(
+        f"{bad}: model.license: license 'kimi-k3.1-license' is not acknowledged: read it and set accepted: true"
+    )

@@ -1,0 +1,217 @@
+"""The planner's decisions: argv per role, ranks, start stages, and the faults it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kimi_deploy import catalog as catalog_module
+from kimi_deploy.catalog import Catalog, load_catalog
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.inventory import Inventory, InventoryHost
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Ports, Recipe
+from kimi_deploy.servespec import Plan
+from tests.conftest import RECIPE
+
+MODEL = "/srv/models/moonshotai--Kimi-K3.1-Pro/5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d"
+
+
+@pytest.fixture(scope="module")
+def full(recipe: Recipe, prod: Inventory) -> Plan:
+    return plan(recipe, RECIPE, prod)
+
+
+def _with_topology(recipe: Recipe, name: str, **update: object) -> Recipe:
+    topo = recipe.topologies[name].model_copy(update=update)
+    return recipe.model_copy(update={"topologies": {**recipe.topologies, name: topo}})
+
+
+def test_single_node_is_the_reference_vllm_command(full: Plan) -> None:
+    (unit,) = full.for_host("b300-01").units
+    assert unit.argv == (
+        "/opt/kimi/engines/vllm-0.34.0/bin/vllm",
+        "serve",
+        MODEL,
+        "--served-model-name",
+        "kimi-local",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "8",
+        "--max-model-len",
+        "32768",
+        "--load-format",
+        "fastsafetensors",
+        "--trust-remote-code",
+        "--tool-call-parser",
+        "kimi_k3",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "kimi_k3",
+    )
+    assert unit.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "3600"
+    assert unit.env["HF_HUB_OFFLINE"] == "1"
+    assert dict(unit.listens) == {"api": 8000}
+
+
+def test_decode_pool_uses_native_data_parallel_with_headless_workers(full: Plan) -> None:
+    hosts = [full.for_host(f"gb300-d0{i}") for i in range(1, 5)]
+    assert [h.dp_start_rank for h in hosts] == [0, 4, 8, 12]
+    leader, *workers = [h.units[0].argv for h in hosts]
+    assert "--headless" not in leader
+    assert leader[leader.index("--data-parallel-address") + 1] == "10.41.0.31"
+    assert leader[leader.index("--data-parallel-size") + 1] == "16"
+    for rank, argv in zip((4, 8, 12), workers, strict=True):
+        assert "--headless" in argv
+        assert "--host" not in argv
+        assert argv[argv.index("--data-parallel-start-rank") + 1] == str(rank)
+        assert argv[argv.index("--data-parallel-size-local") + 1] == "4"
+        assert argv[argv.index("--data-parallel-address") + 1] == "10.41.0.31"
+    assert "nixl_side_channel_12" in hosts[3].units[0].listens
+
+
+def test_prefill_instances_span_two_trays_with_tensor_parallel(full: Plan) -> None:
+    leaders = {f"gb300-p0{i}": f"10.41.0.1{i}" for i in (1, 3, 5)}
+    for i in range(1, 7):
+        h = full.for_host(f"gb300-p0{i}")
+        argv = h.units[0].argv
+        leader = f"gb300-p0{i - (i + 1) % 2}"
+        assert h.leader == leader
+        assert h.instance == (i - 1) // 2
+        assert argv[argv.index("--master-addr") + 1] == leaders[leader]
+        assert argv[argv.index("--node-rank") + 1] == str((i + 1) % 2)
+        assert ("--headless" in argv) == (i % 2 == 0)
+
+
+def test_router_sends_to_every_instance_leader_and_starts_last(full: Plan) -> None:
+    router = full.for_host("gb300-rt01")
+    master, front = router.units
+    assert (master.name, master.stage, front.name, front.stage) == (
+        "kimi-mooncake-master",
+        0,
+        "kimi-router",
+        3,
+    )
+    argv = list(front.argv)
+    prefill = [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"]
+    decode = [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"]
+    assert prefill == ["http://10.41.0.11:8000", "http://10.41.0.13:8000", "http://10.41.0.15:8000"]
+    assert decode == ["http://10.41.0.31:8000"]
+    stages = {h.host: h.units[0].stage for h in full.topology("gb300-pd") if h.role != "router"}
+    assert stages["gb300-p01"] == 1
+    assert stages["gb300-p02"] == 2
+    assert stages["gb300-d04"] == 2
+
+
+def test_kv_transport_is_explicit(full: Plan) -> None:
+    env = full.for_host("gb300-d01").units[0].env
+    assert "tcp" not in env["UCX_TLS"].split(",")
+    assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
+    files = full.for_host("gb300-d01").units[0].files
+    assert files["/etc/kimi/mooncake.json"].data["mooncake"]["protocol"] == "rdma"
+
+
+def test_tpu_slice_runs_sglang_across_eight_hosts_with_hicache(full: Plan) -> None:
+    w0 = full.for_host("tpu7x-w0").units[0].argv
+    w7 = full.for_host("tpu7x-w7").units[0].argv
+    assert w0[:2] == ("/opt/kimi/engines/sglang-0.5.23/bin/sglang", "serve")
+    for argv, rank in ((w0, "0"), (w7, "7")):
+        assert argv[argv.index("--node-rank") + 1] == rank
+        assert argv[argv.index("--dist-init-addr") + 1] == "10.61.0.10:29500"
+        assert argv[argv.index("--tp-size") + 1] == "32"
+        assert argv[argv.index("--ep-size") + 1] == "8"
+        assert argv[argv.index("--hicache-ratio") + 1] == "2"
+
+
+def test_port_clash_on_a_host_is_refused(recipe: Recipe, prod: Inventory) -> None:
+    bad = _with_topology(recipe, "gb300-pd", ports=Ports(api=13345))
+    with pytest.raises(ConfigError) as err:
+        plan(bad, RECIPE, prod, "gb300-pd")
+    assert str(err.value) == (
+        f"{RECIPE}: topologies.gb300-pd.ports: host gb300-d01: "
+        "kimi-vllm api and kimi-vllm dp_rpc both use port 13345"
+    )
+
+
+def test_parser_the_pinned_engine_lacks_is_refused(recipe: Recipe, prod: Inventory) -> None:
+    bad = _with_topology(
+        recipe,
+        "tpu7x",
+        parsers=recipe.topologies["tpu7x"].parsers.model_copy(update={"tool_call": "kimi_k9"}),
+    )
+    with pytest.raises(ConfigError) as err:
+        plan(bad, RECIPE, prod, "tpu7x")
+    message = str(err.value)
+    assert message.startswith(
+        f"{RECIPE}: topologies.tpu7x.parsers.tool_call: sglang 0.5.23 has no tool_call_parser 'kimi_k9' (known: "
+    )
+    assert "kimi_k3" in message
+    assert "\n" not in message
+
+
+def test_engine_release_without_catalog_is_refused(recipe: Recipe, prod: Inventory) -> None:
+    engines = {**recipe.engines, "vllm": recipe.engines["vllm"].model_copy(update={"version": "0.99.0"})}
+    with pytest.raises(ConfigError) as err:
+        plan(recipe.model_copy(update={"engines": engines}), RECIPE, prod, "single-node")
+    assert str(err.value).startswith(
+        f"{RECIPE}: engines.vllm.version: no flag catalog for vllm 0.99.0 (have: "
+    )
+
+
+def test_flag_missing_from_the_release_catalog_is_refused(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = load_catalog("vllm", "0.34.0")
+    older = dataclasses.replace(real, flags={k: v for k, v in real.flags.items() if k != "--headless"})
+
+    def fake(engine: str, version: str) -> Catalog:
+        return older if engine == "vllm" else load_catalog(engine, version)
+
+    monkeypatch.setattr("kimi_deploy.planner.load_catalog", fake)
+    with pytest.raises(ConfigError) as err:
+        plan(recipe, RECIPE, prod, "gb300-pd")
+    assert str(err.value) == (
+        f"{RECIPE}: topologies.gb300-pd: host gb300-p02: kimi-vllm: flag --headless is not accepted by vllm 0.34.0"
+    )
+    assert catalog_module.load_catalog("vllm", "0.34.0") is real
+
+
+def test_rdma_topology_needs_rdma_devices_on_every_engine_host(recipe: Recipe, prod: Inventory) -> None:
+    hosts = tuple(
+        dataclasses.replace(h, vars=h.vars.model_copy(update={"kimi_rdma_devices": None}))
+        if h.name == "gb300-d03"
+        else h
+        for h in prod.hosts
+    )
+    with pytest.raises(ConfigError) as err:
+        plan(recipe, RECIPE, dataclasses.replace(prod, hosts=hosts), "gb300-pd")
+    assert str(err.value) == (
+        "inventories/prod.py: host gb300-d03: kimi_rdma_devices: "
+        "topology gb300-pd moves KV cache over RDMA: list the host's RDMA devices"
+    )
+
+
+def test_vllm_expert_parallel_must_span_the_instance(recipe: Recipe, prod: Inventory) -> None:
+    pools = dict(recipe.topologies["gb300-pd"].pools)
+    pools["decode"] = pools["decode"].model_copy(
+        update={"parallel": pools["decode"].parallel.model_copy(update={"ep": 8})}
+    )
+    with pytest.raises(ConfigError) as err:
+        plan(_with_topology(recipe, "gb300-pd", pools=pools), RECIPE, prod, "gb300-pd")
+    assert str(err.value) == (
+        f"{RECIPE}: topologies.gb300-pd.pools.decode.parallel: "
+        "vLLM expert parallel spans tp*dp = 16 ranks, found ep 8"
+    )
+
+
+def test_plan_is_deterministic_and_ordered_like_the_inventory(
+    recipe: Recipe, prod: Inventory, full: Plan
+) -> None:
+    assert plan(recipe, RECIPE, prod) == full
+    order = [h.name for h in prod.hosts]
+    assert [h.host for h in full.hosts] == order
+    assert isinstance(prod.hosts[0], InventoryHost)

@@ -1,0 +1,160 @@
+"""Properties every rendered unit must have, checked on every host of the example inventory."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kimi_deploy.catalog import load_catalog
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.planner import ARGV_POSITIONALS, plan
+from kimi_deploy.recipe import Expose, Recipe, SecretRef
+from kimi_deploy.render import RenderedFile, render_host
+from kimi_deploy.servespec import HostPlan, Plan
+from tests.conftest import RECIPE
+from tests.unit_file import directives, exec_argv
+
+SECRET = "sk-kimi-test-9f1c2e7a"
+SECRETS = {"VLLM_API_KEY": SECRET, "api-key": SECRET}
+
+
+@pytest.fixture(scope="module")
+def full_plan(recipe: Recipe, prod: Inventory) -> Plan:
+    return plan(recipe, RECIPE, prod)
+
+
+def _units(recipe: Recipe, full_plan: Plan) -> list[tuple[HostPlan, RenderedFile]]:
+    out = []
+    for host in full_plan.hosts:
+        for f in render_host(recipe, host, SECRETS):
+            if f.path.endswith(".service"):
+                out.append((host, f))
+    return out
+
+
+def test_exec_start_reads_back_as_the_planned_argv(recipe: Recipe, full_plan: Plan) -> None:
+    for host, f in _units(recipe, full_plan):
+        unit = next(u for u in host.units if f.path.endswith(f"/{u.name}.service"))
+        assert exec_argv(f.content) == list(unit.argv), f"{host.host}: {f.path}"
+
+
+def test_every_engine_flag_is_in_the_pinned_release_catalog(recipe: Recipe, full_plan: Plan) -> None:
+    checked = 0
+    for host, f in _units(recipe, full_plan):
+        if host.role == "router":
+            continue
+        argv = exec_argv(f.content)
+        catalog = load_catalog(host.engine, host.engine_version)
+        assert catalog.problems(tuple(argv), ARGV_POSITIONALS[host.engine]) == [], f"{host.host}: {f.path}"
+        checked += 1
+    assert checked == len([h for h in full_plan.hosts if h.role != "router"])
+
+
+def test_units_run_unprivileged_and_hardened(recipe: Recipe, full_plan: Plan) -> None:
+    for host, f in _units(recipe, full_plan):
+        d = directives(f.content)
+        assert d["User"] == [recipe.paths.user], f"{host.host}: {f.path}"
+        assert d["NoNewPrivileges"] == ["yes"]
+        assert d["ProtectSystem"] == ["strict"]
+        assert d["CapabilityBoundingSet"] == [""]
+
+
+def test_engines_listen_on_loopback_unless_the_recipe_exposes_them(recipe: Recipe, full_plan: Plan) -> None:
+    for host in full_plan.hosts:
+        topo = recipe.topologies[host.topology]
+        for unit in host.units:
+            if "api" not in unit.listens and "router" not in unit.listens:
+                continue
+            host_flag = unit.argv[unit.argv.index("--host") + 1]
+            if topo.expose is None:
+                assert host_flag == "127.0.0.1", f"{host.host} {unit.name}"
+            else:
+                assert host_flag == host.address, f"{host.host} {unit.name}"
+                if unit.kind == "engine":
+                    assert unit.secret_env or unit.secret_files, f"{host.host}: exposed without a key"
+
+
+def test_secrets_only_in_files_the_engine_user_alone_reads(recipe: Recipe, full_plan: Plan) -> None:
+    secret_files = 0
+    for host in full_plan.hosts:
+        for unit in host.units:
+            assert all(SECRET not in a for a in unit.argv)
+        for f in render_host(recipe, host, SECRETS):
+            if f.secret:
+                secret_files += 1
+                assert (f.mode, f.owner) == (0o600, recipe.paths.user)
+                assert SECRET in f.content
+            else:
+                assert SECRET not in f.content, f"{host.host}: {f.path} holds a secret"
+                assert f.mode == 0o644
+    # Every exposed engine leader of gb300-pd (3 prefill + 1 decode) has its secret env file.
+    assert secret_files == 4
+
+
+def test_plan_render_without_secrets_writes_no_secret_file(recipe: Recipe, full_plan: Plan) -> None:
+    for host in full_plan.hosts:
+        assert not [f for f in render_host(recipe, host) if f.secret or "/secrets/" in f.path]
+
+
+def test_sglang_api_key_travels_in_a_config_file_not_argv(recipe: Recipe, prod: Inventory) -> None:
+    topo = recipe.topologies["tpu7x"].model_copy(
+        update={"expose": Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY"))}
+    )
+    exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "tpu7x": topo}})
+    leader = plan(exposed, RECIPE, prod, "tpu7x").for_host("tpu7x-w0")
+    (unit,) = leader.units
+    config = unit.argv[unit.argv.index("--config") + 1]
+    files = {f.path: f for f in render_host(exposed, leader, SECRETS)}
+    assert files[config].secret
+    assert files[config].mode == 0o600
+    assert files[config].content.splitlines()[-1] == f'api-key: "{SECRET}"'
+    assert unit.argv[unit.argv.index("--host") + 1] == "10.61.0.10"
+
+
+def test_tokenspeed_refuses_exposure_rather_than_a_key_in_argv(recipe: Recipe, prod: Inventory) -> None:
+    topo = recipe.topologies["tokenspeed-single"].model_copy(
+        update={"expose": Expose(bind="0.0.0.0", api_key=SecretRef(env="KIMI_API_KEY"))}
+    )
+    exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "tokenspeed-single": topo}})
+    with pytest.raises(ConfigError) as err:
+        plan(exposed, RECIPE, prod, "tokenspeed-single")
+    assert str(err.value).startswith(f"{RECIPE}: topologies.tokenspeed-single.expose: TokenSpeed takes")
+
+
+systemd_analyze = shutil.which("systemd-analyze")
+
+
+@pytest.mark.skipif(systemd_analyze is None, reason="systemd-analyze is not installed")
+def test_systemd_accepts_every_unit_and_rates_it_ok(recipe: Recipe, full_plan: Plan, tmp_path: Path) -> None:
+    assert systemd_analyze is not None
+    seen: set[tuple[str, str, str, str]] = set()
+    for host, f in _units(recipe, full_plan):
+        key = (host.topology, host.pool, host.node_role, f.path)
+        if key in seen:
+            continue
+        seen.add(key)
+        path = tmp_path / Path(f.path).name
+        path.write_text(f.content, encoding="utf-8")
+        verify = subprocess.run(
+            [systemd_analyze, "verify", "--man=no", str(path)], capture_output=True, text=True, check=False
+        )
+        problems = [
+            line
+            for line in (verify.stdout + verify.stderr).splitlines()
+            if line.strip() and "is not executable" not in line
+        ]
+        assert problems == [], f"{host.host}: {f.path}"
+        security = subprocess.run(
+            [systemd_analyze, "security", "--offline=yes", "--no-pager", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        score = re.search(r"Overall exposure level for \S+: ([0-9.]+) (\w+)", security.stdout)
+        assert score is not None, security.stdout[-500:]
+        assert float(score.group(1)) <= 4.0, f"{host.host}: {f.path} exposure {score.group(1)}"
