@@ -18,10 +18,12 @@ def common_env(placement: Placement) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
     }
     host_vars = placement.host.vars
+    nvidia = placement.topology.accelerators.vendor == "nvidia"
     if host_vars.kimi_socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = host_vars.kimi_socket_ifname
         env["GLOO_SOCKET_IFNAME"] = host_vars.kimi_socket_ifname
-    if host_vars.kimi_rdma_devices and placement.topology.accelerators.vendor == "nvidia":
+        if nvidia:
+            env["NCCL_SOCKET_IFNAME"] = host_vars.kimi_socket_ifname
+    if host_vars.kimi_rdma_devices and nvidia:
         env["NCCL_IB_HCA"] = ",".join(host_vars.kimi_rdma_devices)
     env.update(placement.topology.env)
     return env
