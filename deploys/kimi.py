@@ -2,7 +2,10 @@
 
 The plan is computed for the whole inventory before any change, exactly as
 ``kimi-deploy plan RECIPE INVENTORY`` shows it; a bad recipe or inventory stops the run with
-one line naming the file, the field and the rule.
+one line naming the file, the field and the rule. Then, per host, each step a gate:
+engine (and tool) releases, weights at the pinned revision verified against the lock, rendered
+units, start or restart of what changed, and the smoke test of what was (re)started. One probe
+round-trip reads everything these steps decide on.
 """
 
 from __future__ import annotations
@@ -11,15 +14,62 @@ from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
+from facts.host_state import KimiHostState
+from kimi_deploy.converge import converge_request, plan_converge
 from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.errors import ConfigError
+from operations import engine, serving, units, users, weights
 
 try:
-    recipe, spec = plan_for(inventory, host)
+    deploy = plan_for(inventory, host)
+    todo = plan_converge(deploy)
 except ConfigError as exc:
     raise PyinfraError(str(exc)) from None
 
+spec = deploy.spec
 logger.info(
     f"{host.name}: topology {spec.topology}, pool {spec.pool}, {spec.node_role} "
     f"{spec.node_rank}/{spec.nodes}, units {', '.join(u.name for u in spec.units)}"
 )
+
+state = host.get_fact(KimiHostState, request=converge_request(todo))
+
+users.system_user(name=f"User {todo.user}", user=todo.user, exists=state["user"])
+
+for release in todo.venvs:
+    engine.venv(
+        name=f"Release {release.package} {release.version}",
+        path=release.path,
+        package=release.package,
+        version=release.version,
+        requirements=release.requirements,
+        index_url=todo.index_url,
+        current=state["venvs"].get(release.path),
+    )
+
+if todo.weights is not None:
+    weights.revision(
+        name=f"Weights {todo.weights.repo}@{todo.weights.revision[:12]}",
+        repo=todo.weights.repo,
+        revision=todo.weights.revision,
+        path=todo.weights.path,
+        lock=todo.weights.lock,
+        python=todo.weights.python,
+        endpoint=todo.weights.endpoint,
+        token_file=None,
+        current=state["weights"],
+    )
+
+units.rendered(name="Rendered units and config", files=todo.files, group=todo.user, current=state["files"])
+
+for unit in todo.units:
+    current = state["units"].get(unit.name)
+    units.running(name=f"Service {unit.name}", unit=unit.name, release=unit.release, current=current)
+    if unit.smoke is not None:
+        serving.verified(
+            name=f"Smoke test {unit.name}",
+            unit=unit.name,
+            url=unit.smoke.url,
+            request=unit.smoke.request,
+            restarted=units.needs_start(unit.release, current),
+        )

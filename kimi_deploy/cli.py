@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.inventory_file import load_inventory
+from kimi_deploy.lockfile import lock_path
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import load_recipe
@@ -65,6 +67,16 @@ def _show_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lock(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe)
+    lock = make_lock(recipe, args.recipe, args.endpoint)
+    path = lock_path(recipe)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(lock.to_json(), encoding="utf-8")
+    print(f"{path}: {len(lock.files)} files, {lock.total_bytes} bytes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-deploy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print the plan as JSON")
     show.add_argument("--render", metavar="DIR", help="write every host's rendered files under DIR/<host>/")
     show.set_defaults(func=_show_plan)
+    lock = sub.add_parser("lock", help="record every file's size and digest at the recipe's pinned revision")
+    lock.add_argument("recipe")
+    lock.add_argument("--endpoint", help="Hub or mirror URL (default: HF_ENDPOINT or huggingface.co)")
+    lock.set_defaults(func=_lock)
     return parser
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kimi_deploy.inventory import InventoryHost
 from kimi_deploy.inventory_file import from_pyinfra
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe, load_recipe
@@ -22,7 +24,17 @@ def inventory_label(argv: list[str] | None = None) -> str:
     return "inventory"
 
 
-def plan_for(inventory: Any, host: Any, label: str | None = None) -> tuple[Recipe, HostPlan]:
+@dataclass(frozen=True)
+class DeployPlan:
+    """One host's part of the plan, with the recipe and inventory data it came from."""
+
+    recipe: Recipe
+    recipe_file: str
+    spec: HostPlan
+    host: InventoryHost
+
+
+def plan_for(inventory: Any, host: Any, label: str | None = None) -> DeployPlan:
     """Plan the whole inventory exactly as ``kimi-deploy plan`` does and return ``host``'s part.
 
     ``inventory`` and ``host`` are pyinfra's objects; the recipe is the host's ``kimi_recipe``
@@ -30,5 +42,6 @@ def plan_for(inventory: Any, host: Any, label: str | None = None) -> tuple[Recip
     """
     recipe_file = host.data.get("kimi_recipe") or DEFAULT_RECIPE
     recipe = load_recipe(recipe_file)
-    full = plan(recipe, recipe_file, from_pyinfra(inventory, label or inventory_label()))
-    return recipe, full.for_host(host.name)
+    ours = from_pyinfra(inventory, label or inventory_label())
+    full = plan(recipe, recipe_file, ours)
+    return DeployPlan(recipe, recipe_file, full.for_host(host.name), ours.host(host.name))

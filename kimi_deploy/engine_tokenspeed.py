@@ -56,6 +56,4 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     argv += dist_init_flags(placement, listens)
     argv += ["--max-model-len", str(topo.max_model_len)]
     argv += model_flags(recipe, placement, tool_choice_flag=False)
-    return engine_unit_for(
-        recipe, placement, name=UNIT, label="TokenSpeed", argv=argv, listens=listens, bind=bind
-    )
+    return engine_unit_for(recipe, placement, name=UNIT, label="TokenSpeed", argv=argv, listens=listens, bind=bind)

@@ -30,8 +30,7 @@ def check_layout(recipe_file: str, placement: Placement) -> None:
         raise ConfigError(
             recipe_file,
             field,
-            f"vLLM data parallel needs each rank's tp*pp = {p.tp * p.pp} "
-            f"within one {per_host}-accelerator host",
+            f"vLLM data parallel needs each rank's tp*pp = {p.tp * p.pp} within one {per_host}-accelerator host",
         )
 
 

@@ -25,12 +25,12 @@ class HostVars(BaseModel):
     kimi_address: Annotated[str, StringConstraints(min_length=1)] | None = None
     kimi_socket_ifname: IfName | None = None
     kimi_rdma_devices: (
-        Annotated[
-            list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(:[0-9]+)?$")]], Field(min_length=1)
-        ]
+        Annotated[list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(:[0-9]+)?$")]], Field(min_length=1)]
         | None
     ) = None
     kimi_recipe: str | None = None
+    kimi_pip_index_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
+    kimi_hf_endpoint: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
 
 
 @dataclass(frozen=True)

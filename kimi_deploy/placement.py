@@ -68,9 +68,7 @@ def _topology_of(recipe: Recipe, inventory: Inventory, host: InventoryHost) -> s
     return names[0]
 
 
-def _place_topology(
-    inventory: Inventory, name: str, topo: Topology, members: list[InventoryHost]
-) -> TopologyPlacement:
+def _place_topology(inventory: Inventory, name: str, topo: Topology, members: list[InventoryHost]) -> TopologyPlacement:
     pool_groups = {p.group: pool_name for pool_name, p in topo.pools.items()}
     router_group = topo.router.group if topo.router else None
     in_pool: dict[str, list[InventoryHost]] = {pool_name: [] for pool_name in topo.pools}
@@ -80,9 +78,7 @@ def _place_topology(
         found = [g for g in host.groups if g in pool_groups or g == router_group]
         if not found:
             expected = sorted([*pool_groups, *([router_group] if router_group else [])])
-            raise ConfigError(
-                where, "", f"topology {name}: in no pool (expected one of groups: {', '.join(expected)})"
-            )
+            raise ConfigError(where, "", f"topology {name}: in no pool (expected one of groups: {', '.join(expected)})")
         if len(found) > 1:
             raise ConfigError(where, "", f"topology {name}: in several pools: {', '.join(found)}")
         if found[0] == router_group:

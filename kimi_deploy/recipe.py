@@ -66,9 +66,7 @@ class ModelSpec(Strict):
     @model_validator(mode="after")
     def _pinned_when_trusting(self) -> ModelSpec:
         if self.trust_remote_code and not _COMMIT.match(self.revision):
-            raise ValueError(
-                f"trust_remote_code needs revision pinned to a 40-hex commit, found {self.revision!r}"
-            )
+            raise ValueError(f"trust_remote_code needs revision pinned to a 40-hex commit, found {self.revision!r}")
         return self
 
     @property
@@ -103,10 +101,25 @@ class Drivers(Strict):
 
 class Paths(Strict):
     engines: AbsPath = "/opt/kimi/engines"
+    tools: AbsPath = "/opt/kimi/tools"
     models: AbsPath = "/srv/models"
     current: AbsPath = "/opt/kimi/current"
     config: AbsPath = "/etc/kimi"
     user: Name = "kimi"
+
+
+class Tools(Strict):
+    """Pinned host-side tools, each installed in its own venv like an engine."""
+
+    huggingface_hub: Version
+
+
+class Smoke(Strict):
+    """The check that a started engine really serves: its answer must contain ``expect``."""
+
+    prompt: str = "Reply with exactly the word READY and nothing else."
+    expect: Annotated[str, StringConstraints(min_length=1)] = "READY"
+    timeout_s: Positive = 3600
 
 
 class Accelerators(Strict):
@@ -278,6 +291,8 @@ class Recipe(Strict):
     engines: dict[EngineName, EngineRelease]
     routers: dict[RouterName, RouterRelease] = {}
     drivers: Drivers = Drivers()
+    tools: Tools
+    smoke: Smoke = Smoke()
     paths: Paths = Paths()
     context_ladder: Annotated[list[Positive], Field(min_length=1)]
     topologies: Annotated[dict[Name, Topology], Field(min_length=1)]
@@ -288,22 +303,16 @@ class Recipe(Strict):
         if ladder != sorted(set(ladder)):
             raise ValueError(f"context_ladder must rise strictly, found {ladder}")
         if ladder[-1] > self.model.max_context:
-            raise ValueError(
-                f"context_ladder top {ladder[-1]} exceeds model.max_context {self.model.max_context}"
-            )
+            raise ValueError(f"context_ladder top {ladder[-1]} exceeds model.max_context {self.model.max_context}")
         groups: dict[str, str] = {}
         for name, topo in self.topologies.items():
             where = f"topologies.{name}"
             if topo.engine not in self.engines:
                 raise ValueError(f"{where}.engine: {topo.engine!r} has no pinned release under engines")
             if topo.max_model_len not in ladder:
-                raise ValueError(
-                    f"{where}.max_model_len: {topo.max_model_len} is not a context_ladder step {ladder}"
-                )
+                raise ValueError(f"{where}.max_model_len: {topo.max_model_len} is not a context_ladder step {ladder}")
             if topo.router is not None and topo.router.package not in self.routers:
-                raise ValueError(
-                    f"{where}.router.package: {topo.router.package!r} has no pinned release under routers"
-                )
+                raise ValueError(f"{where}.router.package: {topo.router.package!r} has no pinned release under routers")
             acc = topo.accelerators
             for pool_name, pool in topo.pools.items():
                 devices = pool.parallel.replica_devices

@@ -81,9 +81,7 @@ def _unit_env(recipe: Recipe, unit: Unit) -> list[tuple[str, str]]:
     return [(k, env_value(v)) for k, v in sorted(env.items())]
 
 
-def render_host(
-    recipe: Recipe, plan: HostPlan, secrets: Mapping[str, str] | None = None
-) -> list[RenderedFile]:
+def render_host(recipe: Recipe, plan: HostPlan, secrets: Mapping[str, str] | None = None) -> list[RenderedFile]:
     """Every file ``plan``'s host needs. ``secrets`` maps a secret's name (``VLLM_API_KEY``,
     ``api-key``) to its value; without it, secret files are left out."""
     jinja = _environment()
@@ -116,9 +114,7 @@ def render_host(
         out.append(
             RenderedFile(
                 env_file,
-                jinja.get_template("unit.env.j2").render(
-                    path=env_file, env=_unit_env(recipe, unit), **common
-                ),
+                jinja.get_template("unit.env.j2").render(path=env_file, env=_unit_env(recipe, unit), **common),
                 0o644,
                 "root",
             )
@@ -132,9 +128,7 @@ def render_host(
             out.append(
                 RenderedFile(
                     secret_env_file,
-                    jinja.get_template("secrets.env.j2").render(
-                        path=secret_env_file, secrets=values, **common
-                    ),
+                    jinja.get_template("secrets.env.j2").render(path=secret_env_file, secrets=values, **common),
                     0o600,
                     user,
                     secret=True,

@@ -31,8 +31,9 @@ def test_deploy_plan_equals_cli_plan_for_every_host(recipe: Recipe, prod: Invent
     hosts = list(inventory)
     assert len(hosts) == len(expected.hosts)
     for host in hosts:
-        _, spec = plan_for(inventory, host, PROD)
-        assert spec == expected.for_host(host.name)
+        deploy = plan_for(inventory, host, PROD)
+        assert deploy.spec == expected.for_host(host.name)
+        assert deploy.host == prod.host(host.name)
 
 
 def _run_deploy(tmp_path: Path, recipe_file: Path) -> subprocess.CompletedProcess[str]:
@@ -48,10 +49,17 @@ def _run_deploy(tmp_path: Path, recipe_file: Path) -> subprocess.CompletedProces
     )
 
 
-def test_deploy_plans_its_host(tmp_path: Path) -> None:
+def test_deploy_refuses_a_revision_without_lock_before_any_change(tmp_path: Path) -> None:
     run = _run_deploy(tmp_path, ROOT / RECIPE)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "@local: topology single-node, pool serve, single 0/1, units kimi-vllm" in run.stdout + run.stderr
+    assert run.returncode != 0
+    errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
+    assert len(errors) == 1
+    assert errors[0].endswith(
+        "recipes/locks/moonshotai--Kimi-K3.1-Pro@5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d.json: no lock for "
+        "moonshotai/Kimi-K3.1-Pro@5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d: run `kimi-deploy lock RECIPE`"
+    )
+    assert "Connected" in run.stdout + run.stderr
+    assert "Starting operation" not in run.stdout + run.stderr
 
 
 def test_deploy_stops_with_one_line_on_a_bad_recipe(tmp_path: Path) -> None:

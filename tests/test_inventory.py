@@ -204,9 +204,7 @@ def test_bad_host_data(tmp_path: Path, host_data: str, expected: str) -> None:
 
 def test_bad_group_data_names_the_first_host_of_the_group(tmp_path: Path) -> None:
     """The bad key lives in group_data/web.py, but the line names the inventory file and host."""
-    path = _write_inventory(
-        tmp_path, 'db = ["d1"]\nweb = ["w1", "w2"]\n', {"web": 'kimi_socket_ifnam = "eth0"\n'}
-    )
+    path = _write_inventory(tmp_path, 'db = ["d1"]\nweb = ["w1", "w2"]\n', {"web": 'kimi_socket_ifnam = "eth0"\n'})
     assert _inventory_error(path) == (
         f"{path}: host w1: kimi_socket_ifnam: unknown key (did you mean 'kimi_socket_ifname'?)"
     )
@@ -251,9 +249,7 @@ def test_non_string_ssh_hostname(tmp_path: Path) -> None:
 SOURCE = "mem.py"
 
 
-def _inventory(
-    *hosts: tuple[str, tuple[str, ...]], data: Mapping[str, Mapping[str, Any]] | None = None
-) -> Inventory:
+def _inventory(*hosts: tuple[str, tuple[str, ...]], data: Mapping[str, Mapping[str, Any]] | None = None) -> Inventory:
     built = tuple(make_host(SOURCE, name, groups, (data or {}).get(name, {})) for name, groups in hosts)
     groups: dict[str, list[str]] = {}
     for host in built:
@@ -379,9 +375,7 @@ def test_only_keeps_one_topology(recipe: Recipe) -> None:
 
 def test_only_still_checks_every_host(recipe: Recipe) -> None:
     inventory = _inventory(("b1", ("b300",)), ("x", ("foo",)))
-    assert _place_error(recipe, inventory, only="single-node").startswith(
-        "mem.py: host x: in no topology group"
-    )
+    assert _place_error(recipe, inventory, only="single-node").startswith("mem.py: host x: in no topology group")
 
 
 def test_instances_fill_in_inventory_order(recipe: Recipe) -> None:
@@ -450,9 +444,7 @@ def test_prod_gb300_decode(prod_placement: Mapping[str, TopologyPlacement]) -> N
     assert [p.host.name for p in tp.leaders("decode")] == ["gb300-d01"]
 
 
-def test_prod_gb300_router_and_store(
-    prod_placement: Mapping[str, TopologyPlacement], prod: Inventory
-) -> None:
+def test_prod_gb300_router_and_store(prod_placement: Mapping[str, TopologyPlacement], prod: Inventory) -> None:
     tp = prod_placement["gb300-pd"]
     assert tp.router is not None
     assert tp.router.name == "gb300-rt01"
@@ -472,9 +464,7 @@ def test_prod_tpu7x(prod_placement: Mapping[str, TopologyPlacement]) -> None:
 
 def test_prod_single_hosts(prod_placement: Mapping[str, TopologyPlacement]) -> None:
     assert [_row(p) for p in prod_placement["single-node"].engines] == [("b300-01", 0, 0, 1, "b300-01", 1, 0)]
-    assert [_row(p) for p in prod_placement["tokenspeed-single"].engines] == [
-        ("b300-02", 0, 0, 1, "b300-02", 1, 0)
-    ]
+    assert [_row(p) for p in prod_placement["tokenspeed-single"].engines] == [("b300-02", 0, 0, 1, "b300-02", 1, 0)]
     assert [_row(p) for p in prod_placement["tokenspeed-multi"].engines] == [
         ("h200-01", 0, 0, 2, "h200-01", 1, 0),
         ("h200-02", 0, 1, 2, "h200-01", 0, 0),

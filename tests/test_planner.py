@@ -132,8 +132,7 @@ def test_port_clash_on_a_host_is_refused(recipe: Recipe, prod: Inventory) -> Non
     with pytest.raises(ConfigError) as err:
         plan(bad, RECIPE, prod, "gb300-pd")
     assert str(err.value) == (
-        f"{RECIPE}: topologies.gb300-pd.ports: host gb300-d01: "
-        "kimi-vllm api and kimi-vllm dp_rpc both use port 13345"
+        f"{RECIPE}: topologies.gb300-pd.ports: host gb300-d01: kimi-vllm api and kimi-vllm dp_rpc both use port 13345"
     )
 
 
@@ -157,9 +156,7 @@ def test_engine_release_without_catalog_is_refused(recipe: Recipe, prod: Invento
     engines = {**recipe.engines, "vllm": recipe.engines["vllm"].model_copy(update={"version": "0.99.0"})}
     with pytest.raises(ConfigError) as err:
         plan(recipe.model_copy(update={"engines": engines}), RECIPE, prod, "single-node")
-    assert str(err.value).startswith(
-        f"{RECIPE}: engines.vllm.version: no flag catalog for vllm 0.99.0 (have: "
-    )
+    assert str(err.value).startswith(f"{RECIPE}: engines.vllm.version: no flag catalog for vllm 0.99.0 (have: ")
 
 
 def test_flag_missing_from_the_release_catalog_is_refused(
@@ -203,14 +200,11 @@ def test_vllm_expert_parallel_must_span_the_instance(recipe: Recipe, prod: Inven
     with pytest.raises(ConfigError) as err:
         plan(_with_topology(recipe, "gb300-pd", pools=pools), RECIPE, prod, "gb300-pd")
     assert str(err.value) == (
-        f"{RECIPE}: topologies.gb300-pd.pools.decode.parallel: "
-        "vLLM expert parallel spans tp*dp = 16 ranks, found ep 8"
+        f"{RECIPE}: topologies.gb300-pd.pools.decode.parallel: vLLM expert parallel spans tp*dp = 16 ranks, found ep 8"
     )
 
 
-def test_plan_is_deterministic_and_ordered_like_the_inventory(
-    recipe: Recipe, prod: Inventory, full: Plan
-) -> None:
+def test_plan_is_deterministic_and_ordered_like_the_inventory(recipe: Recipe, prod: Inventory, full: Plan) -> None:
     assert plan(recipe, RECIPE, prod) == full
     order = [h.name for h in prod.hosts]
     assert [h.host for h in full.hosts] == order

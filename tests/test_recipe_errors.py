@@ -176,8 +176,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     (
         "max_model_len-not-on-ladder",
         _set(((*PD, "max_model_len"), 65536)),
-        "topologies.gb300-pd.max_model_len: 65536 is not a context_ladder step "
-        "[32768, 131072, 262144, 1048576]",
+        "topologies.gb300-pd.max_model_len: 65536 is not a context_ladder step [32768, 131072, 262144, 1048576]",
     ),
     (
         "ladder-not-rising",
@@ -487,9 +486,7 @@ def test_integer_key_at_top_level(tmp_path: Path) -> None:
 def test_unhashable_key_gives_one_line(tmp_path: Path) -> None:
     path = tmp_path / "recipe.yaml"
     path.write_text("? [a, b]\n: 1\n", encoding="utf-8")
-    assert _error(path) == (
-        f"{path}:1:3: YAML syntax: a mapping key must be a plain value, found a list or mapping"
-    )
+    assert _error(path) == (f"{path}:1:3: YAML syntax: a mapping key must be a plain value, found a list or mapping")
 
 
 def test_huge_size_bytes_gives_one_line(tmp_path: Path) -> None:
@@ -548,9 +545,7 @@ def test_yaml_merge_key_is_accepted(tmp_path: Path) -> None:
 
 def test_yaml_merge_key_with_an_override(tmp_path: Path) -> None:
     path = tmp_path / "recipe.yaml"
-    path.write_text(
-        _with_merge_key().replace("<<: *b300", "<<: *b300\n      memory_gib: 270"), encoding="utf-8"
-    )
+    path.write_text(_with_merge_key().replace("<<: *b300", "<<: *b300\n      memory_gib: 270"), encoding="utf-8")
     assert load_recipe(path).topologies["tokenspeed-single"].accelerators.memory_gib == 270
 
 

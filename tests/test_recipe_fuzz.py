@@ -178,9 +178,7 @@ def test_mutated_tree(work: Path, tree: dict[str, Any]) -> None:
 def test_one_char_rename_of_a_schema_key_is_an_unknown_key(work: Path, data: st.DataObject) -> None:
     tree = copy.deepcopy(BASE)
     schema_keys = [
-        p
-        for p, _ in _walk(tree)
-        if p and isinstance(p[-1], str) and not (len(p) >= 2 and p[-2] in _NAME_MAPS)
+        p for p, _ in _walk(tree) if p and isinstance(p[-1], str) and not (len(p) >= 2 and p[-2] in _NAME_MAPS)
     ]
     path = data.draw(st.sampled_from(schema_keys))
     parent = _get(tree, path[:-1])
@@ -332,8 +330,7 @@ def test_cli_validate_on_the_real_recipe() -> None:
     code, out, err = _run_cli(["validate", RECIPE, PROD])
     if code == 0:
         assert (out, err) == (
-            f"ok: {RECIPE} x {PROD}: 23 hosts in gb300-pd, single-node, "
-            "tokenspeed-multi, tokenspeed-single, tpu7x\n",
+            f"ok: {RECIPE} x {PROD}: 23 hosts in gb300-pd, single-node, tokenspeed-multi, tokenspeed-single, tpu7x\n",
             "",
         )
     else:

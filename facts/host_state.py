@@ -1,0 +1,58 @@
+"""The host's converge state, read by one probe round-trip (hostside/state_probe.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import zlib
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api.facts import FactBase
+
+HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
+
+# Runs a shipped script with the host's python3 under __name__ == "__main__"; the script travels
+# base64-encoded in argv (paths and digests only: never a secret).
+_BOOT = (
+    "import base64,sys;"
+    "code=compile(base64.b64decode(sys.argv.pop(1)),sys.argv[0],'exec');"
+    "exec(code,{'__name__':'__main__'})"
+)
+
+
+def pack(data: Any) -> str:
+    """JSON, compressed and base64-encoded: one argv word, no quoting surprises."""
+    return base64.b64encode(zlib.compress(json.dumps(data, sort_keys=True).encode(), 9)).decode()
+
+
+def hostside_command(python: str, script: str, request: Any) -> str:
+    """The shell command running ``hostside/<script>`` with ``python`` on the host."""
+    code = base64.b64encode((HOSTSIDE / script).read_bytes()).decode()
+    return " ".join([shlex.quote(python), "-c", shlex.quote(_BOOT), code, pack(request)])
+
+
+class KimiHostState(FactBase[dict[str, Any]]):
+    """Everything a converge decides on, in one round-trip.
+
+    .. code:: python
+
+        {
+            "user": True,
+            "venvs": {"/opt/kimi/engines/vllm-0.34.0": {"package": "vllm", ...} | None},
+            "weights": {"exists": True, "missing": [], "unverified": [], "extra": []} | None,
+            "files": {"/etc/systemd/system/kimi-vllm.service": "<sha256>" | None},
+            "units": {"kimi-vllm": {"active": "active", "pid": 1234, "applied": "<digest>"}},
+        }
+    """
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "python3"
+
+    def command(self, request: dict[str, Any]) -> str:
+        return hostside_command("python3", "state_probe.py", request)
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(output[-1])
+        return result

@@ -1,0 +1,112 @@
+"""Wait for an engine to be ready and check that it really serves: prints one JSON line.
+
+Input: one argument, base64 of zlib-compressed JSON: {"unit", "url", "served_name", "prompt",
+"expect", "timeout_s", "key_file", "key_var"}. Exit 0 when /health is up, /v1/models lists the
+served name and a chat completion's content contains ``expect`` with a finish_reason; exit 1
+otherwise, with the reason and the unit's journal tail.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from typing import Any
+
+
+def _key(req: dict[str, Any]) -> str | None:
+    if not req.get("key_file"):
+        return None
+    try:
+        with open(req["key_file"], encoding="utf-8") as f:
+            for line in f:
+                name, _, value = line.strip().partition("=")
+                if name == req["key_var"]:
+                    return value.strip().strip('"')
+    except OSError:
+        return None
+    return None
+
+
+def _call(url: str, key: str | None, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    # The URL is the deploy's own http://ADDRESS:PORT of the engine, never user input.
+    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")  # noqa: S310
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (OSError, ValueError):
+        return 0, None
+    try:
+        return status, json.loads(raw or b"null")
+    except ValueError:
+        return status, None
+
+
+def _active(unit: str) -> str:
+    out = subprocess.run(["systemctl", "is-active", f"{unit}.service"], capture_output=True, text=True, check=False)
+    return out.stdout.strip()
+
+
+def _fail(req: dict[str, Any], reason: str) -> None:
+    journal = subprocess.run(
+        ["journalctl", "-u", f"{req['unit']}.service", "-n", "20", "--no-pager", "-o", "cat"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    print(json.dumps({"ok": False, "reason": reason, "journal": journal.stdout.splitlines()[-20:]}))
+    sys.exit(1)
+
+
+def main() -> None:
+    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    key = _key(req)
+    base = req["url"].rstrip("/")
+    started = time.monotonic()
+    deadline = started + float(req["timeout_s"])
+    while True:
+        status, _ = _call(f"{base}/health", key)
+        if status == 200:
+            break
+        state = _active(req["unit"])
+        if state in ("failed", "inactive"):
+            _fail(req, f"{req['unit']} is {state} before it became ready")
+        if time.monotonic() > deadline:
+            _fail(req, f"not ready after {req['timeout_s']} s (last /health status {status})")
+        time.sleep(0.2)
+    ready = time.monotonic() - started
+    status, models = _call(f"{base}/v1/models", key)
+    names = [m.get("id") for m in (models or {}).get("data", [])]
+    if req["served_name"] not in names:
+        _fail(req, f"/v1/models lists {names}, not {req['served_name']!r} (status {status})")
+    body = {
+        "model": req["served_name"],
+        "messages": [{"role": "user", "content": req["prompt"]}],
+        "temperature": 0,
+        "max_tokens": 64,
+    }
+    status, answer = _call(f"{base}/v1/chat/completions", key, body)
+    try:
+        choice = answer["choices"][0]
+        content = choice["message"]["content"] or ""
+        finish = choice.get("finish_reason")
+    except (TypeError, KeyError, IndexError):
+        _fail(req, f"chat completion answered status {status} without a choice")
+        return
+    if req["expect"] not in content or not finish:
+        _fail(req, f"chat completion content {content[:80]!r} (finish_reason {finish}) lacks {req['expect']!r}")
+    print(json.dumps({"ok": True, "ready_s": round(ready, 3), "content": content[:80], "finish_reason": finish}))
+
+
+if __name__ == "__main__":
+    main()

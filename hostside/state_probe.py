@@ -1,0 +1,121 @@
+"""Everything a converge needs to decide, read in one round-trip: prints one JSON line.
+
+Input: one argument, base64 of zlib-compressed JSON:
+  {"user": str, "venvs": [dir], "weights": {"dir": str, "lock": {path: [size, digest]}} | null,
+   "files": [path], "units": [name]}
+Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
+         "files": {path: sha256|null}, "units": {name: {...}}}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import pwd
+import subprocess
+import sys
+import zlib
+from typing import Any
+
+META_DIRS = (".kimi", ".cache")
+
+
+def _marker(path: str) -> Any:
+    try:
+        with open(os.path.join(path, ".kimi-release.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _sha256(path: str) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _weights(spec: dict[str, Any]) -> dict[str, Any]:
+    """Checks against the verification cache only: stat every file, hash nothing."""
+    root = spec["dir"]
+    lock: dict[str, list[Any]] = spec["lock"]
+    try:
+        with open(os.path.join(root, ".kimi", "verify-cache.json"), encoding="utf-8") as f:
+            cache: dict[str, list[Any]] = json.load(f)
+    except (OSError, ValueError):
+        cache = {}
+    missing, unverified = [], []
+    for rel, (size, sha) in lock.items():
+        try:
+            st = os.stat(os.path.join(root, rel))
+        except OSError:
+            missing.append(rel)
+            continue
+        if cache.get(rel) != [st.st_size, st.st_mtime_ns, st.st_ino, sha] or st.st_size != size:
+            unverified.append(rel)
+    extra = []
+    if os.path.isdir(root):
+        for dirpath, dirnames, filenames in os.walk(root):
+            if dirpath == root:
+                dirnames[:] = [d for d in dirnames if d not in META_DIRS]
+            for name in filenames:
+                rel = os.path.relpath(os.path.join(dirpath, name), root)
+                if rel not in lock:
+                    extra.append(rel)
+    return {
+        "exists": os.path.isdir(root),
+        "missing": sorted(missing),
+        "unverified": sorted(unverified),
+        "extra": sorted(extra),
+    }
+
+
+def _units(names: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in names:
+        show = subprocess.run(
+            ["systemctl", "show", f"{name}.service", "-p", "ActiveState,SubState,MainPID,UnitFileState"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        props = dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
+        try:
+            with open(f"/var/lib/kimi/applied/{name}", encoding="utf-8") as f:
+                applied = f.read().strip()
+        except OSError:
+            applied = None
+        out[name] = {
+            "active": props.get("ActiveState", ""),
+            "sub": props.get("SubState", ""),
+            "pid": int(props.get("MainPID", "0") or 0),
+            "enabled": props.get("UnitFileState", ""),
+            "applied": applied,
+        }
+    return out
+
+
+def main() -> None:
+    request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    try:
+        pwd.getpwnam(request["user"])
+        user = True
+    except KeyError:
+        user = False
+    weights = request.get("weights")
+    result = {
+        "user": user,
+        "venvs": {d: _marker(d) for d in request.get("venvs", [])},
+        "weights": _weights(weights) if weights else None,
+        "files": {p: _sha256(p) for p in request.get("files", [])},
+        "units": _units(request.get("units", [])),
+    }
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""What a converge must make true on one host, decided on the controller before any change.
+
+Pure apart from reading local files (the lock, secrets named by the recipe): from a host's plan it
+derives the releases to install, the weights to hold, the files to render, and for each unit the
+digest of everything it reads (a changed digest is what restarts it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.host_paths import engine_dir, model_dir, tool_dir
+from kimi_deploy.listen import LOOPBACK
+from kimi_deploy.lockfile import read_lock
+from kimi_deploy.render import RenderedFile, render_host
+from kimi_deploy.secrets import read_secret
+
+PYPI = "https://pypi.org/simple"
+
+
+@dataclass(frozen=True)
+class VenvRelease:
+    package: str
+    version: str
+    path: str
+    requirements: list[str]
+
+
+@dataclass(frozen=True)
+class WeightsTarget:
+    repo: str
+    revision: str
+    path: str
+    lock: dict[str, list[Any]]
+    python: str
+    endpoint: str | None
+
+
+@dataclass(frozen=True)
+class SmokeCheck:
+    url: str
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UnitTarget:
+    name: str
+    release: str
+    smoke: SmokeCheck | None
+
+
+@dataclass(frozen=True)
+class Converge:
+    user: str
+    index_url: str
+    venvs: list[VenvRelease]
+    weights: WeightsTarget | None
+    files: list[RenderedFile]
+    units: list[UnitTarget]
+
+
+def digest(files: list[RenderedFile]) -> str:
+    """One digest over everything a unit reads: a change to any of them restarts it."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        h.update(f"{f.path}\0{f.mode:o}\0{f.owner}\0".encode())
+        h.update(f.content.encode())
+    return h.hexdigest()
+
+
+def _secrets(deploy: DeployPlan) -> dict[str, str] | None:
+    expose = deploy.recipe.topologies[deploy.spec.topology].expose
+    if expose is None:
+        return None
+    field = f"topologies.{deploy.spec.topology}.expose.api_key"
+    key = read_secret(expose.api_key, deploy.recipe_file, field)
+    return {"VLLM_API_KEY": key, "api-key": key}
+
+
+def plan_converge(deploy: DeployPlan) -> Converge:
+    recipe, spec = deploy.recipe, deploy.spec
+    host_vars = deploy.host.vars
+    venvs: list[VenvRelease] = []
+    weights = None
+    if spec.role == "router":
+        version = recipe.routers[spec.engine].version  # type: ignore[index]
+        venvs.append(
+            VenvRelease(spec.engine, version, engine_dir(recipe, spec.engine, version), [f"{spec.engine}=={version}"])
+        )
+    else:
+        release = recipe.engines[spec.engine]  # type: ignore[index]
+        requirements = [f"{spec.engine}=={release.version}"]
+        requirements += [f"{name}=={version}" for name, version in sorted(release.packages.items())]
+        venvs.append(VenvRelease(spec.engine, release.version, spec.engine_dir, requirements))
+        hub = recipe.tools.huggingface_hub
+        tools = tool_dir(recipe, "huggingface_hub", hub)
+        venvs.append(VenvRelease("huggingface_hub", hub, tools, [f"huggingface_hub=={hub}"]))
+        lock = read_lock(recipe)
+        weights = WeightsTarget(
+            repo=recipe.model.repo,
+            revision=recipe.model.revision,
+            path=model_dir(recipe),
+            lock=lock.compact(),
+            python=f"{tools}/bin/python",
+            endpoint=host_vars.kimi_hf_endpoint,
+        )
+    secrets = _secrets(deploy)
+    files = render_host(recipe, spec, secrets)
+    units: list[UnitTarget] = []
+    for unit in sorted(spec.units, key=lambda u: u.stage):
+        mine = [f for f in files if f"/{unit.name}." in f.path or f.path in unit.files or f.path in unit.secret_files]
+        smoke = None
+        if unit.kind == "engine" and "api" in unit.listens:
+            # An engine bound to every address is reached on loopback by the on-host check.
+            host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
+            key_file = f"{recipe.paths.config}/secrets/{unit.name}.env" if unit.secret_env else None
+            smoke = SmokeCheck(
+                url=f"http://{host}:{unit.listens['api']}",
+                request={
+                    "served_name": recipe.model.served_name,
+                    "prompt": recipe.smoke.prompt,
+                    "expect": recipe.smoke.expect,
+                    "timeout_s": recipe.smoke.timeout_s,
+                    "key_file": key_file,
+                    "key_var": unit.secret_env[0] if unit.secret_env else None,
+                },
+            )
+        units.append(UnitTarget(unit.name, digest(mine), smoke))
+    return Converge(
+        user=recipe.paths.user,
+        index_url=host_vars.kimi_pip_index_url or PYPI,
+        venvs=venvs,
+        weights=weights,
+        files=files,
+        units=units,
+    )
+
+
+def converge_request(todo: Converge) -> dict[str, Any]:
+    """What the host probe must read for this converge."""
+    return {
+        "user": todo.user,
+        "venvs": [v.path for v in todo.venvs],
+        "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
+        "files": [f.path for f in todo.files],
+        "units": [u.name for u in todo.units],
+    }

@@ -1,0 +1,53 @@
+"""Making a lock from the Hub's metadata (huggingface_hub), without downloading any file."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.lockfile import Lock, LockedFile
+from kimi_deploy.recipe import Recipe
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def make_lock(recipe: Recipe, recipe_file: str, endpoint: str | None = None) -> Lock:
+    """List every file of the pinned revision with its size and digest.
+
+    The token, if any, comes from the environment or huggingface_hub's token file, never argv.
+    """
+    model = recipe.model
+    if not _COMMIT.match(model.revision):
+        raise ConfigError(recipe_file, "model.revision", f"a lock needs a 40-hex commit, found {model.revision!r}")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+    from huggingface_hub import HfApi  # noqa: PLC0415 - heavy import, only for this command
+    from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
+    from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
+
+    api = HfApi(endpoint=endpoint)
+    where = endpoint or "the Hub"
+    try:
+        entries = list(api.list_repo_tree(model.repo, revision=model.revision, recursive=True))
+    except HfHubHTTPError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {first}") from None
+    except OSError as exc:
+        raise ConfigError(recipe_file, "model", f"{where} unreachable: {exc}") from None
+    files: dict[str, LockedFile] = {}
+    for entry in entries:
+        if not isinstance(entry, RepoFile):
+            continue
+        if entry.lfs is not None:
+            files[entry.path] = LockedFile(entry.lfs.size, f"sha256:{entry.lfs.sha256}")
+        else:
+            files[entry.path] = LockedFile(entry.size, f"gitblob:{entry.blob_id}")
+    shards = [p for p in files if p.endswith(".safetensors")]
+    if len(shards) != model.shards:
+        raise ConfigError(
+            recipe_file,
+            "model.shards",
+            f"{model.repo}@{model.revision} has {len(shards)} shards, expected {model.shards}",
+        )
+    return Lock(repo=model.repo, revision=model.revision, files=files)

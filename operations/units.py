@@ -1,0 +1,70 @@
+"""Rendered files (units, environment, configs, secrets) and the services that read them."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from collections.abc import Generator
+from io import BytesIO
+from typing import Any
+
+from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from kimi_deploy.render import RenderedFile
+
+
+@operation()
+def rendered(
+    files: list[RenderedFile], group: str, current: dict[str, str | None]
+) -> Generator[StringCommand | FileUploadCommand | str, None, None]:
+    """
+    Put every rendered file in place with its mode and owner; reload systemd if a unit changed.
+
+    + files: the host's rendered files (``kimi_deploy.render.render_host``)
+    + group: the group of secret files (the engine user's)
+    + current: sha256 of each file on the host as the probe found it (None: absent)
+    """
+    changed = [f for f in files if current.get(f.path) != hashlib.sha256(f.content.encode()).hexdigest()]
+    if not changed:
+        host.noop(f"{len(files)} rendered files are up to date")
+        return
+    q = shlex.quote
+    for f in changed:
+        folder = f.path.rsplit("/", 1)[0]
+        folder_mode = "0750" if f.secret else "0755"
+        folder_group = group if f.secret else "root"
+        yield f"install -d -m {folder_mode} -o root -g {q(folder_group)} {q(folder)}"
+        yield FileUploadCommand(BytesIO(f.content.encode()), f.path)
+        yield f"chown {q(f.owner)}:{q(group if f.secret else 'root')} {q(f.path)} && chmod {f.mode:o} {q(f.path)}"
+    if any(f.path.endswith(".service") for f in changed):
+        yield "systemctl daemon-reload"
+
+
+def needs_start(release: str, current: dict[str, Any] | None) -> bool:
+    """Whether a unit must be (re)started: not running, or running another release."""
+    return not (current is not None and current.get("active") == "active" and current.get("applied") == release)
+
+
+@operation()
+def running(unit: str, release: str, current: dict[str, Any] | None) -> Generator[str, None, None]:
+    """
+    Keep ``unit`` enabled and running the given release, restarting it only when it changed.
+
+    + unit: the unit's name without ``.service``
+    + release: the digest of everything the unit reads (``digest``)
+    + current: the unit's state from the probe (active, pid, applied release)
+    """
+    q = shlex.quote
+    if not needs_start(release, current):
+        assert current is not None
+        host.noop(f"{unit} is running release {release[:12]} (pid {current.get('pid')})")
+        return
+    verb = "restart" if current is not None and current.get("active") in ("active", "activating") else "start"
+    yield " && ".join([
+        f"systemctl enable --quiet {q(unit)}.service",
+        f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
+        "install -d -m 0755 /var/lib/kimi/applied",
+        f"printf '%s\\n' {q(release)} > /var/lib/kimi/applied/{q(unit)}",
+    ])  # fmt: skip
