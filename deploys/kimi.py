@@ -34,11 +34,11 @@ logger.info(
 
 state = host.get_fact(KimiHostState, request=converge_request(todo))
 
-users.system_user(name=f"User {todo.user}", user=todo.user, exists=state["user"])
+users.system_user(name="Engine user", user=todo.user, exists=state["user"])
 
 for release in todo.venvs:
     engine.venv(
-        name=f"Release {release.package} {release.version}",
+        name="Releases (engine, host tools)",
         path=release.path,
         package=release.package,
         version=release.version,
@@ -49,7 +49,7 @@ for release in todo.venvs:
 
 if todo.weights is not None:
     weights.revision(
-        name=f"Weights {todo.weights.repo}@{todo.weights.revision[:12]}",
+        name="Weights at the pinned revision",
         repo=todo.weights.repo,
         revision=todo.weights.revision,
         path=todo.weights.path,
@@ -60,14 +60,14 @@ if todo.weights is not None:
         current=state["weights"],
     )
 
-units.rendered(name="Rendered units and config", files=todo.files, group=todo.user, current=state["files"])
+units.rendered(name="Rendered units and configs", files=todo.files, group=todo.user, current=state["files"])
 
 for unit in todo.units:
     current = state["units"].get(unit.name)
-    units.running(name=f"Service {unit.name}", unit=unit.name, release=unit.release, current=current)
+    units.running(name="Services", unit=unit.name, release=unit.release, current=current)
     if unit.smoke is not None:
         serving.verified(
-            name=f"Smoke test {unit.name}",
+            name="Smoke test",
             unit=unit.name,
             url=unit.smoke.url,
             request=unit.smoke.request,

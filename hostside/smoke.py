@@ -25,9 +25,11 @@ def _key(req: dict[str, Any]) -> str | None:
     try:
         with open(req["key_file"], encoding="utf-8") as f:
             for line in f:
-                name, _, value = line.strip().partition("=")
-                if name == req["key_var"]:
-                    return value.strip().strip('"')
+                # ``NAME=value`` (an EnvironmentFile) or ``name: "value"`` (a YAML options file).
+                name, _, value = line.strip().partition(":" if req["key_file"].endswith(".yaml") else "=")
+                if name.strip() == req["key_var"]:
+                    value = value.strip()
+                    return str(json.loads(value)) if value.startswith('"') else value
     except OSError:
         return None
     return None

@@ -95,11 +95,25 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("recipe")
     lock.add_argument("--endpoint", help="Hub or mirror URL (default: HF_ENDPOINT or huggingface.co)")
     lock.set_defaults(func=_lock)
+    cluster = sub.add_parser("cluster", add_help=False, help="local test cluster of real hosts: up, status, down")
+    cluster.add_argument("args", nargs=argparse.REMAINDER)
+    cluster.set_defaults(func=lambda args: _cluster(args.args))
     return parser
 
 
+def _cluster(argv: Sequence[str]) -> int:
+    # Imported only here: the cluster needs root and system tools that no other command touches.
+    from localcluster.cli import main as cluster_main  # noqa: PLC0415
+
+    return cluster_main(argv, prog="kimi-deploy cluster")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["cluster"]:
+        # Everything after "cluster" is the cluster's own (its -h too), which argparse would not pass on.
+        return _cluster(words[1:])
+    args = build_parser().parse_args(words)
     try:
         code: int = args.func(args)
     except ConfigError as exc:

@@ -116,7 +116,11 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         if unit.kind == "engine" and "api" in unit.listens:
             # An engine bound to every address is reached on loopback by the on-host check.
             host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
-            key_file = f"{recipe.paths.config}/secrets/{unit.name}.env" if unit.secret_env else None
+            key_file, key_var = None, None
+            if unit.secret_env:
+                key_file, key_var = f"{recipe.paths.config}/secrets/{unit.name}.env", unit.secret_env[0]
+            elif unit.secret_files:
+                key_file, key_var = next(iter(unit.secret_files)), "api-key"
             smoke = SmokeCheck(
                 url=f"http://{host}:{unit.listens['api']}",
                 request={
@@ -125,7 +129,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                     "expect": recipe.smoke.expect,
                     "timeout_s": recipe.smoke.timeout_s,
                     "key_file": key_file,
-                    "key_var": unit.secret_env[0] if unit.secret_env else None,
+                    "key_var": key_var,
                 },
             )
         units.append(UnitTarget(unit.name, digest(mine), smoke))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
@@ -29,8 +29,11 @@ _UNIT_TEMPLATE = {
 
 @dataclass(frozen=True)
 class RenderedFile:
+    """One file for a host. Its repr leaves the content out: pyinfra prints operation arguments
+    (``--json``, verbose output), and a file may hold a secret."""
+
     path: str
-    content: str
+    content: str = field(repr=False)
     mode: int
     owner: str
     secret: bool = False

@@ -96,6 +96,14 @@ def test_secrets_only_in_files_the_engine_user_alone_reads(recipe: Recipe, full_
     assert secret_files == 4
 
 
+def test_rendered_files_never_show_their_content_when_printed(recipe: Recipe, full_plan: Plan) -> None:
+    # pyinfra prints operation arguments (--json, -v): a printed file list must not carry a secret.
+    files = render_host(recipe, full_plan.for_host("gb300-p01"), SECRETS)
+    assert any(f.secret for f in files)
+    assert SECRET not in str(files)
+    assert SECRET not in repr(files)
+
+
 def test_plan_render_without_secrets_writes_no_secret_file(recipe: Recipe, full_plan: Plan) -> None:
     for host in full_plan.hosts:
         assert not [f for f in render_host(recipe, host) if f.secret or "/secrets/" in f.path]

@@ -1,0 +1,214 @@
+"""The controller's tools and the hosts' shared base image (Debian 12, built once, cached by recipe).
+
+The base is ``<cache>/base-<hash>``, where the hash covers the mmdebstrap command (its package list
+and the mirror) and every change made to the result; ``base-<hash>.recipe.json`` next to it records
+what was hashed and is written last, so a half-built base is never taken for a finished one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from localcluster import log, run
+from localcluster.state import ClusterError, Settings, write_atomic
+
+# command -> Debian package that brings it, for a fresh Debian 12 controller.
+CONTROLLER_TOOLS = {
+    "systemd-nspawn": "systemd-container",
+    "mmdebstrap": "mmdebstrap",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+}
+SUITE = "bookworm"
+# Hosts have no internet: whatever the deploy needs on a bare host is baked in here.
+INCLUDE = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "iproute2",
+    "python3",
+    "python3-venv",
+    "sudo",
+    "procps",
+    "ca-certificates",
+    "rsync",
+    "curl",
+)
+SSHD_CONFIG = """\
+# kimi-cluster: root logs in with its key only.
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+"""
+FILES = {
+    "etc/ssh/sshd_config.d/kimi-cluster.conf": SSHD_CONFIG,
+    # No name server: a lookup goes nowhere but loopback.
+    "etc/resolv.conf": "# kimi-cluster hosts have no DNS and no internet\n",
+    # apt on a host fails at once instead of waiting on a mirror it cannot reach.
+    "etc/apt/sources.list": "# kimi-cluster hosts have no internet; deploys add their own sources\n",
+}
+# Timers that would wake up on idle test hosts and reach for the network or the disk.
+MASKED_UNITS = (
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "apt-daily.service",
+    "apt-daily-upgrade.service",
+    "e2scrub_all.timer",
+    "e2scrub_reap.service",
+)
+BUILD_TIMEOUT_S = 900
+
+
+def ensure_tools() -> None:
+    """Install the controller's packages that are missing (apt-get update once, then install)."""
+    missing = sorted({pkg for cmd, pkg in CONTROLLER_TOOLS.items() if shutil.which(cmd) is None})
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        raise ClusterError(f"controller: needs the Debian packages {', '.join(missing)} and has no apt-get")
+    log.info("controller: installing %s", " ".join(missing))
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-q"], env=env, timeout=600)
+    run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env, timeout=900)
+
+
+def _one_line_entries(text: str) -> Iterator[tuple[str, str]]:
+    for raw in text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if len(words) < 3 or words[0] != "deb":
+            continue
+        if words[1].startswith("["):
+            # Options: "[arch=amd64 signed-by=...]" may span several words.
+            while words and not words[0].endswith("]"):
+                words.pop(0)
+            words = ["deb", *words[1:]]
+        if len(words) >= 3:
+            yield words[1], words[2]
+
+
+def _deb822_entries(text: str) -> Iterator[tuple[str, str]]:
+    for stanza in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in stanza.splitlines():
+            if line.startswith("#") or ":" not in line or line[:1].isspace():
+                continue
+            key, value = line.split(":", 1)
+            fields[key.strip().lower()] = value.strip()
+        if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes") == "no":
+            continue
+        for uri in fields.get("uris", "").split():
+            for suite in fields.get("suites", "").split():
+                yield uri, suite
+
+
+def debian_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
+    """The Debian mirror apt on this machine uses for ``bookworm`` itself (not -updates/-security)."""
+    sources = [apt_dir / "sources.list"]
+    sources_d = apt_dir / "sources.list.d"
+    if sources_d.is_dir():
+        # apt reads only these two suffixes; "x.list.disabled" and the like are ignored as by apt.
+        sources += sorted(p for p in sources_d.iterdir() if p.suffix in (".list", ".sources"))
+    for path in sources:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        entries = _deb822_entries(text) if path.suffix == ".sources" else _one_line_entries(text)
+        for uri, suite in entries:
+            if suite == SUITE and uri.startswith(("http://", "https://", "file:")):
+                return uri.rstrip("/")
+    raise ClusterError(f"{apt_dir}: no 'deb' source for Debian {SUITE} in sources.list or sources.list.d/")
+
+
+def mmdebstrap_argv(mirror: str, target: Path | str) -> list[str]:
+    return ["mmdebstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(target), mirror]
+
+
+def recipe(mirror: str) -> dict[str, object]:
+    """Everything that decides the base's content: change any of it and the base is rebuilt."""
+    return {
+        "mmdebstrap": mmdebstrap_argv(mirror, "DIR"),
+        "files": FILES,
+        "masked": list(MASKED_UNITS),
+        "removed": ["etc/ssh/ssh_host_*"],
+        "emptied": ["etc/machine-id"],
+    }
+
+
+def recipe_hash(mirror: str) -> str:
+    blob = json.dumps(recipe(mirror), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write_into(root: Path, relative: str, text: str, mode: int = 0o644) -> None:
+    """Write a file inside a host's root; a symlink there is replaced, never followed out of it."""
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text, mode)
+
+
+def _customize(root: Path) -> None:
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    # Empty, not absent: systemd then makes a fresh id at every boot, so no two hosts share one.
+    write_into(root, "etc/machine-id", "", 0o444)
+    (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    os.chmod(root / "root/.ssh", 0o700)
+    for relative, text in FILES.items():
+        write_into(root, relative, text)
+    units = root / "etc/systemd/system"
+    units.mkdir(parents=True, exist_ok=True)
+    for unit in MASKED_UNITS:
+        link = units / unit
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to("/dev/null")
+
+
+@contextlib.contextmanager
+def _cache_lock(cache: Path) -> Iterator[None]:
+    # Two clusters (say, a test's and the default one) may want the same base at the same time.
+    cache.mkdir(parents=True, exist_ok=True)
+    fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def ensure_base(settings: Settings) -> Path:
+    """The cached base root filesystem for the current recipe, built when missing (~30 s)."""
+    mirror = debian_mirror()
+    digest = recipe_hash(mirror)
+    base = settings.cache_dir / f"base-{digest}"
+    marker = settings.cache_dir / f"base-{digest}.recipe.json"
+    with _cache_lock(settings.cache_dir):
+        if base.is_dir() and marker.is_file():
+            return base
+        building = settings.cache_dir / f"base-{digest}.building"
+        if building.exists():
+            shutil.rmtree(building)
+        for stale in (base, marker):
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            elif stale.exists():
+                stale.unlink()
+        log.info("image: building base %s from %s (about 30 s)", base.name, mirror)
+        started = time.monotonic()
+        run(mmdebstrap_argv(mirror, building), timeout=BUILD_TIMEOUT_S)
+        _customize(building)
+        building.rename(base)
+        write_atomic(marker, json.dumps({"hash": digest, **recipe(mirror)}, indent=2, sort_keys=True) + "\n")
+        log.info("image: built %s in %.1f s", base.name, time.monotonic() - started)
+    return base

@@ -1,0 +1,51 @@
+"""Real packages the demo hosts need from PyPI, fetched once on the controller and served locally.
+
+The hosts have no internet: the pinned host-side tools of the demo recipe (huggingface_hub and
+what it depends on) are downloaded here with pip, cached, and copied into the local index next
+to the stand-in engines. The hosts run Debian 12's python3 (3.11, x86_64), as the controller does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kimi_deploy.recipe import load_recipe
+
+CACHE = Path("/var/cache/kimi-cluster/pypi")
+DEMO_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
+
+
+def requirements(recipe_file: Path = DEMO_RECIPE) -> list[str]:
+    """The demo recipe's pinned tools, as pip requirements."""
+    recipe = load_recipe(recipe_file)
+    return [f"{name}=={version}" for name, version in sorted(recipe.tools.model_dump().items())]
+
+
+def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None) -> list[Path]:
+    """Put the wheels of ``wanted`` (default: the demo recipe's tools) and their dependencies in
+    ``files_dir``; pip downloads only what the cache lacks."""
+    wanted = requirements() if wanted is None else wanted
+    cache.mkdir(parents=True, exist_ok=True)
+    stamp = cache / ("." + "_".join(sorted(wanted)).replace("=", "-") + ".done")
+    if not stamp.exists():
+        run = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
+             "--only-binary=:all:", "--dest", str(cache), *wanted],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if run.returncode != 0:
+            tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"pip download {' '.join(wanted)} failed: {tail[0]}")
+        stamp.write_text("\n".join(sorted(p.name for p in cache.glob("*.whl"))) + "\n", encoding="utf-8")
+    names = stamp.read_text(encoding="utf-8").split()
+    files_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name in names:
+        target = files_dir / name
+        if not target.exists():
+            shutil.copy2(cache / name, target)
+        out.append(target)
+    return out

@@ -1,0 +1,90 @@
+"""Driving the demo cluster from tests: pyinfra runs, SSH commands, the endpoint from outside."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE_DIR = Path(os.environ.get("KIMI_CLUSTER_DIR", "/var/lib/kimi-cluster"))
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    payload: dict[str, Any] | None
+    log: str
+
+    def changed(self) -> dict[str, list[str]]:
+        """Operation name -> hosts where it changed (or, in a dry run, would change)."""
+        assert self.payload is not None, self.log[-3000:]
+        if self.payload.get("results") is None:
+            return {op["name"]: op["hosts_with_change"] for op in self.payload["plan"] if op["hosts_with_change"]}
+        ops = self.payload["results"]["operations"] if isinstance(self.payload["results"], dict) else []
+        return {op["name"]: op["success"] for op in ops if op["success"]}
+
+    def errors(self) -> dict[str, list[str]]:
+        assert self.payload is not None, self.log[-3000:]
+        assert self.payload.get("results") is not None, self.log[-3000:]
+        return {op["name"]: op["error"] for op in self.payload["results"]["operations"] if op["error"]}
+
+
+def state() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((STATE_DIR / "state.json").read_text(encoding="utf-8"))
+    return data
+
+
+def cluster(*args: str) -> None:
+    subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900)
+
+
+def pyinfra(*args: str, env: dict[str, str] | None = None) -> Run:
+    # A dry run must not get -y: pyinfra only works out what would change when it may prompt.
+    yes = [] if "--dry" in args else ["-y"]
+    run = subprocess.run(
+        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/kimi.py", *yes, "--json", *args],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    try:
+        payload = json.loads(run.stdout) if run.stdout.strip() else None
+    except ValueError:
+        payload = None
+    return Run(run.returncode, payload, run.stdout + run.stderr)
+
+
+def ssh(host: str, *command: str) -> str:
+    st = state()
+    address = next(h["address"] for h in st["hosts"] if h["name"] == host)
+    out = subprocess.run(
+        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}",
+         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{address}", *command],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def main_pid(host: str, unit: str) -> int:
+    return int(ssh(host, "systemctl", "show", "-p", "MainPID", "--value", f"{unit}.service"))
+
+
+def address(host: str) -> str:
+    return str(next(h["address"] for h in state()["hosts"] if h["name"] == host))
+
+
+def chat(url: str, prompt: str) -> dict[str, Any]:
+    key = (STATE_DIR / "api-key").read_text(encoding="utf-8").strip()
+    body = {"model": "kimi-local", "messages": [{"role": "user", "content": prompt}]}
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
