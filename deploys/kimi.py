@@ -15,7 +15,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
 from facts.host_state import KimiHostState
-from kimi_deploy.converge import converge_request, plan_converge
+from kimi_deploy.converge import converge_request, plan_converge, port_conflicts
 from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.errors import ConfigError
 from operations import engine, serving, units, users, weights
@@ -33,6 +33,10 @@ logger.info(
 )
 
 state = host.get_fact(KimiHostState, request=converge_request(todo))
+conflicts = port_conflicts(todo, state["listeners"])
+if conflicts:
+    # Before any change on any host: starting would fail, and the running release must stay.
+    raise PyinfraError(f"{host.name}: {conflicts[0]}")
 
 users.system_user(name="Engine user", user=todo.user, exists=state["user"])
 

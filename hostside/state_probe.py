@@ -2,9 +2,10 @@
 
 Input: one argument, base64 of zlib-compressed JSON:
   {"user": str, "venvs": [dir], "weights": {"dir": str, "lock": {path: [size, digest]}} | null,
-   "files": [path], "units": [name]}
+   "files": [path], "units": [name], "ports": [port]}
 Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
-         "files": {path: sha256|null}, "units": {name: {...}}}
+         "files": {path: sha256|null}, "units": {name: {...}},
+         "listeners": {port: {"pid", "comm", "unit"}}}
 """
 
 from __future__ import annotations
@@ -99,6 +100,57 @@ def _units(names: list[str]) -> dict[str, Any]:
     return out
 
 
+def _listeners(ports: list[int]) -> dict[str, Any]:
+    """Who listens on each of ``ports`` (TCP, any address): pid, command and systemd unit."""
+    wanted = set(ports)
+    inodes: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    port = int(fields[1].rsplit(":", 1)[1], 16)
+                    if fields[3] == "0A" and port in wanted:  # 0A: LISTEN
+                        inodes[fields[9]] = port
+        except OSError:
+            continue
+    found: dict[str, Any] = {}
+    if not inodes:
+        return found
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            inode = target[8:-1] if target.startswith("socket:[") else None
+            if inode in inodes:
+                port = inodes[inode]
+                found[str(port)] = {"pid": int(pid), "comm": _read(f"/proc/{pid}/comm"), "unit": _unit_of(pid)}
+    return found
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _unit_of(pid: str) -> str:
+    for line in _read(f"/proc/{pid}/cgroup").splitlines():
+        for part in line.rsplit(":", 1)[-1].split("/"):
+            if part.endswith(".service"):
+                return part[: -len(".service")]
+    return ""
+
+
 def main() -> None:
     request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
     try:
@@ -113,6 +165,7 @@ def main() -> None:
         "weights": _weights(weights) if weights else None,
         "files": {p: _sha256(p) for p in request.get("files", [])},
         "units": _units(request.get("units", [])),
+        "listeners": _listeners([int(p) for p in request.get("ports", [])]),
     }
     print(json.dumps(result, sort_keys=True))
 

@@ -97,8 +97,28 @@ def _verify(root: str, lock: dict[str, list[Any]], cache: dict[str, list[Any]], 
         return sorted(r for r in pool.map(check, sorted(lock)) if r is not None)
 
 
+def _fail(result: dict[str, Any], message: str, code: int) -> None:
+    """One line for the operator (stderr), the details as JSON (stdout, shown with -v)."""
+    print(json.dumps(result))
+    print(f"kimi-deploy: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def main() -> None:
     req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    try:
+        sync(req)
+    except Exception as exc:  # noqa: BLE001 - whatever the Hub client raises, say it in one line
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        where = req.get("endpoint") or "the Hub"
+        _fail(
+            {"error": "hub", "type": type(exc).__name__, "message": first},
+            f"weights {req['repo']}@{req['revision'][:12]}: {where}: {type(exc).__name__}: {first}",
+            5,
+        )
+
+
+def sync(req: dict[str, Any]) -> None:
     root, lock = req["dir"], req["lock"]
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
@@ -108,6 +128,10 @@ def main() -> None:
         os.environ["HF_TOKEN_PATH"] = req["token_file"]
     # Imported after the environment above is set: huggingface_hub reads it at import.
     from huggingface_hub import hf_hub_download, snapshot_download  # noqa: PLC0415
+    from huggingface_hub.utils import logging as hf_logging  # noqa: PLC0415
+
+    # Its retry chatter would bury the one line that says what failed.
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
 
     started = time.monotonic()
     os.makedirs(root, exist_ok=True)
@@ -119,8 +143,11 @@ def main() -> None:
     need = sum(size for size, _ in lock.values()) - have
     free = shutil.disk_usage(root).free
     if bad and need > free:
-        print(json.dumps({"error": "disk", "needed": need, "free": free, "dir": root}))
-        sys.exit(3)
+        _fail(
+            {"error": "disk", "needed": need, "free": free, "dir": root},
+            f"weights need {need} more bytes in {root}, {free} are free",
+            3,
+        )
     fetched: list[str] = []
     if bad:
         for rel in bad:
@@ -140,17 +167,12 @@ def main() -> None:
     _save_json(root, "verify-cache.json", {r: cache[r] for r in lock if r in cache})
     if bad:
         rel = bad[0]
-        print(
-            json.dumps(
-                {
-                    "error": "mismatch",
-                    "file": rel,
-                    "expected": lock[rel][1],
-                    "found": cache.get(rel, [None] * 4)[3],
-                }
-            )
+        found = cache.get(rel, [None] * 4)[3]
+        _fail(
+            {"error": "mismatch", "file": rel, "expected": lock[rel][1], "found": found},
+            f"{rel} does not match the lock after retries: expected {lock[rel][1]}, found {found}",
+            4,
         )
-        sys.exit(4)
     print(json.dumps({
         "ok": True, "fetched": sorted(set(fetched)), "removed": removed,
         "seconds": round(time.monotonic() - started, 3),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.host_paths import engine_dir, model_dir, tool_dir
+from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.render import RenderedFile, render_host
@@ -50,6 +50,7 @@ class UnitTarget:
     name: str
     release: str
     smoke: SmokeCheck | None
+    ports: dict[int, str]
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     if spec.role == "router":
         version = recipe.routers[spec.engine].version  # type: ignore[index]
         venvs.append(
-            VenvRelease(spec.engine, version, engine_dir(recipe, spec.engine, version), [f"{spec.engine}=={version}"])
+            VenvRelease(spec.engine, version, router_dir(recipe, spec.engine), [f"{spec.engine}=={version}"])  # type: ignore[arg-type]
         )
     else:
         release = recipe.engines[spec.engine]  # type: ignore[index]
@@ -132,7 +133,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                     "key_var": key_var,
                 },
             )
-        units.append(UnitTarget(unit.name, digest(mine), smoke))
+        ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
+        units.append(UnitTarget(unit.name, digest(mine), smoke, ports))
     return Converge(
         user=recipe.paths.user,
         index_url=host_vars.kimi_pip_index_url or PYPI,
@@ -151,4 +153,17 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
         "files": [f.path for f in todo.files],
         "units": [u.name for u in todo.units],
+        "ports": sorted(port for u in todo.units for port in u.ports),
     }
+
+
+def port_conflicts(todo: Converge, listeners: dict[str, Any]) -> list[str]:
+    """Planned ports another process already listens on (its own unit may hold its ports)."""
+    out = []
+    for unit in todo.units:
+        for port, label in sorted(unit.ports.items()):
+            holder = listeners.get(str(port))
+            if holder and holder.get("unit") != unit.name:
+                owner = f"unit {holder['unit']}" if holder.get("unit") else "no systemd unit"
+                out.append(f"port {port} ({label}) is in use by pid {holder['pid']} ({holder['comm']}, {owner})")
+    return out

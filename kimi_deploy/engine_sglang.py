@@ -27,11 +27,10 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, secrets_
     topo = placement.topology
     p = placement.pool.parallel
     check_layout(recipe_file, placement)
-    version = recipe.engines["sglang"].version
     worker = placement.node_rank > 0
     bind = bind_address(topo, placement.host)
     port = api_port(topo)
-    argv = [f"{engine_dir(recipe, 'sglang', version)}/bin/sglang", "serve"]
+    argv = [f"{engine_dir(recipe, 'sglang')}/bin/sglang", "serve"]
     argv += ["--model-path", model_dir(recipe), "--served-model-name", recipe.model.served_name]
     argv += ["--host", bind, "--port", str(port), "--tp-size", str(p.tp)]
     if p.dp > 1:

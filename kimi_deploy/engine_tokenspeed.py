@@ -39,11 +39,10 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     topo = placement.topology
     p = placement.pool.parallel
     check_layout(recipe_file, placement)
-    version = recipe.engines["tokenspeed"].version
     # TokenSpeed's gateway listens on 0.0.0.0 unless told otherwise: always say where.
     bind = bind_address(topo, placement.host)
     port = api_port(topo)
-    argv = [f"{engine_dir(recipe, 'tokenspeed', version)}/bin/tokenspeed", "serve"]
+    argv = [f"{engine_dir(recipe, 'tokenspeed')}/bin/tokenspeed", "serve"]
     argv += ["--model", model_dir(recipe), "--served-model-name", recipe.model.served_name]
     argv += ["--host", bind, "--port", str(port), "--tensor-parallel-size", str(p.tp)]
     if p.dp > 1:

@@ -123,8 +123,7 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, config_d
     p = placement.pool.parallel
     check_layout(recipe_file, placement)
     worker = placement.node_rank > 0
-    version = recipe.engines["vllm"].version
-    argv = [f"{engine_dir(recipe, 'vllm', version)}/bin/vllm", "serve", model_dir(recipe)]
+    argv = [f"{engine_dir(recipe, 'vllm')}/bin/vllm", "serve", model_dir(recipe)]
     argv += ["--served-model-name", recipe.model.served_name]
     listens: dict[str, int] = {}
     bind = bind_address(topo, placement.host)

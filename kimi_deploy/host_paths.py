@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
-from kimi_deploy.recipe import Recipe
+from collections.abc import Mapping
+
+from kimi_deploy.recipe import EngineName, Recipe, RouterName
 
 
-def engine_dir(recipe: Recipe, package: str, version: str) -> str:
-    """The virtual environment of one engine (or router) release, never changed once installed."""
-    return f"{recipe.paths.engines}/{package}-{version}"
+def release_dir(base: str, package: str, version: str, packages: Mapping[str, str] | None = None) -> str:
+    """``BASE/vllm-0.34.0+fastsafetensors-0.5.0``: every pin is in the name, so a release with
+    other pins is another folder and an installed one is never changed."""
+    extra = "".join(f"+{name}-{pin}" for name, pin in sorted((packages or {}).items()))
+    return f"{base}/{package}-{version}{extra}"
+
+
+def engine_dir(recipe: Recipe, engine: EngineName) -> str:
+    """The virtual environment of the pinned engine release (with its pinned extra packages)."""
+    release = recipe.engines[engine]
+    return release_dir(recipe.paths.engines, engine, release.version, release.packages)
+
+
+def router_dir(recipe: Recipe, package: RouterName) -> str:
+    return release_dir(recipe.paths.engines, package, recipe.routers[package].version)
 
 
 def tool_dir(recipe: Recipe, package: str, version: str) -> str:
     """The virtual environment of a pinned host-side tool (huggingface_hub for weight syncs)."""
-    return f"{recipe.paths.tools}/{package}-{version}"
+    return release_dir(recipe.paths.tools, package, version)
 
 
 def model_dir(recipe: Recipe) -> str:

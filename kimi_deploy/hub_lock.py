@@ -32,7 +32,9 @@ def make_lock(recipe: Recipe, recipe_file: str, endpoint: str | None = None) -> 
         entries = list(api.list_repo_tree(model.repo, revision=model.revision, recursive=True))
     except HfHubHTTPError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {first}") from None
+        raise ConfigError(
+            recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {type(exc).__name__}: {first}"
+        ) from None
     except OSError as exc:
         raise ConfigError(recipe_file, "model", f"{where} unreachable: {exc}") from None
     files: dict[str, LockedFile] = {}

@@ -13,7 +13,7 @@ from kimi_deploy import engine_sglang, engine_tokenspeed, engine_vllm
 from kimi_deploy.catalog import CatalogMissing, load_catalog
 from kimi_deploy.engine_unit import node_role
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import engine_dir, model_dir
+from kimi_deploy.host_paths import engine_dir, model_dir, router_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
 from kimi_deploy.recipe import Recipe, Topology
@@ -139,7 +139,7 @@ def _host_plan(recipe: Recipe, placement: Placement, units: tuple[Unit, ...]) ->
         accelerator_model=topo.accelerators.model,
         accelerators=topo.accelerators.per_host,
         accelerator_memory_gib=topo.accelerators.memory_gib,
-        engine_dir=engine_dir(recipe, topo.engine, version),
+        engine_dir=engine_dir(recipe, topo.engine),
         model_dir=model_dir(recipe),
         units=units,
     )
@@ -176,7 +176,7 @@ def _router_plan(recipe: Recipe, tp: TopologyPlacement) -> HostPlan:
         accelerator_model="none",
         accelerators=0,
         accelerator_memory_gib=0,
-        engine_dir=engine_dir(recipe, package, recipe.routers[package].version),
+        engine_dir=router_dir(recipe, package),
         model_dir="",
         units=units,
     )

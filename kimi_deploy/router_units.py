@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimi_deploy.host_paths import engine_dir
+from kimi_deploy.host_paths import engine_dir, router_dir
 from kimi_deploy.listen import api_port, bind_address
 from kimi_deploy.placement import TopologyPlacement
 from kimi_deploy.recipe import Recipe
@@ -26,7 +26,7 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     bind = bind_address(topo, tp.router)
     port = topo.ports.router
     upstream = api_port(topo)
-    argv: list[str] = [f"{engine_dir(recipe, package, version)}/bin/{package}"]
+    argv: list[str] = [f"{router_dir(recipe, package)}/bin/{package}"]
     if package == "vllm-router":
         argv += ["--vllm-pd-disaggregation"]
         kv = topo.kv_transfer
@@ -59,11 +59,10 @@ def mooncake_master_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
         return None
     topo = tp.topology
     assert tp.router is not None
-    version = recipe.engines[topo.engine].version
     address = tp.router.address
     ports = topo.ports
     argv = (
-        f"{engine_dir(recipe, topo.engine, version)}/bin/mooncake_master",
+        f"{engine_dir(recipe, topo.engine)}/bin/mooncake_master",
         f"--port={ports.mooncake_master}",
         f"--rpc_address={address}",
         "--enable_http_metadata_server=true",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Generator
 from typing import Any
-from urllib.parse import urlparse
 
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
+
+from facts.host_state import hostside_command
 
 
 def release_marker(package: str, version: str, requirements: list[str], index_url: str) -> dict[str, Any]:
@@ -37,8 +37,8 @@ def venv(
     + index_url: the package index to install from
     + current: the release marker the host probe found in ``path`` (None: absent or incomplete)
 
-    A release with a complete marker is never touched again; a folder without one is an
-    interrupted install and is rebuilt from scratch.
+    A release with a complete marker is never touched again (one with other pins in its marker is
+    an error); a folder without a marker is an interrupted install and is rebuilt from scratch.
 
     **Example:**
 
@@ -48,32 +48,14 @@ def venv(
                     requirements=["vllm==0.34.0"], index_url="https://pypi.org/simple", current=None)
     """
     marker = release_marker(package, version, requirements, index_url)
-    if current is not None and {k: current.get(k) for k in ("package", "version", "requirements")} == {
-        k: marker[k] for k in ("package", "version", "requirements")
-    }:
-        host.noop(f"{package} {version} is installed at {path}")
-        return
-    q = shlex.quote
-    pip = [
-        f"{q(path)}/bin/pip",
-        "install",
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--index-url",
-        q(index_url),
-    ]
-    parsed = urlparse(index_url)
-    if parsed.scheme == "http" and parsed.hostname:
-        pip += ["--trusted-host", q(parsed.hostname)]
-    pip += [q(r) for r in requirements]
-    marker_json = json.dumps(marker, sort_keys=True)
-    yield " && ".join([
-        f"rm -rf {q(path)}",
-        f"mkdir -p {q(path.rsplit('/', 1)[0])}",
-        f"python3 -m venv {q(path)}",
-        " ".join(pip),
-        f"{q(path)}/bin/pip freeze --all > {q(path)}/.kimi-freeze.txt",
-        # The marker is written last: its presence means the release installed completely.
-        f"printf '%s\\n' {q(marker_json)} > {q(path)}/.kimi-release.json.tmp",
-        f"mv {q(path)}/.kimi-release.json.tmp {q(path)}/.kimi-release.json",
-    ])  # fmt: skip
+    if current is not None:
+        if current.get("requirements") == requirements:
+            host.noop(f"{package} {version} is installed at {path}")
+            return
+        # Folders are named by every pin, so this is not ours to rebuild: never change a release.
+        raise OperationError(
+            f"{path} holds another release ({', '.join(current.get('requirements') or [])}); "
+            "an installed release is never changed: remove the folder to rebuild it"
+        )
+    request = {"path": path, "requirements": requirements, "index_url": index_url, "marker": marker}
+    yield hostside_command("python3", "venv_install.py", request)

@@ -1,0 +1,107 @@
+"""Bad input on the demo cluster: one clear line naming the host and the cause, and the release
+that was serving keeps serving (no engine restarted)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster.hub import write_faults
+from tests.e2e.demo import ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh, state
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
+)
+
+ENGINES = {"kimi-h1": "kimi-vllm", "kimi-h2": "kimi-vllm", "kimi-h3": "kimi-sglang", "kimi-h4": "kimi-sglang"}
+REVISION_B = "70e42530909446fa6a1a8292794d0638293ad679"
+
+
+@pytest.fixture(scope="module")
+def serving() -> dict[str, int]:
+    """A converged demo cluster (the converge tests leave one; this makes sure) and its engine PIDs."""
+    run = pyinfra()
+    assert run.code == 0, run.log[-3000:]
+    return {host: main_pid(host, unit) for host, unit in ENGINES.items()}
+
+
+def _recipe(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    edit(data)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _still_serving(before: dict[str, int]) -> None:
+    assert {host: main_pid(host, unit) for host, unit in ENGINES.items()} == before
+    answer = chat(f"http://{address('kimi-h1')}:8000", "Reply with exactly the word READY and nothing else.")
+    assert answer["choices"][0]["message"]["content"] == "READY"
+
+
+def _lines(log: str, needle: str) -> list[str]:
+    return [line.strip() for line in log.splitlines() if needle in line]
+
+
+@pytest.fixture
+def hub_down() -> Iterator[None]:
+    write_faults(STATE_DIR / "hub", {"down": True})
+    try:
+        yield
+    finally:
+        write_faults(STATE_DIR / "hub", None)
+
+
+def test_unreachable_hub(serving: dict[str, int], tmp_path: Path, hub_down: None) -> None:
+    def to_revision_b(data: dict[str, Any]) -> None:
+        data["model"]["revision"] = REVISION_B
+
+    run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, to_revision_b)}")
+    assert run.code != 0
+    hub = state()["services"]["hub"]["url"]
+    for host in ENGINES:
+        (line,) = _lines(run.log, f"[{host}] kimi-deploy: weights")
+        assert f"moonshotai/Kimi-K3.1-Pro-Tiny@{REVISION_B[:12]}: {hub}: " in line
+        assert "503" in line
+    assert "Retrying" not in run.log
+    _still_serving(serving)
+
+
+def test_pinned_version_missing_from_the_index(serving: dict[str, int], tmp_path: Path) -> None:
+    def missing_pin(data: dict[str, Any]) -> None:
+        data["engines"]["vllm"]["packages"]["fastsafetensors"] = "0.5.1"
+
+    run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, missing_pin)}")
+    assert run.code != 0
+    for host in ("kimi-h1", "kimi-h2"):
+        (line,) = _lines(run.log, f"[{host}] kimi-deploy:")
+        index = state()["services"]["index"]["url"]
+        assert line.endswith(f"fastsafetensors==0.5.1 is not on {index} (available: 0.5.0)")
+    # The half-made release is gone; the running one is untouched.
+    assert "vllm-0.34.0+fastsafetensors-0.5.1" not in ssh("kimi-h1", "ls", "/opt/kimi/engines").split()
+    _still_serving(serving)
+
+
+def test_port_already_in_use_on_a_host(serving: dict[str, int], tmp_path: Path) -> None:
+    def api_on_8001(data: dict[str, Any]) -> None:
+        data["topologies"]["demo-vllm"]["ports"] = {"api": 8001}
+
+    ssh("kimi-h2", "systemd-run", "--unit=squatter", "python3", "-m", "http.server", "8001")
+    try:
+        # ssh hands the remote shell one string: wait until the squatter listens.
+        ssh("kimi-h2", "for i in $(seq 50); do ss -ltn | grep -q ':8001 ' && exit 0; sleep 0.1; done; exit 1")
+        run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, api_on_8001)}")
+    finally:
+        ssh("kimi-h2", "systemctl", "stop", "squatter.service")
+    assert run.code != 0
+    (line,) = _lines(run.log, "pyinfra error")
+    assert "kimi-h2: port 8001 (kimi-vllm api) is in use by pid " in line
+    assert line.endswith("(python3, unit squatter)")
+    assert "Starting operation" not in run.log
+    _still_serving(serving)
