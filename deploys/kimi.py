@@ -18,7 +18,7 @@ from facts.host_state import KimiHostState
 from kimi_deploy.converge import converge_request, plan_converge, port_conflicts
 from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.errors import ConfigError
-from operations import engine, serving, units, users, weights
+from operations import engine, releases, serving, units, users, weights
 
 try:
     deploy = plan_for(inventory, host)
@@ -65,6 +65,15 @@ if todo.weights is not None:
     )
 
 units.rendered(name="Rendered units and configs", files=todo.files, group=todo.user, current=state["files"])
+
+releases.current(
+    name="Current release",
+    link=todo.release.link,
+    release_dir=todo.release.dir,
+    record=todo.release.record,
+    links=todo.release.links,
+    found=state["current"],
+)
 
 for unit in todo.units:
     current = state["units"].get(unit.name)

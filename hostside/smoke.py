@@ -66,7 +66,12 @@ def _fail(req: dict[str, Any], reason: str) -> None:
         ["journalctl", "-u", f"{req['unit']}.service", "-n", "20", "--no-pager", "-o", "cat"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    print(json.dumps({"ok": False, "reason": reason, "journal": journal.stdout.splitlines()[-20:]}))
+    tail = journal.stdout.splitlines()[-20:]
+    print(json.dumps({"ok": False, "reason": reason, "journal": tail}))
+    # One line that says what failed, then the unit's own last words.
+    print(f"kimi-deploy: {req['unit']}: {reason}; journal tail:", file=sys.stderr)
+    for line in tail:
+        print(f"    {line}", file=sys.stderr)
     sys.exit(1)
 
 

@@ -135,6 +135,13 @@ def _listeners(ports: list[int]) -> dict[str, Any]:
     return found
 
 
+def _readlink(path: str | None) -> str | None:
+    try:
+        return os.readlink(path) if path else None
+    except OSError:
+        return None
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -166,6 +173,7 @@ def main() -> None:
         "files": {p: _sha256(p) for p in request.get("files", [])},
         "units": _units(request.get("units", [])),
         "listeners": _listeners([int(p) for p in request.get("ports", [])]),
+        "current": _readlink(request.get("link")),
     }
     print(json.dumps(result, sort_keys=True))
 

@@ -8,6 +8,7 @@ digest of everything it reads (a changed digest is what restarts it).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,16 @@ class UnitTarget:
 
 
 @dataclass(frozen=True)
+class Release:
+    """The host's release: ``dir`` (named by a digest of all it runs), its record and links."""
+
+    link: str
+    dir: str
+    record: dict[str, Any]
+    links: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Converge:
     user: str
     index_url: str
@@ -61,6 +72,7 @@ class Converge:
     weights: WeightsTarget | None
     files: list[RenderedFile]
     units: list[UnitTarget]
+    release: Release
 
 
 def digest(files: list[RenderedFile]) -> str:
@@ -135,6 +147,21 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             )
         ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
         units.append(UnitTarget(unit.name, digest(mine), smoke, ports))
+    record: dict[str, Any] = {
+        "topology": spec.topology,
+        "pool": spec.pool,
+        "role": spec.node_role,
+        "engine": spec.engine,
+        "engine_version": spec.engine_version,
+        "model": recipe.model.repo,
+        "revision": recipe.model.revision if weights else None,
+        "units": {u.name: u.release for u in units},
+    }
+    release_id = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+    links = {"engine": venvs[0].path}
+    if weights is not None:
+        links["model"] = weights.path
+    host_release = Release(recipe.paths.current, f"{recipe.paths.releases}/{release_id}", record, links)
     return Converge(
         user=recipe.paths.user,
         index_url=host_vars.kimi_pip_index_url or PYPI,
@@ -142,6 +169,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         weights=weights,
         files=files,
         units=units,
+        release=host_release,
     )
 
 
@@ -154,6 +182,7 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "files": [f.path for f in todo.files],
         "units": [u.name for u in todo.units],
         "ports": sorted(port for u in todo.units for port in u.ports),
+        "link": todo.release.link,
     }
 
 

@@ -104,6 +104,7 @@ class Paths(Strict):
     tools: AbsPath = "/opt/kimi/tools"
     models: AbsPath = "/srv/models"
     current: AbsPath = "/opt/kimi/current"
+    releases: AbsPath = "/opt/kimi/releases"
     config: AbsPath = "/etc/kimi"
     user: Name = "kimi"
 

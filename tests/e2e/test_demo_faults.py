@@ -105,3 +105,22 @@ def test_port_already_in_use_on_a_host(serving: dict[str, int], tmp_path: Path) 
     assert line.endswith("(python3, unit squatter)")
     assert "Starting operation" not in run.log
     _still_serving(serving)
+
+
+def test_an_engine_not_ready_in_time_fails_the_deploy_with_its_journal(
+    serving: dict[str, int], tmp_path: Path
+) -> None:
+    def slow_start(data: dict[str, Any]) -> None:
+        # The stand-in engine takes this long to load; the recipe gives it less than that.
+        data["topologies"]["demo-vllm"]["env"]["KIMI_STANDIN_LOAD_SECONDS"] = "30"
+        data["smoke"]["timeout_s"] = 2
+
+    try:
+        run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, slow_start)}", "--limit", "kimi-h1")
+        assert run.code != 0
+        (line,) = _lines(run.log, "[kimi-h1] kimi-deploy: kimi-vllm: not ready after 2 s")
+        assert line.endswith("journal tail:")
+        assert _lines(run.log, "[kimi-h1]     ")  # the journal lines follow
+    finally:
+        back = pyinfra()
+        assert back.code == 0, back.log[-3000:]
