@@ -14,15 +14,40 @@ import importlib
 import logging
 import shlex
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from localcluster.state import ClusterError
 
-__all__ = ["ClusterError", "hook", "log", "process_argv", "run"]
+__all__ = ["ClusterError", "hook", "launch_detached", "log", "process_argv", "run"]
 
 log = logging.getLogger("localcluster")
 _missing_reported: set[str] = set()
+
+
+def launch_detached(
+    argv: Sequence[str],
+    log_path: Path,
+    banner: str,
+    *,
+    cwd: Path | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` detached (own session, no stdin), its output appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {banner}\n".encode())
+        out.flush()
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+            preexec_fn=preexec_fn,  # noqa: PLW1509 - callers pass only async-signal-safe work
+        )
 
 
 def run(

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from localcluster import hook, log, network, process_argv, run
+from localcluster import hook, launch_detached, log, network, process_argv, run
 from localcluster.image import write_into
 from localcluster.state import ClusterError, HostRecord, Settings, write_atomic
 
@@ -274,18 +274,10 @@ def launch(settings: Settings, host: HostRecord) -> int:
             for fd in procs_fds:
                 os.write(fd, b"0")
 
-        settings.logs_dir.mkdir(parents=True, exist_ok=True)
-        with log_file(settings, host.name).open("ab") as out:
-            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} launching {host.name}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                nspawn_argv(settings, host),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=join_cgroups,  # noqa: PLW1509 - see join_cgroups
-            )
+        proc = launch_detached(
+            nspawn_argv(settings, host), log_file(settings, host.name), f"launching {host.name}",
+            preexec_fn=join_cgroups,
+        )  # fmt: skip
     finally:
         for fd in procs_fds:
             os.close(fd)

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from localcluster import hook, log, process_argv
+from localcluster import hook, launch_detached, log, process_argv
 from localcluster.hosts import log_tail
 from localcluster.state import ClusterError, ServiceRecord, Settings
 
@@ -103,20 +103,9 @@ def _start(settings: Settings, service: Service) -> int:
             build(root_dir(settings, service))
             log.info("service %s: %s took %.1f s", service.name, service.prepare, time.monotonic() - started)
     root_dir(settings, service).mkdir(parents=True, exist_ok=True)
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
     path = log_file(settings, service)
-    with path.open("ab") as out:
-        out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service.name}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            argv(settings, service),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            # `python -m` finds this package from its parent directory even when it is not installed.
-            cwd=PACKAGE_PARENT,
-        )
+    # `python -m` finds this package from its parent directory even when it is not installed.
+    proc = launch_detached(argv(settings, service), path, f"starting {service.name}", cwd=PACKAGE_PARENT)
     _started.append(proc)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not _accepts(address, service.port):

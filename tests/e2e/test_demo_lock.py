@@ -18,16 +18,21 @@ pytestmark = pytest.mark.skipif(
 REVISIONS = ["707b75098b7cd8ff771cbef11deb78f502e0ba34", "70e42530909446fa6a1a8292794d0638293ad679"]
 
 
-@pytest.mark.parametrize("revision", REVISIONS)
-def test_lock_reproduces_the_committed_lock(tmp_path: Path, revision: str) -> None:
+def _lock(tmp_path: Path, revision: str) -> subprocess.CompletedProcess[str]:
+    """`kimi-deploy lock` of the demo recipe pinned to ``revision``, run in ``tmp_path``."""
     (tmp_path / "recipes").mkdir()
     text = (ROOT / "recipes/demo.yaml").read_text(encoding="utf-8").replace(REVISIONS[0], revision)
     (tmp_path / "recipes/demo.yaml").write_text(text, encoding="utf-8")
     hub = state()["services"]["hub"]["url"]
-    run = subprocess.run(
+    return subprocess.run(
         [str(BIN / "kimi-deploy"), "lock", "recipes/demo.yaml", "--endpoint", hub],
         cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_lock_reproduces_the_committed_lock(tmp_path: Path, revision: str) -> None:
+    run = _lock(tmp_path, revision)
     assert run.returncode == 0, run.stderr
     name = f"recipes/locks/moonshotai--Kimi-K3.1-Pro-Tiny@{revision}.json"
     assert run.stdout.startswith(f"{name}: 103 files, ")
@@ -35,14 +40,8 @@ def test_lock_reproduces_the_committed_lock(tmp_path: Path, revision: str) -> No
 
 
 def test_lock_of_an_unknown_revision_is_one_line(tmp_path: Path) -> None:
-    (tmp_path / "recipes").mkdir()
-    text = (ROOT / "recipes/demo.yaml").read_text(encoding="utf-8").replace(REVISIONS[0], "f" * 40)
-    (tmp_path / "recipes/demo.yaml").write_text(text, encoding="utf-8")
+    run = _lock(tmp_path, "f" * 40)
     hub = state()["services"]["hub"]["url"]
-    run = subprocess.run(
-        [str(BIN / "kimi-deploy"), "lock", "recipes/demo.yaml", "--endpoint", hub],
-        cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
     assert run.returncode == 2
     (line,) = run.stderr.splitlines()
     assert line.startswith(f"recipes/demo.yaml: model: {hub}: moonshotai/Kimi-K3.1-Pro-Tiny@{'f' * 40}: ")
