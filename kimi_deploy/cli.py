@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.lockfile import lock_path
+from kimi_deploy.parsers import ParseError, ibstat, ibv_devinfo, nvidia_smi_query, nvidia_smi_topo, tpu_pci
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import load_recipe
@@ -77,6 +78,32 @@ def _lock(args: argparse.Namespace) -> int:
     return 0
 
 
+# --kind of `facts parse` -> the parser of that command's output (text, --fields).
+_FACT_PARSERS: dict[str, Callable[[str, list[str] | None], Any]] = {
+    "nvidia-smi-query": nvidia_smi_query.parse_query,
+    "nvidia-smi-topo": lambda text, _: nvidia_smi_topo.parse_topo(text),
+    "ibv-devinfo": lambda text, _: ibv_devinfo.parse_ibv_devinfo(text),
+    "ibstat": lambda text, _: ibstat.parse_ibstat(text),
+    "tpu-pci": lambda text, _: tpu_pci.parse_tpu_pci(text),
+}
+
+
+def _facts_parse(args: argparse.Namespace) -> int:
+    fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
+    if fields is not None and args.kind != "nvidia-smi-query":
+        raise ConfigError(args.file, args.kind, "--fields applies to nvidia-smi-query only")
+    try:
+        text = Path(args.file).read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise ConfigError(args.file, args.kind, exc.strerror or "cannot be read") from exc
+    try:
+        data = _FACT_PARSERS[args.kind](text, fields)
+    except ParseError as exc:
+        raise ConfigError(args.file, args.kind, str(exc)) from exc
+    print(json.dumps(data, indent=2, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-deploy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("recipe")
     lock.add_argument("--endpoint", help="Hub or mirror URL (default: HF_ENDPOINT or huggingface.co)")
     lock.set_defaults(func=_lock)
+    facts = sub.add_parser("facts", help="hardware facts from captured command outputs; touch no host")
+    facts_sub = facts.add_subparsers(dest="facts_command", required=True)
+    parse = facts_sub.add_parser("parse", help="print a captured command output as JSON")
+    parse.add_argument("--kind", required=True, choices=list(_FACT_PARSERS), help="the command that printed FILE")
+    parse.add_argument("--fields", help="nvidia-smi-query without a header: the --query-gpu field list")
+    parse.add_argument("file", metavar="FILE")
+    parse.set_defaults(func=_facts_parse)
     cluster = sub.add_parser("cluster", add_help=False, help="local test cluster of real hosts: up, status, down")
     cluster.add_argument("args", nargs=argparse.REMAINDER)
     cluster.set_defaults(func=lambda args: _cluster(args.args))
