@@ -15,10 +15,11 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
 from facts.host_state import KimiHostState
-from kimi_deploy.converge import converge_request, plan_converge, port_conflicts
+from kimi_deploy.converge import converge_request, plan_converge, port_conflicts, preflight_needs
 from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.errors import ConfigError
-from operations import engine, releases, serving, units, users, weights
+from kimi_deploy.preflight import check as preflight_check
+from operations import engine, preflight, releases, serving, units, users, weights
 
 try:
     deploy = plan_for(inventory, host)
@@ -32,11 +33,15 @@ logger.info(
     f"{spec.node_rank}/{spec.nodes}, units {', '.join(u.name for u in spec.units)}"
 )
 
-state = host.get_fact(KimiHostState, request=converge_request(todo))
+# One round-trip: the host's hardware and everything the steps below decide on.
+hardware_request = {"weights_dir": deploy.recipe.paths.models}
+state = host.get_fact(KimiHostState, request=converge_request(todo), hardware=hardware_request)
 conflicts = port_conflicts(todo, state["listeners"])
 if conflicts:
     # Before any change on any host: starting would fail, and the running release must stay.
     raise PyinfraError(f"{host.name}: {conflicts[0]}")
+
+preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo, deploy, state), state["hardware"]))
 
 users.system_user(name="Engine user", user=todo.user, exists=state["user"])
 

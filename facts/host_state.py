@@ -11,6 +11,8 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
+from kimi_deploy.host_profile import parse_profile
+
 HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
 
 # Runs a shipped script with the host's python3 under __name__ == "__main__"; the script travels
@@ -44,15 +46,25 @@ class KimiHostState(FactBase[dict[str, Any]]):
             "weights": {"exists": True, "missing": [], "unverified": [], "extra": []} | None,
             "files": {"/etc/systemd/system/kimi-vllm.service": "<sha256>" | None},
             "units": {"kimi-vllm": {"active": "active", "pid": 1234, "applied": "<digest>"}},
+            "listeners": {"8000": {"pid": 1234, "comm": "vllm", "unit": "kimi-vllm"}},
+            "current": "/opt/kimi/releases/<id>" | None,
+            "hardware": <HostProfile, see facts/hardware.py> | None,
         }
+
+    With ``hardware`` in the request, the hardware probe runs in the same round-trip.
     """
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "python3"
 
-    def command(self, request: dict[str, Any]) -> str:
-        return hostside_command("python3", "state_probe.py", request)
+    def command(self, request: dict[str, Any], hardware: dict[str, Any] | None = None) -> str:
+        state = hostside_command("python3", "state_probe.py", request)
+        if hardware is None:
+            return state
+        # Both programs print one line each: hardware first, then state.
+        return f"{hostside_command('python3', 'hardware_probe.py', hardware)}; {state}"
 
     def process(self, output: list[str]) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(output[-1])
+        result["hardware"] = parse_profile(json.loads(output[-2])) if len(output) > 1 else None
         return result

@@ -16,6 +16,7 @@ from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
+from kimi_deploy.preflight import Needs
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.secrets import read_secret
 
@@ -196,3 +197,14 @@ def port_conflicts(todo: Converge, listeners: dict[str, Any]) -> list[str]:
                 owner = f"unit {holder['unit']}" if holder.get("unit") else "no systemd unit"
                 out.append(f"port {port} ({label}) is in use by pid {holder['pid']} ({holder['comm']}, {owner})")
     return out
+
+
+def preflight_needs(todo: Converge, deploy: DeployPlan, state: dict[str, Any]) -> Needs:
+    """What the preflight gates check this host against: weights still missing count as needed space."""
+    lock = todo.weights.lock if todo.weights else {}
+    found = state.get("weights") or {}
+    present = bool(found.get("exists"))
+    absent = set(found.get("missing", [])) | set(found.get("unverified", [])) if present else set(lock)
+    missing = sum(int(lock[p][0]) for p in absent if p in lock)
+    total = sum(int(size) for size, _ in lock.values())
+    return Needs(deploy.recipe, deploy.spec, total, missing, list(deploy.host.vars.kimi_rdma_devices or []))

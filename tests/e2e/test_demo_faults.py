@@ -107,9 +107,7 @@ def test_port_already_in_use_on_a_host(serving: dict[str, int], tmp_path: Path) 
     _still_serving(serving)
 
 
-def test_an_engine_not_ready_in_time_fails_the_deploy_with_its_journal(
-    serving: dict[str, int], tmp_path: Path
-) -> None:
+def test_an_engine_not_ready_in_time_fails_the_deploy_with_its_journal(serving: dict[str, int], tmp_path: Path) -> None:
     def slow_start(data: dict[str, Any]) -> None:
         # The stand-in engine takes this long to load; the recipe gives it less than that.
         data["topologies"]["demo-vllm"]["env"]["KIMI_STANDIN_LOAD_SECONDS"] = "30"
@@ -124,3 +122,25 @@ def test_an_engine_not_ready_in_time_fails_the_deploy_with_its_journal(
     finally:
         back = pyinfra()
         assert back.code == 0, back.log[-3000:]
+
+
+def test_a_failed_preflight_gate_stops_that_host_before_any_change(serving: dict[str, int], tmp_path: Path) -> None:
+    def wants_h200(data: dict[str, Any]) -> None:
+        data["topologies"]["demo-vllm"]["accelerators"] = {
+            "vendor": "nvidia", "model": "H200", "per_host": 8, "memory_gib": 140,
+        }  # fmt: skip
+        data["topologies"]["demo-vllm"]["max_model_len"] = 131072
+
+    before = {host: ssh(host, "readlink", "/opt/kimi/current") for host in ENGINES}
+    run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, wants_h200)}")
+    assert run.code != 0
+    for host in ("kimi-h1", "kimi-h2"):
+        (line,) = _lines(run.log, f"[{host}] kimi-deploy: preflight:")
+        assert line.endswith(
+            f"{host}: accelerators: pool serve needs 8 x H200 with >= 140 GiB, found 8 x NVIDIA B300 SXM6 AC (268 GiB)"
+        )
+    # Nothing changed on the stopped hosts (same release, same engine); the others went on.
+    assert {host: ssh(host, "readlink", "/opt/kimi/current") for host in ENGINES} == before
+    assert run.errors()["Preflight"] == ["kimi-h1", "kimi-h2"]
+    assert not [op for op, hosts in run.changed().items() if {"kimi-h1", "kimi-h2"} & set(hosts)]
+    _still_serving(serving)

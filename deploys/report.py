@@ -1,0 +1,38 @@
+"""Report the hardware of every host, changing nothing: ``pyinfra INVENTORY deploys/report.py``.
+
+One probe round-trip per host (``hostside/hardware_probe.py``, with a bounded read-throughput
+measurement of the weights filesystem). After the last host, prints the inventory-wide table and
+writes the same as JSON to ``kimi-report.json`` (or the path in host data ``kimi_report_json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.context import host, inventory, state
+
+from facts.hardware import HostHardware
+from kimi_deploy.report_table import format_report
+
+# pyinfra runs this file once per host, concurrently and with fresh globals: the profiles
+# gathered so far live on the run's state object (set before the probe's I/O lets others run).
+_run: Any = state
+if not hasattr(_run, "kimi_profiles"):
+    _run.kimi_profiles = {}
+_profiles: dict[str, dict[str, Any]] = _run.kimi_profiles
+
+models = host.data.get("kimi_models_dir") or "/srv/models"
+_profiles[host.name] = host.get_fact(HostHardware, request={"weights_dir": models, "measure": True})
+
+active = set(inventory.iter_activated_hosts())
+hosts = [h.name for h in inventory if h in active]
+# Whichever host finishes its probe last prints the whole table.
+if all(name in _profiles for name in hosts):
+    ordered = {name: _profiles[name] for name in hosts if name in _profiles}
+    logger.info("\n" + format_report(ordered))
+    target = Path(host.data.get("kimi_report_json") or "kimi-report.json")
+    target.write_text(json.dumps(ordered, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    logger.info(f"--> Wrote {target} ({len(ordered)} hosts)")

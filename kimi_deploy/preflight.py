@@ -1,0 +1,144 @@
+"""Preflight gates: a host's hardware (its HostProfile) against what the plan needs of it.
+
+Pure. Each gate returns ``None`` or one line naming the host, the gate, what the plan expects and
+what the host has, e.g. ``gpu-07: accelerators: pool decode needs 8 x GB300 with >= 260 GiB,
+found 4 x NVIDIA H100 80GB HBM3 (79 GiB)``. A deploy runs them before it changes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kimi_deploy.host_profile import matches_model
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import HostPlan
+
+GIB = 2**30
+# Free space kept beyond the weights themselves: logs, caches, a partial download's overlap.
+DISK_MARGIN_PERCENT = 5
+# Share of host RAM the HiCache host pool may take; the rest runs the OS and the engine.
+HICACHE_RAM_PERCENT = 90
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the host must offer, from the recipe, the plan and the lock."""
+
+    recipe: Recipe
+    spec: HostPlan
+    weights_bytes: int
+    missing_bytes: int
+    rdma_devices: list[str]
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.0f} GiB"
+
+
+def accelerators(needs: Needs, profile: dict[str, Any]) -> str | None:
+    spec = needs.spec
+    if spec.role == "router":
+        return None
+    acc = profile.get("accelerators") or {}
+    want = (
+        f"pool {spec.pool} needs {spec.accelerators} x {spec.accelerator_model} "
+        f"with >= {spec.accelerator_memory_gib} GiB"
+    )
+    if acc.get("error"):
+        return f"accelerators: {want}, found an error: {acc['error']}"
+    count = int(acc.get("count") or 0)
+    model = acc.get("model") or "none"
+    memory_mib = acc.get("memory_mib")
+    found = f"{count} x {model}" + (f" ({memory_mib // 1024} GiB)" if memory_mib else "")
+    if acc.get("vendor") != spec.accelerator_vendor or count != spec.accelerators:
+        return f"accelerators: {want}, found {found}"
+    if not matches_model(str(model), spec.accelerator_model):
+        return f"accelerators: {want}, found {found}"
+    if spec.accelerator_vendor == "nvidia" and (memory_mib or 0) < spec.accelerator_memory_gib * 1024:
+        return f"accelerators: {want}, found {found}"
+    return None
+
+
+def disk(needs: Needs, profile: dict[str, Any]) -> str | None:
+    """Room for what is missing of this revision now, and for a second copy (the rollback) ever."""
+    spec = needs.spec
+    if spec.role == "router":
+        return None
+    d = profile.get("disk") or {}
+    free, total = int(d.get("free_bytes") or 0), int(d.get("total_bytes") or 0)
+    where = f"{d.get('path')} ({d.get('fs_type')})"
+    need_now = needs.missing_bytes * (100 + DISK_MARGIN_PERCENT) // 100
+    if needs.missing_bytes and free < need_now:
+        return f"disk: {where} needs {_gib(need_now)} free for the weights, found {_gib(free)} free"
+    need_ever = 2 * needs.weights_bytes * (100 + DISK_MARGIN_PERCENT) // 100
+    if total < need_ever:
+        return f"disk: {where} needs {_gib(need_ever)} in all (weights and a rollback copy), found {_gib(total)}"
+    return None
+
+
+def host_ram(needs: Needs, profile: dict[str, Any]) -> str | None:
+    topo = needs.recipe.topologies[needs.spec.topology]
+    if topo.hicache is None or needs.spec.role == "router":
+        return None
+    hbm = needs.spec.accelerators * needs.spec.accelerator_memory_gib * GIB
+    need = int(topo.hicache.ratio * hbm)
+    total = int((profile.get("memory") or {}).get("total_bytes") or 0)
+    if need > total * HICACHE_RAM_PERCENT // 100:
+        return (
+            f"host RAM: HiCache ratio {topo.hicache.ratio:g} needs {_gib(need)} "
+            f"({HICACHE_RAM_PERCENT}% of RAM at most), found {_gib(total)}"
+        )
+    return None
+
+
+def fabric_manager(needs: Needs, profile: dict[str, Any]) -> str | None:
+    """On NVSwitch systems the fabric manager must be exactly the driver's version (else CUDA 802)."""
+    drivers = profile.get("drivers") or {}
+    packages: dict[str, str] = drivers.get("packages") or {}
+    driver = drivers.get("nvidia")
+    for name, version in sorted(packages.items()):
+        if name.startswith("nvidia-fabricmanager") and driver and not str(version).startswith(str(driver)):
+            return f"fabric manager: {name} must match driver {driver}, found {version}"
+    return None
+
+
+def imex(needs: Needs, profile: dict[str, Any]) -> str | None:
+    """A tensor-parallel instance over GB200/GB300 trays needs IMEX for multi-node NVLink."""
+    spec = needs.spec
+    if spec.role == "router" or spec.nodes < 2 or not spec.accelerator_model.startswith("GB"):
+        return None
+    state = (profile.get("drivers") or {}).get("imex_active")
+    if state != "active":
+        return f"IMEX: {spec.nodes}-host NVLink instance needs nvidia-imex active, found {state or 'not installed'}"
+    return None
+
+
+def rdma(needs: Needs, profile: dict[str, Any]) -> str | None:
+    topo = needs.recipe.topologies[needs.spec.topology]
+    if topo.kv_transfer is None or topo.kv_transfer.transport != "rdma" or needs.spec.role == "router":
+        return None
+    ports = profile.get("rdma") or []
+    for device in needs.rdma_devices:
+        name = device.split(":", 1)[0]
+        states = [str(p.get("state")) for p in ports if p.get("device") == name]
+        if not any("ACTIVE" in s.upper() for s in states):
+            found = ", ".join(states) if states else "no such device"
+            return f"RDMA: {name} needs an ACTIVE port for KV transfer, found {found}"
+    return None
+
+
+GATES: tuple[Callable[[Needs, dict[str, Any]], str | None], ...] = (
+    accelerators,
+    disk,
+    host_ram,
+    fabric_manager,
+    imex,
+    rdma,
+)
+
+
+def check(needs: Needs, profile: dict[str, Any]) -> list[str]:
+    """Every failed gate, as ``HOST: gate: expected, found`` lines (empty: the host may proceed)."""
+    return [f"{needs.spec.host}: {line}" for gate in GATES if (line := gate(needs, profile)) is not None]
