@@ -23,9 +23,9 @@ ENGINES = {"kimi-h1": "kimi-vllm", "kimi-h2": "kimi-vllm", "kimi-h3": "kimi-sgla
 REVISION_B = "70e42530909446fa6a1a8292794d0638293ad679"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def serving() -> dict[str, int]:
-    """A converged demo cluster (the converge tests leave one; this makes sure) and its engine PIDs."""
+    """A converged demo cluster (a no-op when it already is) and its engine PIDs before the test."""
     run = pyinfra()
     assert run.code == 0, run.log[-3000:]
     return {host: main_pid(host, unit) for host, unit in ENGINES.items()}
