@@ -7,8 +7,8 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
-from facts.host_state import hostside_command
 from kimi_deploy.host_profile import parse_profile
+from kimi_deploy.hostside_command import hostside_command
 
 
 class HostHardware(FactBase[dict[str, Any]]):

@@ -9,7 +9,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from facts.host_state import hostside_command
+from kimi_deploy.hostside_command import hostside_command
 
 
 def release_marker(package: str, version: str, requirements: list[str], index_url: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from facts.host_state import hostside_command
+from kimi_deploy.hostside_command import hostside_command
 
 
 @operation()

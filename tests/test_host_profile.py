@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from facts.hardware import HostHardware
-from facts.host_state import hostside_command
 from kimi_deploy.host_profile import matches_model, parse_profile
+from kimi_deploy.hostside_command import hostside_command
 from localcluster.fake_nvidia import describe
 from tests.parsers import fixture
 
