@@ -34,7 +34,8 @@ class Needs:
 
 
 def _gib(n: float) -> str:
-    return f"{n / GIB:.0f} GiB"
+    """Sizes as operators read them: GiB, or MiB below one GiB (a small demo model)."""
+    return f"{n / GIB:.0f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def accelerators(needs: Needs, profile: dict[str, Any]) -> str | None:

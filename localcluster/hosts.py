@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from localcluster import hook, launch_detached, log, network, process_argv, run
+from localcluster.hardware_spec import MODELS_DIR, parse_spec
 from localcluster.image import write_into
 from localcluster.state import ClusterError, HostRecord, Settings, write_atomic
 
@@ -202,10 +203,20 @@ def prepare(settings: Settings, host: HostRecord, base: Path) -> None:
         run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)])
     # Makes only the keys that are missing: a host keeps its identity across restarts.
     run(["ssh-keygen", "-A", "-f", str(merged)])
+    spec = parse_spec(host.hardware)
     install = hook("localcluster.fake_nvidia", "install")
     if install is not None:
-        install(merged, host.hardware)
+        install(merged, spec.accelerators)
+    disk = models_disk(settings, host)
+    if spec.models_disk_bytes is not None and not is_mounted(disk):
+        disk.mkdir(parents=True, exist_ok=True)
+        run(["mount", "-t", "tmpfs", "-o", f"size={spec.models_disk_bytes},mode=0755", "tmpfs", str(disk)])
     network.ensure_host_link(settings, host.name, host.address)
+
+
+def models_disk(settings: Settings, host: HostRecord) -> Path:
+    """The host's own small filesystem for its weights (hardware ``...-smalldisk`` only)."""
+    return settings.host_dir(host.name) / "models-disk"
 
 
 def known_hosts_lines(host: HostRecord) -> list[str]:
@@ -241,6 +252,11 @@ def nspawn_argv(settings: Settings, host: HostRecord) -> list[str]:
         "--timezone=off",
         # tc (bandwidth shaping) inside the host.
         "--capability=CAP_NET_ADMIN",
+        *(
+            [f"--bind={models_disk(settings, host)}:{MODELS_DIR}"]
+            if parse_spec(host.hardware).models_disk_bytes is not None
+            else []
+        ),
     ]
 
 
@@ -406,6 +422,9 @@ def destroy(settings: Settings, host: HostRecord) -> None:
     merged = Path(host.root)
     if is_mounted(merged):
         run(["umount", str(merged)])
+    disk = models_disk(settings, host)
+    if is_mounted(disk):
+        run(["umount", str(disk)])
     if is_mounted(merged):
         raise ClusterError(f"{host.name}: {merged} is still mounted; not removing its files")
     network.delete_host_link(settings, host.name, host.address)

@@ -24,7 +24,7 @@ REVISION_B = "70e42530909446fa6a1a8292794d0638293ad679"
 
 
 @pytest.fixture
-def serving() -> dict[str, int]:
+def serving(demo_cluster: None) -> dict[str, int]:
     """A converged demo cluster (a no-op when it already is) and its engine PIDs before the test."""
     run = pyinfra()
     assert run.code == 0, run.log[-3000:]

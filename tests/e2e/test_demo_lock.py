@@ -15,6 +15,12 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
 )
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _cluster(demo_cluster: None) -> None:
+    """Needs the demo cluster's Hub and hosts."""
+
+
 REVISIONS = ["707b75098b7cd8ff771cbef11deb78f502e0ba34", "70e42530909446fa6a1a8292794d0638293ad679"]
 
 

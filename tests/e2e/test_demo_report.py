@@ -17,6 +17,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _cluster(demo_cluster: None) -> None:
+    """Needs the demo cluster's Hub and hosts."""
+
+
 def test_report_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     target = tmp_path / "report.json"
     run = subprocess.run(

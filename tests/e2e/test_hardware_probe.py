@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -18,24 +19,25 @@ import pytest
 from kimi_deploy.host_profile import matches_model, parse_profile
 from kimi_deploy.hostside_command import hostside_command
 from localcluster.fake_nvidia import CONFIG_PATH, LAYOUTS
-from tests.e2e.demo import STATE_DIR
+from tests.e2e.demo import STATE_DIR, cluster
 
 STATE = STATE_DIR / "state.json"
 WEIGHTS_DIR = "/srv/models"
 # The recipe's name for each fake NVIDIA layout, and one it must not be taken for.
 RECIPE_MODELS = {"b300x8": ("B300", "GB300"), "gb300x4": ("GB300", "B300"), "h200x8": ("H200", "H100")}
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster's SSH key is root's"),
-    pytest.mark.skipif(not STATE.is_file(), reason=f"no local cluster running ({STATE} is absent)"),
-]
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
+)
 
 
-def _hosts() -> list[dict[str, Any]]:
-    if not STATE.is_file():
-        return []
-    hosts: list[dict[str, Any]] = json.loads(STATE.read_text(encoding="utf-8"))["hosts"]
-    return hosts
+@pytest.fixture(scope="module")
+def hosts() -> list[dict[str, Any]]:
+    """The demo cluster's hosts; `cluster up` starts it or finds it running (then changes nothing)."""
+    cluster("up")
+    found: list[dict[str, Any]] = json.loads(STATE.read_text(encoding="utf-8"))["hosts"]
+    assert found
+    return found
 
 
 def probe(host: dict[str, Any], request: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -64,8 +66,12 @@ def _nvidia_host(host: dict[str, Any]) -> str:
     return hardware
 
 
-@pytest.mark.parametrize("host", _hosts(), ids=lambda h: h["name"])
-def test_probe_reads_the_fake_accelerators_os_and_disk(host: dict[str, Any]) -> None:
+def test_probe_reads_the_fake_accelerators_os_and_disk(hosts: list[dict[str, Any]]) -> None:
+    for host in hosts:
+        _check_profile(host)
+
+
+def _check_profile(host: dict[str, Any]) -> None:
     hardware = _nvidia_host(host)
     raw, _ = probe(host, {"weights_dir": WEIGHTS_DIR})
     assert raw["elapsed_s"] < 5
@@ -96,8 +102,12 @@ def test_probe_reads_the_fake_accelerators_os_and_disk(host: dict[str, Any]) -> 
     assert profile["errors"] == {}
 
 
-@pytest.mark.parametrize("host", _hosts(), ids=lambda h: h["name"])
-def test_measured_read_of_the_weights_disk(host: dict[str, Any]) -> None:
+def test_measured_read_of_the_weights_disk(hosts: list[dict[str, Any]]) -> None:
+    for host in hosts:
+        _check_measured(host)
+
+
+def _check_measured(host: dict[str, Any]) -> None:
     _nvidia_host(host)
     raw, _ = probe(host, {"weights_dir": WEIGHTS_DIR, "measure": True})
     assert raw["elapsed_s"] < 5
