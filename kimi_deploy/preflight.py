@@ -98,7 +98,8 @@ def fabric_manager(needs: Needs, profile: dict[str, Any]) -> str | None:
     """On NVSwitch systems the fabric manager must be exactly the driver's version (else CUDA 802)."""
     drivers = profile.get("drivers") or {}
     packages: dict[str, str] = drivers.get("packages") or {}
-    driver = drivers.get("nvidia")
+    # The kernel module's version, else what NVML or nvidia-smi reports.
+    driver = drivers.get("nvidia") or (profile.get("accelerators") or {}).get("driver_version")
     for name, version in sorted(packages.items()):
         if name.startswith("nvidia-fabricmanager") and driver and not str(version).startswith(str(driver)):
             return f"fabric manager: {name} must match driver {driver}, found {version}"
