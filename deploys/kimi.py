@@ -67,6 +67,7 @@ if todo.weights is not None:
         endpoint=todo.weights.endpoint,
         token_file=None,
         current=state["weights"],
+        full_verify=todo.weights.full_verify,
     )
 
 units.rendered(name="Rendered units and configs", files=todo.files, group=todo.user, current=state["files"])

@@ -61,6 +61,10 @@ def _weights(spec: dict[str, Any]) -> dict[str, Any]:
         if cache.get(rel) != [st.st_size, st.st_mtime_ns, st.st_ino, sha] or st.st_size != size:
             unverified.append(rel)
     extra = []
+    # Partial downloads a killed run left behind: the sync removes them.
+    partials = os.path.join(root, ".cache", "huggingface", "download")
+    for dirpath, _, filenames in os.walk(partials):
+        extra += [os.path.relpath(os.path.join(dirpath, n), root) for n in filenames if n.endswith(".incomplete")]
     if os.path.isdir(root):
         for dirpath, dirnames, filenames in os.walk(root):
             if dirpath == root:

@@ -104,12 +104,47 @@ def _fail(result: dict[str, Any], message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, list[Any]]) -> list[str]:
+    """Hard-link files another revision of the same model already holds verified with the same
+    digest: an upgrade downloads only what changed, and both revisions stay whole on disk."""
+    parent = os.path.dirname(root.rstrip("/"))
+    wanted = {lock[rel][1]: rel for rel in lock if not os.path.exists(os.path.join(root, rel))}
+    linked: list[str] = []
+    if not wanted or not os.path.isdir(parent):
+        return linked
+    for sibling in sorted(os.listdir(parent)):
+        other = os.path.join(parent, sibling)
+        if other == root.rstrip("/") or not os.path.isdir(other):
+            continue
+        for rel, entry in _load_cache(other).items():
+            target = wanted.get(entry[3])
+            if target is None or os.path.exists(os.path.join(root, target)):
+                continue
+            source = os.path.join(other, rel)
+            try:
+                st = os.stat(source)
+                if [st.st_size, st.st_mtime_ns, st.st_ino] != entry[:3]:
+                    continue  # changed since it was verified: not to be trusted
+                os.makedirs(os.path.dirname(os.path.join(root, target)), exist_ok=True)
+                os.link(source, os.path.join(root, target))
+            except OSError:
+                continue
+            cache[target] = list(entry)
+            linked.append(target)
+    return linked
+
+
 def main() -> None:
     req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
     try:
         sync(req)
     except Exception as exc:  # noqa: BLE001 - whatever the Hub client raises, say it in one line
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        # The client often wraps the HTTP error ("failed due to the above error"): name the root.
+        root = exc
+        while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        first = (str(root).strip().splitlines() or [""])[0][:300]
+        exc = root
         where = req.get("endpoint") or "the Hub"
         _fail(
             {"error": "hub", "type": type(exc).__name__, "message": first},
@@ -136,7 +171,9 @@ def sync(req: dict[str, Any]) -> None:
     started = time.monotonic()
     os.makedirs(root, exist_ok=True)
     removed = _prune(root, lock)
-    cache = _load_cache(root)
+    # A full verify trusts nothing cached: every file is hashed again.
+    cache = {} if req.get("full") else _load_cache(root)
+    linked = [] if req.get("full") else _link_from_siblings(root, lock, cache)
     workers = int(req.get("workers") or max(2, os.cpu_count() or 2))
     bad = _verify(root, lock, cache, workers)
     have = sum(lock[r][0] for r in lock if r not in bad)
@@ -160,7 +197,8 @@ def sync(req: dict[str, Any]) -> None:
             if not bad:
                 break
             for rel in bad:
-                os.remove(os.path.join(root, rel))
+                if os.path.exists(os.path.join(root, rel)):
+                    os.remove(os.path.join(root, rel))
                 hf_hub_download(req["repo"], rel, revision=req["revision"], local_dir=root, force_download=True)
             fetched += bad
             bad = _verify(root, lock, cache, workers)
@@ -174,7 +212,7 @@ def sync(req: dict[str, Any]) -> None:
             4,
         )
     print(json.dumps({
-        "ok": True, "fetched": sorted(set(fetched)), "removed": removed,
+        "ok": True, "fetched": sorted(set(fetched)), "linked": len(linked), "removed": removed,
         "seconds": round(time.monotonic() - started, 3),
     }))  # fmt: skip
 

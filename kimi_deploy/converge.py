@@ -39,6 +39,7 @@ class WeightsTarget:
     lock: dict[str, list[Any]]
     python: str
     endpoint: str | None
+    full_verify: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             lock=lock.compact(),
             python=f"{tools}/bin/python",
             endpoint=host_vars.kimi_hf_endpoint,
+            full_verify=host_vars.kimi_verify == "full",
         )
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -31,6 +31,8 @@ class HostVars(BaseModel):
     kimi_recipe: str | None = None
     kimi_pip_index_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     kimi_hf_endpoint: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
+    # ``full`` re-hashes every weights file this run (the cache by size, mtime and inode is ignored).
+    kimi_verify: Literal["cached", "full"] | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ def revision(
     endpoint: str | None,
     token_file: str | None,
     current: dict[str, Any] | None,
+    full_verify: bool = False,
 ) -> Generator[str, None, None]:
     """
     Hold exactly the files of ``repo`` at ``revision`` in ``path``, each matching the lock.
@@ -34,12 +35,14 @@ def revision(
     + endpoint: the Hub or mirror URL (None: huggingface_hub's default)
     + token_file: a host file (mode 0600) holding the Hub token, if any
     + current: what the host probe found (missing, unverified and extra files)
+    + full_verify: re-hash every file now, whatever the cache says (finds silent corruption)
 
     Files are verified on the host (sha256 for LFS files, git blob ids for small ones), results
     cached by (size, mtime, inode): a converged host hashes nothing.
     """
     if (
-        current is not None
+        not full_verify
+        and current is not None
         and current["exists"]
         and not (current["missing"] or current["unverified"] or current["extra"])
     ):
@@ -53,5 +56,6 @@ def revision(
         "endpoint": endpoint,
         "token_file": token_file,
         "retries": 2,
+        "full": full_verify,
     }
     yield hostside_command(python, "weights_sync.py", request)

@@ -62,6 +62,8 @@ def test_unreachable_hub(serving: dict[str, int], tmp_path: Path, hub_down: None
     def to_revision_b(data: dict[str, Any]) -> None:
         data["model"]["revision"] = REVISION_B
 
+    for host in ENGINES:  # revision B must have to come from the Hub
+        ssh(host, "rm", "-rf", f"/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/{REVISION_B}")
     run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, to_revision_b)}")
     assert run.code != 0
     hub = state()["services"]["hub"]["url"]
