@@ -56,6 +56,9 @@ for release in todo.venvs:
         current=state["venvs"].get(release.path),
     )
 
+if todo.weights is not None and todo.weights.token is not None:
+    units.rendered(name="Hub token", files=[todo.weights.token], group=todo.user, current=state["files"])
+
 if todo.weights is not None:
     weights.revision(
         name="Weights at the pinned revision",
@@ -65,7 +68,7 @@ if todo.weights is not None:
         lock=todo.weights.lock,
         python=todo.weights.python,
         endpoint=todo.weights.endpoint,
-        token_file=None,
+        token_file=todo.weights.token.path if todo.weights.token else None,
         current=state["weights"],
         full_verify=todo.weights.full_verify,
     )

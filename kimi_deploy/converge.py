@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kimi_deploy.deploy_plan import DeployPlan
@@ -40,6 +42,7 @@ class WeightsTarget:
     python: str
     endpoint: str | None
     full_verify: bool = False
+    token: RenderedFile | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,21 @@ def digest(files: list[RenderedFile]) -> str:
     return h.hexdigest()
 
 
+def _hub_token(config_dir: str) -> RenderedFile | None:
+    """The controller's Hub token (``HF_TOKEN``, else huggingface_hub's token file) as a host file
+    only root reads; None when the controller has none (public repositories need none)."""
+    token = os.environ.get("HF_TOKEN", "").strip()
+    if not token:
+        path = Path(os.environ.get("HF_TOKEN_PATH") or Path.home() / ".cache/huggingface/token")
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    if not token:
+        return None
+    return RenderedFile(f"{config_dir}/secrets/hf-token", token + "\n", 0o600, "root", secret=True)
+
+
 def _secrets(deploy: DeployPlan) -> dict[str, str] | None:
     expose = deploy.recipe.topologies[deploy.spec.topology].expose
     if expose is None:
@@ -122,6 +140,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             python=f"{tools}/bin/python",
             endpoint=host_vars.kimi_hf_endpoint,
             full_verify=host_vars.kimi_verify == "full",
+            token=_hub_token(recipe.paths.config),
         )
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)
@@ -182,7 +201,8 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "user": todo.user,
         "venvs": [v.path for v in todo.venvs],
         "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
-        "files": [f.path for f in todo.files],
+        "files": [f.path for f in todo.files]
+        + ([todo.weights.token.path] if todo.weights and todo.weights.token else []),
         "units": [u.name for u in todo.units],
         "ports": sorted(port for u in todo.units for port in u.ports),
         "link": todo.release.link,

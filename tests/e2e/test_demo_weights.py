@@ -188,3 +188,20 @@ def test_a_killed_sync_resumes_without_fetching_finished_files_again(
     # Shards finished before the kill were verified, not fetched again; only the rest came now.
     assert len(finished) >= 19
     assert len(again) + len(finished) >= 103
+
+
+def test_the_hub_token_reaches_the_hosts_only_in_a_root_only_file(converged: None) -> None:
+    token = "hf_kimiDeployTestToken0123456789"
+    ssh("kimi-h1", "rm", "-f", "/etc/kimi/secrets/hf-token")
+    run = pyinfra("--limit", "kimi-h1", env={"HF_TOKEN": token})
+    assert run.code == 0, run.log[-3000:]
+    assert run.changed()["Hub token"] == ["kimi-h1"]
+    assert token not in run.log  # not in pyinfra's output, its --json payload included
+    assert ssh("kimi-h1", "stat -c '%a %U' /etc/kimi/secrets/hf-token") == "600 root"
+    assert ssh("kimi-h1", "cat", "/etc/kimi/secrets/hf-token") == token
+    assert ssh("kimi-h1", "stat -c '%a %U %G' /etc/kimi/secrets") == "750 root kimi"
+    hub_log = (STATE_DIR / "logs" / "hub.log").read_text(encoding="utf-8", errors="replace")
+    assert token not in hub_log
+    again = pyinfra("--limit", "kimi-h1", env={"HF_TOKEN": token})
+    assert "Hub token" not in again.changed()
+    ssh("kimi-h1", "rm", "/etc/kimi/secrets/hf-token")
