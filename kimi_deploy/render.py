@@ -78,7 +78,7 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def _unit_env(recipe: Recipe, unit: Unit) -> list[tuple[str, str]]:
+def _unit_env(unit: Unit) -> list[tuple[str, str]]:
     state = f"/var/lib/kimi/{unit.name}"
     env = {"HOME": state, "XDG_CACHE_HOME": f"/var/cache/kimi/{unit.name}", **unit.env}
     return [(k, env_value(v)) for k, v in sorted(env.items())]
@@ -117,7 +117,7 @@ def render_host(recipe: Recipe, plan: HostPlan, secrets: Mapping[str, str] | Non
         out.append(
             RenderedFile(
                 env_file,
-                jinja.get_template("unit.env.j2").render(path=env_file, env=_unit_env(recipe, unit), **common),
+                jinja.get_template("unit.env.j2").render(path=env_file, env=_unit_env(unit), **common),
                 0o644,
                 "root",
             )

@@ -76,10 +76,6 @@ class HostPlan:
     model_dir: str
     units: tuple[Unit, ...]
 
-    def ports(self) -> dict[str, int]:
-        """Every port this host binds, labelled ``unit:label``."""
-        return {f"{u.name}:{label}": port for u in self.units for label, port in u.listens.items()}
-
 
 @dataclass(frozen=True)
 class Plan:

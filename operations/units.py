@@ -31,15 +31,28 @@ def rendered(
         host.noop(f"{len(files)} rendered files are up to date")
         return
     q = shlex.quote
+
+    def group_of(f: RenderedFile) -> str:
+        return group if f.secret else "root"
+
+    # One command before the uploads: the folders, and each secret file created empty with its
+    # final owner and mode, so that its content is never readable by anyone else, even briefly.
+    folders = {f.path.rsplit("/", 1)[0]: f.secret for f in changed}
+    before = [
+        f"install -d -m {'0750' if secret else '0755'} -o root -g {q(group if secret else 'root')} {q(folder)}"
+        for folder, secret in sorted(folders.items())
+    ]
+    before += [
+        f"install -m {f.mode:o} -o {q(f.owner)} -g {q(group_of(f))} /dev/null {q(f.path)}" for f in changed if f.secret
+    ]
+    yield " && ".join(before)
     for f in changed:
-        folder = f.path.rsplit("/", 1)[0]
-        folder_mode = "0750" if f.secret else "0755"
-        folder_group = group if f.secret else "root"
-        yield f"install -d -m {folder_mode} -o root -g {q(folder_group)} {q(folder)}"
         yield FileUploadCommand(BytesIO(f.content.encode()), f.path)
-        yield f"chown {q(f.owner)}:{q(group if f.secret else 'root')} {q(f.path)} && chmod {f.mode:o} {q(f.path)}"
+    # And one after: owner and mode of every file, and systemd told when a unit changed.
+    after = [f"chown {q(f.owner)}:{q(group_of(f))} {q(f.path)} && chmod {f.mode:o} {q(f.path)}" for f in changed]
     if any(f.path.endswith(".service") for f in changed):
-        yield "systemctl daemon-reload"
+        after.append("systemctl daemon-reload")
+    yield " && ".join(after)
 
 
 def needs_start(release: str, current: dict[str, Any] | None) -> bool:

@@ -59,15 +59,19 @@ def pyinfra(*args: str, env: dict[str, str] | None = None) -> Run:
     return Run(run.returncode, payload, run.stdout + run.stderr)
 
 
-def ssh(host: str, *command: str) -> str:
-    st = state()
+def ssh(host: str, *command: str, cluster_state: dict[str, Any] | None = None, stdin: bytes | None = None) -> str:
+    """Run ``command`` on ``host`` as root with strict host keys; its stdout, stripped.
+
+    ``cluster_state`` names another cluster's state (default: the demo cluster's).
+    """
+    st = cluster_state or state()
     address = next(h["address"] for h in st["hosts"] if h["name"] == host)
     out = subprocess.run(
         ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}",
          "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{address}", *command],
-        capture_output=True, text=True, check=True, timeout=60,
+        input=stdin, capture_output=True, check=True, timeout=60,
     )  # fmt: skip
-    return out.stdout.strip()
+    return out.stdout.decode(errors="replace").strip()
 
 
 def main_pid(host: str, unit: str) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import BIN, ROOT, Run
+from tests.e2e.demo import BIN, ROOT, Run, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -43,15 +43,6 @@ def gates_cluster() -> Iterator[dict[str, Any]]:
         yield json.loads((HW_DIR / "state.json").read_text(encoding="utf-8"))
     finally:
         _cli("down")
-
-
-def _ssh(st: dict[str, Any], host: str, *command: str) -> str:
-    address = next(h["address"] for h in st["hosts"] if h["name"] == host)
-    return subprocess.run(
-        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", f"root@{address}", *command],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
 
 
 INVENTORY = """
@@ -78,12 +69,8 @@ def _install_fabric_manager(st: dict[str, Any], host: str, tmp_path: Path) -> No
         encoding="utf-8",
     )
     subprocess.run(["dpkg-deb", "--build", str(root), str(tmp_path / "fm.deb")], check=True, capture_output=True)
-    address = next(h["address"] for h in st["hosts"] if h["name"] == host)
-    subprocess.run(
-        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", f"root@{address}", "cat > /tmp/fm.deb && dpkg -i /tmp/fm.deb && rm /tmp/fm.deb"],
-        input=(tmp_path / "fm.deb").read_bytes(), capture_output=True, check=True, timeout=60,
-    )  # fmt: skip
+    ssh(host, "cat > /tmp/fm.deb && dpkg -i /tmp/fm.deb && rm /tmp/fm.deb", cluster_state=st,
+        stdin=(tmp_path / "fm.deb").read_bytes())  # fmt: skip
 
 
 def test_each_gate_stops_its_host_with_one_line(gates_cluster: dict[str, Any], tmp_path: Path) -> None:
@@ -105,7 +92,7 @@ def test_each_gate_stops_its_host_with_one_line(gates_cluster: dict[str, Any], t
     _install_fabric_manager(gates_cluster, "kimi-h1", tmp_path)
     recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     hosts = ("kimi-h1", "kimi-h2", "kimi-h3", "kimi-h4", "kimi-h5")
-    before = {h: _ssh(gates_cluster, h, "ls", "-A", "/opt", "/etc/systemd/system") for h in hosts}
+    before = {h: ssh(h, "ls", "-A", "/opt", "/etc/systemd/system", cluster_state=gates_cluster) for h in hosts}
 
     proc = subprocess.run(
         [str(BIN / "pyinfra"), str(inventory), "deploys/kimi.py", "-y"],
@@ -130,5 +117,5 @@ def test_each_gate_stops_its_host_with_one_line(gates_cluster: dict[str, Any], t
     )
     assert ram.startswith("kimi-h3: host RAM: HiCache ratio 2 needs 4160 GiB (90% of RAM at most), found ")
     assert "No hosts remaining" in run.log
-    after = {h: _ssh(gates_cluster, h, "ls", "-A", "/opt", "/etc/systemd/system") for h in before}
+    after = {h: ssh(h, "ls", "-A", "/opt", "/etc/systemd/system", cluster_state=gates_cluster) for h in before}
     assert after == before
