@@ -14,7 +14,7 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.lockfile import lock_path
-from kimi_deploy.parsers import ParseError, ibstat, ibv_devinfo, nvidia_smi_query, nvidia_smi_topo, tpu_pci
+from kimi_deploy.parsers import ParseError, ibstat, ibv_devinfo, nccl_tests, nvidia_smi_query, nvidia_smi_topo, tpu_pci
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import load_recipe
@@ -85,6 +85,7 @@ _FACT_PARSERS: dict[str, Callable[[str, list[str] | None], Any]] = {
     "ibv-devinfo": lambda text, _: ibv_devinfo.parse_ibv_devinfo(text),
     "ibstat": lambda text, _: ibstat.parse_ibstat(text),
     "tpu-pci": lambda text, _: tpu_pci.parse_tpu_pci(text),
+    "nccl-all-reduce": lambda text, _: nccl_tests.parse_nccl_tests(text),
 }
 
 

@@ -56,6 +56,12 @@ def test_h200_topology_as_sorted_indented_json() -> None:
             lambda d: len(d["cas"]) == 8 and len(d["errors"]) == 1,
         ),
         ("tpu-pci", "tpu_v6e_vfio_sysfs_ray65105.txt", [], lambda d: d["generation"] == "v6e" and d["chip_count"] == 4),
+        (
+            "nccl-all-reduce",
+            "nccl_allreduce_h100_2node_16rank_good_nvls_ompi_noise_nccltests309.txt",
+            [],
+            lambda d: len(d["ranks"]) == 16 and d["rows"][-1]["in_place"]["busbw_gbs"] == 469.1,
+        ),
     ],
 )
 def test_each_kind_prints_its_json(kind: str, name: str, extra: list[str], check: Callable[[Any], bool]) -> None:
@@ -93,3 +99,12 @@ def test_fields_belong_to_the_query_kind_only() -> None:
     run = kimi("facts", "parse", "--kind", "ibstat", "--fields", "name", path)
     assert run.returncode == 2
     assert run.stderr == f"{path}: ibstat: --fields applies to nvidia-smi-query only\n"
+
+
+def test_nccl_output_that_is_not_nccl_tests_is_one_line_and_exit_2() -> None:
+    path = str(FIXTURES / "ibstat_h100_mixed_ib_eth_3_down_gpud.txt")
+    run = kimi("facts", "parse", "--kind", "nccl-all-reduce", path)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.startswith(f"{path}: nccl-all-reduce: no nccl-tests output: ")
+    assert run.stderr.count("\n") == 1
