@@ -1,0 +1,723 @@
+"""Cross-host communication check, run on every host of a topology at once: prints one JSON line.
+
+Input: one argument, base64 of zlib-compressed JSON (the same ``run``, ``port``, ``bandwidth`` and
+``deadline_s`` on every host):
+  {"run": str,                          # one token per check, shared by all hosts
+   "me": str, "address": str,           # this host's name and the address its peers know it by
+   "port": int,                         # the check's own port on every host: hello, bandwidth, reports
+   "listen": [{"port": int, "label": str}],                  # ports this host must accept on
+   "peers": [{"host": str, "address": str,                   # EVERY other host of the topology,
+              "ports": [{"port": int, "label": str}]}],      # with the ports this host must reach
+   "bandwidth": {"bytes": int, "min_mbit_s": float, "max_s": float} | null,
+   "deadline_s": float}
+
+Each host listens on ``port`` and every ``listen`` port of ``address`` only, answers only the peers'
+addresses, connects to every peer port (retrying until the probe cutoff, as peers start their
+listeners at slightly different times), measures the bandwidth to each peer over ``port`` if asked,
+then sends its result to every peer and waits, until ``deadline_s``, for every peer's. A listen port
+already taken by a process that accepts connections (the serving engine) is noted, not failed.
+
+Output: {"host", "address", "ok", "seconds", "listen": [...], "rejected": [address],
+"pairs": [...], "reports": {peer: {...}}, "failures": [...]}. Exit 0 only if every pair in both
+directions passed, every peer reported and received this host's report; 1 otherwise, with
+``kimi-deploy: comm check: <first failure>`` on stderr (every host names the same first failure
+when the reports got through); 2 for a malformed request.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import io
+import ipaddress
+import json
+import selectors
+import socket
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+CHECK_LABEL = "comm check"
+PROTOCOL = 1
+ATTEMPT_S = 1.0  # one connect attempt; a firewall that drops SYNs shows as "timed out"
+RETRY_S = 0.1
+HELLO_S = 0.5  # a comm check listener says hello at once; a live service says nothing
+HELLO_MAX = 4096
+LINE_MAX = 1 << 20  # a report line
+REPORT_FAILURES_MAX = 200
+REJECTED_MAX = 20
+CHUNK = 1 << 18
+
+# Ordered so that every host names a root cause first: a host's own setup (its address, its ports),
+# a host that never ran, then links, then what follows from lost reports.
+RANK = {"local": 0, "down": 1, "connect": 2, "bandwidth": 3, "silent": 4, "undelivered": 5}
+
+_CAUSES = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ETIMEDOUT: "timed out",
+    errno.EHOSTUNREACH: "no route to host",
+    errno.ENETUNREACH: "network unreachable",
+    errno.EHOSTDOWN: "host down",
+    errno.ECONNRESET: "connection reset",
+    errno.EADDRINUSE: "address already in use",
+    errno.EADDRNOTAVAIL: "address not available on this host",
+    errno.EACCES: "permission denied",
+}
+
+
+class BadRequest(ValueError):
+    """The request breaks a rule; the message names the field and the rule."""
+
+
+@dataclass(frozen=True)
+class Port:
+    port: int
+    label: str
+
+
+@dataclass(frozen=True)
+class Peer:
+    host: str
+    address: str
+    ports: tuple[Port, ...]
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    bytes: int
+    min_mbit_s: float
+    max_s: float
+
+
+@dataclass(frozen=True)
+class Request:
+    run: str
+    me: str
+    address: str
+    family: socket.AddressFamily
+    port: int
+    listen: tuple[Port, ...]
+    peers: tuple[Peer, ...]
+    bandwidth: Bandwidth | None
+    deadline_s: float
+
+
+_KINDS = {str: "a string", int: "an integer", list: "a list", (int, float): "a number"}
+
+
+def _get(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise BadRequest(f"{where}: missing {key!r}")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise BadRequest(f"{where}.{key}: {value!r} is not {_KINDS[kind]}")
+    return value
+
+
+def _name(obj: Any, key: str, where: str) -> str:
+    value: str = _get(obj, key, str, where)
+    if not value.strip():
+        raise BadRequest(f"{where}.{key}: must not be empty")
+    return value
+
+
+def _address(obj: Any, key: str, where: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    value = _get(obj, key, str, where)
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        raise BadRequest(f"{where}.{key}: {value!r} is not an IP address (names are not resolved)") from None
+
+
+def _port(obj: Any, key: str, where: str) -> int:
+    value: int = _get(obj, key, int, where)
+    if not 1 <= value <= 65535:
+        raise BadRequest(f"{where}.{key}: {value} is not a TCP port (1-65535)")
+    return value
+
+
+def _ports(value: Any, where: str, check_port: int) -> tuple[Port, ...]:
+    if not isinstance(value, list):
+        raise BadRequest(f"{where}: {value!r} is not a list")
+    ports = tuple(
+        Port(_port(p, "port", f"{where}[{i}]"), _name(p, "label", f"{where}[{i}]")) for i, p in enumerate(value)
+    )
+    numbers = [p.port for p in ports]
+    for number in numbers:
+        if numbers.count(number) > 1:
+            raise BadRequest(f"{where}: port {number} is listed twice")
+        if number == check_port:
+            raise BadRequest(f"{where}: port {number} is the comm check's own port")
+    return ports
+
+
+def parse(raw: Any) -> Request:
+    """The request, validated; raises BadRequest naming the first bad field."""
+    me = _name(raw, "me", "request")
+    own = _address(raw, "address", "request")
+    port = _port(raw, "port", "request")
+    peers: list[Peer] = []
+    peers_raw = _get(raw, "peers", list, "request")
+    seen_hosts, seen_addresses = {me}, {own}
+    for i, p in enumerate(peers_raw):
+        where = f"peers[{i}]"
+        host = _name(p, "host", where)
+        address = _address(p, "address", where)
+        if host in seen_hosts:
+            raise BadRequest(f"{where}.host: {host!r} is this host or listed twice")
+        if address in seen_addresses:
+            raise BadRequest(f"{where}.address: {address} is this host's or listed twice")
+        if address.version != own.version:
+            raise BadRequest(f"{where}.address: {address} is not IPv{own.version} like request.address")
+        seen_hosts.add(host)
+        seen_addresses.add(address)
+        peers.append(Peer(host, str(address), _ports(_get(p, "ports", list, where), f"{where}.ports", port)))
+    bandwidth = None
+    bw = raw.get("bandwidth")
+    if bw is not None:
+        size: int = _get(bw, "bytes", int, "bandwidth")
+        floor = float(_get(bw, "min_mbit_s", (int, float), "bandwidth"))
+        max_s = float(_get(bw, "max_s", (int, float), "bandwidth"))
+        if size <= 0 or floor < 0 or max_s <= 0:
+            raise BadRequest(f"bandwidth: bytes and max_s must be > 0 and min_mbit_s >= 0, got {bw!r}")
+        bandwidth = Bandwidth(size, floor, max_s)
+    deadline = float(_get(raw, "deadline_s", (int, float), "request"))
+    if deadline <= 0:
+        raise BadRequest(f"request.deadline_s: {deadline:g} must be > 0")
+    return Request(
+        run=_get(raw, "run", str, "request"),
+        me=me,
+        address=str(own),
+        family=socket.AF_INET6 if own.version == 6 else socket.AF_INET,
+        port=port,
+        listen=_ports(_get(raw, "listen", list, "request"), "request.listen", port),
+        peers=tuple(peers),
+        bandwidth=bandwidth,
+        deadline_s=deadline,
+    )
+
+
+def _cause(exc: BaseException) -> str:
+    """The operator's name for why a socket call failed."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.errno in _CAUSES:
+        return _CAUSES[exc.errno]
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _failure(kind: str, host: str, peer: str | None, port: int | None, message: str) -> dict[str, Any]:
+    return {"kind": kind, "host": host, "peer": peer, "port": port, "message": message}
+
+
+def _order(failure: dict[str, Any]) -> tuple[int, str, str, int, str]:
+    return (
+        RANK[failure["kind"]],
+        failure["host"],
+        failure["peer"] or "",
+        failure["port"] or 0,
+        failure["message"],
+    )
+
+
+def _valid_failure(item: Any) -> bool:
+    return (
+        isinstance(item, dict)
+        and item.get("kind") in RANK
+        and isinstance(item.get("host"), str)
+        and isinstance(item.get("message"), str)
+        and (item.get("peer") is None or isinstance(item.get("peer"), str))
+        and (item.get("port") is None or (isinstance(item.get("port"), int) and not isinstance(item["port"], bool)))
+    )
+
+
+def _recv_line(sock: socket.socket, limit: int) -> bytes:
+    """One line from a peer that sends nothing after it, or what came before EOF; bounded."""
+    data = b""
+    while b"\n" not in data:
+        chunk = sock.recv(min(4096, limit + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            raise ValueError("line too long")
+    return data.split(b"\n", 1)[0]
+
+
+def _line(obj: Any) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
+
+
+def _json_line(line: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+class Check:
+    """One host's part of the check: listeners, probes, bandwidth, and the exchange of results."""
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.start = time.monotonic()
+        self.deadline = self.start + req.deadline_s
+        # Probes stop early enough for every host's report to reach every other host in time.
+        self.cutoff = self.deadline - min(max(1.0, req.deadline_s / 5), req.deadline_s / 2)
+        self.peer_at = {p.address: p for p in req.peers}
+        self.hello = _line({"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me})
+        self.cond = threading.Condition()
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.delivered: dict[str, str | None] = {}  # peer -> None when acknowledged, else why not
+        self.check_cause: dict[str, str | None] = {}  # peer -> why its check port was not reached
+        self.listen: list[dict[str, Any]] = []
+        self.listening: dict[socket.socket, dict[str, Any]] = {}
+        self.rejected: list[str] = []
+        self.local: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+
+    def _left(self, until: float) -> float:
+        return until - time.monotonic()
+
+    # --- listening side -------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        req = self.req
+        for port in (Port(req.port, CHECK_LABEL), *req.listen):
+            entry: dict[str, Any] = {
+                "port": port.port,
+                "label": port.label,
+                "state": "listening",
+                "error": None,
+                "accepted_from": [],
+            }
+            self.listen.append(entry)
+            sock = socket.socket(req.family, socket.SOCK_STREAM)
+            # SO_REUSEADDR only passes sockets in TIME_WAIT; a live listener still makes bind fail.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((req.address, port.port))
+                sock.listen(socket.SOMAXCONN)
+                sock.setblocking(False)
+            except OSError as exc:
+                sock.close()
+                where = f"{req.me}: {_hostport(req.address, port.port)} ({port.label})"
+                if exc.errno == errno.EADDRINUSE and port.port != req.port:
+                    # Whoever holds it (the engine serving now) answers the peers in our stead.
+                    entry["state"] = "in use"
+                    probe, cause, _ = self._connect(req.address, port.port, time.monotonic() + ATTEMPT_S, once=True)
+                    if probe is not None:
+                        probe.close()
+                    else:
+                        entry["error"] = cause
+                        self.local.append(
+                            _failure(
+                                "local",
+                                req.me,
+                                None,
+                                port.port,
+                                f"{where}: port in use, but nothing accepts connections on it ({cause})",
+                            )
+                        )
+                else:
+                    entry["state"] = "failed"
+                    entry["error"] = _cause(exc)
+                    self.local.append(
+                        _failure("local", req.me, None, port.port, f"{where}: cannot listen: {_cause(exc)}")
+                    )
+                continue
+            self.listening[sock] = entry
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            for sock, entry in self.listening.items():
+                selector.register(sock, selectors.EVENT_READ, (sock, entry))
+            while not self.stop.is_set():
+                for key, _ in selector.select(0.05):
+                    listener, entry = key.data
+                    try:
+                        conn, source = listener.accept()
+                    except OSError:
+                        continue
+                    self._accept(conn, source[0], entry)
+
+    def _accept(self, conn: socket.socket, source: str, entry: dict[str, Any]) -> None:
+        peer = self.peer_at.get(str(ipaddress.ip_address(source.split("%", 1)[0])))
+        if peer is None:
+            conn.close()
+            with self.cond:
+                if source not in self.rejected and len(self.rejected) < REJECTED_MAX:
+                    self.rejected.append(source)
+            return
+        with self.cond:
+            if peer.host not in entry["accepted_from"]:
+                entry["accepted_from"].append(peer.host)
+        if entry["port"] == self.req.port:
+            threading.Thread(target=self._handle, args=(conn, peer), daemon=True).start()
+            return
+        with conn:
+            try:
+                conn.settimeout(HELLO_S)
+                conn.sendall(self.hello)
+            except OSError:
+                pass
+
+    def _handle(self, conn: socket.socket, peer: Peer) -> None:
+        """Serves one connection to the check port: a probe, a bandwidth stream or a report."""
+        try:
+            with conn, conn.makefile("rb") as stream:
+                conn.settimeout(max(0.1, self._left(self.deadline)))
+                conn.sendall(self.hello)
+                line = stream.readline(LINE_MAX)
+                if not line:
+                    return  # a probe: it connected, read the hello and left
+                msg = _json_line(line) if line.endswith(b"\n") else None
+                if msg is None or msg.get("run") != self.req.run or msg.get("from") != peer.host:
+                    return
+                if msg.get("op") == "bandwidth" and self.req.bandwidth is not None:
+                    received = self._receive(stream, self.req.bandwidth.bytes)
+                    conn.sendall(_line({"received": received}))
+                elif msg.get("op") == "report":
+                    # Acknowledged before it counts: once the last report counts this process may exit,
+                    # and the sender must not be left retrying a host that is gone.
+                    conn.sendall(b'{"ok": true}\n')
+                    self._store(peer, msg)
+        except (OSError, ValueError):
+            return
+
+    @staticmethod
+    def _receive(stream: io.BufferedReader, cap: int) -> int:
+        received = 0
+        while chunk := stream.read1(CHUNK):
+            received += len(chunk)
+            if received > cap:
+                raise ValueError("more bytes than the request allows")
+        return received
+
+    def _store(self, peer: Peer, msg: dict[str, Any]) -> None:
+        failures = msg.get("failures")
+        kept = [f for f in failures[:REPORT_FAILURES_MAX] if _valid_failure(f)] if isinstance(failures, list) else []
+        ok = msg.get("ok") is True and not kept
+        if not ok and not kept:
+            kept = [_failure("local", peer.host, None, None, f"{peer.host} reported a failure without details")]
+        with self.cond:
+            self.reports[peer.host] = {
+                "ok": ok,
+                "failures": kept,
+                "seconds": round(time.monotonic() - self.start, 3),
+            }
+            self.cond.notify_all()
+
+    # --- connecting side ------------------------------------------------------------------------
+
+    def _connect(
+        self, address: str, port: int, until: float, once: bool = False
+    ) -> tuple[socket.socket | None, str, int]:
+        """A connected socket from this host's address, retried until ``until``; else the last cause."""
+        attempts, cause = 0, "timed out"
+        while True:
+            left = self._left(until)
+            if left <= 0:
+                return None, cause, attempts
+            attempts += 1
+            sock = socket.socket(self.req.family, socket.SOCK_STREAM)
+            # Else its TIME_WAIT would keep a listener (of a later check, on this address) from binding.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                # The source address is the one peers know this host by, whatever the route.
+                sock.bind((self.req.address, 0))
+                sock.settimeout(min(ATTEMPT_S, left))
+                sock.connect((address, port))
+            except OSError as exc:
+                sock.close()
+                cause = _cause(exc)
+                if exc.errno == errno.EADDRNOTAVAIL or once:
+                    return None, cause, attempts
+                time.sleep(max(0.0, min(RETRY_S, self._left(until))))
+                continue
+            return sock, "", attempts
+
+    def _greet(self, sock: socket.socket, peer: Peer, check: bool) -> tuple[str | None, str | None]:
+        """Who answered: ("comm check" | "other", None), or (None, why that is a failure)."""
+        try:
+            sock.settimeout(max(0.05, min(HELLO_S if not check else ATTEMPT_S, self._left(self.deadline))))
+            hello = _json_line(_recv_line(sock, HELLO_MAX))
+        except (OSError, ValueError):
+            hello = None
+        if hello is None or hello.get("kimi_commcheck") != PROTOCOL or hello.get("run") != self.req.run:
+            if check:
+                return None, "answered, but not by this run's comm check (another process holds the port?)"
+            return "other", None
+        if hello.get("host") != peer.host:
+            return None, f"answered by {hello.get('host')}'s comm check, not {peer.host}'s (address mix-up?)"
+        return CHECK_LABEL, None
+
+    def _probe(self, peer: Peer, port: Port, check: bool = False) -> dict[str, Any]:
+        started = time.monotonic()
+        sock, cause, attempts = self._connect(peer.address, port.port, self.cutoff)
+        reached = None
+        if sock is not None:
+            with sock:
+                reached, why = self._greet(sock, peer, check)
+            cause = why or ""
+        return {
+            "kind": "connect",
+            "from": self.req.me,
+            "to": peer.host,
+            "address": peer.address,
+            "port": port.port,
+            "label": port.label,
+            "ok": not cause,
+            "cause": cause or None,
+            "seconds": round(time.monotonic() - started, 3),
+            "attempts": attempts,
+            "reached": reached,
+        }
+
+    def _unmeasured(self, peer: Peer, bw: Bandwidth, cause: str | None) -> dict[str, Any]:
+        return {
+            "kind": "bandwidth",
+            "from": self.req.me,
+            "to": peer.host,
+            "address": peer.address,
+            "port": self.req.port,
+            "label": "bandwidth",
+            "ok": False,
+            "cause": cause,
+            "seconds": 0.0,
+            "bytes": 0,
+            "mbit_s": None,
+            "min_mbit_s": bw.min_mbit_s,
+        }
+
+    def _bandwidth(self, peer: Peer, bw: Bandwidth) -> dict[str, Any]:
+        result = self._unmeasured(peer, bw, None)
+        sock, cause, _ = self._connect(peer.address, self.req.port, self.cutoff)
+        if sock is None:
+            result["cause"] = cause
+            return result
+        with sock:
+            _, why = self._greet(sock, peer, check=True)
+            if why:
+                result["cause"] = why
+                return result
+            block = memoryview(bytes(CHUNK))
+            try:
+                sock.sendall(_line({"op": "bandwidth", "run": self.req.run, "from": self.req.me}))
+                started = time.monotonic()
+                stop_at = min(started + bw.max_s, self.cutoff)
+                sent = 0
+                while sent < bw.bytes and self._left(stop_at) > 0:
+                    sock.settimeout(max(0.001, self._left(stop_at)))
+                    try:
+                        sent += sock.send(block[: min(CHUNK, bw.bytes - sent)])
+                    except TimeoutError:
+                        break
+                sock.shutdown(socket.SHUT_WR)
+                # Counted from the receiver's acknowledgement, not from what the socket buffer took.
+                sock.settimeout(max(0.1, self._left(self.deadline) / 2))
+                ack = _json_line(_recv_line(sock, HELLO_MAX))
+            except (OSError, ValueError) as exc:
+                result["cause"] = f"bandwidth test failed: {_cause(exc)}"
+                return result
+        seconds = max(time.monotonic() - started, 1e-6)
+        received = ack.get("received") if ack else None
+        if not isinstance(received, int) or isinstance(received, bool):
+            result["cause"] = f"bandwidth test failed: no acknowledgement from {peer.host}"
+            return result
+        rate = received * 8 / seconds / 1e6
+        result.update(seconds=round(seconds, 3), bytes=received, mbit_s=round(rate, 1), ok=rate >= bw.min_mbit_s)
+        if not result["ok"]:
+            result["cause"] = f"{rate:.1f} Mbit/s, needs >= {_num(bw.min_mbit_s)} Mbit/s"
+        return result
+
+    def _peer_check(self, peer: Peer) -> list[dict[str, Any]]:
+        """The check port of ``peer``, then the bandwidth to it over that port."""
+        pair = self._probe(peer, Port(self.req.port, CHECK_LABEL), check=True)
+        self.check_cause[peer.host] = pair["cause"]
+        pairs = [pair]
+        if self.req.bandwidth is not None:
+            if pair["ok"]:
+                pairs.append(self._bandwidth(peer, self.req.bandwidth))
+            else:
+                pairs.append(
+                    self._unmeasured(peer, self.req.bandwidth, "not measured: the comm check port was not reached")
+                )
+        return pairs
+
+    def _deliver(self, peer: Peer, report: bytes) -> None:
+        cause = "timed out"
+        while self._left(self.deadline) > 0:
+            sock, cause, _ = self._connect(peer.address, self.req.port, self.deadline)
+            if sock is None:
+                break
+            with sock:
+                _, why = self._greet(sock, peer, check=True)
+                if why:
+                    cause = why
+                    break
+                try:
+                    sock.sendall(report)
+                    sock.settimeout(max(0.05, self._left(self.deadline)))
+                    ack = _json_line(_recv_line(sock, HELLO_MAX))
+                except (OSError, ValueError) as exc:
+                    ack, cause = None, _cause(exc)
+            if ack and ack.get("ok") is True:
+                with self.cond:
+                    self.delivered[peer.host] = None
+                    self.cond.notify_all()
+                return
+            time.sleep(max(0.0, min(RETRY_S, self._left(self.deadline))))
+        with self.cond:
+            self.delivered[peer.host] = cause
+            self.cond.notify_all()
+
+    # --- the whole check ------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        req = self.req
+        self._open()
+        server = threading.Thread(target=self._serve, daemon=True)
+        server.start()
+        try:
+            pairs = self._probe_all()
+            own = [
+                _failure(p["kind"], req.me, p["to"], p["port"] if p["kind"] == "connect" else None, self._say(p))
+                for p in pairs
+                if not p["ok"]
+            ]
+            mine = sorted(self.local + own, key=_order)
+            report = {"op": "report", "run": req.run, "from": req.me, "ok": not mine}
+            report["failures"] = mine[:REPORT_FAILURES_MAX]
+            for peer in req.peers:
+                threading.Thread(target=self._deliver, args=(peer, _line(report)), daemon=True).start()
+            with self.cond:
+                self.cond.wait_for(
+                    lambda: len(self.reports) == len(req.peers) and len(self.delivered) == len(req.peers),
+                    timeout=max(0.0, self._left(self.deadline)),
+                )
+                reports = dict(self.reports)
+                delivered = dict(self.delivered)
+        finally:
+            self.stop.set()
+            server.join()
+            for sock in self.listening:
+                sock.close()
+        for entry in self.listen:
+            entry["accepted_from"].sort()
+        failures = list(mine)
+        for peer in req.peers:
+            got = reports.get(peer.host)
+            if got is not None:
+                failures += got["failures"]
+            elif self.check_cause.get(peer.host):
+                failures.append(
+                    _failure(
+                        "down",
+                        peer.host,
+                        None,
+                        None,
+                        f"{peer.host} did not report within {_num(req.deadline_s)} s "
+                        f"(host down? its comm check port {req.port}: {self.check_cause[peer.host]})",
+                    )
+                )
+            else:
+                failures.append(
+                    _failure(
+                        "silent",
+                        peer.host,
+                        req.me,
+                        None,
+                        f"{peer.host} did not report within {_num(req.deadline_s)} s "
+                        f"(it is up; can it reach {req.me}:{req.port}?)",
+                    )
+                )
+            if delivered.get(peer.host, "timed out") is not None:
+                failures.append(
+                    _failure(
+                        "undelivered",
+                        req.me,
+                        peer.host,
+                        None,
+                        f"{req.me} could not deliver its result to {peer.host} within {_num(req.deadline_s)} s "
+                        f"({delivered.get(peer.host, 'timed out')})",
+                    )
+                )
+        unique = {f["message"]: f for f in failures}
+        failures = sorted(unique.values(), key=_order)
+        return {
+            "host": req.me,
+            "address": req.address,
+            "ok": not failures,
+            "seconds": round(time.monotonic() - self.start, 3),
+            "listen": self.listen,
+            "rejected": self.rejected,
+            "pairs": pairs,
+            "reports": {
+                p.host: {
+                    "received": p.host in reports,
+                    "ok": reports[p.host]["ok"] if p.host in reports else None,
+                    "seconds": reports[p.host]["seconds"] if p.host in reports else None,
+                    "delivered": delivered.get(p.host, "timed out") is None,
+                }
+                for p in req.peers
+            },
+            "failures": failures,
+        }
+
+    def _probe_all(self) -> list[dict[str, Any]]:
+        """Every pair from this host, all at once: the run takes the slowest probe, not the sum."""
+        jobs: list[tuple[Peer, Port | None]] = []
+        for peer in self.req.peers:
+            jobs += [(peer, port) for port in peer.ports]
+            jobs.append((peer, None))
+        results: list[list[dict[str, Any]]] = [[] for _ in jobs]
+
+        def work(i: int, peer: Peer, port: Port | None) -> None:
+            results[i] = [self._probe(peer, port)] if port is not None else self._peer_check(peer)
+
+        threads = [threading.Thread(target=work, args=(i, *job), daemon=True) for i, job in enumerate(jobs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return [pair for result in results for pair in result]
+
+    @staticmethod
+    def _say(pair: dict[str, Any]) -> str:
+        if pair["kind"] == "bandwidth":
+            return f"{pair['from']} -> {pair['to']}: {pair['cause']}"
+        return f"{pair['from']} -> {pair['to']}:{pair['port']} ({pair['label']}): {pair['cause']}"
+
+
+def main() -> None:
+    try:
+        req = parse(json.loads(zlib.decompress(base64.b64decode(sys.argv[1], validate=True))))
+    except (IndexError, ValueError, zlib.error) as exc:
+        reason = str(exc) if isinstance(exc, BadRequest) else f"cannot decode the request: {exc}"
+        print(json.dumps({"ok": False, "error": f"bad request: {reason}"}))
+        print(f"kimi-deploy: comm check: bad request: {reason}", file=sys.stderr)
+        sys.exit(2)
+    result = Check(req).run()
+    print(json.dumps(result, sort_keys=True))
+    if not result["ok"]:
+        print(f"kimi-deploy: comm check: {result['failures'][0]['message']}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
