@@ -209,9 +209,10 @@ def _print_status(settings: Settings, state: ClusterState, healthy: bool) -> Non
     for h in state.hosts:
         print(f"{h.name:<10} {h.address:<15} {h.pid or '-':>8}  {h.hardware:<10} {h.state}")
     known = {s.name: s for s in services.SERVICES}
+    width = max([32, *(len(record.url) for record in state.services.values())])
     for name, record in state.services.items():
         alive = name in known and services.is_running(settings, known[name], record.pid)
-        print(f"service {name:<8} {record.url:<32} pid {record.pid:<8} {'running' if alive else 'stopped'}")
+        print(f"service {name:<8} {record.url:<{width}} pid {record.pid:<8} {'running' if alive else 'stopped'}")
     if state.hosts:
         first = state.hosts[0].address
         print(f"ssh: ssh -i {state.ssh_key} -o UserKnownHostsFile={state.known_hosts} root@{first}")
@@ -231,7 +232,9 @@ def build_parser(prog: str = "python -m localcluster") -> argparse.ArgumentParse
         metavar="SPEC",
         help=f"hardware per host (b300x8, h200x8, tpu7x4, ...; comma or space separated; default {DEFAULT_HARDWARE})",
     )
-    start.add_argument("--no-services", action="store_true", help="hosts only: no fake Hub, no package index")
+    start.add_argument(
+        "--no-services", action="store_true", help="hosts only: no fake Hub, no package index, no apt repository"
+    )
     show = sub.add_parser("status", help="show the recorded cluster; exit 0 only when all of it runs")
     show.add_argument("--json", action="store_true", help="print state.json with each host's state as now")
     sub.add_parser("down", help="stop and remove the cluster (keeps the cached base image)")

@@ -10,7 +10,9 @@ Values come from real machines: names, memory (MiB), power limits, bus ids, PCI 
 ``topo -m`` layouts as published ``nvidia-smi`` outputs show them (H200: ../shared/fixtures/nvidia).
 GPU UUIDs and serials are fixed per host root, so a host keeps them across restarts. A driver-install
 stand-in may rewrite ``driver_version`` in the JSON (default 580.95.05), or set ``driver_loaded:
-false`` (no kernel module) or an ``nvml_version`` other than the driver's (a reboot is pending).
+false`` (no kernel module) or an ``nvml_version`` other than the driver's (a reboot is pending):
+the stand-in driver packages of ``nvidia_debs`` do, from inside the host, and set both again at
+every boot, so a host made anew from this description still reports the driver it has installed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""One test host: its overlay root, identity, cgroups, the systemd-nspawn that boots it, and SSH to it.
+"""One test host: its overlay root, identity, cgroups, the systemd-nspawn that boots it (again after
+every reboot, see ``localcluster.bootloop``), and SSH to it.
 
 A host's files live in ``<state>/hosts/<name>/{upper,work,merged}``: ``merged`` is an overlayfs of
 the shared base image and the host's own ``upper``, and is the host's ``/``.
@@ -14,16 +15,19 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from localcluster import hook, launch_detached, log, network, process_argv, run
+from localcluster import bootloop, hook, launch_detached, log, network, process_argv, run
 from localcluster.hardware_spec import MODELS_DIR, parse_spec
 from localcluster.image import write_into
 from localcluster.state import ClusterError, HostRecord, Settings, write_atomic
 
 NSPAWN = "systemd-nspawn"
+# `python -m localcluster.bootloop` finds the package from here even when it is not installed.
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]
 HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 STOP_TIMEOUT_S = 15.0
 # Launched hosts stay referenced so that Python never warns about, or reaps, a running child.
@@ -116,16 +120,16 @@ def _cgroup_pids(settings: Settings, name: str) -> set[int]:
 
 
 def end_leftovers(settings: Settings, host: HostRecord) -> None:
-    """End what is left in a host's own cgroups once its systemd-nspawn is gone.
+    """End what is left in a host's own cgroups once its boot loop is gone.
 
-    Killing nspawn (SIGKILL, or a crash) leaves its container's systemd running, reparented and
-    untracked; the cgroups made for this host hold exactly its processes, so they are ended by
-    that membership and nothing else. A no-op after a clean stop.
+    Killing the loop or nspawn (SIGKILL, or a crash) leaves nspawn or its container's systemd
+    running, reparented and untracked; the cgroups made for this host hold exactly its processes,
+    so they are ended by that membership and nothing else. A no-op after a clean stop.
     """
     pids = _cgroup_pids(settings, host.name)
     if not pids:
         return
-    log.warning("%s: systemd-nspawn is gone, ending the %d processes left in its cgroups", host.name, len(pids))
+    log.warning("%s: its boot loop is gone, ending the %d processes left in its cgroups", host.name, len(pids))
     deadline = time.monotonic() + 5.0
     while pids:
         for pid in pids:
@@ -261,28 +265,41 @@ def nspawn_argv(settings: Settings, host: HostRecord) -> list[str]:
 
 
 def is_running(host: HostRecord) -> bool:
-    """The recorded PID is alive and is still the systemd-nspawn that boots this host's root."""
+    """The recorded PID is alive and is still the boot loop (or systemd-nspawn) of this host's root.
+
+    Hosts launched before the boot loop existed recorded their systemd-nspawn itself; they count too.
+    """
     if host.pid is None:
         return False
     argv = process_argv(host.pid)
     if not argv:
         return False
-    return Path(argv[0]).name == NSPAWN and f"--directory={host.root}" in argv
+    launcher = argv[1:3] == ["-m", bootloop.MODULE] or Path(argv[0]).name == NSPAWN
+    return launcher and f"--directory={host.root}" in argv
+
+
+def launch_argv(settings: Settings, host: HostRecord, cgroups: Sequence[Path]) -> list[str]:
+    """The host's boot loop around its systemd-nspawn (see ``localcluster.bootloop``)."""
+    groups = [arg for group in cgroups for arg in ("--cgroup", str(group))]
+    return [sys.executable, "-m", bootloop.MODULE, *groups, "--", *nspawn_argv(settings, host)]
 
 
 def launch(settings: Settings, host: HostRecord) -> int:
-    """Start the host's systemd-nspawn in its own session and cgroups; return its PID.
+    """Start the host's boot loop in its own session and cgroups; return its PID (the host's PID).
 
-    The child joins the cgroups before exec, so nspawn makes its payload cgroup under the host's
-    own one from the start (moving it afterwards would race with nspawn).
+    The loop joins ``<host cgroup>/bootloop`` before exec and starts nspawn in the host's cgroup, so
+    nspawn makes its payload cgroup under the host's own one from the start (moving it afterwards
+    would race with nspawn), and again at every reboot.
     """
     procs_fds = []
+    groups = []
     try:
         for root in cgroup_roots():
             group = root / settings.cgroup(host.name)
             _remove_cgroup(group)
-            group.mkdir(parents=True)
-            procs_fds.append(os.open(group / "cgroup.procs", os.O_WRONLY))
+            (group / bootloop.LOOP_CGROUP).mkdir(parents=True)
+            groups.append(group)
+            procs_fds.append(os.open(group / bootloop.LOOP_CGROUP / "cgroup.procs", os.O_WRONLY))
 
         def join_cgroups() -> None:
             # Runs in the child between fork and exec. Only os.write on descriptors opened above:
@@ -291,8 +308,8 @@ def launch(settings: Settings, host: HostRecord) -> int:
                 os.write(fd, b"0")
 
         proc = launch_detached(
-            nspawn_argv(settings, host), log_file(settings, host.name), f"launching {host.name}",
-            preexec_fn=join_cgroups,
+            launch_argv(settings, host, groups), log_file(settings, host.name), f"launching {host.name}",
+            cwd=PACKAGE_PARENT, preexec_fn=join_cgroups,
         )  # fmt: skip
     finally:
         for fd in procs_fds:
@@ -345,7 +362,7 @@ def wait_ready(settings: Settings, host: HostRecord, timeout: float) -> list[str
     while True:
         if not is_running(host):
             raise ClusterError(
-                f"{host.name}: systemd-nspawn (pid {host.pid}) ended during boot; see {log_file(settings, host.name)}",
+                f"{host.name}: systemd-nspawn ended during boot (pid {host.pid}); see {log_file(settings, host.name)}",
                 log_tail(log_file(settings, host.name)),
             )
         remaining = deadline - time.monotonic()
@@ -396,10 +413,11 @@ def _wait_gone(hosts: list[tuple[HostRecord, int]], seconds: float) -> list[tupl
 
 
 def stop(settings: Settings, hosts: Iterable[HostRecord], timeout: float = STOP_TIMEOUT_S) -> None:
-    """Power the hosts off (SIGTERM to their recorded nspawn: a clean shutdown) and wait for it.
+    """Power the hosts off (SIGTERM to their recorded boot loop, which hands it to nspawn: a clean
+    shutdown, and no boot after it) and wait for it.
 
-    Only a PID that is still this host's systemd-nspawn is signalled; one left after ``timeout``
-    is killed, and so is what a killed nspawn leaves in the host's cgroups.
+    Only a PID that is still this host's boot loop (or nspawn) is signalled; one left after
+    ``timeout`` is killed, and so is what a killed loop or nspawn leaves in the host's cgroups.
     """
     hosts = list(hosts)
     running = [(h, h.pid) for h in hosts if h.pid is not None and is_running(h)]

@@ -52,10 +52,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, TextIO, cast
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+from localcluster.background_server import BackgroundServer
 
 DEFAULT_PAGE_SIZE = 50
 FAULTS_FILE = "faults.json"
@@ -743,11 +745,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(method, items, headers)
 
 
-class HubServer(ThreadingHTTPServer):
+class HubServer(BackgroundServer):
     """The fake Hub bound to an address; ``start()`` serves it from a daemon thread, ``stop()`` ends it and
     drops open connections. ``url`` is the endpoint to give huggingface_hub (``HF_ENDPOINT``/``endpoint=``)."""
 
-    daemon_threads = True
+    poll_interval = 0.1  # stop() returns within 0.1 s, as the hub always has (the base allows 0.2)
 
     def __init__(
         self,
@@ -769,7 +771,6 @@ class HubServer(ThreadingHTTPServer):
         self._faults_lock = threading.Lock()
         self._log_stream = log_stream
         self._log_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
 
@@ -818,29 +819,15 @@ class HubServer(ThreadingHTTPServer):
             self._open.discard(request)
         super().shutdown_request(request)
 
-    def start(self) -> HubServer:
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-        self._thread.start()
-        return self
-
     def stop(self) -> None:
         """Stop serving and close every connection (idempotent)."""
-        if self._thread is not None:
-            self.shutdown()
-            self._thread.join()
-            self._thread = None
-        self.server_close()
+        super().stop()
+        # Clients pool keep-alive connections: without this a stopped hub would still answer on them.
         with self._open_lock:
             for conn in self._open:
                 with contextlib.suppress(OSError):  # already closed by the client
                     conn.shutdown(socket.SHUT_RDWR)
             self._open.clear()
-
-    def __enter__(self) -> HubServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def serve(

@@ -26,6 +26,11 @@ CONTROLLER_TOOLS = {
     "mmdebstrap": "mmdebstrap",
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
+    # The NVIDIA apt repository: packages built and signed here.
+    "dpkg-deb": "dpkg",
+    "gpg": "gpg",
+    "gpg-agent": "gpg-agent",
+    "gpgconf": "gpgconf",
 }
 SUITE = "bookworm"
 # Hosts have no internet: whatever the deploy needs on a bare host is baked in here.

@@ -14,23 +14,25 @@ from listings and downloads; ``{"corrupt": ["vllm==0.34.1"]}`` serves other byte
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import html
 import json
 import re
-import signal
-import sys
 import threading
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from localcluster.background_server import (
+    BackgroundHandler,
+    BackgroundServer,
+    parse_command_line,
+    run_until_signalled,
+)
 
 FAULTS_FILE = "faults.json"
 _WHEEL_NAME = re.compile(r"(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl")
@@ -160,44 +162,22 @@ def _page(title: str, links: list[str]) -> bytes:
     ).encode()
 
 
-class IndexServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # socketserver's default backlog of 5 resets connections when a whole cluster calls at once.
-    request_queue_size = 128
+class IndexServer(BackgroundServer):
+    """The index over ``root`` bound to ``bind:port``; ``start()``/``stop()`` as ``BackgroundServer``."""
 
     def __init__(self, root: Path, bind: str, port: int) -> None:
         self.index = Index(root)
         self.stats = Stats()
-        self.verbose = False
         super().__init__((bind, port), _Handler)
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         """The index URL to give pip (``--index-url``)."""
-        host, port = self.server_address[:2]
-        return f"http://{host!s}:{port}/simple"
-
-    def start(self) -> IndexServer:
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        return f"{super().url}/simple"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BackgroundHandler):
     server: IndexServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if self.server.verbose:
-            sys.stderr.write(f"{self.client_address[0]} - {format % args}\n")
 
     def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8", **headers: str) -> None:
         self.send_response(status)
@@ -283,27 +263,13 @@ def serve(root: Path, bind: str = "127.0.0.1", port: int = 0) -> IndexServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m localcluster.pkgindex", description=__doc__.split("\n")[0])
-    parser.add_argument("--bind", default="127.0.0.1", help="address to listen on (loopback or the cluster bridge)")
-    parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--root", type=Path, required=True, help="directory holding files/*.whl")
-    parser.add_argument("--verbose", action="store_true", help="log every request on stderr")
-    args = parser.parse_args(argv)
+    args = parse_command_line(
+        "localcluster.pkgindex", __doc__.split("\n")[0], 8766, "directory holding files/*.whl", argv
+    )
     (args.root / "files").mkdir(parents=True, exist_ok=True)
     server = IndexServer(args.root, args.bind, args.port)
     server.verbose = args.verbose
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.start()
-    print(f"serving {args.root / 'files'} on {server.url}/", flush=True)
-    while not stop.wait(0.5):
-        pass
-    server.stop()
+    run_until_signalled(server, str(args.root / "files"))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Daemons the cluster serves its hosts from the bridge's gateway address (fake Hub, package index).
+"""Daemons the cluster serves its hosts from the bridge's gateway address (fake Hub, package index,
+NVIDIA apt repository).
 
 Each is ``python -m MODULE --bind GATEWAY --port PORT --root <state>/NAME``, run detached in its
 own session with output in ``<state>/logs/NAME.log``. A new service is one more ``Service`` entry.
@@ -35,11 +36,21 @@ class Service:
     path: str = ""
     # "module:function" called with the service's root directory before it starts (builds content).
     prepare: str | None = None
+    # Also hand ``prepare`` the service's URL, for content that names where it is served from.
+    prepare_with_url: bool = False
 
 
 SERVICES = (
     Service("hub", "localcluster.hub", 8765, prepare="localcluster.tiny_model:build"),
     Service("index", "localcluster.pkgindex", 8766, path="/simple", prepare="localcluster.index_content:build"),
+    Service(
+        "apt",
+        "localcluster.static_files",
+        8767,
+        path="/compute/cuda/repos",
+        prepare="localcluster.apt_repo:build",
+        prepare_with_url=True,
+    ),
 )
 
 # Started services stay referenced so that Python never warns about, or reaps, a running child.
@@ -100,7 +111,8 @@ def _start(settings: Settings, service: Service) -> int:
         build = hook(module, function)
         if build is not None:
             started = time.monotonic()
-            build(root_dir(settings, service))
+            args = (url(settings, service),) if service.prepare_with_url else ()
+            build(root_dir(settings, service), *args)
             log.info("service %s: %s took %.1f s", service.name, service.prepare, time.monotonic() - started)
     root_dir(settings, service).mkdir(parents=True, exist_ok=True)
     path = log_file(settings, service)

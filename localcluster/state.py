@@ -7,7 +7,11 @@ rename), so a reader never sees half of it. Its shape (version 1)::
      "ssh_key": ".../id_ed25519", "known_hosts": ".../known_hosts",
      "hosts": [{"name": "kimi-h1", "address": "10.213.7.11", "pid": 1234,
                 "root": ".../hosts/kimi-h1/merged", "hardware": "b300x8", "state": "running"}],
-     "services": {"hub": {"url": "http://10.213.7.1:8765", "pid": 2345}}}
+     "services": {"hub": {"url": "http://10.213.7.1:8765", "pid": 2345},
+                  "index": {"url": "http://10.213.7.1:8766/simple", "pid": 2346},
+                  "apt": {"url": "http://10.213.7.1:8767/compute/cuda/repos", "pid": 2347}}}
+
+A host's ``pid`` is its boot loop (``localcluster.bootloop``), which outlives the host's reboots.
 """
 
 from __future__ import annotations
