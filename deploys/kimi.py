@@ -4,26 +4,51 @@ The plan is computed for the whole inventory before any change, exactly as
 ``kimi-deploy plan RECIPE INVENTORY`` shows it; a bad recipe or inventory stops the run with
 one line naming the file, the field and the rule. Then, per host, each step a gate:
 engine (and tool) releases, weights at the pinned revision verified against the lock, rendered
-units, start or restart of what changed, and the smoke test of what was (re)started. One probe
-round-trip reads everything these steps decide on.
+units, start or restart of what changed, and the smoke test of what was (re)started; then the
+weights revisions that are neither served nor the rollback copy are removed. One probe round-trip
+per host, all hosts probed at once, reads everything these steps decide on. Weights are fetched
+from the Hub once and fanned out between hosts when the recipe says ``weights.fan_out``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.context import host, inventory
+from pyinfra.api.host import Host
+from pyinfra.context import host, inventory, state
 
-from facts.host_state import KimiHostState
-from kimi_deploy.converge import converge_request, plan_converge, port_conflicts, preflight_needs
-from kimi_deploy.deploy_plan import plan_for
+from facts.inventory_probe import active_hosts, probe_all, probe_of
+from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
+from kimi_deploy.render import RenderedFile
+from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
+from kimi_deploy.weights_gc import collectable
 from operations import engine, preflight, releases, serving, units, users, weights
 
+
+def probe_request(h: Host) -> dict[str, Any]:
+    """What ``h``'s probe reads: its converge's state, and its hardware."""
+    plan, work = todo_for(inventory, h)
+    return {"request": converge_request(work), "hardware": {"weights_dir": plan.recipe.paths.models}}
+
+
+def weights_host(h: Host, probed: Any) -> WeightsHost:
+    plan, work = todo_for(inventory, h)
+    target = work.weights
+    if target is None or isinstance(probed, BaseException):
+        return WeightsHost(h.name, plan.host.address, None, None, None)
+    wants = (target.repo, target.revision, target.path)
+    return WeightsHost(h.name, plan.host.address, wants, target.fan_out_port, probed["weights"], target.full_verify)
+
+
 try:
-    deploy = plan_for(inventory, host)
-    todo = plan_converge(deploy)
+    deploy, todo = todo_for(inventory, host)
+    # The first host's deploy probes every host of the run at once; the others read their result.
+    found = probe_of(state, host, probe_request)
 except ConfigError as exc:
     raise PyinfraError(str(exc)) from None
 
@@ -33,17 +58,14 @@ logger.info(
     f"{spec.node_rank}/{spec.nodes}, units {', '.join(u.name for u in spec.units)}"
 )
 
-# One round-trip: the host's hardware and everything the steps below decide on.
-hardware_request = {"weights_dir": deploy.recipe.paths.models}
-state = host.get_fact(KimiHostState, request=converge_request(todo), hardware=hardware_request)
-conflicts = port_conflicts(todo, state["listeners"])
+conflicts = port_conflicts(todo, found["listeners"])
 if conflicts:
     # Before any change on any host: starting would fail, and the running release must stay.
     raise PyinfraError(f"{host.name}: {conflicts[0]}")
 
-preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo, deploy, state), state["hardware"]))
+preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo, deploy, found), found["hardware"]))
 
-users.system_user(name="Engine user", user=todo.user, exists=state["user"])
+users.system_user(name="Engine user", user=todo.user, exists=found["user"])
 
 for release in todo.venvs:
     engine.venv(
@@ -53,27 +75,56 @@ for release in todo.venvs:
         version=release.version,
         requirements=release.requirements,
         index_url=todo.index_url,
-        current=state["venvs"].get(release.path),
+        current=found["venvs"].get(release.path),
     )
 
 if todo.weights is not None and todo.weights.token is not None:
-    units.rendered(name="Hub token", files=[todo.weights.token], group=todo.user, current=state["files"])
+    units.rendered(name="Hub token", files=[todo.weights.token], group=todo.user, current=found["files"])
 
-if todo.weights is not None:
-    weights.revision(
-        name="Weights at the pinned revision",
-        repo=todo.weights.repo,
-        revision=todo.weights.revision,
-        path=todo.weights.path,
-        lock=todo.weights.lock,
-        python=todo.weights.python,
-        endpoint=todo.weights.endpoint,
-        token_file=todo.weights.token.path if todo.weights.token else None,
-        current=state["weights"],
-        full_verify=todo.weights.full_verify,
+# Download once, fan out: who fetches from the Hub, who from peers, and who serves them.
+probed = probe_all(state, probe_request)
+fan_out = plan_fan_out([weights_host(h, probed[h.name]) for h in active_hosts(state) if h.name in probed])[host.name]
+target = todo.weights
+sync: dict[str, Any] = {}
+if target is not None:
+    sync = {
+        "repo": target.repo,
+        "revision": target.revision,
+        "path": target.path,
+        "lock": target.lock,
+        "python": target.python,
+        "endpoint": target.endpoint,
+        "token_file": target.token.path if target.token else None,
+        "current": found["weights"],
+        "progress_log": target.progress_log,
+    }
+if target is not None and fan_out.sync != "peers":
+    weights.revision(name="Weights at the pinned revision", full_verify=target.full_verify, **sync)
+if target is not None and (fan_out.serves or fan_out.sync == "peers"):
+    key = RenderedFile(target.peer_key_file, transfer_key() + "\n", 0o440, "root", secret=True)
+    units.rendered(name="Weights transfer key", files=[key], group=todo.user, current=found["files"])
+if target is not None and target.fan_out_port is not None and fan_out.serves:
+    weights.peer_server(
+        name="Weights served to peers",
+        path=target.path,
+        lock=target.lock,
+        bind=deploy.host.address,
+        port=target.fan_out_port,
+        allow=list(fan_out.serves),
+        key_file=target.peer_key_file,
+        user=todo.user,
     )
+if target is not None and target.fan_out_port is not None and fan_out.sync == "peers":
+    weights.revision(
+        name="Weights from peers",
+        peers=[{"host": p.host, "url": f"http://{p.address}:{target.fan_out_port}"} for p in fan_out.peers],
+        peer_key_file=target.peer_key_file,
+        **sync,
+    )
+if target is not None and fan_out.serves:
+    weights.peer_server_stopped(name="Weights no longer served to peers")
 
-units.rendered(name="Rendered units and configs", files=todo.files, group=todo.user, current=state["files"])
+units.rendered(name="Rendered units and configs", files=todo.files, group=todo.user, current=found["files"])
 
 releases.current(
     name="Current release",
@@ -81,11 +132,14 @@ releases.current(
     release_dir=todo.release.dir,
     record=todo.release.record,
     links=todo.release.links,
-    found=state["current"],
+    found=found["current"],
 )
 
+for timer in todo.timers:
+    units.timer(name="Timers", unit=timer, current=found["timers"].get(timer))
+
 for unit in todo.units:
-    current = state["units"].get(unit.name)
+    current = found["units"].get(unit.name)
     units.running(name="Services", unit=unit.name, release=unit.release, current=current)
     if unit.smoke is not None:
         serving.verified(
@@ -95,3 +149,14 @@ for unit in todo.units:
             request=unit.smoke.request,
             restarted=units.needs_start(unit.release, current),
         )
+
+# Only now that the planned revision is verified and serving: all but it and the rollback copy go.
+if target is not None and found.get("revisions") is not None:
+    revisions = found["revisions"]
+    drop = collectable(revisions["present"], revisions["history"], target.revision)
+    weights.collected(
+        name="Old revisions collected",
+        parent=target.path.rsplit("/", 1)[0],
+        keep=[r for r in revisions["present"] if r not in drop] or [target.revision],
+        remove=drop,
+    )

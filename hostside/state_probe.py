@@ -2,9 +2,11 @@
 
 Input: one argument, base64 of zlib-compressed JSON:
   {"user": str, "venvs": [dir], "weights": {"dir": str, "lock": {path: [size, digest]}} | null,
-   "files": [path], "units": [name], "ports": [port]}
+   "files": [path], "units": [name], "timers": [name], "ports": [port],
+   "models": the folder of a model's revisions | null}
 Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
-         "files": {path: sha256|null}, "units": {name: {...}},
+         "files": {path: sha256|null}, "units": {name: {...}}, "timers": {name: {...}},
+         "revisions": {"present": [revision], "history": [revision]} | null,
          "listeners": {port: {"pid", "comm", "unit"}}}
 """
 
@@ -81,14 +83,16 @@ def _weights(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _show(unit: str, props: str) -> dict[str, str]:
+    """``systemctl show`` of the properties named in ``props`` (comma-separated)."""
+    show = subprocess.run(["systemctl", "show", unit, "-p", props], capture_output=True, text=True, check=False)
+    return dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
+
+
 def _units(names: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
-        show = subprocess.run(
-            ["systemctl", "show", f"{name}.service", "-p", "ActiveState,SubState,MainPID,UnitFileState"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        props = dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
+        props = _show(f"{name}.service", "ActiveState,SubState,MainPID,UnitFileState")
         try:
             with open(f"/var/lib/kimi/applied/{name}", encoding="utf-8") as f:
                 applied = f.read().strip()
@@ -101,6 +105,38 @@ def _units(names: list[str]) -> dict[str, Any]:
             "enabled": props.get("UnitFileState", ""),
             "applied": applied,
         }
+    return out
+
+
+def _revisions(parent: str, log: str = "/var/lib/kimi/releases.log") -> dict[str, Any]:
+    """Revision folders kimi-deploy made under ``parent`` (they hold ``.kimi``), and the weights
+    revision of each release the host switched to, oldest first (the release log, last 100)."""
+    try:
+        present = sorted(n for n in os.listdir(parent) if os.path.isdir(os.path.join(parent, n, ".kimi")))
+    except OSError:
+        present = []
+    history: list[str] = []
+    try:
+        with open(log, encoding="utf-8") as f:
+            lines = f.read().splitlines()[-100:]
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            with open(os.path.join(line.split(" ", 1)[1], "release.json"), encoding="utf-8") as f:
+                revision = json.load(f).get("revision")
+        except (OSError, ValueError, IndexError):
+            continue
+        if revision:
+            history.append(revision)
+    return {"present": present, "history": history}
+
+
+def _timers(names: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in names:
+        props = _show(f"{name}.timer", "ActiveState,UnitFileState")
+        out[name] = {"active": props.get("ActiveState", ""), "enabled": props.get("UnitFileState", "")}
     return out
 
 
@@ -176,6 +212,8 @@ def main() -> None:
         "weights": _weights(weights) if weights else None,
         "files": {p: _sha256(p) for p in request.get("files", [])},
         "units": _units(request.get("units", [])),
+        "timers": _timers(request.get("timers", [])),
+        "revisions": _revisions(request["models"]) if request.get("models") else None,
         "listeners": _listeners([int(p) for p in request.get("ports", [])]),
         "current": _readlink(request.get("link")),
     }

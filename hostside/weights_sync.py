@@ -1,28 +1,44 @@
-"""Sync one model revision with huggingface_hub and verify every file against the lock.
+"""Sync one model revision and verify every file against the lock; or scrub it.
 
 Run with the python of the tools venv that has huggingface_hub. Input: one argument, base64 of
-zlib-compressed JSON: {"repo", "revision", "dir", "lock": {path: [size, digest]}, "endpoint",
-"token_file", "retries", "workers"}. Prints one JSON line; exit 0 when every file matches the lock,
-3 when the disk is too small (nothing downloaded), 4 when a file still mismatches after retries.
+zlib-compressed JSON, or ``--config FILE`` naming the same JSON in a file (the scrub timer):
+{"repo", "revision", "dir", "lock": {path: [size, digest]}, "endpoint", "token_file", "retries",
+"workers", "full", "peers": [{"host", "url"}], "peer_key_file", "progress_log", "scrub", "repair"}.
+Prints one JSON line; exit 0 when every file matches the lock, 3 when the disk is too small
+(nothing downloaded), 4 when a file still mismatches after retries (or, scrubbing without repair,
+when a file is corrupted), 5 when the Hub fails.
 
+Files come from ``peers`` first (hosts of the same run serving what they verified, see
+weights_peer.py), each hashed while it streams in; whatever no peer could give comes from the Hub.
 Verification results are cached in DIR/.kimi/verify-cache.json by (size, mtime_ns, inode), so an
-unchanged file is never hashed twice.
+unchanged file is never hashed twice. A scrub re-hashes every file whatever the cache says. Syncs
+and scrubs of one revision take turns (a lock file), and progress (bytes, rate, ETA) is appended to
+``progress_log`` every few seconds.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sys
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 META = ".kimi"
+PARTIAL = os.path.join(META, "partial")
+PROGRESS_EVERY_S = 5.0
 
 
 def _hash(path: str, kind: str, size: int) -> str:
@@ -134,10 +150,163 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
     return linked
 
 
+def _digest_of(kind: str, size: int) -> Any:
+    if kind == "gitblob":
+        digest = hashlib.sha1(usedforsecurity=False)
+        digest.update(f"blob {size}\0".encode())
+        return digest
+    return hashlib.sha256()
+
+
+def _fetch_from_peer(root: str, rel: str, entry: list[Any], url: str, key: str) -> tuple[list[Any], int]:
+    """Stream one file from a peer into a partial file, hashing as it arrives; move it into place
+    only when it matches the lock. Returns the cache entry of the placed file and its size."""
+    size, want = entry
+    kind = want.split(":", 1)[0]
+    partial = os.path.join(root, PARTIAL, rel.replace("/", "%2F"))
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    digest = _digest_of(kind, size)
+    if not url.startswith("http://"):
+        raise ValueError(f"peer URL {url!r} is not http://")
+    request = urllib.request.Request(f"{url}/{urllib.parse.quote(rel)}", headers={"Authorization": f"Bearer {key}"})  # noqa: S310 - checked above
+    got = 0
+    with urllib.request.urlopen(request, timeout=30) as answer, open(partial, "wb") as out:  # noqa: S310
+        for block in iter(lambda: answer.read(4 << 20), b""):
+            digest.update(block)
+            out.write(block)
+            got += len(block)
+    found = f"{kind}:{digest.hexdigest()}" if got == size else f"size:{got}"
+    if found != want:
+        os.remove(partial)
+        raise ValueError(f"expected {want}, found {found}")
+    target = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(partial, target)
+    st = os.stat(target)
+    return [st.st_size, st.st_mtime_ns, st.st_ino, found], size
+
+
+def _from_peers(
+    root: str, lock: dict[str, list[Any]], bad: list[str], req: dict[str, Any], cache: dict[str, list[Any]]
+) -> tuple[list[str], dict[str, int], dict[str, str]]:
+    """Fetch ``bad`` files from the run's peers, spread over them; returns the files placed, the
+    bytes each peer gave, and for each file no peer could give, the last cause."""
+    peers = req.get("peers") or []
+    if not peers or not bad:
+        return [], {}, {}
+    with open(req["peer_key_file"], encoding="utf-8") as f:
+        key = f.read().strip()
+    given: dict[str, int] = {}
+    causes: dict[str, str] = {}
+    mutex = threading.Lock()
+
+    def one(index: int, rel: str) -> str | None:
+        for turn in range(len(peers)):
+            peer = peers[(index + turn) % len(peers)]
+            try:
+                entry, size = _fetch_from_peer(root, rel, lock[rel], peer["url"], key)
+            except (OSError, ValueError, urllib.error.URLError) as exc:
+                with mutex:
+                    causes[rel] = f"{peer['host']}: {type(exc).__name__}: {exc}"
+                continue
+            with mutex:
+                cache[rel] = entry
+                given[peer["host"]] = given.get(peer["host"], 0) + size
+                causes.pop(rel, None)
+            return rel
+        return None
+
+    with ThreadPoolExecutor(max_workers=min(4, len(bad))) as pool:
+        placed = [r for r in pool.map(one, range(len(bad)), bad) if r is not None]
+    return placed, given, causes
+
+
+class Progress:
+    """Appends ``<time> <what>: <done> of <total> (<pct>), <rate>, ETA <s>`` to a log every few
+    seconds while files arrive, counting finished files and partial ones."""
+
+    def __init__(self, log: str | None, label: str, root: str, wanted: dict[str, int]) -> None:
+        self.log, self.label, self.root, self.wanted = log, label, root, wanted
+        self.total = sum(wanted.values())
+        self.started = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Progress:
+        if self.log and self.wanted:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.thread.is_alive():
+            self.stop.set()
+            self.thread.join()
+            self._write(final=True)
+
+    def _done(self) -> int:
+        done = 0
+        for rel, size in self.wanted.items():
+            with contextlib.suppress(OSError):
+                done += min(size, os.stat(os.path.join(self.root, rel)).st_size)
+        for folder in (os.path.join(self.root, PARTIAL), os.path.join(self.root, ".cache", "huggingface", "download")):
+            for dirpath, _, names in os.walk(folder):
+                for name in names:
+                    with contextlib.suppress(OSError):
+                        done += os.stat(os.path.join(dirpath, name)).st_size
+        return min(done, self.total)
+
+    def _write(self, final: bool = False) -> None:
+        done, seconds = self._done(), max(time.monotonic() - self.started, 1e-6)
+        rate = done / seconds
+        eta = "done" if final else (f"ETA {(self.total - done) / rate:.0f} s" if rate > 0 else "ETA unknown")
+        percent = 100 * done // max(self.total, 1)
+        self.note(f"{_size(done)} of {_size(self.total)} ({percent}%), {_size(int(rate))}/s, {eta}")
+
+    def note(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with contextlib.suppress(OSError):
+            if self.log:
+                os.makedirs(os.path.dirname(self.log), exist_ok=True)
+                with open(self.log, "a", encoding="utf-8") as f:
+                    f.write(f"{stamp} {self.label}: {text}\n")
+
+    def _run(self) -> None:
+        while not self.stop.wait(PROGRESS_EVERY_S):
+            self._write()
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"
+
+
+@contextlib.contextmanager
+def _exclusive(root: str) -> Iterator[None]:
+    """One sync or scrub of a revision at a time: a deploy waits for a running scrub."""
+    os.makedirs(os.path.join(root, META), exist_ok=True)
+    with open(os.path.join(root, META, "lock"), "w", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _request(argv: list[str]) -> dict[str, Any]:
+    if len(argv) == 3 and argv[1] == "--config":
+        with open(argv[2], encoding="utf-8") as f:
+            data: dict[str, Any] = json.load(f)
+            return data
+    loaded: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(argv[1])))
+    return loaded
+
+
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = _request(sys.argv)
     try:
-        sync(req)
+        with _exclusive(req["dir"]):
+            sync(req)
     except Exception as exc:  # noqa: BLE001 - whatever the Hub client raises, say it in one line
         # The client often wraps the HTTP error ("failed due to the above error"): name the root.
         root = exc
@@ -153,29 +322,76 @@ def main() -> None:
         )
 
 
-def sync(req: dict[str, Any]) -> None:
-    root, lock = req["dir"], req["lock"]
+def _from_hub(
+    req: dict[str, Any],
+    *,
+    root: str,
+    lock: dict[str, list[Any]],
+    bad: list[str],
+    cache: dict[str, list[Any]],
+    workers: int,
+) -> tuple[list[str], list[str]]:
+    """Fetch ``bad`` from the Hub, retrying mismatches alone; returns (fetched, still bad)."""
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     if req.get("endpoint"):
         os.environ["HF_ENDPOINT"] = req["endpoint"]
     if req.get("token_file") and os.path.exists(req["token_file"]):
         os.environ["HF_TOKEN_PATH"] = req["token_file"]
-    # Imported after the environment above is set: huggingface_hub reads it at import.
+    # Imported after the environment above is set (huggingface_hub reads it at import), and only
+    # when the Hub is needed at all.
     from huggingface_hub import hf_hub_download, snapshot_download  # noqa: PLC0415
     from huggingface_hub.utils import logging as hf_logging  # noqa: PLC0415
 
     # Its retry chatter would bury the one line that says what failed.
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    fetched: list[str] = []
+    for rel in bad:
+        if os.path.exists(os.path.join(root, rel)):
+            os.remove(os.path.join(root, rel))
+    snapshot_download(req["repo"], revision=req["revision"], local_dir=root, allow_patterns=bad)
+    fetched += bad
+    bad = _verify(root, lock, cache, workers)
+    for _ in range(int(req.get("retries", 2))):
+        if not bad:
+            break
+        for rel in bad:
+            if os.path.exists(os.path.join(root, rel)):
+                os.remove(os.path.join(root, rel))
+            hf_hub_download(req["repo"], rel, revision=req["revision"], local_dir=root, force_download=True)
+        fetched += bad
+        bad = _verify(root, lock, cache, workers)
+    return fetched, bad
 
+
+def sync(req: dict[str, Any]) -> None:
+    root, lock = req["dir"], req["lock"]
     started = time.monotonic()
+    scrub = bool(req.get("scrub"))
     os.makedirs(root, exist_ok=True)
     removed = _prune(root, lock)
-    # A full verify trusts nothing cached: every file is hashed again.
-    cache = {} if req.get("full") else _load_cache(root)
-    linked = [] if req.get("full") else _link_from_siblings(root, lock, cache)
+    # A full verify (and a scrub) trusts nothing cached: every file is hashed again.
+    full = bool(req.get("full")) or scrub
+    cache = {} if full else _load_cache(root)
+    linked = [] if full else _link_from_siblings(root, lock, cache)
     workers = int(req.get("workers") or max(2, os.cpu_count() or 2))
     bad = _verify(root, lock, cache, workers)
+    corrupted = {rel: cache.get(rel, [None] * 4)[3] for rel in bad}
+    if scrub:
+        for rel, found in corrupted.items():
+            print(f"kimi-deploy: scrub: {rel}: expected {lock[rel][1]}, found {found}", file=sys.stderr)
+        _save_json(root, "scrub.json", {"time": time.time(), "checked": len(lock), "corrupted": corrupted,
+                                         "repair": bool(req.get("repair"))})  # fmt: skip
+        if bad and not req.get("repair"):
+            _save_json(root, "verify-cache.json", {r: cache[r] for r in lock if r in cache})
+            rel = bad[0]
+            _fail(
+                {"error": "corrupted", "files": corrupted},
+                f"scrub: {len(bad)} of {len(lock)} files do not match the lock, first {rel}: "
+                f"expected {lock[rel][1]}, found {corrupted[rel]}",
+                4,
+            )
     have = sum(lock[r][0] for r in lock if r not in bad)
     need = sum(size for size, _ in lock.values()) - have
     free = shutil.disk_usage(root).free
@@ -186,22 +402,14 @@ def sync(req: dict[str, Any]) -> None:
             3,
         )
     fetched: list[str] = []
-    if bad:
-        for rel in bad:
-            if os.path.exists(os.path.join(root, rel)):
-                os.remove(os.path.join(root, rel))
-        snapshot_download(req["repo"], revision=req["revision"], local_dir=root, allow_patterns=bad)
-        fetched += bad
-        bad = _verify(root, lock, cache, workers)
-        for _ in range(int(req.get("retries", 2))):
-            if not bad:
-                break
-            for rel in bad:
-                if os.path.exists(os.path.join(root, rel)):
-                    os.remove(os.path.join(root, rel))
-                hf_hub_download(req["repo"], rel, revision=req["revision"], local_dir=root, force_download=True)
-            fetched += bad
-            bad = _verify(root, lock, cache, workers)
+    from_peers: dict[str, int] = {}
+    peer_causes: dict[str, str] = {}
+    label = f"{req['repo']}@{req['revision'][:12]}"
+    with Progress(req.get("progress_log"), label, root, {r: lock[r][0] for r in bad}):
+        placed, from_peers, peer_causes = _from_peers(root, lock, bad, req, cache)
+        bad = [r for r in bad if r not in placed]
+        if bad:
+            fetched, bad = _from_hub(req, root=root, lock=lock, bad=bad, cache=cache, workers=workers)
     _save_json(root, "verify-cache.json", {r: cache[r] for r in lock if r in cache})
     if bad:
         rel = bad[0]
@@ -211,8 +419,20 @@ def sync(req: dict[str, Any]) -> None:
             f"{rel} does not match the lock after retries: expected {lock[rel][1]}, found {found}",
             4,
         )
+    if placed or fetched:
+        given = ", ".join(f"{n} bytes from {h}" for h, n in sorted(from_peers.items()))
+        hub_bytes = sum(lock[r][0] for r in set(fetched))
+        Progress(req.get("progress_log"), label, root, {}).note(
+            f"{len(placed)} files from peers ({given or 'none'}), {len(set(fetched))} files ({hub_bytes} bytes) "
+            f"from {req.get('endpoint') or 'the Hub'}"
+        )
+    if scrub and corrupted:
+        _save_json(root, "scrub.json", {"time": time.time(), "checked": len(lock), "corrupted": corrupted,
+                                         "repaired": sorted(corrupted)})  # fmt: skip
+        print(f"kimi-deploy: scrub: re-fetched {len(corrupted)} corrupted files", file=sys.stderr)
     print(json.dumps({
-        "ok": True, "fetched": sorted(set(fetched)), "linked": len(linked), "removed": removed,
+        "ok": True, "fetched": sorted(set(fetched)), "from_peers": from_peers, "peer_failures": peer_causes,
+        "linked": len(linked), "removed": removed, "corrupted": sorted(corrupted),
         "seconds": round(time.monotonic() - started, 3),
     }))  # fmt: skip
 

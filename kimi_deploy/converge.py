@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
 from kimi_deploy.render import RenderedFile, render_host
+from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
 from kimi_deploy.secrets import read_secret
 
 PYPI = "https://pypi.org/simple"
@@ -43,6 +44,11 @@ class WeightsTarget:
     endpoint: str | None
     full_verify: bool = False
     token: RenderedFile | None = None
+    progress_log: str = PROGRESS_LOG
+    # where the transfer key of a fan-out goes on the host (see weights_fanout)
+    peer_key_file: str = ""
+    # the port a source host serves its files to others on, None: every host fetches from the Hub
+    fan_out_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class Converge:
     files: list[RenderedFile]
     units: list[UnitTarget]
     release: Release
+    timers: list[str] = field(default_factory=list)
 
 
 def digest(files: list[RenderedFile]) -> str:
@@ -141,9 +148,31 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             endpoint=host_vars.kimi_hf_endpoint,
             full_verify=host_vars.kimi_verify == "full",
             token=_hub_token(recipe.paths.config),
+            peer_key_file=f"{recipe.paths.config}/secrets/weights-transfer-key",
+            fan_out_port=recipe.weights.fan_out.port if recipe.weights.fan_out else None,
         )
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)
+    timers: list[str] = []
+    if weights is not None and recipe.weights.scrub is not None:
+        request = {
+            "repo": weights.repo,
+            "revision": weights.revision,
+            "dir": weights.path,
+            "lock": weights.lock,
+            "endpoint": weights.endpoint,
+            "token_file": weights.token.path if weights.token else None,
+            "retries": 2,
+            "progress_log": weights.progress_log,
+        }
+        files += scrub_files(
+            recipe.weights.scrub,
+            config_dir=recipe.paths.config,
+            tools_dir=recipe.paths.tools,
+            python=weights.python,
+            request=request,
+        )
+        timers.append(SCRUB_UNIT)
     units: list[UnitTarget] = []
     for unit in sorted(spec.units, key=lambda u: u.stage):
         mine = [f for f in files if f"/{unit.name}." in f.path or f.path in unit.files or f.path in unit.secret_files]
@@ -192,6 +221,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         files=files,
         units=units,
         release=host_release,
+        timers=timers,
     )
 
 
@@ -202,8 +232,11 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "venvs": [v.path for v in todo.venvs],
         "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
         "files": [f.path for f in todo.files]
-        + ([todo.weights.token.path] if todo.weights and todo.weights.token else []),
+        + ([todo.weights.token.path] if todo.weights and todo.weights.token else [])
+        + ([todo.weights.peer_key_file] if todo.weights and todo.weights.fan_out_port else []),
         "units": [u.name for u in todo.units],
+        "timers": todo.timers,
+        "models": todo.weights.path.rsplit("/", 1)[0] if todo.weights else None,
         "ports": sorted(port for u in todo.units for port in u.ports),
         "link": todo.release.link,
     }

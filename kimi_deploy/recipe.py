@@ -99,6 +99,31 @@ class Drivers(Strict):
     tpu: TpuRuntime | None = None
 
 
+class FanOut(Strict):
+    """Download once, fan out: hosts that need the weights fetch them from hosts of the run that hold
+    them verified, so the Hub serves each file once. A source host listens on its ``kimi_address``
+    at ``port`` only while others fetch from it, and answers only requests bearing that transfer's
+    key."""
+
+    port: Port = 8479
+
+
+# systemd OnCalendar: a word (weekly, daily, ...) or a calendar spec; never a newline or a quote.
+Calendar = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9 :*/,.~-]{1,64}$")]
+
+
+class Scrub(Strict):
+    """A systemd timer on each host re-hashes the active revision at idle I/O priority."""
+
+    schedule: Calendar = "weekly"
+    repair: bool = True
+
+
+class Weights(Strict):
+    fan_out: FanOut | None = None
+    scrub: Scrub | None = Scrub()
+
+
 class Paths(Strict):
     engines: AbsPath = "/opt/kimi/engines"
     tools: AbsPath = "/opt/kimi/tools"
@@ -293,6 +318,7 @@ class Recipe(Strict):
     routers: dict[RouterName, RouterRelease] = {}
     drivers: Drivers = Drivers()
     tools: Tools
+    weights: Weights = Weights()
     smoke: Smoke = Smoke()
     paths: Paths = Paths()
     context_ladder: Annotated[list[Positive], Field(min_length=1)]

@@ -67,7 +67,7 @@ def env_value(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
@@ -87,7 +87,7 @@ def _unit_env(unit: Unit) -> list[tuple[str, str]]:
 def render_host(recipe: Recipe, plan: HostPlan, secrets: Mapping[str, str] | None = None) -> list[RenderedFile]:
     """Every file ``plan``'s host needs. ``secrets`` maps a secret's name (``VLLM_API_KEY``,
     ``api-key``) to its value; without it, secret files are left out."""
-    jinja = _environment()
+    jinja = environment()
     user = recipe.paths.user
     config = recipe.paths.config
     out: list[RenderedFile] = []

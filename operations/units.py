@@ -50,7 +50,7 @@ def rendered(
         yield FileUploadCommand(BytesIO(f.content.encode()), f.path)
     # And one after: owner and mode of every file, and systemd told when a unit changed.
     after = [f"chown {q(f.owner)}:{q(group_of(f))} {q(f.path)} && chmod {f.mode:o} {q(f.path)}" for f in changed]
-    if any(f.path.endswith(".service") for f in changed):
+    if any(f.path.endswith((".service", ".timer")) for f in changed):
         after.append("systemctl daemon-reload")
     yield " && ".join(after)
 
@@ -81,3 +81,17 @@ def running(unit: str, release: str, current: dict[str, Any] | None) -> Generato
         "install -d -m 0755 /var/lib/kimi/applied",
         f"printf '%s\\n' {q(release)} > /var/lib/kimi/applied/{q(unit)}",
     ])  # fmt: skip
+
+
+@operation()
+def timer(unit: str, current: dict[str, Any] | None) -> Generator[str, None, None]:
+    """
+    Keep the timer ``unit`` enabled and waiting.
+
+    + unit: the timer's name without ``.timer``
+    + current: the timer's state from the probe (active, enabled)
+    """
+    if current is not None and current.get("active") == "active" and current.get("enabled") == "enabled":
+        host.noop(f"{unit}.timer is enabled and active")
+        return
+    yield f"systemctl enable --now --quiet {shlex.quote(unit)}.timer"

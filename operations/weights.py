@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Generator
 from typing import Any
 
@@ -23,6 +24,9 @@ def revision(
     token_file: str | None,
     current: dict[str, Any] | None,
     full_verify: bool = False,
+    peers: list[dict[str, str]] | None = None,
+    peer_key_file: str | None = None,
+    progress_log: str | None = None,
 ) -> Generator[str, None, None]:
     """
     Hold exactly the files of ``repo`` at ``revision`` in ``path``, each matching the lock.
@@ -36,6 +40,9 @@ def revision(
     + token_file: a host file (mode 0600) holding the Hub token, if any
     + current: what the host probe found (missing, unverified and extra files)
     + full_verify: re-hash every file now, whatever the cache says (finds silent corruption)
+    + peers: hosts of this run serving the revision (``[{"host", "url"}]``), tried before the Hub
+    + peer_key_file: the host file holding this run's transfer key (with ``peers``)
+    + progress_log: where long transfers append bytes, rate and ETA every few seconds
 
     Files are verified on the host (sha256 for LFS files, git blob ids for small ones), results
     cached by (size, mtime, inode): a converged host hashes nothing.
@@ -57,5 +64,106 @@ def revision(
         "token_file": token_file,
         "retries": 2,
         "full": full_verify,
+        "peers": peers or [],
+        "peer_key_file": peer_key_file,
+        "progress_log": progress_log,
     }
     yield hostside_command(python, "weights_sync.py", request)
+
+
+PEER_UNIT = "kimi-weights-peer"
+# The transient service's sandbox: it reads the revision and its key, and listens; nothing else.
+_PEER_PROPERTIES = (
+    "Type=notify",
+    "NoNewPrivileges=yes",
+    "ProtectSystem=strict",
+    "ProtectHome=yes",
+    "PrivateTmp=yes",
+    "PrivateDevices=yes",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectControlGroups=yes",
+    "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+    "CapabilityBoundingSet=",
+    "LockPersonality=yes",
+    "RestrictSUIDSGID=yes",
+    "SystemCallArchitectures=native",
+    "UMask=0077",
+    # A run that dies before stopping it leaves nothing listening for long.
+    "RuntimeMaxSec=21600",
+)
+
+
+def _stop() -> str:
+    return f"if systemctl is-active --quiet {PEER_UNIT}.service; then systemctl stop {PEER_UNIT}.service; fi"
+
+
+@operation()
+def peer_server(
+    *,
+    path: str,
+    lock: dict[str, list[Any]],
+    bind: str,
+    port: int,
+    allow: list[str],
+    key_file: str,
+    user: str,
+) -> Generator[str, None, None]:
+    """
+    Serve the verified files of a revision to the other hosts of this run.
+
+    + path: the revision's folder
+    + lock: ``{path: [size, digest]}``: only files the lock names, verified, are served
+    + bind: the host's address on the cluster network (never every address)
+    + port: the recipe's ``weights.fan_out.port``
+    + allow: addresses of the hosts that fetch from this one
+    + key_file: the host file with this run's transfer key (readable by ``user``)
+    + user: the unprivileged user the service runs as
+
+    The transient ``kimi-weights-peer`` service answers only once it listens (systemd notify), so
+    the hosts that fetch find it up; ``peer_server_stopped`` ends it when they are done, and it
+    exits by itself after five idle minutes, or six hours whatever happens.
+    """
+    q = shlex.quote
+    request = {
+        "dir": path,
+        "lock": lock,
+        "bind": bind,
+        "port": port,
+        "allow": sorted(allow),
+        "key_file": key_file,
+        "idle_exit_s": 300,
+    }
+    props = [f"--property={q(p)}" for p in (*_PEER_PROPERTIES, f"User={user}", f"ReadOnlyPaths={path}")]
+    yield " ".join([
+        f"{_stop()}; systemctl reset-failed {PEER_UNIT}.service 2>/dev/null;",
+        f"systemd-run --quiet --collect --unit={PEER_UNIT}",
+        f"--description={q(f'kimi-deploy: serve {path} to the other hosts of this run')}",
+        *props,
+        hostside_command("/usr/bin/python3", "weights_peer.py", request),
+    ])  # fmt: skip
+
+
+@operation()
+def peer_server_stopped() -> Generator[str, None, None]:
+    """
+    Stop serving weights to other hosts (the transient ``kimi-weights-peer`` service).
+    """
+    yield _stop()
+
+
+@operation()
+def collected(*, parent: str, keep: list[str], remove: list[str]) -> Generator[str, None, None]:
+    """
+    Remove a model's revisions that are neither served nor the rollback copy.
+
+    + parent: the model's folder of revisions
+    + keep: the revisions that stay (served, rollback copy), for the no-op message
+    + remove: the revisions to delete (``kimi_deploy.weights_gc.collectable``)
+
+    Files hard-linked between revisions stay as long as a kept revision names them.
+    """
+    if not remove:
+        host.noop(f"{parent} holds only {', '.join(r[:12] for r in keep)}")
+        return
+    yield " && ".join(f"rm -rf -- {shlex.quote(parent + '/' + r)}" for r in remove)

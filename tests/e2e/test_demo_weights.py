@@ -1,7 +1,8 @@
 """Weights on the demo cluster: damage is found and repaired alone, counted in bytes the Hub sent.
 
 Each test damages the weights of kimi-h1 (a vLLM host) in one way and converges again. The Hub's
-own counters say which files it served: only the damaged ones.
+own counters say which files it served: only the damaged ones, or none when the other hosts of the
+run hold them verified (download once, fan out).
 """
 
 from __future__ import annotations
@@ -91,8 +92,15 @@ def test_bit_flip_with_mtime_kept_is_missed_by_a_normal_run_and_found_by_a_full_
 def test_damage_is_repaired_by_a_normal_run(converged: None, damage: str, repaired: list[str]) -> None:
     ssh("kimi-h1", f"cd {WEIGHTS} && {damage}")
     changed = _converge()
-    assert changed["Weights at the pinned revision"] == ["kimi-h1"]
-    assert list(_served()) == repaired
+    if repaired:
+        # The other hosts hold the shard verified: kimi-h1 fetches it from them, not from the Hub.
+        assert changed["Weights from peers"] == ["kimi-h1"]
+        assert _served() == {}
+        last = ssh("kimi-h1", "tail -n 1 /var/log/kimi/weights.log")
+        assert f": {len(repaired)} files from peers (" in last, last
+    else:
+        assert changed["Weights at the pinned revision"] == ["kimi-h1"]
+        assert _served() == {}
     files = ssh("kimi-h1", f"cd {WEIGHTS} && find . -type f -not -path './.kimi/*' -not -path './.cache/*' | wc -l")
     assert files == "103"
     assert ssh("kimi-h1", f"cd {WEIGHTS} && find . -name '*.incomplete' -o -name extra.bin | wc -l") == "0"
@@ -107,11 +115,13 @@ def test_upgrade_fetches_only_what_changed_and_rollback_fetches_nothing(converge
     upgraded.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     try:
         changed = _converge("--data", f"kimi_recipe={upgraded}")
-        assert changed["Weights at the pinned revision"] == list(ENGINE_HOSTS)
-        # Commit B changed three shards and config.json and added extra_b.json; the rest is linked.
-        per_host = {path: n for path, n in _hub("/_stats")["downloads"].items() if n}
-        assert sorted(per_host) == sorted(CHANGED_IN_B)
-        assert set(per_host.values()) == {len(ENGINE_HOSTS)}
+        assert changed["Weights at the pinned revision"] == ["kimi-h1"]
+        assert changed["Weights from peers"] == list(ENGINE_HOSTS[1:])
+        # Commit B changed three shards and config.json and added extra_b.json; the rest is linked
+        # from revision A on each host, and each changed file leaves the Hub once for all hosts.
+        downloads = {path: n for path, n in _hub("/_stats")["downloads"].items() if n}
+        assert sorted(downloads) == sorted(CHANGED_IN_B)
+        assert set(downloads.values()) == {1}
         assert (
             "READY"
             in chat(f"http://{address('kimi-h1')}:8000", "Reply with exactly the word READY and nothing else.")[
@@ -121,11 +131,13 @@ def test_upgrade_fetches_only_what_changed_and_rollback_fetches_nothing(converge
     finally:
         _hub("/_stats/reset", "POST")
         back = _converge()
+        kept = ssh("kimi-h1", f"ls /srv/models/moonshotai--Kimi-K3.1-Pro-Tiny")
         for host in ENGINE_HOSTS:  # leave the hosts as the other tests expect them: revision A only
             ssh(host, "rm", "-rf", f"/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/{REVISION_B}")
     assert back["Services"]  # the engines went back to revision A...
     assert "Weights at the pinned revision" not in back
     assert _served() == {}  # ...without a byte from the Hub
+    assert kept.split() == sorted([REVISION, REVISION_B])  # and B stays, the rollback copy
 
 
 @pytest.fixture
@@ -155,7 +167,8 @@ def test_a_hub_serving_a_corrupted_shard_is_retried_then_named(
     assert _hub("/_stats")["downloads"][SHARD_57] == 3  # the first download and two retries
     assert main_pid("kimi-h1", "kimi-vllm") == pid  # nothing was restarted
     hub_faults({})
-    assert _converge()["Weights at the pinned revision"] == ["kimi-h1"]
+    # With the other hosts in the run, kimi-h1 takes the shard from one that holds it verified.
+    assert _converge()["Weights from peers"] == ["kimi-h1"]
 
 
 def test_a_killed_sync_resumes_without_fetching_finished_files_again(
@@ -182,7 +195,8 @@ def test_a_killed_sync_resumes_without_fetching_finished_files_again(
     first = dict(_hub("/_stats")["downloads"])
     hub_faults({})
     _hub("/_stats/reset", "POST")
-    assert _converge()["Weights at the pinned revision"] == ["kimi-h1"]
+    # kimi-h1 alone, so the rest comes from the Hub (with its peers in the run, they would give it).
+    assert _converge("--limit", "kimi-h1")["Weights at the pinned revision"] == ["kimi-h1"]
     again = {path for path, n in _hub("/_stats")["downloads"].items() if n}
     finished = {path for path, n in first.items() if n} - again
     # Shards finished before the kill were verified, not fetched again; only the rest came now.
@@ -205,3 +219,60 @@ def test_the_hub_token_reaches_the_hosts_only_in_a_root_only_file(converged: Non
     again = pyinfra("--limit", "kimi-h1", env={"HF_TOKEN": token})
     assert "Hub token" not in again.changed()
     ssh("kimi-h1", "rm", "/etc/kimi/secrets/hf-token")
+
+
+def _served_by_peers(host: str) -> dict[str, int]:
+    """Files the host's peer service sent to others in its last run (from its journal)."""
+    lines = ssh(host, "journalctl -u kimi-weights-peer -o cat --no-pager -n 2000 | grep '^served ' || true")
+    out: dict[str, int] = {}
+    for line in lines.splitlines():
+        if line.startswith("served ") and " bytes) to " in line:
+            name = line.split()[1]
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+def test_fan_out_on_four_hosts_takes_each_file_from_the_hub_once(converged: None) -> None:
+    for host in ENGINE_HOSTS:
+        ssh(host, f"rm -rf {WEIGHTS}; journalctl --rotate -q; journalctl --vacuum-time=1s -q")
+    changed = _converge()
+    assert changed["Weights at the pinned revision"] == ["kimi-h1"]
+    assert changed["Weights from peers"] == list(ENGINE_HOSTS[1:])
+    downloads = {path: n for path, n in _hub("/_stats")["downloads"].items() if n}
+    assert len(downloads) == 103 and set(downloads.values()) == {1}  # each file once, for four hosts
+    # kimi-h1 gave every file to each of the three others, then stopped listening.
+    assert set(_served_by_peers("kimi-h1").values()) == {3}
+    assert len(_served_by_peers("kimi-h1")) == 103
+    assert ssh("kimi-h1", "systemctl is-active kimi-weights-peer || true") in ("inactive", "unknown")
+    assert "8479" not in ssh("kimi-h1", "ss -ltnH")
+    assert ssh("kimi-h1", "stat -c '%a %U %G' /etc/kimi/secrets/weights-transfer-key") == "440 root kimi"
+    for host in ENGINE_HOSTS:
+        count = ssh(host, f"cd {WEIGHTS} && find . -type f -not -path './.kimi/*' -not -path './.cache/*' | wc -l")
+        assert count == "103", host
+    again = _converge()
+    assert not {"Weights at the pinned revision", "Weights from peers", "Weights served to peers"} & set(again)
+
+
+def test_the_scrub_timer_finds_a_bit_flip_and_refetches_that_shard_only(converged: None) -> None:
+    assert ssh("kimi-h2", "systemctl is-enabled kimi-weights-scrub.timer") == "enabled"
+    assert ssh("kimi-h2", "systemctl is-active kimi-weights-scrub.timer") == "active"
+    ssh("kimi-h2", f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD_57}'; st=os.stat(p); "
+        "f=open(p,'r+b'); f.seek(st.st_size//2); b=f.read(1); f.seek(st.st_size//2); "
+        "f.write(bytes([b[0]^1])); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\"")  # fmt: skip
+    ssh("kimi-h2", "systemctl start kimi-weights-scrub.service")  # a oneshot: returns when done
+    journal = ssh("kimi-h2", "journalctl -u kimi-weights-scrub -o cat --no-pager -n 50")
+    assert f"kimi-deploy: scrub: {SHARD_57}: expected sha256:" in journal
+    assert "kimi-deploy: scrub: re-fetched 1 corrupted files" in journal
+    assert list(_served()) == [SHARD_57]
+    report = json.loads(ssh("kimi-h2", f"cat {WEIGHTS}/.kimi/scrub.json"))
+    assert list(report["corrupted"]) == [SHARD_57] and report["repaired"] == [SHARD_57]
+    assert "Weights at the pinned revision" not in _converge()  # the repaired file is verified
+
+
+def test_revisions_neither_served_nor_the_rollback_copy_are_collected(converged: None) -> None:
+    orphan = "/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/" + "c" * 40
+    ssh("kimi-h3", f"mkdir -p {orphan}/.kimi && echo x > {orphan}/model.bin")
+    changed = _converge()
+    assert changed["Old revisions collected"] == ["kimi-h3"]
+    assert ssh("kimi-h3", "ls /srv/models/moonshotai--Kimi-K3.1-Pro-Tiny") == REVISION
+    assert "Old revisions collected" not in _converge()

@@ -1,0 +1,66 @@
+"""Probe every host of the run at once: one round-trip per host, all hosts in parallel.
+
+pyinfra prepares a deploy file for every host at the same time (one greenlet per host), and each
+host's deploy sees only its own facts. Decisions that span hosts (who fetches weights from whom)
+need every host's state before any host queues its operations. So the first host's deploy to ask
+probes every active host of the run in parallel (pyinfra's fact pool and connections); the
+others wait for that one probe and read their own result from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gevent.event import Event  # type: ignore[import-untyped]
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+from pyinfra.context import ctx_host, ctx_state
+
+from facts.host_state import KimiHostState
+
+# One entry for the current run: (state, done, {host name: result or the exception its probe raised}).
+_last: tuple[State, Any, dict[str, Any]] | None = None
+
+
+def active_hosts(state: State) -> list[Host]:
+    """The hosts of this run, in inventory order."""
+    return [h for h in state.inventory if h in state.active_hosts]
+
+
+def probe_all(state: State, request_of: Callable[[Host], dict[str, Any]]) -> dict[str, Any]:
+    """Every active host's ``KimiHostState`` (called with ``request_of(host)`` as its arguments), or
+    the exception its probe raised; probed once per run, all hosts in parallel."""
+    global _last  # noqa: PLW0603 - a one-entry cache for the current run
+    run = ctx_state.get() or state  # type: ignore[no-untyped-call]  # the run's State, not a proxy
+    if _last is not None and _last[0] is run:
+        _last[1].wait()
+        return _last[2]
+    done, results = Event(), dict[str, Any]()
+    _last = (run, done, results)
+
+    def one(host: Host) -> Any:
+        with ctx_state.use(run), ctx_host.use(host):
+            try:
+                return host.get_fact(KimiHostState, **request_of(host))
+            except Exception as exc:  # noqa: BLE001 - raised again in that host's own deploy
+                return exc
+
+    try:
+        # The fact pool, not the pool running the deploy files: those may all be waiting here.
+        greenlets = {host.name: run.fact_pool.spawn(one, host) for host in active_hosts(run)}
+        results.update({name: greenlet.get() for name, greenlet in greenlets.items()})
+    finally:
+        done.set()
+    return results
+
+
+def probe_of(state: State, host: Host, request_of: Callable[[Host], dict[str, Any]]) -> Any:
+    """``host``'s probe result; its probe's exception is raised here, in its own deploy."""
+    results = probe_all(state, request_of)
+    if host.name not in results:  # activated after the others were probed
+        results[host.name] = host.get_fact(KimiHostState, **request_of(host))
+    result = results[host.name]
+    if isinstance(result, BaseException):
+        raise result
+    return result

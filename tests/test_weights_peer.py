@@ -1,0 +1,165 @@
+"""Fan-out between hosts, run locally on loopback: the peer service and a sync fetching from peers.
+
+Real processes and sockets: ``hostside/weights_peer.py`` serves a revision folder on 127.0.0.x and
+``hostside/weights_sync.py`` fetches from it, exactly as two hosts of a run do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimi_deploy.hostside_command import pack
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "k" * 43
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_revision(root: Path, files: dict[str, bytes]) -> dict[str, list[Any]]:
+    """Files of a revision, verified: the lock and the verification cache the sync would write."""
+    lock, cache = {}, {}
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        lock[rel] = [len(data), digest]
+        st = path.stat()
+        cache[rel] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+    (root / ".kimi").mkdir(exist_ok=True)
+    (root / ".kimi" / "verify-cache.json").write_text(json.dumps(cache))
+    return lock
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "key"
+    path.write_text(KEY + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def serve(root: Path, lock: dict[str, list[Any]], key_file: Path, bind: str, allow: list[str]) -> Iterator[str]:
+    port = _free_port()
+    request = {"dir": str(root), "lock": lock, "bind": bind, "port": port, "allow": allow,
+               "key_file": str(key_file), "idle_exit_s": 30}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(ROOT / "hostside/weights_peer.py"), pack(request)],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((bind, port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    try:
+        yield f"http://{bind}:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def source(tmp_path: Path, key_file: Path) -> Iterator[tuple[str, Path, dict[str, list[Any]]]]:
+    root = tmp_path / "source"
+    lock = make_revision(root, {"a.safetensors": os.urandom(300_000), "sub/b.json": b"{}\n"})
+    for url in serve(root, lock, key_file, "127.0.0.1", ["127.0.0.1"]):
+        yield url, root, lock
+
+
+def _get(url: str, key: str | None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+def test_the_peer_service_answers_verified_files_to_the_run_key_only(source: tuple[str, Path, dict[str, list[Any]]]) -> None:
+    url, root, _ = source
+    assert _get(f"{url}/a.safetensors", KEY) == (200, (root / "a.safetensors").read_bytes())
+    assert _get(f"{url}/sub/b.json", KEY) == (200, b"{}\n")
+    assert _get(f"{url}/a.safetensors", None)[0] == 401
+    assert _get(f"{url}/a.safetensors", "x" * 43)[0] == 401
+    assert _get(f"{url}/not-in-the-lock", KEY)[0] == 404
+    assert _get(f"{url}/../key", KEY)[0] == 404
+    # A file changed since it was verified (new mtime) is not served.
+    (root / "sub/b.json").write_bytes(b"[]\n")
+    assert _get(f"{url}/sub/b.json", KEY)[0] == 404
+
+
+def test_the_peer_service_refuses_hosts_outside_the_run(tmp_path: Path, key_file: Path) -> None:
+    root = tmp_path / "source"
+    lock = make_revision(root, {"a.bin": b"weights"})
+    for url in serve(root, lock, key_file, "127.0.0.1", ["127.0.0.2"]):
+        assert _get(f"{url}/a.bin", KEY)[0] == 401
+
+
+def _sync(root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]], key_file: Path) -> dict[str, Any]:
+    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": None,
+               "token_file": None, "retries": 2, "peers": peers, "peer_key_file": str(key_file),
+               "progress_log": str(root.parent / "weights.log")}  # fmt: skip
+    run = subprocess.run([sys.executable, str(ROOT / "hostside/weights_sync.py"), pack(request)],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    result: dict[str, Any] = json.loads(run.stdout.splitlines()[-1])
+    return result
+
+
+def test_a_sync_takes_every_file_from_a_peer_and_verifies_it(
+    tmp_path: Path, key_file: Path, source: tuple[str, Path, dict[str, list[Any]]]
+) -> None:
+    url, root, lock = source
+    target = tmp_path / "host2" / "revision"
+    result = _sync(target, lock, [{"host": "h1", "url": url}], key_file)
+    assert result["fetched"] == []  # nothing from the Hub
+    assert result["from_peers"] == {"h1": sum(size for size, _ in lock.values())}
+    for rel in lock:
+        assert (target / rel).read_bytes() == (root / rel).read_bytes()
+    cache = json.loads((target / ".kimi/verify-cache.json").read_text())
+    assert {rel: entry[3] for rel, entry in cache.items()} == {rel: digest for rel, (_, digest) in lock.items()}
+    assert "2 files from peers" in (tmp_path / "host2/weights.log").read_text()
+    # Verified while it streamed in: the next run hashes and fetches nothing.
+    assert _sync(target, lock, [{"host": "h1", "url": url}], key_file)["from_peers"] == {}
+
+
+def test_a_peer_serving_a_corrupted_file_is_passed_over_for_the_next(tmp_path: Path, key_file: Path) -> None:
+    data = os.urandom(200_000)
+    bad_root, good_root = tmp_path / "bad", tmp_path / "good"
+    lock = make_revision(bad_root, {"w.bin": data})
+    make_revision(good_root, {"w.bin": data})
+    # A bit flip on the bad peer with size and mtime kept: it still believes the file verified.
+    path = bad_root / "w.bin"
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    for bad_url in serve(bad_root, lock, key_file, "127.0.0.1", ["127.0.0.1"]):
+        for good_url in serve(good_root, lock, key_file, "127.0.0.1", ["127.0.0.1"]):
+            peers = [{"host": "bad", "url": bad_url}, {"host": "good", "url": good_url}]
+            result = _sync(tmp_path / "host2" / "revision", lock, peers, key_file)
+    assert result["from_peers"] == {"good": len(data)}
+    assert (tmp_path / "host2/revision/w.bin").read_bytes() == data
+    assert not list((tmp_path / "host2/revision/.kimi/partial").iterdir())
