@@ -98,8 +98,9 @@ if target is not None:
         "current": found["weights"],
         "progress_log": target.progress_log,
     }
+mirror = [{"host": "mirror", "path": target.mirror}] if target is not None and target.mirror else []
 if target is not None and fan_out.sync != "peers":
-    weights.revision(name="Weights at the pinned revision", full_verify=target.full_verify, **sync)
+    weights.revision(name="Weights at the pinned revision", full_verify=target.full_verify, peers=mirror, **sync)
 if target is not None and (fan_out.serves or fan_out.sync == "peers"):
     key = RenderedFile(target.peer_key_file, transfer_key() + "\n", 0o440, "root", secret=True)
     units.rendered(name="Weights transfer key", files=[key], group=todo.user, current=found["files"])
@@ -117,7 +118,7 @@ if target is not None and target.fan_out_port is not None and fan_out.serves:
 if target is not None and target.fan_out_port is not None and fan_out.sync == "peers":
     weights.revision(
         name="Weights from peers",
-        peers=[{"host": p.host, "url": f"http://{p.address}:{target.fan_out_port}"} for p in fan_out.peers],
+        peers=mirror + [{"host": p.host, "url": f"http://{p.address}:{target.fan_out_port}"} for p in fan_out.peers],
         peer_key_file=target.peer_key_file,
         **sync,
     )

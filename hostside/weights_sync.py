@@ -3,13 +3,15 @@
 Run with the python of the tools venv that has huggingface_hub. Input: one argument, base64 of
 zlib-compressed JSON, or ``--config FILE`` naming the same JSON in a file (the scrub timer):
 {"repo", "revision", "dir", "lock": {path: [size, digest]}, "endpoint", "token_file", "retries",
-"workers", "full", "peers": [{"host", "url"}], "peer_key_file", "progress_log", "scrub", "repair"}.
+"workers", "full", "peers": [{"host", "url"} | {"host", "path"}], "peer_key_file", "progress_log", "scrub",
+"repair"}.
 Prints one JSON line; exit 0 when every file matches the lock, 3 when the disk is too small
 (nothing downloaded), 4 when a file still mismatches after retries (or, scrubbing without repair,
 when a file is corrupted), 5 when the Hub fails.
 
-Files come from ``peers`` first (hosts of the same run serving what they verified, see
-weights_peer.py), each hashed while it streams in; whatever no peer could give comes from the Hub.
+Files come from ``peers`` first (a local mirror folder such as a network mount, then hosts of the
+same run serving what they verified, see weights_peer.py), each hashed while it streams in;
+whatever no source could give comes from the Hub.
 Verification results are cached in DIR/.kimi/verify-cache.json by (size, mtime_ns, inode), so an
 unchanged file is never hashed twice. A scrub re-hashes every file whatever the cache says. Syncs
 and scrubs of one revision take turns (a lock file), and progress (bytes, rate, ETA) is appended to
@@ -158,19 +160,29 @@ def _digest_of(kind: str, size: int) -> Any:
     return hashlib.sha256()
 
 
-def _fetch_from_peer(root: str, rel: str, entry: list[Any], url: str, key: str) -> tuple[list[Any], int]:
-    """Stream one file from a peer into a partial file, hashing as it arrives; move it into place
-    only when it matches the lock. Returns the cache entry of the placed file and its size."""
+def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
+    """A readable stream of ``rel`` from a source: a peer's URL, or a local folder (a mount)."""
+    if "path" in source:
+        return open(os.path.join(source["path"], rel), "rb")  # the caller closes it
+    url = source["url"]
+    if not url.startswith("http://"):
+        raise ValueError(f"peer URL {url!r} is not http://")
+    request = urllib.request.Request(f"{url}/{urllib.parse.quote(rel)}", headers={"Authorization": f"Bearer {key}"})  # noqa: S310 - checked above
+    return urllib.request.urlopen(request, timeout=30)  # noqa: S310
+
+
+def _fetch_from(
+    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None
+) -> tuple[list[Any], int]:
+    """Stream one file from a source into a partial file, hashing as it arrives; move it into
+    place only when it matches the lock. Returns the cache entry of the placed file and its size."""
     size, want = entry
     kind = want.split(":", 1)[0]
     partial = os.path.join(root, PARTIAL, rel.replace("/", "%2F"))
     os.makedirs(os.path.dirname(partial), exist_ok=True)
     digest = _digest_of(kind, size)
-    if not url.startswith("http://"):
-        raise ValueError(f"peer URL {url!r} is not http://")
-    request = urllib.request.Request(f"{url}/{urllib.parse.quote(rel)}", headers={"Authorization": f"Bearer {key}"})  # noqa: S310 - checked above
     got = 0
-    with urllib.request.urlopen(request, timeout=30) as answer, open(partial, "wb") as out:  # noqa: S310
+    with _open_source(source, rel, key) as answer, open(partial, "wb") as out:
         for block in iter(lambda: answer.read(4 << 20), b""):
             digest.update(block)
             out.write(block)
@@ -189,13 +201,16 @@ def _fetch_from_peer(root: str, rel: str, entry: list[Any], url: str, key: str) 
 def _from_peers(
     root: str, lock: dict[str, list[Any]], bad: list[str], req: dict[str, Any], cache: dict[str, list[Any]]
 ) -> tuple[list[str], dict[str, int], dict[str, str]]:
-    """Fetch ``bad`` files from the run's peers, spread over them; returns the files placed, the
-    bytes each peer gave, and for each file no peer could give, the last cause."""
+    """Fetch ``bad`` files from the sources (a local mirror folder, the run's peers), spread over
+    them; returns the files placed, the bytes each source gave, and for each file no source could
+    give, the last cause."""
     peers = req.get("peers") or []
     if not peers or not bad:
         return [], {}, {}
-    with open(req["peer_key_file"], encoding="utf-8") as f:
-        key = f.read().strip()
+    key = None
+    if any("url" in p for p in peers):
+        with open(req["peer_key_file"], encoding="utf-8") as f:
+            key = f.read().strip()
     given: dict[str, int] = {}
     causes: dict[str, str] = {}
     mutex = threading.Lock()
@@ -204,7 +219,7 @@ def _from_peers(
         for turn in range(len(peers)):
             peer = peers[(index + turn) % len(peers)]
             try:
-                entry, size = _fetch_from_peer(root, rel, lock[rel], peer["url"], key)
+                entry, size = _fetch_from(root, rel, lock[rel], peer, key)
             except (OSError, ValueError, urllib.error.URLError) as exc:
                 with mutex:
                     causes[rel] = f"{peer['host']}: {type(exc).__name__}: {exc}"

@@ -49,6 +49,8 @@ class WeightsTarget:
     peer_key_file: str = ""
     # the port a source host serves its files to others on, None: every host fetches from the Hub
     fan_out_port: int | None = None
+    # the revision's folder in a local mirror (a mount), tried first
+    mirror: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,11 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             token=_hub_token(recipe.paths.config),
             peer_key_file=f"{recipe.paths.config}/secrets/weights-transfer-key",
             fan_out_port=recipe.weights.fan_out.port if recipe.weights.fan_out else None,
+            mirror=(
+                f"{recipe.weights.mirror_path}/{recipe.model.dir_name}/{recipe.model.revision}"
+                if recipe.weights.mirror_path
+                else None
+            ),
         )
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)

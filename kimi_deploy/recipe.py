@@ -120,6 +120,9 @@ class Scrub(Strict):
 
 
 class Weights(Strict):
+    # A folder laid out like paths.models (``<dir>/<org>--<name>/<revision>/``) on every host, e.g. a
+    # network mount: files are copied from it, verified, before peers and the Hub are asked.
+    mirror_path: AbsPath | None = None
     fan_out: FanOut | None = None
     scrub: Scrub | None = Scrub()
 

@@ -40,7 +40,8 @@ def revision(
     + token_file: a host file (mode 0600) holding the Hub token, if any
     + current: what the host probe found (missing, unverified and extra files)
     + full_verify: re-hash every file now, whatever the cache says (finds silent corruption)
-    + peers: hosts of this run serving the revision (``[{"host", "url"}]``), tried before the Hub
+    + peers: where to copy files from before the Hub: a local mirror folder (``{"host", "path"}``)
+      and hosts of this run serving the revision (``{"host", "url"}``)
     + peer_key_file: the host file holding this run's transfer key (with ``peers``)
     + progress_log: where long transfers append bytes, rate and ETA every few seconds
 

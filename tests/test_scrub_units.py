@@ -29,7 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def files(scrub: Scrub) -> dict[str, str]:
     out = scrub_files(
-        scrub, config_dir="/etc/kimi", tools_dir="/opt/kimi/tools", python="/opt/kimi/tools/hh/bin/python", request=REQUEST
+        scrub,
+        config_dir="/etc/kimi",
+        tools_dir="/opt/kimi/tools",
+        python="/opt/kimi/tools/hh/bin/python",
+        request=REQUEST,
     )
     return {f.path: f.content for f in out}
 
@@ -37,7 +41,9 @@ def files(scrub: Scrub) -> dict[str, str]:
 def test_the_scrub_runs_the_sync_program_in_scrub_mode_at_idle_priority() -> None:
     rendered = files(Scrub(schedule="Sun *-*-* 03:00:00", repair=False))
     service = rendered["/etc/systemd/system/kimi-weights-scrub.service"]
-    assert "IOSchedulingClass=idle" in service and "Nice=19" in service and "CPUSchedulingPolicy=idle" in service
+    assert "IOSchedulingClass=idle" in service
+    assert "Nice=19" in service
+    assert "CPUSchedulingPolicy=idle" in service
     assert (
         "ExecStart=/opt/kimi/tools/hh/bin/python /opt/kimi/tools/kimi-weights-sync.py "
         "--config /etc/kimi/kimi-weights-scrub.json" in service

@@ -9,7 +9,12 @@ from kimi_deploy.weights_fanout import FanOutPart, Source, WeightsHost, plan_fan
 WANTS = ("moonshotai/Kimi-K3.1-Pro", "a" * 40, "/srv/models/moonshotai--Kimi-K3.1-Pro/" + "a" * 40)
 READY: dict[str, Any] = {"exists": True, "missing": [], "unverified": [], "extra": []}
 EMPTY: dict[str, Any] = {"exists": False, "missing": [], "unverified": [], "extra": []}
-DAMAGED: dict[str, Any] = {"exists": True, "missing": ["model-00057-of-00096.safetensors"], "unverified": [], "extra": []}
+DAMAGED: dict[str, Any] = {
+    "exists": True,
+    "missing": ["model-00057-of-00096.safetensors"],
+    "unverified": [],
+    "extra": [],
+}
 
 
 def host(i: int, found: dict[str, Any] | None, port: int | None = 8479, **kw: Any) -> WeightsHost:
@@ -28,8 +33,10 @@ def test_hosts_holding_the_files_verified_are_the_sources_and_the_hub_is_not_ask
     assert parts["h1"] == FanOutPart(None, (), ("10.0.0.2", "10.0.0.4"))
     assert parts["h3"] == FanOutPart(None, (), ("10.0.0.2", "10.0.0.4"))
     # Each fetching host starts at another source, so the load spreads.
-    assert parts["h2"].sync == "peers" and [p.host for p in parts["h2"].peers] == ["h1", "h3"]
-    assert parts["h4"].sync == "peers" and [p.host for p in parts["h4"].peers] == ["h3", "h1"]
+    assert parts["h2"].sync == "peers"
+    assert [p.host for p in parts["h2"].peers] == ["h1", "h3"]
+    assert parts["h4"].sync == "peers"
+    assert [p.host for p in parts["h4"].peers] == ["h3", "h1"]
 
 
 def test_a_converged_cluster_fetches_nothing_and_serves_nothing() -> None:

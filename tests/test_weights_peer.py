@@ -94,7 +94,9 @@ def _get(url: str, key: str | None) -> tuple[int, bytes]:
         return exc.code, b""
 
 
-def test_the_peer_service_answers_verified_files_to_the_run_key_only(source: tuple[str, Path, dict[str, list[Any]]]) -> None:
+def test_the_peer_service_answers_verified_files_to_the_run_key_only(
+    source: tuple[str, Path, dict[str, list[Any]]],
+) -> None:
     url, root, _ = source
     assert _get(f"{url}/a.safetensors", KEY) == (200, (root / "a.safetensors").read_bytes())
     assert _get(f"{url}/sub/b.json", KEY) == (200, b"{}\n")
@@ -163,3 +165,17 @@ def test_a_peer_serving_a_corrupted_file_is_passed_over_for_the_next(tmp_path: P
     assert result["from_peers"] == {"good": len(data)}
     assert (tmp_path / "host2/revision/w.bin").read_bytes() == data
     assert not list((tmp_path / "host2/revision/.kimi/partial").iterdir())
+
+
+def test_a_local_mirror_folder_is_a_source_too_and_needs_no_key(tmp_path: Path) -> None:
+    mirror = tmp_path / "mnt" / "revision"
+    lock = make_revision(mirror, {"a.safetensors": os.urandom(50_000), "config.json": b"{}\n"})
+    # The Hub's address is dead: a sync that asked it would fail.
+    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(tmp_path / "host2" / "revision"), "lock": lock,
+               "endpoint": "http://127.0.0.1:9/", "retries": 0, "peers": [{"host": "mirror", "path": str(mirror)}]}  # fmt: skip
+    run = subprocess.run([sys.executable, str(ROOT / "hostside/weights_sync.py"), pack(request)],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["from_peers"] == {"mirror": 50_003}
+    for rel in lock:
+        assert (tmp_path / "host2/revision" / rel).read_bytes() == (mirror / rel).read_bytes()
