@@ -7,7 +7,7 @@ reboots with ``systemctl reboot`` and comes back with the new driver loaded. The
 the cluster is killed with SIGKILL and ``down`` still removes all of it.
 
 The cluster has its own state directory and subnet (``KIMI_NVIDIA_TEST_SUBNET``, default
-10.213.9.0/24), so it runs beside the default cluster; the test is skipped when that subnet's
+10.213.10.0/24), so it runs beside the default cluster; the test is skipped when that subnet's
 bridge already exists.
 """
 
@@ -29,7 +29,7 @@ from tests.localcluster.conftest import TIMINGS, Cluster, checked, cluster_cli, 
 
 pytestmark = pytest.mark.localcluster
 
-SUBNET = os.environ.get("KIMI_NVIDIA_TEST_SUBNET", "10.213.9.0/24")
+SUBNET = os.environ.get("KIMI_NVIDIA_TEST_SUBNET", "10.213.10.0/24")
 HOST = "kimi-h1"
 DRIVER, NEWER = "580.95.05", "580.105.08"
 # The guide's compute-only install on Debian, plus what an HGX or NVL72 system needs besides.
