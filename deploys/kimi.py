@@ -20,14 +20,19 @@ from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
 from facts.inventory_probe import active_hosts, probe_all, probe_of
+from kimi_deploy.commcheck_plan import check_request, needs_check, run_token
 from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
+from kimi_deploy.servespec import HostPlan
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
-from operations import engine, preflight, releases, serving, units, users, weights
+from operations import commcheck, engine, preflight, releases, serving, units, users, weights
+
+# kimi_deploy.servespec.Unit.stage -> the name of its start operation
+STAGES = {0: "Services: stores", 1: "Services", 2: "Services: workers", 3: "Services: routers"}
 
 
 def probe_request(h: Host) -> dict[str, Any]:
@@ -125,6 +130,37 @@ if target is not None and target.fan_out_port is not None and fan_out.sync == "p
 if target is not None and fan_out.serves:
     weights.peer_server_stopped(name="Weights no longer served to peers")
 
+
+def topology_in_run() -> list[HostPlan]:
+    """The hosts of this host's topology that this run covers (whether or not they answered)."""
+    hosts = [(p, inventory.get_host(p.host, None)) for p in deploy.topology]
+    return [p for p, h in hosts if h is not None and state.is_host_in_limit(h)]
+
+
+def restarts_in_topology() -> list[str]:
+    """Hosts of this topology in the run where some unit will (re)start, or that could not be
+    probed (down, unreachable): the communication check is needed then."""
+    out = []
+    for peer in topology_in_run():
+        result = probed.get(peer.host)
+        if result is None or isinstance(result, BaseException):
+            out.append(peer.host)
+            continue
+        work = todo_for(inventory, inventory.get_host(peer.host))[1]
+        if any(units.needs_start(u.release, result["units"].get(u.name)) for u in work.units):
+            out.append(peer.host)
+    return out
+
+
+# Before anything of the new release is put in place: a failed check leaves every host of the
+# topology exactly as it was (files, current release, running engines).
+if needs_check(deploy.topology):
+    commcheck.passed(
+        name="Communication check",
+        request=check_request(deploy.recipe, spec, topology_in_run(), run_token()) if restarts_in_topology() else None,
+        why_not=f"no engine of topology {spec.topology} starts or restarts",
+    )
+
 units.rendered(name="Rendered units and configs", files=todo.files, group=todo.user, current=found["files"])
 
 releases.current(
@@ -139,16 +175,24 @@ releases.current(
 for timer in todo.timers:
     units.timer(name="Timers", unit=timer, current=found["timers"].get(timer))
 
+# Started in order across the whole run: stores, then engine leaders, then workers, then routers.
+# host.loop puts the stage in each operation's order, so pyinfra finishes a stage on every host
+# before it begins the next one anywhere.
+for stage in host.loop(STAGES):  # type: ignore[no-untyped-call]
+    for unit in [u for u in todo.units if u.stage == stage]:
+        current = found["units"].get(unit.name)
+        units.running(name=STAGES[stage], unit=unit.name, release=unit.release, current=current)
+
+# Only once every unit of every stage runs: a leader answers when its workers have joined, and a
+# router when its prefill and decode engines answer.
 for unit in todo.units:
-    current = found["units"].get(unit.name)
-    units.running(name="Services", unit=unit.name, release=unit.release, current=current)
     if unit.smoke is not None:
         serving.verified(
             name="Smoke test",
             unit=unit.name,
             url=unit.smoke.url,
             request=unit.smoke.request,
-            restarted=units.needs_start(unit.release, current),
+            restarted=units.needs_start(unit.release, found["units"].get(unit.name)),
         )
 
 # Only now that the planned revision is verified and serving: all but it and the rollback copy go.

@@ -65,6 +65,8 @@ class UnitTarget:
     release: str
     smoke: SmokeCheck | None
     ports: dict[int, str]
+    # start order across the topology: 0 stores, 1 engine leaders, 2 engine workers, 3 routers
+    stage: int = 1
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                 },
             )
         ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
-        units.append(UnitTarget(unit.name, digest(mine), smoke, ports))
+        units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage))
     record: dict[str, Any] = {
         "topology": spec.topology,
         "pool": spec.pool,

@@ -32,6 +32,8 @@ class DeployPlan:
     recipe_file: str
     spec: HostPlan
     host: InventoryHost
+    # every host of this host's topology, this one included, in plan order
+    topology: tuple[HostPlan, ...] = ()
 
 
 def plan_for(inventory: Any, host: Any, label: str | None = None) -> DeployPlan:
@@ -42,7 +44,8 @@ def plan_for(inventory: Any, host: Any, label: str | None = None) -> DeployPlan:
     """
     recipe_file = host.data.get("kimi_recipe") or DEFAULT_RECIPE
     recipe, ours, full = _whole_plan(inventory, recipe_file, label or inventory_label())
-    return DeployPlan(recipe, recipe_file, full.for_host(host.name), ours.host(host.name))
+    spec = full.for_host(host.name)
+    return DeployPlan(recipe, recipe_file, spec, ours.host(host.name), full.topology(spec.topology))
 
 
 # pyinfra runs a deploy file once per host: the whole inventory is planned once per run and

@@ -248,6 +248,20 @@ class Ports(Strict):
     mooncake_metadata: Port = 8080
     bootstrap: Port = 8998
     router: Port = 8000
+    # the communication check's own port on every host of a multi-host topology (before starts)
+    comm_check: Port = 29499
+
+
+class CommCheck(Strict):
+    """The check run across the hosts of a multi-host topology before any engine (re)starts."""
+
+    # every pair of hosts must move data at least this fast over TCP (a bounded test)
+    min_mbit_s: Positive = 1000
+    bytes: Positive = 32 * 2**20
+    max_s: Annotated[float, Field(gt=0, le=60)] = 3.0
+    deadline_s: Annotated[float, Field(ge=2, le=600)] = 20.0
+    # with nccl-tests on the hosts: all_reduce_perf bus bandwidth at the largest size, GB/s
+    nccl_min_busbw_gbs: Annotated[float, Field(gt=0)] | None = None
 
 
 class Topology(Strict):
@@ -264,6 +278,7 @@ class Topology(Strict):
     router: Router | None = None
     expose: Expose | None = None
     ports: Ports = Ports()
+    comm_check: CommCheck = CommCheck()
     env: dict[EnvName, str] = {}
 
     @model_validator(mode="after")

@@ -47,6 +47,8 @@ INCLUDE = (
     "ca-certificates",
     "rsync",
     "curl",
+    # Firewall rules inside a host (tests: a port blocked between two hosts).
+    "nftables",
 )
 SSHD_CONFIG = """\
 # kimi-cluster: root logs in with its key only.

@@ -1,0 +1,63 @@
+"""The communication check of a multi-host topology: which hosts take part and what each tests.
+
+Pure: from the plan. A topology needs the check when its hosts talk to each other (an instance
+spanning hosts, prefill/decode pools, a router). Every host of it listens on the ports its peers
+will reach (each unit's ports on the host's address; an API bound to loopback is nobody else's
+business) and reaches every port every other host listens on, plus the check's own port, where a
+bounded bandwidth test also runs. The hosts run ``hostside/commcheck.py`` at the same time and
+exchange results, so a failure anywhere fails every host of the topology.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from kimi_deploy.listen import LOOPBACK
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import HostPlan
+
+
+def needs_check(hosts: Sequence[HostPlan]) -> bool:
+    """Whether the hosts of one topology communicate with each other."""
+    return len(hosts) > 1 and any(h.nodes > 1 or h.role != "serve" for h in hosts)
+
+
+def reachable_ports(host: HostPlan) -> list[dict[str, Any]]:
+    """The ports other hosts reach on ``host`` (once its units run), labelled for the report."""
+    ports: dict[int, str] = {}
+    for unit in host.units:
+        for label, port in sorted(unit.listens.items()):
+            if label == "api" and unit.bind == LOOPBACK:
+                continue
+            ports.setdefault(port, f"{unit.name} {label}")
+    return [{"port": port, "label": label} for port, label in sorted(ports.items())]
+
+
+def check_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: str) -> dict[str, Any]:
+    """``me``'s request to ``hostside/commcheck.py``; ``hosts`` are every host of its topology."""
+    topology = recipe.topologies[me.topology]
+    check = topology.comm_check
+    return {
+        "run": run,
+        "me": me.host,
+        "address": me.address,
+        "port": topology.ports.comm_check,
+        "listen": reachable_ports(me),
+        "peers": [
+            {"host": h.host, "address": h.address, "ports": reachable_ports(h)} for h in hosts if h.host != me.host
+        ],
+        "bandwidth": {"bytes": check.bytes, "min_mbit_s": check.min_mbit_s, "max_s": check.max_s},
+        "deadline_s": check.deadline_s,
+    }
+
+
+_RUN: list[str] = []
+
+
+def run_token() -> str:
+    """One token per run, the same on every host: a check from another run is never trusted."""
+    if not _RUN:
+        _RUN.append(secrets.token_hex(8))
+    return _RUN[0]

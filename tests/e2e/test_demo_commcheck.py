@@ -1,0 +1,159 @@
+"""The communication check and the start order on the demo cluster: before the SGLang engines of demo-sglang (kimi-h3
+leader, kimi-h4 worker) restart, both hosts must reach each other's ports fast enough.
+
+Each test changes the topology's environment (a change that restarts both engines) and breaks one
+thing between the hosts: a firewall rule inside kimi-h3, kimi-h4 gone from the network, a link
+shaped to a crawl. The check names the pair or host and the cause, on both hosts, and no engine is
+started or restarted: the release that was serving keeps serving, its files untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localcluster.state import Settings
+from tests.e2e.demo import ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
+)
+
+TOPOLOGY = ("kimi-h3", "kimi-h4")
+UNIT = "/etc/systemd/system/kimi-sglang.service"
+
+
+@pytest.fixture
+def serving(demo_cluster: None) -> dict[str, int]:
+    run = pyinfra()
+    assert run.code == 0, run.log[-3000:]
+    return {host: main_pid(host, "kimi-sglang") for host in TOPOLOGY}
+
+
+def _restarting(tmp_path: Path) -> Path:
+    """The demo recipe with a changed environment for demo-sglang: both of its engines restart."""
+    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data["topologies"]["demo-sglang"]["env"] = {"KIMI_DEMO_GENERATION": tmp_path.name}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _untouched(before: dict[str, int], units: dict[str, str]) -> None:
+    assert {host: main_pid(host, "kimi-sglang") for host in TOPOLOGY} == before
+    assert {host: ssh(host, "sha256sum", UNIT) for host in TOPOLOGY} == units
+    key = (STATE_DIR / "api-key").read_text(encoding="utf-8").strip()
+    assert key  # the engine still answers the key it was started with
+    answer = chat(f"http://{address('kimi-h3')}:30000", "Reply with exactly the word READY and nothing else.")
+    assert answer["choices"][0]["message"]["content"] == "READY"
+
+
+def _check_lines(log: str) -> dict[str, str]:
+    """The comm check's line for each host that printed one."""
+    out: dict[str, str] = {}
+    for line in log.splitlines():
+        for host in TOPOLOGY:
+            if f"[{host}] kimi-deploy: comm check:" in line:
+                out.setdefault(host, line.split("kimi-deploy: comm check: ", 1)[1].strip())
+    return out
+
+
+def _veth(host: str) -> str:
+    return Settings.from_env().veth(address(host))
+
+
+@pytest.fixture
+def units(serving: dict[str, int]) -> dict[str, str]:
+    return {host: ssh(host, "sha256sum", UNIT) for host in TOPOLOGY}
+
+
+def test_a_restart_passes_the_check_on_both_hosts_first(serving: dict[str, int], tmp_path: Path) -> None:
+    run = pyinfra("--data", f"kimi_recipe={_restarting(tmp_path)}")
+    assert run.code == 0, run.log[-3000:]
+    changed = run.changed()
+    assert changed["Communication check"] == list(TOPOLOGY)
+    assert {host: main_pid(host, "kimi-sglang") for host in TOPOLOGY} != serving
+    # The leader was started before the worker (the hosts share one kernel, so one monotonic clock).
+    started = {
+        host: int(ssh(host, "systemctl show -p ExecMainStartTimestampMonotonic --value kimi-sglang"))
+        for host in TOPOLOGY
+    }
+    assert 0 < started["kimi-h3"] < started["kimi-h4"]
+    # Back to the demo recipe (another restart, checked again); then nothing to check.
+    assert pyinfra().changed()["Communication check"] == list(TOPOLOGY)
+    assert "Communication check" not in pyinfra().changed()
+
+
+@pytest.fixture
+def firewall() -> Iterator[None]:
+    rules = (
+        "nft add table inet kimitest && "
+        "nft add chain inet kimitest input '{ type filter hook input priority 0; }' && "
+        f"nft add rule inet kimitest input ip saddr {address('kimi-h4')} tcp dport 29500 drop"
+    )
+    ssh("kimi-h3", rules)
+    try:
+        yield
+    finally:
+        ssh("kimi-h3", "nft delete table inet kimitest")
+
+
+def test_a_port_blocked_between_two_hosts_is_named_and_nothing_restarts(
+    serving: dict[str, int], units: dict[str, str], firewall: None, tmp_path: Path
+) -> None:
+    run = pyinfra("--data", f"kimi_recipe={_restarting(tmp_path)}")
+    assert run.code != 0
+    assert sorted(run.errors()["Communication check"]) == list(TOPOLOGY)
+    lines = _check_lines(run.log)
+    assert lines == dict.fromkeys(TOPOLOGY, "kimi-h4 -> kimi-h3:29500 (kimi-sglang dist_init): timed out")
+    _untouched(serving, units)
+
+
+def test_a_host_down_is_named_and_nothing_restarts(
+    serving: dict[str, int], units: dict[str, str], tmp_path: Path
+) -> None:
+    veth = _veth("kimi-h4")
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)  # kimi-h4 is off the network
+    try:
+        run = pyinfra("--data", f"kimi_recipe={_restarting(tmp_path)}")
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    assert run.code != 0
+    lines = _check_lines(run.log)
+    assert list(lines) == ["kimi-h3"]  # pyinfra could not reach kimi-h4 at all
+    assert lines["kimi-h3"].startswith("kimi-h4 did not report within 15 s (host down?"), lines
+    _untouched(serving, units)
+
+
+@pytest.fixture
+def crawl() -> Iterator[None]:
+    # Into kimi-h4 at 2 Mbit/s: SSH still works, the recipe asks for 200.
+    veth = _veth("kimi-h4")
+    subprocess.run(
+        ["tc", "qdisc", "replace", "dev", veth, "root", "tbf", "rate", "2mbit", "burst", "32kb", "latency", "400ms"],
+        check=True,
+    )
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False)
+
+
+def test_a_link_shaped_to_a_crawl_is_named_with_its_rate_and_nothing_restarts(
+    serving: dict[str, int], units: dict[str, str], crawl: None, tmp_path: Path
+) -> None:
+    run = pyinfra("--data", f"kimi_recipe={_restarting(tmp_path)}")
+    assert run.code != 0
+    lines = _check_lines(run.log)
+    assert set(lines) == set(TOPOLOGY)
+    line = lines["kimi-h3"]
+    assert line.startswith("kimi-h3 -> kimi-h4: "), line
+    assert line.endswith(" Mbit/s, needs >= 200 Mbit/s"), line
+    assert float(line.split(": ")[1].split()[0]) < 5
+    _untouched(serving, units)
