@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from localcluster.state import Settings
-from tests.e2e.demo import ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh
+from tests.e2e.demo import BIN, ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -156,4 +156,27 @@ def test_a_link_shaped_to_a_crawl_is_named_with_its_rate_and_nothing_restarts(
     assert line.startswith("kimi-h3 -> kimi-h4: "), line
     assert line.endswith(" Mbit/s, needs >= 200 Mbit/s"), line
     assert float(line.split(": ")[1].split()[0]) < 5
+    _untouched(serving, units)
+
+
+def test_the_check_runs_alone_and_changes_nothing(serving: dict[str, int], units: dict[str, str]) -> None:
+    def alone() -> tuple[int, str]:
+        run = subprocess.run(
+            [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/commcheck.py", "-y"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        return run.returncode, run.stdout + run.stderr
+
+    code, log = alone()
+    assert code == 0, log[-3000:]
+    # The engines hold their ports: reaching them counts, and nothing is restarted.
+    ssh("kimi-h3", "nft add table inet kimitest && nft add chain inet kimitest input "
+        f"'{{ type filter hook input priority 0; }}' && nft add rule inet kimitest input ip saddr {address('kimi-h4')} "
+        "tcp dport 30000 drop")  # fmt: skip
+    try:
+        code, log = alone()
+    finally:
+        ssh("kimi-h3", "nft delete table inet kimitest")
+    assert code != 0
+    assert _check_lines(log) == dict.fromkeys(TOPOLOGY, "kimi-h4 -> kimi-h3:30000 (kimi-sglang api): timed out")
     _untouched(serving, units)
