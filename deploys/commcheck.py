@@ -12,9 +12,10 @@ from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
-from kimi_deploy.commcheck_plan import check_request, needs_check, run_token
+from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.run_id import run_id
 from operations import commcheck
 
 try:
@@ -24,6 +25,6 @@ except ConfigError as exc:
 
 if needs_check(deploy.topology):
     in_run = [p for p in deploy.topology if state.is_host_in_limit(inventory.get_host(p.host))]
-    commcheck.passed(name="Communication check", request=check_request(deploy.recipe, deploy.spec, in_run, run_token()))
+    commcheck.passed(name="Communication check", request=check_request(deploy.recipe, deploy.spec, in_run, run_id()))
 else:
     logger.info(f"{host.name}: topology {deploy.spec.topology} has no traffic between hosts to check")

@@ -20,12 +20,13 @@ from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
 from facts.inventory_probe import active_hosts, probe_all, probe_of
-from kimi_deploy.commcheck_plan import check_request, needs_check, run_token
+from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
+from kimi_deploy.run_id import run_id
 from kimi_deploy.servespec import HostPlan
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
@@ -157,7 +158,7 @@ def restarts_in_topology() -> list[str]:
 if needs_check(deploy.topology):
     commcheck.passed(
         name="Communication check",
-        request=check_request(deploy.recipe, spec, topology_in_run(), run_token()) if restarts_in_topology() else None,
+        request=check_request(deploy.recipe, spec, topology_in_run(), run_id()) if restarts_in_topology() else None,
         why_not=f"no engine of topology {spec.topology} starts or restarts",
     )
 
@@ -170,6 +171,7 @@ releases.current(
     record=todo.release.record,
     links=todo.release.links,
     found=found["current"],
+    run=run_id(),
 )
 
 for timer in todo.timers:
@@ -194,6 +196,10 @@ for unit in todo.units:
             request=unit.smoke.request,
             restarted=units.needs_start(unit.release, found["units"].get(unit.name)),
         )
+
+releases.serving(
+    name="Release recorded serving", release_dir=todo.release.dir, last=found.get("last_release"), run=run_id()
+)
 
 # Only now that the planned revision is verified and serving: all but it and the rollback copy go.
 if target is not None and found.get("revisions") is not None:

@@ -13,14 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from gevent.event import Event  # type: ignore[import-untyped]
+from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
 from facts.host_state import KimiHostState
 
-# One entry for the current run: (state, done, {host name: result or the exception its probe raised}).
-_last: tuple[State, Any, dict[str, Any]] | None = None
+# Per fact class, one entry for the current run: (state, done, {host name: result or exception}).
+_last: dict[type[FactBase[Any]], tuple[State, Any, dict[str, Any]]] = {}
 
 
 def active_hosts(state: State) -> list[Host]:
@@ -28,21 +29,23 @@ def active_hosts(state: State) -> list[Host]:
     return [h for h in state.inventory if h in state.active_hosts]
 
 
-def probe_all(state: State, request_of: Callable[[Host], dict[str, Any]]) -> dict[str, Any]:
-    """Every active host's ``KimiHostState`` (called with ``request_of(host)`` as its arguments), or
-    the exception its probe raised; probed once per run, all hosts in parallel."""
-    global _last  # noqa: PLW0603 - a one-entry cache for the current run
+def probe_all(
+    state: State, request_of: Callable[[Host], dict[str, Any]], fact: type[FactBase[Any]] = KimiHostState
+) -> dict[str, Any]:
+    """Every active host's ``fact`` (called with ``request_of(host)`` as its arguments), or the
+    exception its probe raised; probed once per run, all hosts in parallel."""
     run = ctx_state.get() or state  # type: ignore[no-untyped-call]  # the run's State, not a proxy
-    if _last is not None and _last[0] is run:
-        _last[1].wait()
-        return _last[2]
+    last = _last.get(fact)
+    if last is not None and last[0] is run:
+        last[1].wait()
+        return last[2]
     done, results = Event(), dict[str, Any]()
-    _last = (run, done, results)
+    _last[fact] = (run, done, results)
 
     def one(host: Host) -> Any:
         with ctx_state.use(run), ctx_host.use(host):
             try:
-                return host.get_fact(KimiHostState, **request_of(host))
+                return host.get_fact(fact, **request_of(host))
             except Exception as exc:  # noqa: BLE001 - raised again in that host's own deploy
                 return exc
 
@@ -55,11 +58,13 @@ def probe_all(state: State, request_of: Callable[[Host], dict[str, Any]]) -> dic
     return results
 
 
-def probe_of(state: State, host: Host, request_of: Callable[[Host], dict[str, Any]]) -> Any:
+def probe_of(
+    state: State, host: Host, request_of: Callable[[Host], dict[str, Any]], fact: type[FactBase[Any]] = KimiHostState
+) -> Any:
     """``host``'s probe result; its probe's exception is raised here, in its own deploy."""
-    results = probe_all(state, request_of)
+    results = probe_all(state, request_of, fact)
     if host.name not in results:  # activated after the others were probed
-        results[host.name] = host.get_fact(KimiHostState, **request_of(host))
+        results[host.name] = host.get_fact(fact, **request_of(host))
     result = results[host.name]
     if isinstance(result, BaseException):
         raise result

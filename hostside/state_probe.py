@@ -123,13 +123,24 @@ def _revisions(parent: str, log: str = "/var/lib/kimi/releases.log") -> dict[str
         lines = []
     for line in lines:
         try:
-            with open(os.path.join(line.split(" ", 1)[1], "release.json"), encoding="utf-8") as f:
+            with open(os.path.join(line.split()[1], "release.json"), encoding="utf-8") as f:
                 revision = json.load(f).get("revision")
         except (OSError, ValueError, IndexError):
             continue
         if revision:
             history.append(revision)
     return {"present": present, "history": history}
+
+
+def _last_release(log: str = "/var/lib/kimi/releases.log") -> list[str] | None:
+    """The release log's last entry: [time, release dir, outcome] (outcome "" in old entries)."""
+    try:
+        with open(log, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    parts = lines[-1].split() if lines else []
+    return [*parts, ""][:3] if len(parts) >= 2 else None
 
 
 def _timers(names: list[str]) -> dict[str, Any]:
@@ -198,6 +209,36 @@ def _unit_of(pid: str) -> str:
     return ""
 
 
+def _releases(log: str = "/var/lib/kimi/releases.log", last: int = 200) -> dict[str, Any]:
+    """The release log's entries ([time, dir, outcome, run]) and, for each release named there,
+    its record and whether what it links to is still whole: the engine venv (its marker), the
+    weights revision (its verification cache) and the copies of its files."""
+    try:
+        with open(log, encoding="utf-8") as f:
+            entries = [[*line.split(), "", ""][:4] for line in f.read().splitlines()[-last:] if line.split()]
+    except OSError:
+        entries = []
+    records: dict[str, Any] = {}
+    for _, folder, _, _ in entries:
+        if folder in records:
+            continue
+        try:
+            with open(os.path.join(folder, "release.json"), encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            records[folder] = None
+            continue
+        model = os.path.join(folder, "model")
+        cache = os.path.join(model, ".kimi", "verify-cache.json")
+        records[folder] = {
+            "record": record,
+            "engine": _marker(os.path.join(folder, "engine")) is not None,
+            "model": os.path.isfile(cache) if os.path.lexists(model) else None,
+            "files": all(os.path.isfile(os.path.join(folder, "files", p.lstrip("/"))) for p in record.get("files", [])),
+        }
+    return {"entries": entries, "records": records}
+
+
 def main() -> None:
     request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
     try:
@@ -206,16 +247,22 @@ def main() -> None:
     except KeyError:
         user = False
     weights = request.get("weights")
+    releases = _releases() if request.get("releases") else None
+    names = list(request.get("units", []))
+    for entry in (releases or {}).get("records", {}).values():
+        names += [n for n in ((entry or {}).get("record") or {}).get("units", {}) if n not in names]
     result = {
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
         "weights": _weights(weights) if weights else None,
         "files": {p: _sha256(p) for p in request.get("files", [])},
-        "units": _units(request.get("units", [])),
+        "units": _units(names),
         "timers": _timers(request.get("timers", [])),
         "revisions": _revisions(request["models"]) if request.get("models") else None,
         "listeners": _listeners([int(p) for p in request.get("ports", [])]),
         "current": _readlink(request.get("link")),
+        "last_release": _last_release(),
+        "releases": releases,
     }
     print(json.dumps(result, sort_keys=True))
 

@@ -10,7 +10,6 @@ exchange results, so a failure anywhere fails every host of the topology.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,13 +50,3 @@ def check_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: 
         "bandwidth": {"bytes": check.bytes, "min_mbit_s": check.min_mbit_s, "max_s": check.max_s},
         "deadline_s": check.deadline_s,
     }
-
-
-_RUN: list[str] = []
-
-
-def run_token() -> str:
-    """One token per run, the same on every host: a check from another run is never trusted."""
-    if not _RUN:
-        _RUN.append(secrets.token_hex(8))
-    return _RUN[0]

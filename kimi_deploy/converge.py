@@ -208,6 +208,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
         units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage))
     record: dict[str, Any] = {
+        # 2: the release folder holds what a rollback needs (files, stages, smoke checks, pins)
+        "format": 2,
         "topology": spec.topology,
         "pool": spec.pool,
         "role": spec.node_role,
@@ -218,6 +220,22 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         "units": {u.name: u.release for u in units},
     }
     release_id = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+    # What a rollback to this release needs besides its id: the files to put back (never a secret),
+    # the start order, the smoke checks, and the recipe pins that make a converge come back to it.
+    pins = {f"engines.{spec.engine}.version": spec.engine_version}
+    if spec.role == "router":
+        pins = {f"routers.{spec.engine}.version": spec.engine_version}
+    else:
+        engine_release = recipe.engines[spec.engine]  # type: ignore[index]
+        pins |= {f"engines.{spec.engine}.packages.{k}": v for k, v in sorted(engine_release.packages.items())}
+    if weights is not None:
+        pins["model.revision"] = recipe.model.revision
+    record |= {
+        "files": sorted(f.path for f in files if not f.secret),
+        "stages": {u.name: u.stage for u in units},
+        "smoke": {u.name: {"url": u.smoke.url, "request": u.smoke.request} for u in units if u.smoke},
+        "pins": pins,
+    }
     links = {"engine": venvs[0].path}
     if weights is not None:
         links["model"] = weights.path

@@ -10,11 +10,12 @@ from pyinfra.context import host
 
 
 @operation()
-def passed(failures: list[str]) -> Generator[str, None, None]:
+def passed(failures: list[str], what: str = "preflight") -> Generator[str, None, None]:
     """
     Let the host go on only when every preflight gate passed.
 
     + failures: the failed gates' lines (``kimi_deploy.preflight.check``)
+    + what: the word each line starts with (``preflight``; ``rollback`` for a rollback's checks)
 
     A failure fails this host here, as its first operation: nothing on it changes, and the other
     hosts go on.
@@ -22,5 +23,5 @@ def passed(failures: list[str]) -> Generator[str, None, None]:
     if not failures:
         host.noop("every preflight gate passes")
         return
-    lines = " ".join(shlex.quote(f"kimi-deploy: preflight: {line}") for line in failures)
+    lines = " ".join(shlex.quote(f"kimi-deploy: {what}: {line}") for line in failures)
     yield f"printf '%s\\n' {lines} >&2; exit 1"

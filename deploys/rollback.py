@@ -1,0 +1,86 @@
+"""Undo the latest converge: ``pyinfra inventories/prod.py deploys/rollback.py``.
+
+Every host whose release the latest converge switched goes back to the release it last served
+before: its files put back from the release's copies, the ``current`` link switched, its units
+restarted in the planner's order across hosts (stores, leaders, workers, routers) and smoke
+tested. Nothing is installed or downloaded: the engine release and the weights revision it names
+must still be on the host (converges keep the previous ones), or that host stops with one line
+saying what is gone. Each host prints the recipe pins to commit so that the next converge keeps
+the release it went back to; hosts the latest converge did not change are left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.host import Host
+from pyinfra.context import host, inventory, state
+
+from facts.inventory_probe import probe_all, probe_of
+from kimi_deploy.deploy_plan import plan_for
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.recipe import Paths
+from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
+from kimi_deploy.run_id import run_id
+from operations import preflight, releases, serving, units
+
+STAGES = {0: "Services: stores", 1: "Services", 2: "Services: workers", 3: "Services: routers"}
+
+
+def paths_of(h: Host) -> Paths:
+    """Where the host keeps releases: from its recipe if it loads (a rollback must work even when
+    the recipe now names something broken), else the defaults."""
+    try:
+        return plan_for(inventory, h).recipe.paths
+    except ConfigError:
+        return Paths()
+
+
+def probe_request(h: Host) -> dict[str, Any]:
+    paths = paths_of(h)
+    return {"request": {"user": paths.user, "link": paths.current, "releases": True}}
+
+
+found = probe_of(state, host, probe_request)
+probed = probe_all(state, probe_request)
+run = latest_run(r["releases"]["entries"] for r in probed.values() if not isinstance(r, BaseException))
+try:
+    plan = plan_rollback(host.name, found["current"], found["releases"]["entries"], found["releases"]["records"], run)
+    failures: list[str] = []
+except RollbackError as exc:
+    plan, failures = Rollback(None, {}), [str(exc)]
+
+preflight.passed(name="Rollback target", failures=failures, what="rollback")
+
+if plan.target is None and not failures:
+    logger.info(plan.why)
+elif plan.target is not None:
+    record = plan.record
+    logger.info(pins_line(host.name, plan))
+    releases.restored(name="Files of the release", release_dir=plan.target, files=record.get("files", []))
+    paths = paths_of(host)
+    releases.current(
+        name="Current release",
+        link=paths.current,
+        release_dir=plan.target,
+        record=record,
+        links={},
+        found=found["current"],
+        run=run_id(),
+        outcome="rolled-back",
+    )
+    for stage in host.loop(STAGES):  # type: ignore[no-untyped-call]
+        for name, unit_stage in sorted(record.get("stages", {}).items()):
+            if unit_stage == stage:
+                current = found["units"].get(name)
+                units.running(name=STAGES[stage], unit=name, release=record["units"][name], current=current)
+    for name, smoke in sorted(record.get("smoke", {}).items()):
+        serving.verified(
+            name="Smoke test",
+            unit=name,
+            url=smoke["url"],
+            request=smoke["request"],
+            restarted=units.needs_start(record["units"][name], found["units"].get(name)),
+        )
+    releases.serving(name="Release recorded serving", release_dir=plan.target, last=None, run=run_id())
