@@ -28,12 +28,11 @@ from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.run_id import run_id
 from kimi_deploy.servespec import HostPlan
+from kimi_deploy.start_batches import batch_of
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
-from operations import commcheck, engine, preflight, releases, serving, units, users, weights
-
-# kimi_deploy.servespec.Unit.stage -> the name of its start operation
-STAGES = {0: "Services: stores", 1: "Services", 2: "Services: workers", 3: "Services: routers"}
+from operations import commcheck, engine, preflight, releases, units, users, weights
+from operations.start_order import start_batch
 
 
 def probe_request(h: Host) -> dict[str, Any]:
@@ -162,40 +161,69 @@ if needs_check(deploy.topology):
         why_not=f"no engine of topology {spec.topology} starts or restarts",
     )
 
-units.rendered(name="Rendered units and configs", files=todo.files, group=todo.user, current=found["files"])
+my_batch = batch_of(spec, deploy.topology)
+first_batch = [p.host for p in deploy.topology if batch_of(p, deploy.topology) == 0]
 
-releases.current(
-    name="Current release",
-    link=todo.release.link,
-    release_dir=todo.release.dir,
-    record=todo.release.record,
-    links=todo.release.links,
-    found=found["current"],
-    run=run_id(),
-)
 
-for timer in todo.timers:
-    units.timer(name="Timers", unit=timer, current=found["timers"].get(timer))
+def first_batch_ok() -> bool:
+    """At execute time: no host of this topology's first batch failed (else the second batch
+    keeps serving the release it runs)."""
+    return not any(inventory.get_host(name, None) in state.failed_hosts for name in first_batch)
 
-# Started in order across the whole run: stores, then engine leaders, then workers, then routers.
-# host.loop puts the stage in each operation's order, so pyinfra finishes a stage on every host
-# before it begins the next one anywhere.
-for stage in host.loop(STAGES):  # type: ignore[no-untyped-call]
-    for unit in [u for u in todo.units if u.stage == stage]:
-        current = found["units"].get(unit.name)
-        units.running(name=STAGES[stage], unit=unit.name, release=unit.release, current=current)
 
-# Only once every unit of every stage runs: a leader answers when its workers have joined, and a
-# router when its prefill and decode engines answer.
-for unit in todo.units:
-    if unit.smoke is not None:
-        serving.verified(
-            name="Smoke test",
-            unit=unit.name,
-            url=unit.smoke.url,
-            request=unit.smoke.request,
-            restarted=units.needs_start(unit.release, found["units"].get(unit.name)),
-        )
+def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
+    if batch != my_batch:
+        return []
+    return [(u.stage, u.name, u.release, found["units"].get(u.name)) for u in todo.units]
+
+
+def my_checks(batch: int) -> list[dict[str, Any]]:
+    if batch != my_batch:
+        return []
+    return [
+        {
+            "unit": u.name,
+            "url": u.smoke.url,
+            "request": u.smoke.request,
+            "restarted": units.needs_start(u.release, found["units"].get(u.name)),
+        }
+        for u in todo.units
+        if u.smoke is not None
+    ]
+
+
+def put_in_place(batch: int, go: Any = None) -> None:
+    """This host's new release in place, in its own batch: its rendered files, its timers and the
+    ``current`` link. A host of the second batch keeps its files and link as they are, and the
+    engine they describe, until the first batch serves."""
+    if batch != my_batch:
+        return
+    suffix = "" if batch == 0 else " (second batch)"
+    units.rendered(
+        name=f"Rendered units and configs{suffix}", files=todo.files, group=todo.user, current=found["files"], _if=go
+    )
+    releases.current(
+        name=f"Current release{suffix}",
+        link=todo.release.link,
+        release_dir=todo.release.dir,
+        record=todo.release.record,
+        links=todo.release.links,
+        found=found["current"],
+        run=run_id(),
+        _if=go,
+    )
+    for timer in todo.timers:
+        units.timer(name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
+
+
+# Every host takes every step of the start order (the steps are barriers across hosts): the first
+# batch's release is put in place, started and answers its smoke tests on every host before the
+# second batch changes anything anywhere; the second batch goes only if no host of the first
+# batch of this topology failed.
+put_in_place(0)
+start_batch(0, my_units(0), my_checks(0))
+put_in_place(1, first_batch_ok)
+start_batch(1, my_units(1), my_checks(1), first_batch_ok)
 
 releases.serving(
     name="Release recorded serving", release_dir=todo.release.dir, last=found.get("last_release"), run=run_id()

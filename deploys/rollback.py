@@ -23,9 +23,8 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.run_id import run_id
-from operations import preflight, releases, serving, units
-
-STAGES = {0: "Services: stores", 1: "Services", 2: "Services: workers", 3: "Services: routers"}
+from operations import preflight, releases, units
+from operations.start_order import start_batch
 
 
 def paths_of(h: Host) -> Paths:
@@ -70,17 +69,20 @@ elif plan.target is not None:
         run=run_id(),
         outcome="rolled-back",
     )
-    for stage in host.loop(STAGES):  # type: ignore[no-untyped-call]
-        for name, unit_stage in sorted(record.get("stages", {}).items()):
-            if unit_stage == stage:
-                current = found["units"].get(name)
-                units.running(name=STAGES[stage], unit=name, release=record["units"][name], current=current)
-    for name, smoke in sorted(record.get("smoke", {}).items()):
-        serving.verified(
-            name="Smoke test",
-            unit=name,
-            url=smoke["url"],
-            request=smoke["request"],
-            restarted=units.needs_start(record["units"][name], found["units"].get(name)),
-        )
+# Every host takes every step of the start order, whether it goes back or not (see start_order).
+mine = [
+    (stage, name, plan.record["units"][name], found["units"].get(name))
+    for name, stage in sorted(plan.record.get("stages", {}).items())
+]
+checks = [
+    {
+        "unit": name,
+        "url": smoke["url"],
+        "request": smoke["request"],
+        "restarted": units.needs_start(plan.record["units"][name], found["units"].get(name)),
+    }
+    for name, smoke in sorted(plan.record.get("smoke", {}).items())
+]
+start_batch(0, mine, checks)
+if plan.target is not None:
     releases.serving(name="Release recorded serving", release_dir=plan.target, last=None, run=run_id())

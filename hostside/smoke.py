@@ -56,9 +56,12 @@ def _call(url: str, key: str | None, body: Any = None) -> tuple[int, Any]:
         return status, None
 
 
-def _active(unit: str) -> str:
-    out = subprocess.run(["systemctl", "is-active", f"{unit}.service"], capture_output=True, text=True, check=False)
-    return out.stdout.strip()
+def _state(unit: str) -> dict[str, str]:
+    show = subprocess.run(
+        ["systemctl", "show", f"{unit}.service", "-p", "ActiveState,SubState,NRestarts,ExecMainStatus"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
 
 
 def _fail(req: dict[str, Any], reason: str) -> None:
@@ -85,9 +88,12 @@ def main() -> None:
         status, _ = _call(f"{base}/health", key)
         if status == 200:
             break
-        state = _active(req["unit"])
-        if state in ("failed", "inactive"):
-            _fail(req, f"{req['unit']} is {state} before it became ready")
+        state = _state(req["unit"])
+        if state.get("ActiveState") in ("failed", "inactive"):
+            _fail(req, f"{req['unit']} is {state.get('ActiveState')} before it became ready")
+        if state.get("SubState") == "auto-restart" or int(state.get("NRestarts") or 0) > 0:
+            # Exited since this converge started it: systemd's restarts will not make it ready.
+            _fail(req, f"{req['unit']} exited with status {state.get('ExecMainStatus')} before it became ready")
         if time.monotonic() > deadline:
             _fail(req, f"not ready after {req['timeout_s']} s (last /health status {status})")
         time.sleep(0.2)

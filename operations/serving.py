@@ -12,16 +12,19 @@ from kimi_deploy.hostside_command import hostside_command
 
 
 @operation()
-def verified(unit: str, url: str, request: dict[str, Any], restarted: bool) -> Generator[str, None, None]:
+def verified(checks: list[dict[str, Any]]) -> Generator[str, None, None]:
     """
-    Wait (bounded) until ``unit`` is ready, then check /v1/models and a chat completion.
+    Wait (bounded) until each (re)started unit is ready, then check /v1/models and a chat completion.
 
-    + unit: the engine unit
-    + url: its API base on the host (``http://127.0.0.1:8000``)
-    + request: served name, prompt, expected content, timeout, API key file and variable
-    + restarted: whether this run (re)starts the unit; a unit left running is not re-checked
+    + checks: for each unit with an API on this host in this step: ``unit``, ``url`` (its API base
+      on the host, ``http://127.0.0.1:8000``), ``request`` (served name, prompt, expected content,
+      timeout, API key file and variable) and ``restarted`` (whether this run (re)starts it: a
+      unit left running is not re-checked); may be empty
     """
-    if not restarted:
-        host.noop(f"{unit} serves the release it was verified with")
+    todo = [c for c in checks if c["restarted"]]
+    if not todo:
+        host.noop(f"{', '.join(c['unit'] for c in checks)} serve the release they were verified with" if checks
+                  else "no unit of this host to check in this step")  # fmt: skip
         return
-    yield hostside_command("python3", "smoke.py", {"unit": unit, "url": url, **request})
+    for c in todo:
+        yield hostside_command("python3", "smoke.py", {"unit": c["unit"], "url": c["url"], **c["request"]})

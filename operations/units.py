@@ -61,26 +61,31 @@ def needs_start(release: str, current: dict[str, Any] | None) -> bool:
 
 
 @operation()
-def running(unit: str, release: str, current: dict[str, Any] | None) -> Generator[str, None, None]:
+def started(units: list[tuple[str, str, dict[str, Any] | None]]) -> Generator[str, None, None]:
     """
-    Keep ``unit`` enabled and running the given release, restarting it only when it changed.
+    Keep each unit enabled and running its release, (re)starting only those that changed.
 
-    + unit: the unit's name without ``.service``
-    + release: the digest of everything the unit reads (``digest``)
-    + current: the unit's state from the probe (active, pid, applied release)
+    + units: ``(unit, release, current)`` for each unit of this host in this step: the unit's name
+      without ``.service``, the digest of everything it reads (``digest``), and its state from the
+      probe (active, pid, applied release); may be empty
+
+    Every host of a run calls this for every step of the start order, units or not, so that
+    pyinfra runs a step on all hosts before the next step anywhere.
     """
     q = shlex.quote
-    if not needs_start(release, current):
-        assert current is not None
-        host.noop(f"{unit} is running release {release[:12]} (pid {current.get('pid')})")
+    todo = [(unit, release, current) for unit, release, current in units if needs_start(release, current)]
+    if not todo:
+        running = ", ".join(f"{unit} ({(current or {}).get('pid')})" for unit, _, current in units)
+        host.noop(f"running already: {running}" if units else "no unit of this host starts in this step")
         return
-    verb = "restart" if current is not None and current.get("active") in ("active", "activating") else "start"
-    yield " && ".join([
-        f"systemctl enable --quiet {q(unit)}.service",
-        f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
-        "install -d -m 0755 /var/lib/kimi/applied",
-        f"printf '%s\\n' {q(release)} > /var/lib/kimi/applied/{q(unit)}",
-    ])  # fmt: skip
+    for unit, release, current in todo:
+        verb = "restart" if current is not None and current.get("active") in ("active", "activating") else "start"
+        yield " && ".join([
+            f"systemctl enable --quiet {q(unit)}.service",
+            f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
+            "install -d -m 0755 /var/lib/kimi/applied",
+            f"printf '%s\\n' {q(release)} > /var/lib/kimi/applied/{q(unit)}",
+        ])  # fmt: skip
 
 
 @operation()

@@ -54,7 +54,8 @@ def upgraded(demo_cluster: None, tmp_path: Path) -> Iterator[None]:
     recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     run = pyinfra("--data", f"kimi_recipe={recipe}")
     assert run.code == 0, run.log[-3000:]
-    assert run.changed()["Services"] == list(VLLM_HOSTS)
+    assert run.changed()["Services: leaders"] == ["kimi-h1"]
+    assert run.changed()["Services: leaders (second batch)"] == ["kimi-h2"]
     assert {_engine(h) for h in VLLM_HOSTS} == {"/opt/kimi/engines/vllm-0.34.1+fastsafetensors-0.5.0/bin/vllm"}
     try:
         yield

@@ -134,7 +134,7 @@ def test_upgrade_fetches_only_what_changed_and_rollback_fetches_nothing(converge
         kept = ssh("kimi-h1", "ls /srv/models/moonshotai--Kimi-K3.1-Pro-Tiny")
         for host in ENGINE_HOSTS:  # leave the hosts as the other tests expect them: revision A only
             ssh(host, "rm", "-rf", f"/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/{REVISION_B}")
-    assert back["Services"]  # the engines went back to revision A...
+    assert back["Services: leaders"]  # the engines went back to revision A...
     assert "Weights at the pinned revision" not in back
     assert _served() == {}  # ...without a byte from the Hub
     assert kept.split() == sorted([REVISION, REVISION_B])  # and B stays, the rollback copy

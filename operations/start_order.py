@@ -1,0 +1,40 @@
+"""The order units start in across a run: batches, then stages, then the smoke tests of a batch.
+
+A plain function every deploy that starts units calls once per batch, on every host, whether or
+not the host has units there: pyinfra orders operations by each host's own sequence, so a step
+is a barrier across hosts only if every host takes it. Stages: stores, engine leaders, engine
+workers, routers; a leader answers once its workers have joined, and a router once its engines
+answer, so the smoke tests come after the last stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyinfra.context import host
+
+from operations import serving, units
+
+STAGES = ("stores", "leaders", "workers", "routers")  # kimi_deploy.servespec.Unit.stage
+
+
+def start_batch(
+    batch: int,
+    mine: list[tuple[int, str, str, dict[str, Any] | None]],
+    checks: list[dict[str, Any]],
+    go: Callable[[], bool] | None = None,
+) -> None:
+    """Start this host's units of ``batch`` in stage order, then smoke test them.
+
+    + batch: 0 for the first batch, 1 for the second
+    + mine: this host's units in this batch, ``(stage, unit, release, current)`` (empty for a host
+      of the other batch: it still takes every step)
+    + checks: the smoke checks of those units (``serving.verified``)
+    + go: evaluated when the step runs; False skips it (the first batch failed somewhere)
+    """
+    suffix = "" if batch == 0 else " (second batch)"
+    for stage in host.loop(range(len(STAGES))):  # type: ignore[no-untyped-call]
+        steps = [(unit, release, current) for s, unit, release, current in mine if s == stage]
+        units.started(name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)
+    serving.verified(name=f"Smoke test{suffix}", checks=checks, _if=go)
