@@ -36,7 +36,7 @@ from localcluster.pkgindex import IndexServer, serve
 from localcluster.standins.kimi_standin.cmdline import Catalog
 from localcluster.standins.kimi_standin.engine import check_command_line
 from localcluster.standins.vllm_router_main import parse_args as router_args
-from localcluster.wheels import DEFAULT_RELEASES, build_all, build_wheel, catalog_json
+from localcluster.wheels import DEFAULT_RELEASES, build_all, build_wheel, catalog_json, catalog_source
 from tests.unit_file import exec_argv
 
 LOAD_SECONDS = "0.2"
@@ -237,7 +237,9 @@ def test_wheels_rebuild_byte_identical_and_carry_their_catalog(tmp_path: Path) -
             data = wheel.read(name)
             assert len(data) == int(size)
             assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    assert (catalog["version"], catalog["catalog_of"]) == ("0.34.1", "0.34.0")
+    assert (catalog["version"], catalog["catalog_of"]) == ("0.34.1", "0.34.1")
+    # A patch release without a catalog of its own carries the newest older one's.
+    assert catalog_source("vllm", "0.34.2") == "0.34.1"
     assert "--max-model-len" in catalog["flags"]
     assert "kimi_k3" in catalog["registries"]["tool_call_parser"]
     assert "vllm = vllm.entrypoints.cli.main:main" in entry_points
