@@ -1,7 +1,8 @@
 """The local demo cluster made by ``kimi-deploy cluster up``: its hosts, read from its state file.
 
 Hosts are real (systemd-nspawn machines with their own address and sshd); SSH checks their host
-keys strictly. The cluster's package index and Hub stand in for PyPI and huggingface.co.
+keys strictly. The cluster's package index, Hub and apt repository stand in for PyPI,
+huggingface.co and NVIDIA's CUDA repository.
 """
 
 import json
@@ -22,6 +23,9 @@ _common = {
     "kimi_pip_index_url": _state["services"]["index"]["url"],
     "kimi_hf_endpoint": _state["services"]["hub"]["url"],
 }
+# The cluster's twin of NVIDIA's CUDA apt repository, when it serves one.
+if "apt" in _state["services"]:
+    _common["kimi_nvidia_repo_url"] = _state["services"]["apt"]["url"]
 
 _hosts = [(h["name"], {"ssh_hostname": h["address"], **_common}) for h in _state["hosts"]]
 

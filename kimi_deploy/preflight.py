@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kimi_deploy.driver_plan import needs_imex
 from kimi_deploy.host_profile import matches_model
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
@@ -31,6 +32,9 @@ class Needs:
     weights_bytes: int
     missing_bytes: int
     rdma_devices: list[str]
+    # The run's drivers step (deploys/drivers.py) installs the fabric manager and IMEX at the driver's
+    # version and refuses a host whose fabric manager would differ: their gates are its to decide.
+    drivers_step: bool = False
 
 
 def _gib(n: float) -> str:
@@ -96,6 +100,8 @@ def host_ram(needs: Needs, profile: dict[str, Any]) -> str | None:
 
 def fabric_manager(needs: Needs, profile: dict[str, Any]) -> str | None:
     """On NVSwitch systems the fabric manager must be exactly the driver's version (else CUDA 802)."""
+    if needs.drivers_step:
+        return None
     drivers = profile.get("drivers") or {}
     packages: dict[str, str] = drivers.get("packages") or {}
     # The kernel module's version, else what NVML or nvidia-smi reports.
@@ -109,7 +115,7 @@ def fabric_manager(needs: Needs, profile: dict[str, Any]) -> str | None:
 def imex(needs: Needs, profile: dict[str, Any]) -> str | None:
     """A tensor-parallel instance over GB200/GB300 trays needs IMEX for multi-node NVLink."""
     spec = needs.spec
-    if spec.role == "router" or spec.nodes < 2 or not spec.accelerator_model.startswith("GB"):
+    if needs.drivers_step or not needs_imex(spec):
         return None
     state = (profile.get("drivers") or {}).get("imex_active")
     if state != "active":

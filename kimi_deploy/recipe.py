@@ -85,9 +85,22 @@ class RouterRelease(Strict):
 
 
 class NvidiaDriver(Strict):
+    """The NVIDIA driver from NVIDIA's apt repository: a branch (``"580"``: the newest release of
+    it at first install, kept afterwards) or, with ``version``, exactly one release; the open or
+    proprietary kernel modules; the compute-only set or the full driver."""
+
     branch: Annotated[str, StringConstraints(pattern=r"^[0-9]{3}$")]
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?$")] | None = None
     flavor: Literal["open", "proprietary"] = "open"
     compute_only: bool = True
+    # The package that installs the repository's key and source, fetched from the repository itself.
+    keyring: Annotated[str, StringConstraints(pattern=r"^[0-9][A-Za-z0-9.+~-]*$")] = "1.1-1"
+
+    @model_validator(mode="after")
+    def _version_on_branch(self) -> NvidiaDriver:
+        if self.version is not None and self.version.split(".", 1)[0] != self.branch:
+            raise ValueError(f"version {self.version} is not on branch {self.branch}")
+        return self
 
 
 class TpuRuntime(Strict):

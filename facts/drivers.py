@@ -1,0 +1,43 @@
+"""The host's drivers state, read by one probe round-trip (hostside/driver_probe.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyinfra.api.facts import FactBase
+
+from kimi_deploy.hostside_command import hostside_command
+
+
+class DriversState(FactBase[dict[str, Any]]):
+    """Installed NVIDIA packages and holds, the loaded driver and NVML's, services, files, sysctls.
+
+    .. code:: python
+
+        {
+            "os": {"id": "debian", "version_id": "12", "pretty": "...", "arch": "amd64"},
+            "kernel": "6.1.0-26-amd64", "headers": False,
+            "packages": {"nvidia-driver-cuda": {"version": "580.95.05-1", "held": True}},
+            "sources": ["deb [signed-by=...] https://.../debian12/x86_64/ /"],
+            "module": "580.95.05" | None,
+            "nvml": {"version": "580.95.05"} | {"error": "..."} | None,
+            "reboot_required": ["nvidia-driver-cuda"] | None,
+            "services": {"nvidia-fabricmanager": {"active": "active", "enabled": "enabled"}},
+            "files": {"/etc/nvidia-imex/nodes_config.cfg": "<sha256>" | None},
+            "sysctl": {"vm.max_map_count": "65530"},
+            "boot_id": "...",
+        }
+    """
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "python3"
+
+    def command(self, request: dict[str, Any]) -> str:
+        return hostside_command("python3", "driver_probe.py", request)
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(output[-1])
+        if "error" in result:
+            raise ValueError(f"drivers probe: {result['error']}")
+        return result

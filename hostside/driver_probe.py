@@ -1,0 +1,174 @@
+"""What the drivers step decides on, read in one round-trip: prints one JSON line.
+
+Stdlib only, Python 3.10+. Input: one argument, base64 of zlib-compressed JSON (every key optional):
+  {"nvidia": bool: ask nvidia-smi which driver NVML runs, "services": [unit], "files": [path],
+   "sysctl": [key such as "vm.max_map_count"], "timeout_s": float (default 10)}
+
+Output:
+  {"os": {"id", "version_id", "pretty", "arch": dpkg's architecture | None},
+   "kernel": "6.1.0-26-amd64", "headers": bool (the running kernel's build tree, what DKMS needs),
+   "packages": {name: {"version": "580.95.05-1", "held": bool}}   (installed NVIDIA and CUDA packages),
+   "sources": ["deb [signed-by=...] https://.../debian12/x86_64/ /"]  (the lines of cuda-* apt sources),
+   "module": "580.95.05" | None   (the loaded kernel module's version),
+   "nvml": {"version": "580.95.05"} | {"error": "Failed to initialize NVML: ..."} | None (no nvidia-smi),
+   "reboot_required": ["nvidia-driver-cuda", ...] | None (no reboot asked for),
+   "services": {unit: {"active": "active", "enabled": "enabled" | "" (no such unit)}},
+   "files": {path: sha256 | None}, "sysctl": {key: value | None}, "boot_id": str}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from typing import Any
+
+PACKAGE_PATTERNS = ("nvidia-*", "cuda-keyring", "cuda-drivers*")
+SOURCES_DIR = "/etc/apt/sources.list.d"
+_NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
+_ENV = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+
+
+def _text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _start(argv: list[str]) -> subprocess.Popen[str] | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV
+    )
+
+
+def _finish(proc: subprocess.Popen[str] | None, timeout: float) -> tuple[int | None, str, str]:
+    if proc is None:
+        return None, "", ""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return None, out, f"timed out after {timeout:g} s"
+    return proc.returncode, out, err
+
+
+def _os_release() -> dict[str, Any]:
+    values: dict[str, Any] = {"id": None, "version_id": None, "pretty": None}
+    for line in (_text("/etc/os-release") or _text("/usr/lib/os-release") or "").splitlines():
+        key, _, value = line.partition("=")
+        name = {"ID": "id", "VERSION_ID": "version_id", "PRETTY_NAME": "pretty"}.get(key.strip())
+        if name:
+            values[name] = value.strip().strip("\"'")
+    return values
+
+
+def _packages(stdout: str) -> dict[str, Any]:
+    found = {}
+    for line in stdout.splitlines():
+        fields = line.split("\t")
+        # db:Status-Abbrev: desired action ("h": hold) then state ("i": installed), e.g. "hi ".
+        if len(fields) == 3 and fields[2][1:2] == "i":
+            found[fields[0]] = {"version": fields[1], "held": fields[2][:1] == "h"}
+    return found
+
+
+def _sources() -> list[str]:
+    lines = []
+    try:
+        names = sorted(n for n in os.listdir(SOURCES_DIR) if n.startswith("cuda"))
+    except OSError:
+        names = []
+    for name in names:
+        for line in (_text(os.path.join(SOURCES_DIR, name)) or "").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                lines.append(line.strip())
+    return lines
+
+
+def _module() -> str | None:
+    version = (_text("/sys/module/nvidia/version") or "").strip()
+    if version:
+        return version
+    match = _NVRM.search(_text("/proc/driver/nvidia/version") or "")
+    return match.group(1) if match else None
+
+
+def _nvml(rc: int | None, out: str, err: str) -> dict[str, str]:
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    if rc == 0 and lines:
+        return {"version": lines[0]}
+    said = lines + [line.strip() for line in err.splitlines() if line.strip()]
+    return {"error": said[0] if said else f"nvidia-smi exited with status {rc}"}
+
+
+def _services(units: list[str], stdout: str) -> dict[str, dict[str, str]]:
+    found: dict[str, dict[str, str]] = {}
+    for block in stdout.split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        unit = props.get("Id", "").removesuffix(".service")
+        if unit in units:
+            found[unit] = {"active": props.get("ActiveState", ""), "enabled": props.get("UnitFileState", "")}
+    return {u: found.get(u, {"active": "unknown", "enabled": ""}) for u in units}
+
+
+def _digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def probe(request: dict[str, Any]) -> dict[str, Any]:
+    timeout = float(request.get("timeout_s") or 10)
+    units = [str(u) for u in request.get("services") or []]
+    kernel = os.uname().release
+    dpkg = _start(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *PACKAGE_PATTERNS])
+    arch = _start(["dpkg", "--print-architecture"])
+    smi = (
+        _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if request.get("nvidia") else None
+    )
+    show = _start(["systemctl", "show", "--property=Id,ActiveState,UnitFileState", *units]) if units else None
+    pending = _text("/run/reboot-required.pkgs")
+    smi_result = _finish(smi, timeout)
+    return {
+        "os": {**_os_release(), "arch": _finish(arch, timeout)[1].strip() or None},
+        "kernel": kernel,
+        "headers": os.path.isdir(f"/lib/modules/{kernel}/build"),
+        "packages": _packages(_finish(dpkg, timeout)[1]),
+        "sources": _sources(),
+        "module": _module(),
+        "nvml": _nvml(*smi_result) if smi is not None else None,
+        "reboot_required": (pending or "").split() if os.path.exists("/run/reboot-required") else None,
+        "services": _services(units, _finish(show, timeout)[1]),
+        "files": {str(p): _digest(str(p)) for p in request.get("files") or []},
+        "sysctl": {
+            str(k): (_text("/proc/sys/" + str(k).replace(".", "/")) or "").strip() or None
+            for k in request.get("sysctl") or []
+        },
+        "boot_id": (_text("/proc/sys/kernel/random/boot_id") or "").strip(),
+    }
+
+
+def main() -> None:
+    try:
+        request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+        result = probe(request if isinstance(request, dict) else {})
+    except Exception as exc:  # noqa: BLE001 - whatever happens, the caller gets one JSON line
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""What the drivers step makes true on one host, decided on the controller before any change.
+
+Pure: from the recipe's ``drivers``, the host's place in the plan and what its probe found
+(``hostside/driver_probe.py``), it decides, for an NVIDIA host, the apt repository, the pinning
+package, the driver set with the fabric manager and IMEX its hardware needs, the holds, the IMEX
+node list and whether the host must reboot into the driver; for a TPU host, the kernel settings
+serving needs. What would leave a host inconsistent is refused before any change, each refusal one
+line ``HOST: drivers: WHAT: expected ..., found ...``.
+
+Package names are those of NVIDIA's CUDA repository for Debian (the NVIDIA Driver Installation
+Guide, "Debian": compute-only ``nvidia-driver-cuda`` with ``nvidia-kernel-open-dkms`` or
+``nvidia-kernel-dkms``, full ``nvidia-open`` or ``cuda-drivers``; ``nvidia-driver-pinning-<branch>``
+or ``-<version>`` before the driver, "Version locking").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kimi_deploy.recipe import NvidiaDriver, Recipe
+from kimi_deploy.render import RenderedFile
+from kimi_deploy.servespec import HostPlan
+
+NVIDIA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos"
+REBOOT_FLAG = "--data kimi_reboot=allowed"
+FABRIC_MANAGER = "nvidia-fabricmanager"
+IMEX = "nvidia-imex"
+IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
+PIN_PREFIX = "nvidia-driver-pinning-"
+KEYRING = "cuda-keyring"
+# Debian's architecture -> the directory NVIDIA's repository keeps it in.
+REPO_ARCHES = {"amd64": "x86_64", "arm64": "sbsa"}
+# Baseboards whose GPUs meet in NVSwitches when a host carries eight of them (HGX); a board with
+# fewer (HGX H100 4-GPU, PCIe cards) links its GPUs directly and runs no fabric manager.
+HGX_MODELS = ("A100", "H100", "H200", "B200", "B300")
+HGX_GPUS = 8
+# Grace Blackwell trays: their GPUs reach the NVLink switch trays of the rack (GB200/GB300 NVL).
+NVL_PREFIX = "GB"
+
+# The kernel's default (65530) caps the memory mappings of a process; an engine mapping ~1.5 TB of
+# weight shards beside a host-DRAM KV cache twice the size of HBM needs far more of them.
+TPU_SYSCTL_FILE = "/etc/sysctl.d/60-kimi-tpu.conf"
+TPU_SYSCTL = {"vm.max_map_count": "1048576"}
+
+Reboot = Literal["no", "yes", "check"]
+
+
+def upstream(deb_version: str) -> str:
+    """The driver version of a Debian package version: ``580.95.05-1`` -> ``580.95.05``."""
+    return deb_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def needs_fabric_manager(model: str, per_host: int) -> bool:
+    """NVSwitch systems: 8-GPU HGX boards and Grace Blackwell NVL trays."""
+    words = model.upper().replace("NVIDIA", " ").split()
+    if any(w.startswith(NVL_PREFIX) for w in words):
+        return True
+    return per_host == HGX_GPUS and any(w in HGX_MODELS for w in words)
+
+
+def needs_imex(spec: HostPlan) -> bool:
+    """An engine instance spread over Grace Blackwell trays shares GPU memory over multi-node
+    NVLink, which IMEX brokers."""
+    return spec.role != "router" and spec.nodes > 1 and spec.accelerator_model.upper().startswith(NVL_PREFIX)
+
+
+def imex_domain(spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[HostPlan, ...]:
+    """The hosts of ``spec``'s engine instance: one IMEX domain, in plan order."""
+    return tuple(p for p in topology if p.pool == spec.pool and p.instance == spec.instance)
+
+
+def driver_packages(want: NvidiaDriver) -> tuple[str, ...]:
+    """The driver set: the first package carries the driver's version."""
+    if want.compute_only:
+        dkms = "nvidia-kernel-open-dkms" if want.flavor == "open" else "nvidia-kernel-dkms"
+        return ("nvidia-driver-cuda", dkms)
+    return ("nvidia-open",) if want.flavor == "open" else ("cuda-drivers",)
+
+
+def pin_package(want: NvidiaDriver) -> str:
+    return PIN_PREFIX + (want.version or want.branch)
+
+
+def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
+    """What ``hostside/driver_probe.py`` reads for this host."""
+    if spec.accelerator_vendor == "nvidia" and recipe.drivers.nvidia is not None:
+        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": [IMEX_NODES]}
+    if spec.accelerator_vendor == "tpu":
+        return {"files": [TPU_SYSCTL_FILE], "sysctl": sorted(TPU_SYSCTL)}
+    return {}
+
+
+@dataclass(frozen=True)
+class Repository:
+    """NVIDIA's repository for the host's release: ``url`` is ``<base>/debian12/x86_64``."""
+
+    url: str
+    keyring: str  # the keyring package's file in it: cuda-keyring_1.1-1_all.deb
+    present: bool  # cuda-keyring installed and an apt source pointing at ``url``
+    refresh: bool  # apt must read the repository again (something will be installed)
+
+
+@dataclass(frozen=True)
+class Service:
+    unit: str
+    active: str
+    enabled: str
+    restart: bool  # its package or its configuration changes this run
+
+
+@dataclass(frozen=True)
+class NvidiaPlan:
+    repository: Repository
+    pin: str
+    pin_installed: bool
+    packages: tuple[str, ...]  # the driver set, then the fabric manager and IMEX where needed
+    install: tuple[str, ...]  # apt-get install arguments: ``name`` or ``name=version``
+    unheld: tuple[str, ...]  # of ``packages``, installed but not held
+    headers: str | None  # linux-headers-<kernel> for DKMS, when installing and the host lacks them
+    target: str | None  # the driver version after this run; None: the newest of the branch
+    branch: str
+    loaded: str | None
+    reboot: Reboot
+    imex_nodes: RenderedFile | None
+    services: tuple[Service, ...]
+    # No reboot allowed and apt picks the release: the install must keep this version loaded, and
+    # stops with ``reboot_line`` (``{version}``: apt's candidate) before installing anything else.
+    keep_loaded: str | None = None
+    reboot_line: str = ""
+
+    @property
+    def target_text(self) -> str:
+        return self.target or f"{self.branch}.*"
+
+
+@dataclass(frozen=True)
+class SysctlPlan:
+    file: RenderedFile
+    values: Mapping[str, str]
+    current: Mapping[str, str | None]  # the running kernel's values
+
+
+@dataclass(frozen=True)
+class DriversPlan:
+    host: str
+    refusals: tuple[str, ...]
+    nvidia: NvidiaPlan | None = None
+    sysctl: SysctlPlan | None = None
+
+
+def loaded_driver(found: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The driver version the kernel runs (its module, else what NVML reports) and NVML's error."""
+    nvml = found.get("nvml") or {}
+    return found.get("module") or nvml.get("version"), nvml.get("error")
+
+
+def reboot_reason(found: Mapping[str, Any], driver_package: str) -> str | None:
+    """Why the host must reboot to run its installed driver (None: it runs it, NVML agrees)."""
+    package = (found.get("packages") or {}).get(driver_package)
+    if package is None:
+        return None
+    installed = upstream(package["version"])
+    loaded, error = loaded_driver(found)
+    if error:
+        return f"driver {installed} is installed, NVML says: {error}"
+    if loaded != installed:
+        return f"driver {installed} is installed, {loaded or 'none'} is loaded"
+    return None
+
+
+def reboot_refusal(host: str, what: str, found: Mapping[str, Any]) -> str:
+    """The line that stops a host needing a reboot the run may not make."""
+    loaded, error = loaded_driver(found)
+    now = f"NVML says: {error}" if error else f"{loaded or 'no driver'} is loaded"
+    return f"{host}: drivers: a reboot is needed to load driver {what} ({now}); allow it with {REBOOT_FLAG}"
+
+
+def _repository(host: str, base: str, want: NvidiaDriver, found: Mapping[str, Any]) -> Repository | str:
+    os_ = found.get("os") or {}
+    if os_.get("id") != "debian" or not os_.get("version_id"):
+        return f"{host}: drivers: NVIDIA's packages are planned for Debian, found {os_.get('pretty') or os_.get('id')}"
+    arch = os_.get("arch")
+    if arch not in REPO_ARCHES:
+        return f"{host}: drivers: NVIDIA's repository has {', '.join(REPO_ARCHES)} packages, found {arch}"
+    url = f"{base.rstrip('/')}/debian{str(os_['version_id']).split('.')[0]}/{REPO_ARCHES[arch]}"
+    sources = [line.split() for line in found.get("sources") or []]
+    present = KEYRING in (found.get("packages") or {}) and any(url in words or f"{url}/" in words for words in sources)
+    return Repository(url, f"{KEYRING}_{want.keyring}_all.deb", present, refresh=False)
+
+
+def _imex_nodes(host: str, spec: HostPlan, topology: tuple[HostPlan, ...]) -> RenderedFile | str:
+    domain = imex_domain(spec, topology)
+    for peer in domain:
+        try:
+            ipaddress.ip_address(peer.address)
+        except ValueError:
+            return (
+                f"{host}: drivers: IMEX lists IP addresses in {IMEX_NODES}, "
+                f"found {peer.address!r} for host {peer.host}: set its kimi_address"
+            )
+    why = f"# The IMEX domain of {spec.topology} pool {spec.pool} instance {spec.instance}, from the plan.\n"
+    return RenderedFile(IMEX_NODES, why + "".join(f"{p.address}\n" for p in domain), 0o644, "root")
+
+
+def _foreign(
+    host: str, managed: tuple[str, ...], target: str | None, branch: str, found: Mapping[str, Any]
+) -> str | None:
+    """A fabric manager or IMEX package this plan leaves as it is, at another version than the driver."""
+    for name, package in sorted((found.get("packages") or {}).items()):
+        kind = "fabric manager" if name.startswith(FABRIC_MANAGER) else "IMEX" if name.startswith(IMEX) else None
+        if kind is None or name in managed:
+            continue
+        if target is None or upstream(package["version"]) != target:
+            expected = target or f"the newest {branch} driver (pin drivers.nvidia.version to choose)"
+            return (
+                f"{host}: drivers: {kind} {name} would not match the driver: "
+                f"expected {expected}, found {package['version']}"
+            )
+    return None
+
+
+def plan_nvidia(
+    want: NvidiaDriver,
+    spec: HostPlan,
+    topology: tuple[HostPlan, ...],
+    found: Mapping[str, Any],
+    repo_url: str,
+) -> NvidiaPlan | str:
+    """The NVIDIA plan of one host, or the line refusing it."""
+    host = spec.host
+    repository = _repository(host, repo_url, want, found)
+    if isinstance(repository, str):
+        return repository
+    driver = driver_packages(want)
+    extras = (FABRIC_MANAGER,) if needs_fabric_manager(spec.accelerator_model, spec.accelerators) else ()
+    imex_nodes: RenderedFile | None = None
+    if needs_imex(spec):
+        nodes = _imex_nodes(host, spec, topology)
+        if isinstance(nodes, str):
+            return nodes
+        extras, imex_nodes = (*extras, IMEX), nodes
+    managed = driver + extras
+    installed: dict[str, dict[str, Any]] = found.get("packages") or {}
+
+    def version_of(name: str) -> str | None:
+        return upstream(installed[name]["version"]) if name in installed else None
+
+    current = version_of(driver[0])
+    if want.version is not None:
+        target: str | None = want.version
+    elif current is not None and current.split(".", 1)[0] == want.branch:
+        target = current  # a branch pin keeps the release installed on it
+    else:
+        target = None
+    refused = _foreign(host, managed, target, want.branch, found)
+    if refused:
+        return refused
+    stale = tuple(n for n in managed if target is None or version_of(n) != target)
+    if stale and want.version is None and target is not None:
+        # The branch pin alone would let apt take the newest release: name the installed one.
+        install = tuple(f"{n}={installed[driver[0]]['version']}" for n in stale)
+    else:
+        install = stale
+    pin = pin_package(want)
+    changes_driver = any(n in stale for n in driver)
+    loaded, error = loaded_driver(found)
+    reboot: Reboot
+    if not changes_driver:
+        reboot = "yes" if reboot_reason(found, driver[0]) else "no"
+    elif target is not None and loaded == target and not error:
+        reboot = "no"
+    elif target is None and loaded is not None and loaded.split(".", 1)[0] == want.branch and not error:
+        reboot = "check"  # apt picks the release: whether it is the loaded one shows after the install
+    else:
+        reboot = "yes"
+    services = []
+    for unit in extras:
+        state = (found.get("services") or {}).get(unit) or {}
+        nodes_changed = unit == IMEX and imex_nodes is not None and _changed(imex_nodes, found)
+        services.append(
+            Service(
+                unit,
+                state.get("active", ""),
+                state.get("enabled", ""),
+                restart=reboot != "yes" and (unit in stale or nodes_changed),
+            )
+        )
+    pin_installed = pin in installed
+    return NvidiaPlan(
+        repository=Repository(
+            repository.url, repository.keyring, repository.present, refresh=bool(install) or not pin_installed
+        ),
+        pin=pin,
+        pin_installed=pin_installed,
+        packages=managed,
+        install=install,
+        unheld=tuple(n for n in managed if n in installed and not installed[n].get("held")),
+        headers=f"linux-headers-{found.get('kernel')}" if changes_driver and not found.get("headers") else None,
+        target=target,
+        branch=want.branch,
+        loaded=loaded,
+        reboot=reboot,
+        imex_nodes=imex_nodes,
+        services=tuple(services),
+    )
+
+
+def _changed(f: RenderedFile, found: Mapping[str, Any]) -> bool:
+    return bool((found.get("files") or {}).get(f.path) != hashlib.sha256(f.content.encode()).hexdigest())
+
+
+def plan_drivers(
+    recipe: Recipe,
+    spec: HostPlan,
+    topology: tuple[HostPlan, ...],
+    found: Mapping[str, Any],
+    *,
+    repo_url: str | None = None,
+    reboot_allowed: bool = False,
+) -> DriversPlan:
+    """The drivers step of one host (``found``: its probe answer for ``probe_request``)."""
+    host = spec.host
+    if spec.accelerator_vendor == "tpu":
+        content = "".join(f"{key} = {value}\n" for key, value in sorted(TPU_SYSCTL.items()))
+        why = "# Host settings TPU serving needs, from kimi-deploy.\n"
+        file = RenderedFile(TPU_SYSCTL_FILE, why + content, 0o644, "root")
+        return DriversPlan(host, (), sysctl=SysctlPlan(file, TPU_SYSCTL, found.get("sysctl") or {}))
+    want = recipe.drivers.nvidia
+    if spec.accelerator_vendor != "nvidia" or want is None:
+        return DriversPlan(host, ())
+    nvidia = plan_nvidia(want, spec, topology, found, repo_url or NVIDIA_REPO)
+    if isinstance(nvidia, str):
+        return DriversPlan(host, (nvidia,))
+    if reboot_allowed or nvidia.reboot == "no":
+        return DriversPlan(host, (), nvidia)
+    if nvidia.reboot == "yes":
+        return DriversPlan(host, (reboot_refusal(host, nvidia.target_text, found),), nvidia)
+    line = reboot_refusal(host, "{version}", found)
+    return DriversPlan(host, (), dataclasses.replace(nvidia, keep_loaded=nvidia.loaded, reboot_line=line))

@@ -1,0 +1,390 @@
+"""The drivers step's plan: what each host of the example inventory gets, from what its probe found.
+
+Probe answers are ``tests/fixtures/driver_probe/*.json``, captured with ``hostside/driver_probe.py``
+on test hosts (fresh; converged on 580.95.05; upgraded to 590.48.01 and not rebooted), varied
+here one field at a time. Refusal lines are written out by hand: a change of wording shows here.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kimi_deploy.driver_plan import (
+    IMEX_NODES,
+    NVIDIA_REPO,
+    TPU_SYSCTL_FILE,
+    DriversPlan,
+    NvidiaPlan,
+    needs_fabric_manager,
+    plan_drivers,
+    probe_request,
+    upstream,
+)
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.inventory import Inventory, make_host
+from kimi_deploy.inventory_file import load_inventory
+from kimi_deploy.planner import plan
+from kimi_deploy.preflight import Needs, check
+from kimi_deploy.recipe import Drivers, NvidiaDriver, Recipe, load_recipe
+from kimi_deploy.servespec import HostPlan, Plan
+from tests.conftest import PROD, RECIPE, ROOT
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "driver_probe"
+LOCAL_REPO = "http://10.213.11.1:8767/compute/cuda/repos"
+FLAG = "allow it with --data kimi_reboot=allowed"
+
+
+def probe(name: str, **changes: Any) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+    found.update(changes)
+    return found
+
+
+def converged(**changes: Any) -> dict[str, Any]:
+    return probe("gb300-converged", **changes)
+
+
+@pytest.fixture(scope="module")
+def full_plan(recipe: Recipe, prod: Inventory) -> Plan:
+    return plan(recipe, RECIPE, prod)
+
+
+def pinned(recipe: Recipe, **nvidia: Any) -> Recipe:
+    """The recipe with ``drivers.nvidia`` replaced (branch 580 unless given)."""
+    return recipe.model_copy(update={"drivers": Drivers(nvidia=NvidiaDriver(**{"branch": "580", **nvidia}))})
+
+
+def drivers(
+    recipe: Recipe, full_plan: Plan, host: str, found: dict[str, Any], allowed: bool = False, repo: str = LOCAL_REPO
+) -> DriversPlan:
+    spec = full_plan.for_host(host)
+    return plan_drivers(recipe, spec, full_plan.topology(spec.topology), found, repo_url=repo, reboot_allowed=allowed)
+
+
+def nvidia_of(p: DriversPlan) -> NvidiaPlan:
+    assert p.nvidia is not None, p.refusals
+    return p.nvidia
+
+
+# Recipe and inventory keys -----------------------------------------------------------------------
+
+
+def _load(tmp_path: Path, **nvidia: Any) -> Recipe:
+    data = yaml.safe_load((ROOT / RECIPE).read_text(encoding="utf-8"))
+    data["drivers"]["nvidia"].update(nvidia)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    ("nvidia", "line"),
+    [
+        ({"version": "590.48.01"}, "drivers.nvidia: version 590.48.01 is not on branch 580"),
+        ({"version": 580.95}, "drivers.nvidia.version: Input should be a valid string, found float 580.95"),
+        ({"flavor": "closed"}, "drivers.nvidia.flavor: Input should be 'open' or 'proprietary', found str 'closed'"),
+        ({"compute_only": "yes"}, "drivers.nvidia.compute_only: Input should be a valid boolean, found str 'yes'"),
+        ({"pin": "580"}, "drivers.nvidia.pin: unknown key"),
+    ],
+)
+def test_a_bad_driver_pin_is_one_line(tmp_path: Path, nvidia: dict[str, Any], line: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, **nvidia)
+    assert str(err.value) == f"{tmp_path / 'r.yaml'}: {line}"
+
+
+def test_an_exact_version_on_the_branch_loads(tmp_path: Path) -> None:
+    want = _load(tmp_path, version="580.95.05").drivers.nvidia
+    assert want is not None
+    assert (want.branch, want.version, want.keyring) == ("580", "580.95.05", "1.1-1")
+
+
+def test_host_keys_of_the_drivers_step_are_checked() -> None:
+    with pytest.raises(ConfigError) as err:
+        make_host("inv.py", "h1", (), {"kimi_reboot": "yes"})
+    assert str(err.value) == "inv.py: host h1: kimi_reboot: Input should be 'allowed', found str 'yes'"
+    ok = make_host("inv.py", "h1", (), {"kimi_reboot": "allowed", "kimi_nvidia_repo_url": LOCAL_REPO})
+    assert (ok.vars.kimi_reboot, ok.vars.kimi_nvidia_repo_url) == ("allowed", LOCAL_REPO)
+
+
+# What each kind of host gets --------------------------------------------------------------------
+
+
+def test_nvswitch_systems_run_a_fabric_manager() -> None:
+    assert needs_fabric_manager("B300", 8)
+    assert needs_fabric_manager("NVIDIA H200", 8)
+    assert needs_fabric_manager("GB300", 4)
+    assert needs_fabric_manager("NVIDIA GB200", 4)
+    assert not needs_fabric_manager("H100", 4)  # HGX H100 4-GPU: GPUs linked directly
+    assert not needs_fabric_manager("L40S", 8)
+
+
+def test_a_fresh_b300_host_gets_repository_pin_driver_and_fabric_manager(recipe: Recipe, full_plan: Plan) -> None:
+    want = pinned(recipe, version="580.95.05")
+    p = nvidia_of(drivers(want, full_plan, "b300-01", probe("gb300-fresh")))
+    assert p.repository.url == f"{LOCAL_REPO}/debian12/x86_64"
+    assert p.repository.keyring == "cuda-keyring_1.1-1_all.deb"
+    assert (p.repository.present, p.repository.refresh) == (False, True)
+    assert (p.pin, p.pin_installed) == ("nvidia-driver-pinning-580.95.05", False)
+    assert p.install == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager")
+    assert p.packages == p.install
+    assert p.headers == "linux-headers-6.18.44-fc-v657"
+    # The test host's nvidia-smi reports 580.95.05 before any package: installing it needs no reboot.
+    assert (p.target, p.loaded, p.reboot) == ("580.95.05", "580.95.05", "no")
+    assert p.imex_nodes is None
+    assert [(s.unit, s.active, s.restart) for s in p.services] == [("nvidia-fabricmanager", "inactive", True)]
+
+
+def test_a_converged_host_has_nothing_to_do(recipe: Recipe, full_plan: Plan) -> None:
+    want = pinned(recipe, version="580.95.05")
+    found = converged(files={IMEX_NODES: None})
+    p = nvidia_of(drivers(want, full_plan, "gb300-p01", found))
+    assert (p.repository.present, p.repository.refresh, p.pin_installed) == (True, False, True)
+    assert (p.install, p.unheld, p.headers, p.reboot) == ((), (), None, "no")
+    assert p.imex_nodes is not None
+    imex = [s for s in p.services if s.unit == "nvidia-imex"]
+    # Only the node list differs from the capture's (another domain): it is written, IMEX restarted.
+    assert [s.restart for s in imex] == [True]
+    nodes = p.imex_nodes.content
+    found = converged(files={IMEX_NODES: hashlib.sha256(nodes.encode()).hexdigest()})
+    p = nvidia_of(drivers(want, full_plan, "gb300-p01", found))
+    assert not any(s.restart for s in p.services)
+
+
+def test_imex_lists_the_hosts_of_the_instance(recipe: Recipe, full_plan: Plan) -> None:
+    fresh = probe("gb300-fresh")
+    prefill = nvidia_of(drivers(recipe, full_plan, "gb300-p03", fresh))
+    assert prefill.packages == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager", "nvidia-imex")
+    assert prefill.imex_nodes is not None
+    assert prefill.imex_nodes.path == "/etc/nvidia-imex/nodes_config.cfg"
+    assert prefill.imex_nodes.content.splitlines()[1:] == ["10.41.0.13", "10.41.0.14"]
+    decode = nvidia_of(drivers(recipe, full_plan, "gb300-d02", fresh)).imex_nodes
+    assert decode is not None
+    assert decode.content.splitlines()[1:] == ["10.41.0.31", "10.41.0.32", "10.41.0.33", "10.41.0.34"]
+    # H200 hosts spanned by one instance talk over InfiniBand, not multi-node NVLink: no IMEX.
+    h200 = nvidia_of(drivers(recipe, full_plan, "h200-01", fresh))
+    assert h200.packages == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager")
+
+
+def test_imex_needs_ip_addresses(recipe: Recipe, full_plan: Plan) -> None:
+    spec = full_plan.for_host("gb300-p01")
+    peers = tuple(p if p.host != "gb300-p02" else _with_address(p, "gb300-p02.example") for p in full_plan.hosts)
+    p = plan_drivers(recipe, spec, peers, probe("gb300-fresh"), repo_url=LOCAL_REPO)
+    assert p.refusals == (
+        "gb300-p01: drivers: IMEX lists IP addresses in /etc/nvidia-imex/nodes_config.cfg, "
+        "found 'gb300-p02.example' for host gb300-p02: set its kimi_address",
+    )
+
+
+def _with_address(spec: HostPlan, address: str) -> HostPlan:
+    values = {**spec.__dict__, "address": address}
+    return HostPlan(**values)
+
+
+def test_tpu_hosts_get_kernel_settings_and_nothing_of_nvidia(recipe: Recipe, full_plan: Plan) -> None:
+    spec = full_plan.for_host("tpu7x-w3")
+    assert probe_request(recipe, spec) == {"files": [TPU_SYSCTL_FILE], "sysctl": ["vm.max_map_count"]}
+    p = drivers(
+        recipe, full_plan, "tpu7x-w3", {"files": {TPU_SYSCTL_FILE: None}, "sysctl": {"vm.max_map_count": "65530"}}
+    )
+    assert p.nvidia is None
+    assert p.refusals == ()
+    assert p.sysctl is not None
+    assert p.sysctl.file.path == "/etc/sysctl.d/60-kimi-tpu.conf"
+    assert p.sysctl.file.content.splitlines()[-1] == "vm.max_map_count = 1048576"
+    assert p.sysctl.current == {"vm.max_map_count": "65530"}
+
+
+def test_a_router_host_gets_no_driver(recipe: Recipe, full_plan: Plan) -> None:
+    spec = full_plan.for_host("gb300-rt01")
+    assert probe_request(recipe, spec) == {}
+    assert drivers(recipe, full_plan, "gb300-rt01", {}) == DriversPlan("gb300-rt01", ())
+
+
+@pytest.mark.parametrize(
+    ("flavor", "compute_only", "packages"),
+    [
+        ("open", True, ("nvidia-driver-cuda", "nvidia-kernel-open-dkms")),
+        ("proprietary", True, ("nvidia-driver-cuda", "nvidia-kernel-dkms")),
+        ("open", False, ("nvidia-open",)),
+        ("proprietary", False, ("cuda-drivers",)),
+    ],
+)
+def test_flavors_name_nvidias_debian_packages(
+    recipe: Recipe, full_plan: Plan, flavor: str, compute_only: bool, packages: tuple[str, ...]
+) -> None:
+    want = pinned(recipe, flavor=flavor, compute_only=compute_only)
+    p = nvidia_of(drivers(want, full_plan, "b300-01", probe("gb300-fresh")))
+    assert p.packages == (*packages, "nvidia-fabricmanager")
+    assert p.pin == "nvidia-driver-pinning-580"
+
+
+def test_the_repository_follows_release_and_architecture(recipe: Recipe, full_plan: Plan) -> None:
+    arm = probe("gb300-fresh", os={"id": "debian", "version_id": "13", "pretty": "Debian 13", "arch": "arm64"})
+    p = nvidia_of(drivers(recipe, full_plan, "gb300-p01", arm, repo=NVIDIA_REPO))
+    assert p.repository.url == "https://developer.download.nvidia.com/compute/cuda/repos/debian13/sbsa"
+    # Installed, but its source points elsewhere (another mirror): installed again from this one.
+    moved = converged(sources=["deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] http://old/x/ /"])
+    assert not nvidia_of(drivers(recipe, full_plan, "gb300-p01", moved)).repository.present
+
+
+def test_other_systems_are_refused(recipe: Recipe, full_plan: Plan) -> None:
+    ubuntu = probe(
+        "gb300-fresh", os={"id": "ubuntu", "version_id": "24.04", "pretty": "Ubuntu 24.04.3 LTS", "arch": "amd64"}
+    )
+    assert drivers(recipe, full_plan, "b300-01", ubuntu).refusals == (
+        "b300-01: drivers: NVIDIA's packages are planned for Debian, found Ubuntu 24.04.3 LTS",
+    )
+    power = probe("gb300-fresh", os={"id": "debian", "version_id": "12", "pretty": "Debian 12", "arch": "ppc64el"})
+    assert drivers(recipe, full_plan, "b300-01", power).refusals == (
+        "b300-01: drivers: NVIDIA's repository has amd64, arm64 packages, found ppc64el",
+    )
+
+
+# Versions, holds and reboots --------------------------------------------------------------------
+
+
+def test_a_branch_pin_keeps_the_installed_release_and_adds_what_is_missing(recipe: Recipe, full_plan: Plan) -> None:
+    found = converged()
+    del found["packages"]["nvidia-imex"]
+    p = nvidia_of(drivers(recipe, full_plan, "gb300-p01", found))
+    assert p.pin == "nvidia-driver-pinning-580"
+    assert not p.pin_installed  # the exact pin is replaced by the branch pin
+    assert p.install == ("nvidia-imex=580.95.05-1",)
+    assert (p.target, p.reboot, p.headers) == ("580.95.05", "no", None)
+
+
+def test_an_unheld_package_is_held(recipe: Recipe, full_plan: Plan) -> None:
+    found = converged()
+    found["packages"]["nvidia-fabricmanager"]["held"] = False
+    p = nvidia_of(drivers(pinned(recipe, version="580.95.05"), full_plan, "gb300-p01", found))
+    assert (p.install, p.unheld) == ((), ("nvidia-fabricmanager",))
+
+
+def test_a_branch_change_needs_a_reboot_and_stops_without_the_flag(recipe: Recipe, full_plan: Plan) -> None:
+    want = pinned(recipe, branch="590")
+    refused = drivers(want, full_plan, "gb300-p01", converged())
+    assert refused.refusals == (
+        f"gb300-p01: drivers: a reboot is needed to load driver 590.* (580.95.05 is loaded); {FLAG}",
+    )
+    p = nvidia_of(drivers(want, full_plan, "gb300-p01", converged(), allowed=True))
+    assert p.install == p.packages
+    assert (p.pin, p.target, p.reboot) == ("nvidia-driver-pinning-590", None, "yes")
+    # The reboot starts the services on the new driver: nothing to restart before it.
+    assert not any(s.restart for s in p.services)
+
+
+def test_an_upgrade_not_yet_loaded_is_a_reboot(recipe: Recipe, full_plan: Plan) -> None:
+    found = probe("gb300-upgraded-not-rebooted")
+    want = pinned(recipe, branch="590")
+    refused = drivers(want, full_plan, "gb300-p01", found)
+    assert refused.refusals == (
+        "gb300-p01: drivers: a reboot is needed to load driver 590.48.01 "
+        f"(NVML says: Failed to initialize NVML: Driver/library version mismatch); {FLAG}",
+    )
+    p = nvidia_of(drivers(want, full_plan, "gb300-p01", found, allowed=True))
+    assert (p.install, p.reboot) == ((), "yes")
+    assert p.unheld == p.packages
+
+
+def test_when_apt_picks_the_release_the_install_decides_the_reboot(recipe: Recipe, full_plan: Plan) -> None:
+    fresh = probe("gb300-fresh")
+    p = nvidia_of(drivers(recipe, full_plan, "gb300-p01", fresh))
+    assert (p.target, p.reboot, p.keep_loaded) == (None, "check", "580.95.05")
+    assert (
+        p.reboot_line
+        == f"gb300-p01: drivers: a reboot is needed to load driver {{version}} (580.95.05 is loaded); {FLAG}"
+    )
+    allowed = nvidia_of(drivers(recipe, full_plan, "gb300-p01", fresh, allowed=True))
+    assert (allowed.reboot, allowed.keep_loaded) == ("check", None)
+
+
+def test_a_fabric_manager_of_another_version_is_refused(recipe: Recipe, full_plan: Plan) -> None:
+    found = converged()
+    found["packages"]["nvidia-fabricmanager-580"] = {"version": "580.82.07-1", "held": False}
+    assert drivers(recipe, full_plan, "gb300-p01", found).refusals == (
+        "gb300-p01: drivers: fabric manager nvidia-fabricmanager-580 would not match the driver: "
+        "expected 580.95.05, found 580.82.07-1",
+    )
+    fresh = probe("gb300-fresh", packages={"nvidia-imex-580": {"version": "580.95.05-1", "held": True}})
+    assert drivers(recipe, full_plan, "gb300-p01", fresh).refusals == (
+        "gb300-p01: drivers: IMEX nvidia-imex-580 would not match the driver: "
+        "expected the newest 580 driver (pin drivers.nvidia.version to choose), found 580.95.05-1",
+    )
+
+
+VERSIONS = ("580.95.05-1", "580.105.08-1", "590.48.01-1", "570.195.03-1")
+NAMES = (
+    "nvidia-driver-cuda",
+    "nvidia-kernel-open-dkms",
+    "nvidia-fabricmanager",
+    "nvidia-imex",
+    "nvidia-fabricmanager-580",
+)
+
+
+@given(
+    installed=st.dictionaries(st.sampled_from(NAMES), st.sampled_from(VERSIONS)),
+    loaded=st.sampled_from(("580.95.05", "590.48.01", None)),
+    branch=st.sampled_from(("580", "590")),
+    exact=st.booleans(),
+)
+def test_no_plan_leaves_fabric_manager_and_driver_apart(
+    installed: dict[str, str], loaded: str | None, branch: str, exact: bool
+) -> None:
+    recipe, full_plan = _prod()
+    version = {"580": "580.105.08", "590": "590.48.01"}[branch] if exact else None
+    found = copy.deepcopy(converged(nvml={"version": loaded} if loaded else None))
+    found["packages"] = {n: {"version": v, "held": True} for n, v in installed.items()}
+    p = drivers(pinned(recipe, branch=branch, version=version), full_plan, "gb300-p01", found, allowed=True)
+    if p.nvidia is None:
+        assert len(p.refusals) == 1
+        return
+    # Each package's version after the run: as installed, or what the install names (a bare name
+    # gets the pinned version, or the release apt picks on the branch: one for all of them).
+    after = {n: upstream(v) for n, v in installed.items()}
+    for arg in p.nvidia.install:
+        name, _, named = arg.partition("=")
+        after[name] = upstream(named) if named else p.nvidia.target or "apt's pick"
+    versions = {v for n, v in after.items() if n in p.nvidia.packages or n.startswith("nvidia-fabricmanager")}
+    assert len(versions) == 1, (installed, p.nvidia.install)
+
+
+_PROD: list[tuple[Recipe, Plan]] = []
+
+
+def _prod() -> tuple[Recipe, Plan]:
+    if not _PROD:
+        recipe = load_recipe(RECIPE)
+        _PROD.append((recipe, plan(recipe, RECIPE, load_inventory(PROD))))
+    return _PROD[0]
+
+
+def test_upstream_versions() -> None:
+    assert upstream("580.95.05-1") == "580.95.05"
+    assert upstream("3:575.51.03-1ubuntu1") == "575.51.03"
+
+
+# The kimi.py preflight beside the drivers step -----------------------------------------------------
+
+
+def test_the_drivers_step_takes_over_the_fabric_manager_and_imex_gates(recipe: Recipe, full_plan: Plan) -> None:
+    spec = full_plan.for_host("gb300-p01")
+    profile = {
+        "accelerators": {"vendor": "nvidia", "count": 4, "model": "NVIDIA GB300", "memory_mib": 284208},
+        "disk": {"path": "/srv/models", "fs_type": "xfs", "free_bytes": 10**13, "total_bytes": 10**13},
+        "drivers": {"nvidia": "580.95.05", "packages": {"nvidia-fabricmanager": "580.82.07-1"}, "imex_active": None},
+        "rdma": [{"device": f"mlx5_{i}", "state": "ACTIVE"} for i in range(4)],
+    }
+    needs = Needs(recipe, spec, 10**9, 0, ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"])
+    assert [line.split(": ")[1] for line in check(needs, profile)] == ["fabric manager", "IMEX"]
+    assert check(Needs(recipe, spec, 10**9, 0, ["mlx5_0"], drivers_step=True), profile) == []
