@@ -23,12 +23,14 @@ from facts.inventory_probe import active_hosts, probe_all, probe_of
 from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host_paths import tool_dir
 from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.run_id import run_id
 from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import batch_of
+from kimi_deploy.venv_lock import lock_source, uv_version
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
 from operations import commcheck, engine, preflight, releases, units, users, weights
@@ -72,6 +74,23 @@ preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo
 
 users.system_user(name="Engine user", user=todo.user, exists=found["user"])
 
+# Every host installing a release installs the same lock: its own (a damaged copy is rebuilt from
+# it), that of a host holding the release, or the one the first installer resolves before the rest.
+probed = probe_all(state, probe_request)
+uv = uv_version(deploy.recipe.tools)
+uv_dir = tool_dir(deploy.recipe, "uv", uv)
+in_run = [h.name for h in active_hosts(state)]
+lock_sources = {r.path: lock_source(host.name, r.path, r.requirements, probed, in_run) for r in todo.venvs}
+for release in todo.venvs:
+    engine.lock_resolved(
+        name="Release locks resolved",
+        path=release.path,
+        requirements=release.requirements,
+        index_url=todo.index_url,
+        source=lock_sources[release.path],
+        uv=uv,
+        uv_dir=uv_dir,
+    )
 for release in todo.venvs:
     engine.venv(
         name="Releases (engine, host tools)",
@@ -81,13 +100,15 @@ for release in todo.venvs:
         requirements=release.requirements,
         index_url=todo.index_url,
         current=found["venvs"].get(release.path),
+        lock=lock_sources[release.path],
+        uv=uv,
+        uv_dir=uv_dir,
     )
 
 if todo.weights is not None and todo.weights.token is not None:
     units.rendered(name="Hub token", files=[todo.weights.token], group=todo.user, current=found["files"])
 
 # Download once, fan out: who fetches from the Hub, who from peers, and who serves them.
-probed = probe_all(state, probe_request)
 fan_out = plan_fan_out([weights_host(h, probed[h.name]) for h in active_hosts(state) if h.name in probed])[host.name]
 target = todo.weights
 sync: dict[str, Any] = {}

@@ -26,11 +26,31 @@ META_DIRS = (".kimi", ".cache")
 
 
 def _marker(path: str) -> Any:
+    """The release marker of the venv at ``path`` (None: absent or incomplete). A release installed
+    with a manifest also gets ``damaged``: None, or how many of its files are missing or of another
+    size now, the first three, and whether its lock is intact. Stats only, hashes nothing."""
     try:
         with open(os.path.join(path, ".kimi-release.json"), encoding="utf-8") as f:
-            return json.load(f)
+            marker = json.load(f)
+        if not isinstance(marker, dict) or not marker.get("manifest"):
+            return marker
     except (OSError, ValueError):
         return None
+    try:
+        with open(os.path.join(path, marker["manifest"]), encoding="utf-8") as f:
+            files: dict[str, int] = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        files = {marker["manifest"]: -1}
+    bad = []
+    for rel, size in files.items():
+        try:
+            if os.lstat(os.path.join(path, rel)).st_size != size:
+                bad.append(rel)
+        except OSError:
+            bad.append(rel)
+    lock_intact = ".kimi-lock.txt" in files and ".kimi-lock.txt" not in bad
+    marker["damaged"] = {"count": len(bad), "first": bad[:3], "lock_intact": lock_intact} if bad else None
+    return marker
 
 
 def _sha256(path: str) -> str | None:
@@ -232,7 +252,7 @@ def _releases(log: str = "/var/lib/kimi/releases.log", last: int = 200) -> dict[
         cache = os.path.join(model, ".kimi", "verify-cache.json")
         records[folder] = {
             "record": record,
-            "engine": _marker(os.path.join(folder, "engine")) is not None,
+            "engine": (marker := _marker(os.path.join(folder, "engine"))) is not None and not marker.get("damaged"),
             "model": os.path.isfile(cache) if os.path.lexists(model) else None,
             "files": all(os.path.isfile(os.path.join(folder, "files", p.lstrip("/"))) for p in record.get("files", [])),
         }

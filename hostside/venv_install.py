@@ -1,68 +1,260 @@
-"""Install one pinned release into a fresh virtual environment: prints one line, JSON.
+"""Install one pinned release into its own virtual environment with uv, from a lock: prints one line, JSON.
 
-Input: one argument, base64 of zlib-compressed JSON: {"path", "requirements", "index_url",
-"marker"}. The folder is rebuilt from scratch; the marker (``.kimi-release.json``) is written
-last, so its presence means a complete install. On failure the half-made folder is removed and
-the reason is one line (exit 1): a version missing from the index, an index that does not answer.
+Input: one argument, base64 of zlib-compressed JSON:
+  {"path", "requirements", "index_url", "marker", "uv": {"version", "dir"},
+   "lock": {"text": str} | {"own": sha256} | null, "stage": path | null}
+
+uv comes from the index like everything else: it is installed once, with the venv module and pip,
+into ``uv.dir`` (a folder per uv version, complete once its marker is there). The lock is the
+exact ``name==version`` set with the index's hashes, for this host's Python and platform: given
+(another host's, used when resolved for the same platform), ``own`` (the one in ``path``, whose
+digest must match), or resolved here. With ``stage`` the lock is only resolved and written there.
+
+The release is built beside ``path`` (a relocatable venv: ``uv venv --relocatable``, ``uv pip
+sync`` of the lock, its ``uv pip freeze`` checked against the lock), gets a manifest of its files
+with their sizes (what the host probe stats) and its marker ``.kimi-release.json`` last, then
+takes the place of ``path`` in two renames: an engine running from ``path`` keeps running. On
+failure ``path`` is left as it was and the reason is one line (exit 1): a version missing from the
+index, an index that does not answer, bytes that do not match the lock's hashes.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 import zlib
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlparse
+
+LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
+# Names in the index's file links: "name-1.2.3-py3-none-any.whl", "name-1.2.3.tar.gz".
+_FILE = re.compile(r'href="(?:[^"]*/)?([^/"#]+?)(?:\.whl|\.tar\.gz|\.zip)[#"]')
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+_DOWN = (
+    r"503|502|504|Connection refused|tcp connect error|error sending request|timed out|"
+    r"Network is unreachable|dns error|Max retries exceeded|Could not fetch URL"
+)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _available(index_url: str, project: str) -> str | None:
+    """The versions of ``project`` the index lists, in its order ("none": it lists none); None
+    when the index does not answer."""
+    try:
+        with urllib.request.urlopen(f"{index_url.rstrip('/')}/{_norm(project)}/", timeout=10) as page:  # noqa: S310
+            html = page.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return "none" if exc.code == 404 else None
+    except (OSError, ValueError):
+        return None
+    versions: list[str] = []
+    for stem in _FILE.findall(html):
+        name, _, rest = stem.partition("-")
+        while rest and _norm(name) != _norm(project):  # a project name with "-" in an sdist's name
+            more, _, rest = rest.partition("-")
+            name = f"{name}-{more}"
+        version = rest.split("-")[0]
+        if version and version not in versions:
+            versions.append(version)
+    return ", ".join(versions) or "none"
 
 
 def _reason(output: str, index_url: str) -> str:
-    missing = re.search(r"No matching distribution found for (\S+)", output)
-    if missing:
-        versions = re.search(r"\(from versions: ([^)]*)\)", output)
-        have = versions.group(1) if versions else "none"
-        return f"{missing.group(1)} is not on {index_url} (available: {have})"
-    if re.search(r"Max retries exceeded|Connection refused|Could not fetch URL|503|Network is unreachable", output):
+    """One line for what uv (or pip, bootstrapping uv) printed when it failed."""
+    if re.search(_DOWN, output):
         return f"package index {index_url} does not answer"
-    lines = [line for line in output.splitlines() if line.startswith("ERROR")] or output.splitlines()[-1:]
-    return lines[0] if lines else "pip failed without output"
+    missing = re.search(r"there is no version of (\S+?)(?:\[|\s|,|$)", output) or re.search(
+        r"No matching distribution found for (\S+)", output
+    )
+    unknown = re.search(r"\S+ was not found in the package registry and you require (\S+?),", output) or re.search(
+        r"(\S+) was not found in the package registry", output
+    )
+    found = missing or unknown
+    if found:
+        spec = found.group(1).strip("`'\"")
+        listed = re.search(r"\(from versions: ([^)]*)\)", output)
+        # pip reads an index that answers 503 as one listing no versions: ask the index.
+        have = _available(index_url, re.split(r"[=<>!~\[]", spec)[0])
+        if have is None:
+            return f"package index {index_url} does not answer"
+        return f"{spec} is not on {index_url} (available: {listed.group(1) if listed else have})"
+    mismatch = re.search(r"Hash mismatch for `?([^`\s]+)", output)
+    if mismatch:
+        return f"{mismatch.group(1)}: {index_url} serves other bytes than the lock's hash"
+    errors = [line.split(":", 1)[-1].strip() for line in output.splitlines() if line.lower().startswith("error")]
+    causes = [line.strip().removeprefix("cause: ") for line in output.splitlines() if line.strip().startswith("cause:")]
+    if errors:
+        return f"{errors[0]}: {causes[-1]}" if causes else errors[0]
+    return output.strip().splitlines()[-1] if output.strip() else "uv failed without output"
 
 
-def _fail(path: str, message: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def _fail(message: str, *remove: str) -> NoReturn:
+    for path in remove:
+        shutil.rmtree(path, ignore_errors=True)
     print(json.dumps({"ok": False, "error": message}))
     print(f"kimi-deploy: {message}", file=sys.stderr)
     sys.exit(1)
 
 
-def main() -> None:
-    req: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
-    path, index_url = req["path"], req["index_url"]
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    venv = subprocess.run([sys.executable, "-m", "venv", path], capture_output=True, text=True, check=False)
+def _run(argv: list[str], index_url: str, *remove: str, stdin: str | None = None) -> str:
+    env = {
+        **os.environ,
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_HTTP_TIMEOUT": "15",
+        "UV_HTTP_RETRIES": "1",
+        "UV_NO_PROGRESS": "1",
+        "NO_COLOR": "1",
+    }
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        _fail(_reason(done.stdout + done.stderr, index_url), *remove)
+    return done.stdout
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _bootstrap(version: str, folder: str, index_url: str) -> str:
+    """The uv binary of ``version``, installed once into ``folder`` from the index with pip."""
+    uv = os.path.join(folder, "bin", "uv")
+    if os.path.isfile(os.path.join(folder, MARKER)) and os.access(uv, os.X_OK):
+        return uv
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    venv = subprocess.run([sys.executable, "-m", "venv", folder], capture_output=True, text=True, check=False)
     if venv.returncode != 0:
-        _fail(path, f"python3 -m venv {path} failed: {(venv.stderr or venv.stdout).strip().splitlines()[-1:]}")
-    pip = [f"{path}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--no-input"]
+        _fail(f"python3 -m venv {folder} failed: {(venv.stderr or venv.stdout).strip().splitlines()[-1:]}", folder)
+    pip = [f"{folder}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--no-input"]
     pip += ["--retries", "1", "--timeout", "15", "--index-url", index_url]
     host = urlparse(index_url).hostname
     if urlparse(index_url).scheme == "http" and host:
         pip += ["--trusted-host", host]
-    install = subprocess.run([*pip, *req["requirements"]], capture_output=True, text=True, check=False)
-    if install.returncode != 0:
-        _fail(path, _reason(install.stdout + install.stderr, index_url))
-    freeze = subprocess.run([f"{path}/bin/pip", "freeze", "--all"], capture_output=True, text=True, check=True)
-    with open(os.path.join(path, ".kimi-freeze.txt"), "w", encoding="utf-8") as f:
-        f.write(freeze.stdout)
-    tmp = os.path.join(path, ".kimi-release.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(req["marker"], f, sort_keys=True)
-    os.replace(tmp, os.path.join(path, ".kimi-release.json"))
-    print(json.dumps({"ok": True, "path": path, "packages": len(freeze.stdout.splitlines())}))
+    _run([*pip, f"uv=={version}"], index_url, folder)
+    _write(os.path.join(folder, MARKER), json.dumps({"package": "uv", "version": version}, sort_keys=True))
+    return uv
+
+
+def _platform() -> str:
+    """What a lock resolved here is valid for: this Python and this machine."""
+    return f"cp{sys.version_info.major}{sys.version_info.minor}-{platform.machine()}"
+
+
+def _resolve(uv: str, requirements: list[str], index_url: str, *remove: str) -> str:
+    """The lock of ``requirements`` for this host: exact pins with the index's hashes."""
+    argv = [uv, "pip", "compile", "--no-config", "--no-cache", "--python", sys.executable, "--generate-hashes"]
+    argv += ["--no-header", "--no-annotate", "--index-url", index_url, "-"]
+    pins = _run(argv, index_url, *remove, stdin="".join(f"{r}\n" for r in requirements))
+    return f"# platform: {_platform()}\n# index: {index_url}\n{pins}"
+
+
+def _pins(text: str) -> dict[str, str]:
+    found = (_PIN.match(line.strip()) for line in text.splitlines())
+    return {_norm(m.group(1)): m.group(2) for m in found if m}
+
+
+def _manifest(root: str) -> dict[str, int]:
+    """Every file and link under ``root`` with its size (``lstat``), but the marker, the manifest
+    and bytecode caches (Python recompiles a bad one; a third of the files, none needed to run)."""
+    files: dict[str, int] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames + links:
+            full = os.path.join(dirpath, name)
+            files[os.path.relpath(full, root)] = os.lstat(full).st_size
+    files.pop(MARKER, None)
+    files.pop(MANIFEST, None)
+    return dict(sorted(files.items()))
+
+
+def _lock_text(req: dict[str, Any], uv: str, new: str) -> tuple[str, str]:
+    """The lock to install and where it came from ("given", "own", "resolved here")."""
+    path, lock, index_url = req["path"], req.get("lock"), req["index_url"]
+    if lock and lock.get("own"):
+        try:
+            with open(os.path.join(path, LOCK), encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            _fail(f"{path}: its lock cannot be read: {exc.strerror}", new)
+        if hashlib.sha256(text.encode()).hexdigest() != lock["own"]:
+            _fail(f"{path}: its lock changed since install: remove the folder to resolve it again", new)
+        return text, "own"
+    if lock and lock.get("text"):
+        if f"# platform: {_platform()}\n" in lock["text"]:
+            return lock["text"], "given"
+        print(f"kimi-deploy: {path}: the lock given is for another platform, not {_platform()}", file=sys.stderr)
+    return _resolve(uv, req["requirements"], index_url, new), "resolved here"
+
+
+def _swap(new: str, path: str) -> None:
+    """``new`` takes the place of ``path``: two renames, the old folder removed after."""
+    old = f"{path}.kimi-old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.lexists(path):
+        os.rename(path, old)
+    os.rename(new, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def main() -> None:
+    req: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    path, index_url = req["path"], req["index_url"]
+    started = time.monotonic()
+    uv = _bootstrap(req["uv"]["version"], req["uv"]["dir"], index_url)
+    if req.get("stage"):
+        folder, name = os.path.split(req["stage"])
+        os.makedirs(folder, exist_ok=True)
+        # Earlier runs' locks of this release: gone before resolving, so a failure leaves none.
+        for old in os.listdir(folder):
+            if old.startswith(name.split("@")[0] + "@"):
+                os.remove(os.path.join(folder, old))
+        text = _resolve(uv, req["requirements"], index_url)
+        _write(req["stage"], text)
+        print(json.dumps({"ok": True, "stage": req["stage"], "packages": len(_pins(text))}))
+        return
+    new = f"{path}.kimi-new"
+    shutil.rmtree(new, ignore_errors=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    text, source = _lock_text(req, uv, new)
+    _run([uv, "venv", "--no-config", "--quiet", "--relocatable", "--python", sys.executable, new], index_url, new)
+    _write(os.path.join(new, LOCK), text)
+    sync = [uv, "pip", "sync", "--no-config", "--no-cache", "--compile-bytecode", "--python", f"{new}/bin/python"]
+    sync += ["--index-url", index_url, *(["--require-hashes"] if "--hash=" in text else []), os.path.join(new, LOCK)]
+    _run(sync, index_url, new)
+    freeze = _run([uv, "pip", "freeze", "--no-config", "--python", f"{new}/bin/python"], index_url, new)
+    if _pins(freeze) != _pins(text):
+        _fail(f"{path}: installed {sorted(_pins(freeze).items())}, the lock has {sorted(_pins(text).items())}", new)
+    _write(os.path.join(new, FREEZE), freeze)
+    # uv's own lock file (mode 0666), for uv runs on this venv: there are none after this one.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(new, ".lock"))
+    manifest = _manifest(new)
+    _write(os.path.join(new, MANIFEST), json.dumps({"files": manifest}, sort_keys=True))
+    lock = {"sha256": hashlib.sha256(text.encode()).hexdigest(), "platform": _platform(), "packages": len(_pins(text))}
+    marker = {**req["marker"], "lock": lock, "uv": req["uv"]["version"], "manifest": MANIFEST}
+    _write(os.path.join(new, MARKER), json.dumps(marker, sort_keys=True))
+    _swap(new, path)
+    seconds = round(time.monotonic() - started, 2)
+    print(f"kimi-deploy: {path}: {lock['packages']} packages from the lock ({source}) in {seconds} s", file=sys.stderr)
+    print(json.dumps({"ok": True, "path": path, "packages": lock["packages"], "lock": source, "seconds": seconds}))
 
 
 if __name__ == "__main__":

@@ -154,6 +154,8 @@ class Tools(Strict):
     """Pinned host-side tools, each installed in its own venv like an engine."""
 
     huggingface_hub: Version
+    # installs every engine and tool release from a lock (uv venv, uv pip sync)
+    uv: Version
 
 
 class Smoke(Strict):

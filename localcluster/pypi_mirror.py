@@ -1,8 +1,9 @@
 """Real packages the demo hosts need from PyPI, fetched once on the controller and served locally.
 
 The hosts have no internet: the pinned host-side tools of the demo recipe (huggingface_hub and
-what it depends on) are downloaded here with pip, cached, and copied into the local index next
-to the stand-in engines. The hosts run Debian 12's python3 (3.11, x86_64), as the controller does.
+what it depends on, and uv, which installs every release: a wheel holding the uv binary) are
+downloaded here with pip, cached, and copied into the local index next to the stand-in engines.
+The hosts run Debian 12's python3 (3.11, x86_64), as the controller does.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ import sys
 from pathlib import Path
 
 from kimi_deploy.recipe import load_recipe
+from kimi_deploy.venv_lock import uv_version
 
 CACHE = Path("/var/cache/kimi-cluster/pypi")
 DEMO_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
 
 
 def requirements(recipe_file: Path = DEMO_RECIPE) -> list[str]:
-    """The demo recipe's pinned tools, as pip requirements."""
+    """The demo recipe's pinned tools, uv among them, as pip requirements."""
     recipe = load_recipe(recipe_file)
-    return [f"{name}=={version}" for name, version in sorted(recipe.tools.model_dump().items())]
+    pins = recipe.tools.model_dump() | {"uv": uv_version(recipe.tools)}
+    return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 
 def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None) -> list[Path]:
