@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE_DIR = Path(os.environ.get("KIMI_CLUSTER_DIR", "/var/lib/kimi-cluster"))
@@ -45,11 +48,12 @@ def cluster(*args: str) -> None:
     subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900)
 
 
-def pyinfra(*args: str, env: dict[str, str] | None = None) -> Run:
+def pyinfra(*args: str, env: dict[str, str] | None = None, deploy: str = "deploys/kimi.py") -> Run:
+    """``deploy`` (a converge by default) on the demo inventory, with pyinfra's JSON and its log."""
     # A dry run must not get -y: pyinfra only works out what would change when it may prompt.
     yes = [] if "--dry" in args else ["-y"]
     run = subprocess.run(
-        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/kimi.py", *yes, "--json", *args],
+        [str(BIN / "pyinfra"), "inventories/demo.py", deploy, *yes, "--json", *args],
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **(env or {})},
     )  # fmt: skip
     try:
@@ -92,3 +96,20 @@ def chat(url: str, prompt: str) -> dict[str, Any]:
     with urllib.request.urlopen(request, timeout=30) as response:
         answer: dict[str, Any] = json.loads(response.read())
         return answer
+
+
+def demo_recipe(path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """The demo recipe with ``edit`` applied, written to ``path`` (for ``--data kimi_recipe=``)."""
+    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def vllm_version(version: str) -> Callable[[dict[str, Any]], None]:
+    """An edit of the demo recipe that pins another vLLM release."""
+
+    def edit(data: dict[str, Any]) -> None:
+        data["engines"]["vllm"]["version"] = version
+
+    return edit

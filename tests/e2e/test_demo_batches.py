@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.e2e.demo import ROOT, address, chat, main_pid, pyinfra, ssh
+from tests.e2e.demo import address, chat, demo_recipe, main_pid, pyinfra, ssh, vllm_version
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -25,10 +24,7 @@ PROMPT = "Reply with exactly the word READY and nothing else."
 @pytest.fixture
 def upgrade(demo_cluster: None, tmp_path: Path) -> Iterator[Path]:
     assert pyinfra().code == 0
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
-    data["engines"]["vllm"]["version"] = "0.34.1"
-    recipe = tmp_path / "demo-0.34.1.yaml"
-    recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    recipe = demo_recipe(tmp_path / "demo-0.34.1.yaml", vllm_version("0.34.1"))
     try:
         yield recipe
     finally:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from localcluster.state import Settings
-from tests.e2e.demo import BIN, ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh
+from tests.e2e.demo import ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -161,11 +161,8 @@ def test_a_link_shaped_to_a_crawl_is_named_with_its_rate_and_nothing_restarts(
 
 def test_the_check_runs_alone_and_changes_nothing(serving: dict[str, int], units: dict[str, str]) -> None:
     def alone() -> tuple[int, str]:
-        run = subprocess.run(
-            [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/commcheck.py", "-y"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        return run.returncode, run.stdout + run.stderr
+        run = pyinfra(deploy="deploys/commcheck.py")
+        return run.code, run.log
 
     code, log = alone()
     assert code == 0, log[-3000:]

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.e2e.demo import BIN, ROOT, address, chat, pyinfra, ssh, state
+from tests.e2e.demo import address, chat, demo_recipe, pyinfra, ssh, state, vllm_version
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -36,22 +35,14 @@ def _engine(host: str) -> str:
 
 
 def _rollback() -> tuple[int, str]:
-    import subprocess  # noqa: PLC0415 - only here
-
-    run = subprocess.run(
-        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/rollback.py", "-y"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    return run.returncode, run.stdout + run.stderr
+    run = pyinfra(deploy="deploys/rollback.py")
+    return run.code, run.log
 
 
 @pytest.fixture
 def upgraded(demo_cluster: None, tmp_path: Path) -> Iterator[None]:
     assert pyinfra().code == 0
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
-    data["engines"]["vllm"]["version"] = "0.34.1"
-    recipe = tmp_path / "demo-0.34.1.yaml"
-    recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    recipe = demo_recipe(tmp_path / "demo-0.34.1.yaml", vllm_version("0.34.1"))
     run = pyinfra("--data", f"kimi_recipe={recipe}")
     assert run.code == 0, run.log[-3000:]
     assert run.changed()["Services: leaders"] == ["kimi-h1"]
