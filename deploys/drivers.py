@@ -19,7 +19,7 @@ import dataclasses
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
-from facts.drivers import DriversState
+from facts.drivers import DriversState, recalled
 from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.driver_plan import plan_drivers, probe_request
 from kimi_deploy.errors import ConfigError
@@ -31,7 +31,8 @@ except ConfigError as exc:
     raise PyinfraError(str(exc)) from None
 
 request = probe_request(deploy.recipe, deploy.spec)
-found = host.get_fact(DriversState, request=request) if request else {}
+# Within deploys/kimi.py the host probe has read this already, in the same round-trip.
+found = (recalled(host.name) or host.get_fact(DriversState, request=request)) if request else {}
 todo = plan_drivers(
     deploy.recipe,
     deploy.spec,

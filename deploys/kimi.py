@@ -3,7 +3,7 @@
 The plan is computed for the whole inventory before any change, exactly as
 ``kimi-deploy plan RECIPE INVENTORY`` shows it; a bad recipe or inventory stops the run with
 one line naming the file, the field and the rule. Then, per host, each step a gate:
-engine (and tool) releases, weights at the pinned revision verified against the lock, rendered
+drivers (deploys/drivers.py), engine (and tool) releases, weights at the pinned revision verified against the lock, rendered
 units, start or restart of what changed, and the smoke test of what was (re)started; then the
 weights revisions that are neither served nor the rollback copy are removed. One probe round-trip
 per host, all hosts probed at once, reads everything these steps decide on. Weights are fetched
@@ -12,16 +12,19 @@ from the Hub once and fanned out between hosts when the recipe says ``weights.fa
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from pyinfra import logger
+from pyinfra import local, logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
+from facts.drivers import remember
 from facts.inventory_probe import active_hosts, probe_all, probe_of
 from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs
+from kimi_deploy.driver_plan import probe_request as drivers_request
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import tool_dir
 from kimi_deploy.host_todo import todo_for
@@ -38,9 +41,13 @@ from operations.start_order import start_batch
 
 
 def probe_request(h: Host) -> dict[str, Any]:
-    """What ``h``'s probe reads: its converge's state, and its hardware."""
+    """What ``h``'s probe reads: its converge's state, its hardware and its drivers."""
     plan, work = todo_for(inventory, h)
-    return {"request": converge_request(work), "hardware": {"weights_dir": plan.recipe.paths.models}}
+    return {
+        "request": converge_request(work),
+        "hardware": {"weights_dir": plan.recipe.paths.models},
+        "drivers": drivers_request(plan.recipe, plan.spec),
+    }
 
 
 def weights_host(h: Host, probed: Any) -> WeightsHost:
@@ -70,7 +77,15 @@ if conflicts:
     # Before any change on any host: starting would fail, and the running release must stay.
     raise PyinfraError(f"{host.name}: {conflicts[0]}")
 
-preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo, deploy, found), found["hardware"]))
+# The drivers step below installs the fabric manager and IMEX and judges them itself.
+needs = dataclasses.replace(preflight_needs(todo, deploy, found), drivers_step=True)
+preflight.passed(name="Preflight", failures=preflight_check(needs, found["hardware"]))
+
+# Pinned NVIDIA driver (fabric manager, IMEX) or TPU host settings, before any engine; it reads
+# what the probe above found, no round-trip of its own.
+if found.get("drivers") is not None:
+    remember(host.name, found["drivers"])
+local.include("deploys/drivers.py")
 
 users.system_user(name="Engine user", user=todo.user, exists=found["user"])
 

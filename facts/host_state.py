@@ -25,22 +25,30 @@ class KimiHostState(FactBase[dict[str, Any]]):
             "listeners": {"8000": {"pid": 1234, "comm": "vllm", "unit": "kimi-vllm"}},
             "current": "/opt/kimi/releases/<id>" | None,
             "hardware": <HostProfile, see facts/hardware.py> | None,
+            "drivers": <see facts/drivers.py> | None,
         }
 
-    With ``hardware`` in the request, the hardware probe runs in the same round-trip.
+    With ``hardware`` (``drivers``) in the request, the hardware (drivers) probe runs in the same
+    round-trip.
     """
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "python3"
 
-    def command(self, request: dict[str, Any], hardware: dict[str, Any] | None = None) -> str:
-        state = hostside_command("python3", "state_probe.py", request)
-        if hardware is None:
-            return state
-        # Both programs print one line each: hardware first, then state.
-        return f"{hostside_command('python3', 'hardware_probe.py', hardware)}; {state}"
+    def command(
+        self, request: dict[str, Any], hardware: dict[str, Any] | None = None, drivers: dict[str, Any] | None = None
+    ) -> str:
+        # Each program prints one JSON line, tagged here so that ``process`` knows whose it is.
+        programs = [("state", hostside_command("python3", "state_probe.py", request))]
+        if hardware is not None:
+            programs.insert(0, ("hardware", hostside_command("python3", "hardware_probe.py", hardware)))
+        if drivers:
+            programs.insert(0, ("drivers", hostside_command("python3", "driver_probe.py", drivers)))
+        return "; ".join(f"printf '%s ' {tag}; {command}" for tag, command in programs)
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(output[-1])
-        result["hardware"] = parse_profile(json.loads(output[-2])) if len(output) > 1 else None
+        lines = dict(line.split(" ", 1) for line in output if " " in line)
+        result: dict[str, Any] = json.loads(lines["state"])
+        result["hardware"] = parse_profile(json.loads(lines["hardware"])) if "hardware" in lines else None
+        result["drivers"] = json.loads(lines["drivers"]) if "drivers" in lines else None
         return result

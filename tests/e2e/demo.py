@@ -113,3 +113,17 @@ def vllm_version(version: str) -> Callable[[dict[str, Any]], None]:
         data["engines"]["vllm"]["version"] = version
 
     return edit
+
+
+def install_fabric_manager(st: dict[str, Any], host: str, tmp_path: Path) -> None:
+    """A package named and versioned like NVIDIA's fabric manager, one release behind the driver."""
+    root = tmp_path / "fm"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN/control").write_text(
+        "Package: nvidia-fabricmanager-580\nVersion: 580.82.07-1\nArchitecture: all\n"
+        "Maintainer: kimi-deploy tests <tests@localhost>\nDescription: stand-in\n",
+        encoding="utf-8",
+    )
+    subprocess.run(["dpkg-deb", "--build", str(root), str(tmp_path / "fm.deb")], check=True, capture_output=True)
+    ssh(host, "cat > /tmp/fm.deb && dpkg -i /tmp/fm.deb && rm /tmp/fm.deb", cluster_state=st,
+        stdin=(tmp_path / "fm.deb").read_bytes())  # fmt: skip

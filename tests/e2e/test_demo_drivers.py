@@ -25,8 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import BIN, ROOT, Run, ssh
-from tests.e2e.test_demo_gates import _install_fabric_manager as install_fabric_manager
+from tests.e2e.demo import BIN, ROOT, Run, install_fabric_manager, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
