@@ -2,10 +2,11 @@
 
 The plan is computed for the whole inventory before any change, exactly as
 ``kimi-deploy plan RECIPE INVENTORY`` shows it; a bad recipe or inventory stops the run with
-one line naming the file, the field and the rule. Then, per host, each step a gate:
-drivers (deploys/drivers.py), engine (and tool) releases, weights at the pinned revision verified against the lock, rendered
-units, start or restart of what changed, and the smoke test of what was (re)started; then the
-weights revisions that are neither served nor the rollback copy are removed. One probe round-trip
+one line naming the file, the field and the rule. Then, per host, each step a gate: drivers
+(deploys/drivers.py), engine (and tool) releases, weights at the pinned revision verified against
+the lock, the communication check of multi-host topologies, rendered units, start or restart of
+what changed (in order across hosts, in two batches), and the smoke test of what was
+(re)started; then the weights revisions that are neither served nor the rollback copy go. One probe round-trip
 per host, all hosts probed at once, reads everything these steps decide on. Weights are fetched
 from the Hub once and fanned out between hosts when the recipe says ``weights.fan_out``.
 """
