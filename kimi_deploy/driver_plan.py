@@ -87,7 +87,9 @@ def pin_package(want: NvidiaDriver) -> str:
 
 
 def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
-    """What ``hostside/driver_probe.py`` reads for this host."""
+    """What ``hostside/driver_probe.py`` reads for this host (a router host has no accelerator)."""
+    if spec.role == "router":
+        return {}
     if spec.accelerator_vendor == "nvidia" and recipe.drivers.nvidia is not None:
         return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": [IMEX_NODES]}
     if spec.accelerator_vendor == "tpu":
@@ -325,6 +327,8 @@ def plan_drivers(
 ) -> DriversPlan:
     """The drivers step of one host (``found``: its probe answer for ``probe_request``)."""
     host = spec.host
+    if spec.role == "router":
+        return DriversPlan(host, ())  # the router of a prefill/decode topology runs on a CPU host
     if spec.accelerator_vendor == "tpu":
         content = "".join(f"{key} = {value}\n" for key, value in sorted(TPU_SYSCTL.items()))
         why = "# Host settings TPU serving needs, from kimi-deploy.\n"
