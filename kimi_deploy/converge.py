@@ -186,8 +186,11 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     for unit in sorted(spec.units, key=lambda u: u.stage):
         mine = [f for f in files if f"/{unit.name}." in f.path or f.path in unit.files or f.path in unit.secret_files]
         smoke = None
-        if unit.kind == "engine" and "api" in unit.listens:
-            # An engine bound to every address is reached on loopback by the on-host check.
+        # An engine's API, or the router in front of prefill/decode engines (whose smoke test
+        # goes through the router to the engines and back).
+        api = unit.listens.get("api") if unit.kind == "engine" else unit.listens.get("router")
+        if api is not None and unit.kind in ("engine", "router"):
+            # A unit bound to every address is reached on loopback by the on-host check.
             host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
             key_file, key_var = None, None
             if unit.secret_env:
@@ -195,7 +198,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             elif unit.secret_files:
                 key_file, key_var = next(iter(unit.secret_files)), "api-key"
             smoke = SmokeCheck(
-                url=f"http://{host}:{unit.listens['api']}",
+                url=f"http://{host}:{api}",
                 request={
                     "served_name": recipe.model.served_name,
                     "prompt": recipe.smoke.prompt,

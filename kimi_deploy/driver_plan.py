@@ -327,15 +327,14 @@ def plan_drivers(
 ) -> DriversPlan:
     """The drivers step of one host (``found``: its probe answer for ``probe_request``)."""
     host = spec.host
-    if spec.role == "router":
-        return DriversPlan(host, ())  # the router of a prefill/decode topology runs on a CPU host
-    if spec.accelerator_vendor == "tpu":
+    # The router of a prefill/decode topology runs on a CPU host: no driver, no accelerator setting.
+    if spec.accelerator_vendor == "tpu" and spec.role != "router":
         content = "".join(f"{key} = {value}\n" for key, value in sorted(TPU_SYSCTL.items()))
         why = "# Host settings TPU serving needs, from kimi-deploy.\n"
         file = RenderedFile(TPU_SYSCTL_FILE, why + content, 0o644, "root")
         return DriversPlan(host, (), sysctl=SysctlPlan(file, TPU_SYSCTL, found.get("sysctl") or {}))
     want = recipe.drivers.nvidia
-    if spec.accelerator_vendor != "nvidia" or want is None:
+    if spec.role == "router" or spec.accelerator_vendor != "nvidia" or want is None:
         return DriversPlan(host, ())
     nvidia = plan_nvidia(want, spec, topology, found, repo_url or NVIDIA_REPO)
     if isinstance(nvidia, str):

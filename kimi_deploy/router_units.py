@@ -50,6 +50,9 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         env={},
         listens={"router": port},
         bind=bind,
+        # The router passes each client's bearer token on to the engines, so it holds no key of its
+        # own in argv; the deploy's smoke test through it reads the key from its secret file.
+        secret_env=("VLLM_API_KEY",) if topo.expose is not None else (),
     )
 
 

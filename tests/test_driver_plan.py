@@ -391,7 +391,6 @@ def test_the_drivers_step_takes_over_the_fabric_manager_and_imex_gates(recipe: R
 
 
 def test_the_router_host_of_a_prefill_decode_topology_gets_no_driver(recipe: Recipe, prod: Inventory) -> None:
-    from kimi_deploy.planner import plan  # noqa: PLC0415
 
     full = plan(recipe, "recipes/kimi-k3.1-pro.yaml", prod)
     router = full.for_host("gb300-rt01")

@@ -92,8 +92,9 @@ def test_secrets_only_in_files_the_engine_user_alone_reads(recipe: Recipe, full_
             else:
                 assert SECRET not in f.content, f"{host.host}: {f.path} holds a secret"
                 assert f.mode == 0o644
-    # Every exposed engine leader of gb300-pd (3 prefill + 1 decode) has its secret env file.
-    assert secret_files == 4
+    # Every exposed engine leader of gb300-pd (3 prefill + 1 decode) has its secret env file, and
+    # so has its router (read by the smoke test through it; the router passes clients' keys on).
+    assert secret_files == 5
 
 
 def test_rendered_files_never_show_their_content_when_printed(recipe: Recipe, full_plan: Plan) -> None:

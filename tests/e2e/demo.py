@@ -86,8 +86,9 @@ def address(host: str) -> str:
     return str(next(h["address"] for h in state()["hosts"] if h["name"] == host))
 
 
-def chat(url: str, prompt: str) -> dict[str, Any]:
-    key = (STATE_DIR / "api-key").read_text(encoding="utf-8").strip()
+def chat(url: str, prompt: str, key_file: Path | None = None) -> dict[str, Any]:
+    """A chat completion from outside the cluster, with the demo's API key (or ``key_file``'s)."""
+    key = (key_file or STATE_DIR / "api-key").read_text(encoding="utf-8").strip()
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": prompt}]}
     request = urllib.request.Request(
         f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",

@@ -1,0 +1,128 @@
+"""A prefill/decode topology on 4 hosts of a cluster of its own: 2 prefill instances, 1 decode
+instance, 1 router (vllm-router) on a CPU host. It converges (the communication check across the
+4 hosts first, starts in order: engines, then the router), its smoke test goes through the router,
+and a client's request through the router is answered; the router holds no key in its argv."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.demo import BIN, ROOT, Run, chat, ssh
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
+)
+
+PD_DIR = Path("/var/lib/kimi-cluster-pd")
+ENV = {"KIMI_CLUSTER_DIR": str(PD_DIR), "KIMI_CLUSTER_SUBNET": "10.213.13.0/24"}
+HOSTS = ("kimi-h1", "kimi-h2", "kimi-h3", "kimi-h4")
+
+INVENTORY = """
+import json
+_state = json.load(open({state!r}))
+_common = {{"ssh_user": "root", "ssh_key": _state["ssh_key"], "ssh_known_hosts_file": _state["known_hosts"],
+           "ssh_strict_host_key_checking": "yes", "kimi_recipe": {recipe!r},
+           "kimi_pip_index_url": _state["services"]["index"]["url"],
+           "kimi_hf_endpoint": _state["services"]["hub"]["url"],
+           "kimi_nvidia_repo_url": _state["services"]["apt"]["url"]}}
+_hosts = [(h["name"], {{"ssh_hostname": h["address"], **_common}}) for h in _state["hosts"]]
+demo_pd_prefill = _hosts[:2]
+demo_pd_decode = _hosts[2:3]
+demo_pd_router = _hosts[3:4]
+demo_pd = [name for name, _ in _hosts]
+"""
+
+
+def _cli(*args: str) -> None:
+    subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
+                   env={**os.environ, **ENV})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pd_cluster() -> Iterator[dict[str, Any]]:
+    _cli("up", "--hardware", "b300x8,b300x8,b300x8,none")
+    try:
+        yield json.loads((PD_DIR / "state.json").read_text(encoding="utf-8"))
+    finally:
+        _cli("down")
+
+
+def _files(tmp_path: Path) -> Path:
+    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    vllm = data["topologies"]["demo-vllm"]
+    data["routers"] = {"vllm-router": {"version": "0.1.17"}}
+    data["topologies"] = {
+        "demo-pd": {
+            "engine": "vllm",
+            "group": "demo_pd",
+            "accelerators": vllm["accelerators"],
+            "max_model_len": vllm["max_model_len"],
+            "load_format": "fastsafetensors",
+            "parsers": vllm["parsers"],
+            # The transport is explicit: the test hosts have no RDMA, so TCP, named as such.
+            "kv_transfer": {"connectors": ["NixlConnector"], "transport": "tcp"},
+            "router": {"group": "demo_pd_router", "package": "vllm-router", "policy": "round_robin"},
+            "expose": {"bind": "address", "api_key": {"file": str(PD_DIR / "api-key")}},
+            "comm_check": {"min_mbit_s": 100, "deadline_s": 15},
+            "pools": {
+                "prefill": {"group": "demo_pd_prefill", "role": "prefill", "hosts": 2, "instances": 2,
+                            "parallel": {"tp": 8}},
+                "decode": {"group": "demo_pd_decode", "role": "decode", "hosts": 1, "parallel": {"tp": 8}},
+            },
+        }
+    }  # fmt: skip
+    recipe = tmp_path / "demo-pd.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    inventory = tmp_path / "pd.py"
+    inventory.write_text(INVENTORY.format(state=str(PD_DIR / "state.json"), recipe=str(recipe)), encoding="utf-8")
+    return inventory
+
+
+def _converge(inventory: Path) -> tuple[Run, float]:
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [str(BIN / "pyinfra"), str(inventory), "deploys/kimi.py", "-y", "--json"],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **ENV},
+    )  # fmt: skip
+    payload = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+    return Run(proc.returncode, payload, proc.stdout + proc.stderr), time.perf_counter() - started
+
+
+def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[str, Any], tmp_path: Path) -> None:
+    inventory = _files(tmp_path)
+    run, _ = _converge(inventory)
+    assert run.code == 0, run.log[-4000:]
+    changed = run.changed()
+    assert changed["Communication check"] == list(HOSTS)
+    # One prefill instance and the decode instance first, then the other prefill instance, then
+    # the router once every engine behind it answers; its smoke test goes through it.
+    assert changed["Services: leaders"] == ["kimi-h1", "kimi-h3"]
+    assert changed["Services: leaders (second batch)"] == ["kimi-h2"]
+    assert changed["Services: routers (second batch)"] == ["kimi-h4"]
+    assert changed["Smoke test (second batch)"] == ["kimi-h2", "kimi-h4"]
+    key = (PD_DIR / "api-key").read_text(encoding="utf-8").strip()
+    router = next(h["address"] for h in pd_cluster["hosts"] if h["name"] == "kimi-h4")
+    answer = chat(
+        f"http://{router}:8000", "Reply with exactly the word READY and nothing else.", key_file=PD_DIR / "api-key"
+    )
+    assert answer["choices"][0]["message"]["content"] == "READY"
+    argv = ssh("kimi-h4", "cat /proc/$(systemctl show -p MainPID --value kimi-router)/cmdline | tr '\\0' ' '",
+               cluster_state=pd_cluster)  # fmt: skip
+    assert "--vllm-pd-disaggregation" in argv
+    assert key not in argv
+    # No NVIDIA driver on the router's CPU host.
+    assert ssh("kimi-h4", "dpkg-query -W -f '${Status}' nvidia-driver-cuda 2>/dev/null || true",
+               cluster_state=pd_cluster) != "install ok installed"  # fmt: skip
+    again, _ = _converge(inventory)
+    assert again.code == 0
+    assert again.changed() == {}

@@ -1,0 +1,25 @@
+"""Restart batches: half of a pool's independent instances keep serving while the other half restarts."""
+
+from __future__ import annotations
+
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.start_batches import batch_of
+
+
+def test_instances_alternate_and_a_spanning_instance_moves_as_one(recipe: Recipe, prod: Inventory) -> None:
+    full = plan(recipe, "recipes/kimi-k3.1-pro.yaml", prod)
+    pd = full.topology("gb300-pd")
+    batches = {h.host: batch_of(h, pd) for h in pd}
+    # Three prefill instances of two hosts each: instances 0 and 2 first, instance 1 after.
+    assert [batches[f"gb300-p0{i}"] for i in range(1, 7)] == [0, 0, 1, 1, 0, 0]
+    # The one decode instance has nothing to keep serving; the router comes once all engines run.
+    assert {batches[f"gb300-d0{i}"] for i in range(1, 5)} == {0}
+    assert batches["gb300-rt01"] == 1
+
+
+def test_a_single_instance_pool_is_one_batch(recipe: Recipe, prod: Inventory) -> None:
+    full = plan(recipe, "recipes/kimi-k3.1-pro.yaml", prod)
+    tpu = full.topology("tpu7x")
+    assert {batch_of(h, tpu) for h in tpu} == {0}
