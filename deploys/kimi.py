@@ -73,7 +73,8 @@ logger.info(
     f"{spec.node_rank}/{spec.nodes}, units {', '.join(u.name for u in spec.units)}"
 )
 
-conflicts = port_conflicts(todo, found["listeners"])
+restarting = frozenset(u.name for u in todo.units if units.needs_start(u.release, found["units"].get(u.name)))
+conflicts = port_conflicts(todo, found["listeners"], restarting)
 if conflicts:
     # Before any change on any host: starting would fail, and the running release must stay.
     raise PyinfraError(f"{host.name}: {conflicts[0]}")

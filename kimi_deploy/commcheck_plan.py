@@ -28,7 +28,7 @@ def reachable_ports(host: HostPlan) -> list[dict[str, Any]]:
     ports: dict[int, str] = {}
     for unit in host.units:
         for label, port in sorted(unit.listens.items()):
-            if label == "api" and unit.bind == LOOPBACK:
+            if label in ("api", "router_backend") and unit.bind == LOOPBACK:
                 continue
             ports.setdefault(port, f"{unit.name} {label}")
     return [{"port": port, "label": label} for port, label in sorted(ports.items())]

@@ -16,6 +16,7 @@ from typing import Any
 
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
+from kimi_deploy.hostside_command import HOSTSIDE
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
@@ -121,7 +122,12 @@ def _secrets(deploy: DeployPlan) -> dict[str, str] | None:
         return None
     field = f"topologies.{deploy.spec.topology}.expose.api_key"
     key = read_secret(expose.api_key, deploy.recipe_file, field)
-    return {"VLLM_API_KEY": key, "api-key": key}
+    secrets = {"VLLM_API_KEY": key, "api-key": key, "KIMI_API_KEY": key}
+    router = deploy.recipe.topologies[deploy.spec.topology].router
+    if deploy.spec.role == "router" and router is not None and router.fallback is not None:
+        where = f"topologies.{deploy.spec.topology}.router.fallback.api_key"
+        secrets["KIMI_FALLBACK_API_KEY"] = read_secret(router.fallback.api_key, deploy.recipe_file, where)
+    return secrets
 
 
 def plan_converge(deploy: DeployPlan) -> Converge:
@@ -162,6 +168,10 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         )
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)
+    if any(u.kind == "gateway" for u in spec.units):
+        # The gateway's program, beside the host tools (its unit's digest includes it).
+        program = (HOSTSIDE / "gateway.py").read_text(encoding="utf-8")
+        files.append(RenderedFile(f"{recipe.paths.tools}/kimi-gateway.py", program, 0o644, "root"))
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
         request = {
@@ -189,7 +199,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         # An engine's API, or the router in front of prefill/decode engines (whose smoke test
         # goes through the router to the engines and back).
         api = unit.listens.get("api") if unit.kind == "engine" else unit.listens.get("router")
-        if api is not None and unit.kind in ("engine", "router"):
+        if api is not None and unit.kind in ("engine", "router", "gateway"):
             # A unit bound to every address is reached on loopback by the on-host check.
             host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
             key_file, key_var = None, None
@@ -272,13 +282,15 @@ def converge_request(todo: Converge) -> dict[str, Any]:
     }
 
 
-def port_conflicts(todo: Converge, listeners: dict[str, Any]) -> list[str]:
-    """Planned ports another process already listens on (its own unit may hold its ports)."""
+def port_conflicts(todo: Converge, listeners: dict[str, Any], restarting: frozenset[str] = frozenset()) -> list[str]:
+    """Planned ports another process already listens on. A unit may hold its own ports, and a
+    unit of this host that this converge restarts (``restarting``) may hold a port it hands over:
+    units of a stage start in plan order, so it lets go before the new holder starts."""
     out = []
     for unit in todo.units:
         for port, label in sorted(unit.ports.items()):
             holder = listeners.get(str(port))
-            if holder and holder.get("unit") != unit.name:
+            if holder and holder.get("unit") != unit.name and holder.get("unit") not in restarting:
                 owner = f"unit {holder['unit']}" if holder.get("unit") else "no systemd unit"
                 out.append(f"port {port} ({label}) is in use by pid {holder['pid']} ({holder['comm']}, {owner})")
     return out

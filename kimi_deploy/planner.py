@@ -17,7 +17,7 @@ from kimi_deploy.host_paths import engine_dir, model_dir, router_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
 from kimi_deploy.recipe import Recipe, Topology
-from kimi_deploy.router_units import mooncake_master_unit, router_unit
+from kimi_deploy.router_units import gateway_unit, mooncake_master_unit, router_unit
 from kimi_deploy.servespec import HostPlan, Plan, Unit
 
 # Arguments before the first flag: the launch prefix and, for vLLM, the model path.
@@ -150,7 +150,7 @@ def _router_plan(recipe: Recipe, tp: TopologyPlacement) -> HostPlan:
     assert topo.router is not None
     assert tp.router is not None
     master = mooncake_master_unit(recipe, tp)
-    units = tuple(u for u in (master, router_unit(recipe, tp)) if u is not None)
+    units = tuple(u for u in (master, router_unit(recipe, tp), gateway_unit(recipe, tp)) if u is not None)
     package = topo.router.package
     return HostPlan(
         host=tp.router.name,

@@ -246,10 +246,21 @@ class HiCache(Strict):
     write_policy: Literal["write_through", "write_back", "write_through_selective"] = "write_through"
 
 
+class RouterFallback(Strict):
+    """The hosted API, answering when no local backend is healthy (off unless given)."""
+
+    # the hosted API's base, its OpenAI-compatible paths (``/v1/...``) appended
+    url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
+    api_key: SecretRef
+    # the hosted API's name of the model, put in place of the served name
+    model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
+
+
 class Router(Strict):
     group: GroupName
     package: RouterName
     policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
+    fallback: RouterFallback | None = None
 
 
 class Ports(Strict):
@@ -263,6 +274,8 @@ class Ports(Strict):
     mooncake_metadata: Port = 8080
     bootstrap: Port = 8998
     router: Port = 8000
+    # with a router fallback: the router on loopback behind the gateway that takes ``router``
+    router_backend: Port = 8009
     # the communication check's own port on every host of a multi-host topology (before starts)
     comm_check: Port = 29499
 

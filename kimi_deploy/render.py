@@ -24,6 +24,7 @@ _UNIT_TEMPLATE = {
     "engine": "engine.service.j2",
     "router": "cpu.service.j2",
     "mooncake-master": "cpu.service.j2",
+    "gateway": "cpu.service.j2",
 }
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-UnitKind = Literal["engine", "router", "mooncake-master"]
+UnitKind = Literal["engine", "router", "mooncake-master", "gateway"]
 HostRole = Literal["serve", "prefill", "decode", "router"]
 NodeRole = Literal["single", "leader", "worker", "router"]
 

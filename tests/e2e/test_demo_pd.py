@@ -9,10 +9,13 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
+import urllib.error
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -57,7 +60,7 @@ def pd_cluster() -> Iterator[dict[str, Any]]:
         _cli("down")
 
 
-def _files(tmp_path: Path) -> Path:
+def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
     data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
     vllm = data["topologies"]["demo-vllm"]
     data["routers"] = {"vllm-router": {"version": "0.1.17"}}
@@ -71,7 +74,8 @@ def _files(tmp_path: Path) -> Path:
             "parsers": vllm["parsers"],
             # The transport is explicit: the test hosts have no RDMA, so TCP, named as such.
             "kv_transfer": {"connectors": ["NixlConnector"], "transport": "tcp"},
-            "router": {"group": "demo_pd_router", "package": "vllm-router", "policy": "round_robin"},
+            "router": {"group": "demo_pd_router", "package": "vllm-router", "policy": "round_robin",
+                       **({"fallback": fallback} if fallback else {})},
             "expose": {"bind": "address", "api_key": {"file": str(PD_DIR / "api-key")}},
             "comm_check": {"min_mbit_s": 100, "deadline_s": 15},
             "pools": {
@@ -126,3 +130,67 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
     again, _ = _converge(inventory)
     assert again.code == 0
     assert again.changed() == {}
+
+
+class _Hosted(BaseHTTPRequestHandler):
+    """The hosted API, as far as the gateway sees it: one chat completion, recorded."""
+
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Hosted.seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "body": body})
+        answer = json.dumps({
+            "id": "hosted-1", "object": "chat.completion", "model": body.get("model"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "HOSTED"}}],
+        }).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+
+def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dict[str, Any], tmp_path: Path) -> None:
+    hosted = ThreadingHTTPServer((pd_cluster["gateway"], 0), _Hosted)
+    threading.Thread(target=hosted.serve_forever, daemon=True).start()
+    hosted_key = tmp_path / "hosted-key"
+    hosted_key.write_text("hosted-secret-0123456789\n", encoding="utf-8")
+    try:
+        inventory = _files(tmp_path, fallback={
+            "url": f"http://{pd_cluster['gateway']}:{hosted.server_address[1]}",
+            "api_key": {"file": str(hosted_key)}, "model": "kimi-hosted",
+        })  # fmt: skip
+        run, _ = _converge(inventory)
+        assert run.code == 0, run.log[-4000:]
+        assert "kimi-h4" in run.changed()["Smoke test (second batch)"]  # through the gateway, to the engines
+        router = next(h["address"] for h in pd_cluster["hosts"] if h["name"] == "kimi-h4")
+        prompt = "Reply with exactly the word READY and nothing else."
+        assert (
+            chat(f"http://{router}:8000", prompt, key_file=PD_DIR / "api-key")["choices"][0]["message"]["content"]
+            == "READY"
+        )
+        assert _Hosted.seen == []
+        for host in ("kimi-h1", "kimi-h2", "kimi-h3"):  # no local backend is healthy any more
+            ssh(host, "systemctl stop kimi-vllm", cluster_state=pd_cluster)
+        time.sleep(3)  # the gateway looks at the router's health every 2 s
+        answer = chat(f"http://{router}:8000", prompt, key_file=PD_DIR / "api-key")
+        assert answer["choices"][0]["message"]["content"] == "HOSTED"
+        (seen,) = _Hosted.seen
+        assert seen["authorization"] == "Bearer hosted-secret-0123456789"
+        assert seen["body"]["model"] == "kimi-hosted"
+        # Without the local key nobody gets the hosted API through the gateway.
+        wrong = tmp_path / "wrong-key"
+        wrong.write_text("not-the-key\n", encoding="utf-8")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            chat(f"http://{router}:8000", prompt, key_file=wrong)
+        assert refused.value.code == 401
+        assert len(_Hosted.seen) == 1
+        journal = ssh("kimi-h4", "journalctl -u kimi-gateway -o cat --no-pager", cluster_state=pd_cluster)
+        assert "fallback: POST /v1/chat/completions" in journal
+        assert "hosted-secret" not in journal
+    finally:
+        hosted.shutdown()
