@@ -13,7 +13,6 @@ from the Hub once and fanned out between hosts when the recipe says ``weights.fa
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from pyinfra import local, logger
@@ -79,9 +78,7 @@ if conflicts:
     # Before any change on any host: starting would fail, and the running release must stay.
     raise PyinfraError(f"{host.name}: {conflicts[0]}")
 
-# The drivers step below installs the fabric manager and IMEX and judges them itself.
-needs = dataclasses.replace(preflight_needs(todo, deploy, found), drivers_step=True)
-preflight.passed(name="Preflight", failures=preflight_check(needs, found["hardware"]))
+preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo, deploy, found), found["hardware"]))
 
 # Pinned NVIDIA driver (fabric manager, IMEX) or TPU host settings, before any engine; it reads
 # what the probe above found, no round-trip of its own.

@@ -128,39 +128,36 @@ def _units(names: list[str]) -> dict[str, Any]:
     return out
 
 
-def _revisions(parent: str, log: str = "/var/lib/kimi/releases.log") -> dict[str, Any]:
+def _release_log(path: str = "/var/lib/kimi/releases.log", last: int = 200) -> list[list[str]]:
+    """The release log's last entries, oldest first: [time, release dir, outcome, run id] (outcome
+    and run id "" in entries written before they were recorded)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()[-last:]
+    except OSError:
+        return []
+    return [[*parts, "", ""][:4] for parts in (line.split() for line in lines) if len(parts) >= 2]
+
+
+def _record(folder: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(folder, "release.json"), encoding="utf-8") as f:
+            record: dict[str, Any] = json.load(f)
+            return record
+    except (OSError, ValueError):
+        return None
+
+
+def _revisions(parent: str, log: list[list[str]]) -> dict[str, Any]:
     """Revision folders kimi-deploy made under ``parent`` (they hold ``.kimi``), and the weights
     revision of each release the host switched to, oldest first (the release log, last 100)."""
     try:
         present = sorted(n for n in os.listdir(parent) if os.path.isdir(os.path.join(parent, n, ".kimi")))
     except OSError:
         present = []
-    history: list[str] = []
-    try:
-        with open(log, encoding="utf-8") as f:
-            lines = f.read().splitlines()[-100:]
-    except OSError:
-        lines = []
-    for line in lines:
-        try:
-            with open(os.path.join(line.split()[1], "release.json"), encoding="utf-8") as f:
-                revision = json.load(f).get("revision")
-        except (OSError, ValueError, IndexError):
-            continue
-        if revision:
-            history.append(revision)
+    records = {folder: _record(folder) for folder in {entry[1] for entry in log[-100:]}}
+    history = [rev for entry in log[-100:] if (rev := (records[entry[1]] or {}).get("revision"))]
     return {"present": present, "history": history}
-
-
-def _last_release(log: str = "/var/lib/kimi/releases.log") -> list[str] | None:
-    """The release log's last entry: [time, release dir, outcome] (outcome "" in old entries)."""
-    try:
-        with open(log, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    parts = lines[-1].split() if lines else []
-    return [*parts, ""][:3] if len(parts) >= 2 else None
 
 
 def _timers(names: list[str]) -> dict[str, Any]:
@@ -229,23 +226,16 @@ def _unit_of(pid: str) -> str:
     return ""
 
 
-def _releases(log: str = "/var/lib/kimi/releases.log", last: int = 200) -> dict[str, Any]:
-    """The release log's entries ([time, dir, outcome, run]) and, for each release named there,
-    its record and whether what it links to is still whole: the engine venv (its marker), the
-    weights revision (its verification cache) and the copies of its files."""
-    try:
-        with open(log, encoding="utf-8") as f:
-            entries = [[*line.split(), "", ""][:4] for line in f.read().splitlines()[-last:] if line.split()]
-    except OSError:
-        entries = []
+def _releases(log: list[list[str]]) -> dict[str, Any]:
+    """The release log's entries and, for each release named there, its record and whether what
+    it links to is still whole: the engine venv (its marker, undamaged), the weights revision (its
+    verification cache) and the copies of its files."""
     records: dict[str, Any] = {}
-    for _, folder, _, _ in entries:
+    for _, folder, _, _ in log:
         if folder in records:
             continue
-        try:
-            with open(os.path.join(folder, "release.json"), encoding="utf-8") as f:
-                record = json.load(f)
-        except (OSError, ValueError):
+        record = _record(folder)
+        if record is None:
             records[folder] = None
             continue
         model = os.path.join(folder, "model")
@@ -256,7 +246,7 @@ def _releases(log: str = "/var/lib/kimi/releases.log", last: int = 200) -> dict[
             "model": os.path.isfile(cache) if os.path.lexists(model) else None,
             "files": all(os.path.isfile(os.path.join(folder, "files", p.lstrip("/"))) for p in record.get("files", [])),
         }
-    return {"entries": entries, "records": records}
+    return {"entries": log, "records": records}
 
 
 def main() -> None:
@@ -267,7 +257,8 @@ def main() -> None:
     except KeyError:
         user = False
     weights = request.get("weights")
-    releases = _releases() if request.get("releases") else None
+    log = _release_log()  # read once: the revisions' history, the last entry, the rollback's records
+    releases = _releases(log) if request.get("releases") else None
     names = list(request.get("units", []))
     for entry in (releases or {}).get("records", {}).values():
         names += [n for n in ((entry or {}).get("record") or {}).get("units", {}) if n not in names]
@@ -278,10 +269,11 @@ def main() -> None:
         "files": {p: _sha256(p) for p in request.get("files", [])},
         "units": _units(names),
         "timers": _timers(request.get("timers", [])),
-        "revisions": _revisions(request["models"]) if request.get("models") else None,
+        "revisions": _revisions(request["models"], log) if request.get("models") else None,
         "listeners": _listeners([int(p) for p in request.get("ports", [])]),
         "current": _readlink(request.get("link")),
-        "last_release": _last_release(),
+        # [time, release dir, outcome] of the log's last entry
+        "last_release": log[-1][:3] if log else None,
         "releases": releases,
     }
     print(json.dumps(result, sort_keys=True))

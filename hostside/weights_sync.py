@@ -43,10 +43,18 @@ PARTIAL = os.path.join(META, "partial")
 PROGRESS_EVERY_S = 5.0
 
 
+def _digest_of(kind: str, size: int) -> Any:
+    """A fresh sha256 (LFS files), or sha1 primed with git's blob header (small files)."""
+    if kind == "gitblob":
+        digest = hashlib.sha1(usedforsecurity=False)
+        digest.update(f"blob {size}\0".encode())
+        return digest
+    return hashlib.sha256()
+
+
 def _hash(path: str, kind: str, size: int) -> str:
     """``sha256:<hex>`` (LFS files) or ``gitblob:<hex>`` (git's blob id, for small files)."""
-    header = f"blob {size}\0".encode()
-    digest = hashlib.sha1(header, usedforsecurity=False) if kind == "gitblob" else hashlib.sha256()
+    digest = _digest_of(kind, size)
     with open(path, "rb") as f:
         # hashlib releases the GIL on large updates: threads hash files in parallel.
         for block in iter(lambda: f.read(8 << 20), b""):
@@ -150,14 +158,6 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
             cache[target] = list(entry)
             linked.append(target)
     return linked
-
-
-def _digest_of(kind: str, size: int) -> Any:
-    if kind == "gitblob":
-        digest = hashlib.sha1(usedforsecurity=False)
-        digest.update(f"blob {size}\0".encode())
-        return digest
-    return hashlib.sha256()
 
 
 def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:

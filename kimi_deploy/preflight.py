@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kimi_deploy.driver_plan import needs_imex
 from kimi_deploy.host_profile import matches_model
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
@@ -32,9 +31,6 @@ class Needs:
     weights_bytes: int
     missing_bytes: int
     rdma_devices: list[str]
-    # The run's drivers step (deploys/drivers.py) installs the fabric manager and IMEX at the driver's
-    # version and refuses a host whose fabric manager would differ: their gates are its to decide.
-    drivers_step: bool = False
 
 
 def _gib(n: float) -> str:
@@ -98,31 +94,6 @@ def host_ram(needs: Needs, profile: dict[str, Any]) -> str | None:
     return None
 
 
-def fabric_manager(needs: Needs, profile: dict[str, Any]) -> str | None:
-    """On NVSwitch systems the fabric manager must be exactly the driver's version (else CUDA 802)."""
-    if needs.drivers_step:
-        return None
-    drivers = profile.get("drivers") or {}
-    packages: dict[str, str] = drivers.get("packages") or {}
-    # The kernel module's version, else what NVML or nvidia-smi reports.
-    driver = drivers.get("nvidia") or (profile.get("accelerators") or {}).get("driver_version")
-    for name, version in sorted(packages.items()):
-        if name.startswith("nvidia-fabricmanager") and driver and not str(version).startswith(str(driver)):
-            return f"fabric manager: {name} must match driver {driver}, found {version}"
-    return None
-
-
-def imex(needs: Needs, profile: dict[str, Any]) -> str | None:
-    """A tensor-parallel instance over GB200/GB300 trays needs IMEX for multi-node NVLink."""
-    spec = needs.spec
-    if needs.drivers_step or not needs_imex(spec):
-        return None
-    state = (profile.get("drivers") or {}).get("imex_active")
-    if state != "active":
-        return f"IMEX: {spec.nodes}-host NVLink instance needs nvidia-imex active, found {state or 'not installed'}"
-    return None
-
-
 def rdma(needs: Needs, profile: dict[str, Any]) -> str | None:
     topo = needs.recipe.topologies[needs.spec.topology]
     if topo.kv_transfer is None or topo.kv_transfer.transport != "rdma" or needs.spec.role == "router":
@@ -141,8 +112,6 @@ GATES: tuple[Callable[[Needs, dict[str, Any]], str | None], ...] = (
     accelerators,
     disk,
     host_ram,
-    fabric_manager,
-    imex,
     rdma,
 )
 

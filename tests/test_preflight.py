@@ -96,22 +96,6 @@ def test_hicache_needs_host_ram(recipe: Recipe, full: Plan) -> None:
     ]
 
 
-def test_fabric_manager_must_match_the_driver(recipe: Recipe, full: Plan) -> None:
-    drift = copy.deepcopy(B300)
-    drift["drivers"]["packages"] = {"nvidia-fabricmanager-580": "580.82.07-1"}
-    assert check(_needs(recipe, full, "b300-01"), drift) == [
-        "b300-01: fabric manager: nvidia-fabricmanager-580 must match driver 580.95.05, found 580.82.07-1"
-    ]
-
-
-def test_multi_node_nvlink_needs_imex(recipe: Recipe, full: Plan) -> None:
-    no_imex = copy.deepcopy(GB300)
-    no_imex["drivers"]["imex_active"] = "inactive"
-    assert check(_needs(recipe, full, "gb300-p01"), no_imex) == [
-        "gb300-p01: IMEX: 2-host NVLink instance needs nvidia-imex active, found inactive"
-    ]
-
-
 def test_kv_over_rdma_needs_active_ports(recipe: Recipe, full: Plan) -> None:
     down = copy.deepcopy(GB300)
     down["rdma"][2]["state"] = "1: DOWN"
