@@ -22,6 +22,9 @@ from pyinfra.context import host, inventory, state
 
 from facts.drivers import remember
 from facts.inventory_probe import active_hosts, probe_all, probe_of
+from kimi_deploy.allreduce_plan import all_reduce_request, members
+from kimi_deploy.allreduce_plan import label as instance_label
+from kimi_deploy.allreduce_plan import why_not as all_reduce_why_not
 from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs
 from kimi_deploy.driver_plan import probe_request as drivers_request
@@ -189,12 +192,26 @@ def restarts_in_topology() -> list[str]:
 
 # Before anything of the new release is put in place: a failed check leaves every host of the
 # topology exactly as it was (files, current release, running engines).
+restarting_hosts = restarts_in_topology()
 if needs_check(deploy.topology):
     commcheck.passed(
         name="Communication check",
-        request=check_request(deploy.recipe, spec, topology_in_run(), run_id()) if restarts_in_topology() else None,
+        request=check_request(deploy.recipe, spec, topology_in_run(), run_id()) if restarting_hosts else None,
         why_not=f"no engine of topology {spec.topology} starts or restarts",
     )
+
+# Then each engine instance's own communicator (NCCL over NVLink and the fabric), with the engine
+# release's torch, when an engine of the instance will (re)start.
+all_reduce_why = all_reduce_why_not(deploy.recipe, spec, topology_in_run())
+if all_reduce_why is None and not any(h.host in restarting_hosts for h in members(spec, topology_in_run())):
+    all_reduce_why = f"no engine of instance {instance_label(spec)} starts or restarts"
+commcheck.all_reduce_passed(
+    name="All-reduce check",
+    request=None if all_reduce_why else all_reduce_request(deploy.recipe, spec, topology_in_run(), run_id()),
+    python=f"{spec.engine_dir}/bin/python",
+    user=todo.user,
+    why_not=all_reduce_why or "",
+)
 
 my_batch = batch_of(spec, deploy.topology)
 first_batch = [p.host for p in deploy.topology if batch_of(p, deploy.topology) == 0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kimi_deploy.allreduce_plan import rendezvous_host
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
@@ -34,6 +35,16 @@ def reachable_ports(host: HostPlan) -> list[dict[str, Any]]:
     return [{"port": port, "label": label} for port, label in sorted(ports.items())]
 
 
+def checked_ports(recipe: Recipe, host: HostPlan) -> list[dict[str, Any]]:
+    """``reachable_ports`` and, on an instance leader, the all-reduce check's rendezvous port."""
+    ports = reachable_ports(host)
+    if rendezvous_host(recipe, host):
+        port = recipe.topologies[host.topology].ports.all_reduce
+        if all(p["port"] != port for p in ports):
+            ports = sorted([*ports, {"port": port, "label": "all-reduce rendezvous"}], key=lambda p: p["port"])
+    return ports
+
+
 def check_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: str) -> dict[str, Any]:
     """``me``'s request to ``hostside/commcheck.py``; ``hosts`` are every host of its topology."""
     topology = recipe.topologies[me.topology]
@@ -43,9 +54,11 @@ def check_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: 
         "me": me.host,
         "address": me.address,
         "port": topology.ports.comm_check,
-        "listen": reachable_ports(me),
+        "listen": checked_ports(recipe, me),
         "peers": [
-            {"host": h.host, "address": h.address, "ports": reachable_ports(h)} for h in hosts if h.host != me.host
+            {"host": h.host, "address": h.address, "ports": checked_ports(recipe, h)}
+            for h in hosts
+            if h.host != me.host
         ],
         "bandwidth": {"bytes": check.bytes, "min_mbit_s": check.min_mbit_s, "max_s": check.max_s},
         "deadline_s": check.deadline_s,

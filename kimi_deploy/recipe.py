@@ -278,6 +278,8 @@ class Ports(Strict):
     router_backend: Port = 8009
     # the communication check's own port on every host of a multi-host topology (before starts)
     comm_check: Port = 29499
+    # the all-reduce check's rendezvous (a torch.distributed TCPStore) on its first host
+    all_reduce: Port = 29498
 
 
 class CommCheck(Strict):
@@ -288,8 +290,33 @@ class CommCheck(Strict):
     bytes: Positive = 32 * 2**20
     max_s: Annotated[float, Field(gt=0, le=60)] = 3.0
     deadline_s: Annotated[float, Field(ge=2, le=600)] = 20.0
-    # with nccl-tests on the hosts: all_reduce_perf bus bandwidth at the largest size, GB/s
-    nccl_min_busbw_gbs: Annotated[float, Field(gt=0)] | None = None
+    # an all-reduce across the topology's engine hosts, with the engine release's own torch
+    all_reduce: AllReduce | None = None
+
+
+class AllReduce(Strict):
+    """An all-reduce across the engine hosts of a topology (one rank per accelerator with NCCL,
+    one per host with gloo), run with the engine release's torch after the port and bandwidth
+    checks pass; its bus bandwidth at the largest size must reach ``min_busbw_gbs``, computed as
+    nccl-tests does (algbw x 2(n-1)/n)."""
+
+    # e.g. 8 x H100 over NVLink ~370 GB/s; 2 nodes x 8 GPUs over 8 x 400G ~330 GB/s (ring)
+    min_busbw_gbs: Annotated[float, Field(gt=0)]
+    backend: Literal["nccl", "gloo"] = "nccl"
+    min_bytes: Positive = 2**20
+    max_bytes: Annotated[int, Field(gt=0, le=16 * 2**30)] = 2**30
+    warmup_iters: Annotated[int, Field(ge=0, le=1000)] = 5
+    iters: Annotated[int, Field(gt=0, le=10000)] = 20
+    # rendezvous, setup and every collective together; past it the check is stopped and fails
+    deadline_s: Annotated[float, Field(ge=5, le=1800)] = 120.0
+
+    @model_validator(mode="after")
+    def _sizes(self) -> AllReduce:
+        if self.min_bytes > self.max_bytes:
+            raise ValueError(f"min_bytes {self.min_bytes} is larger than max_bytes {self.max_bytes}")
+        if self.min_bytes % 4 or self.max_bytes % 4:
+            raise ValueError("min_bytes and max_bytes must be whole float32 counts (multiples of 4)")
+        return self
 
 
 class Topology(Strict):
@@ -352,6 +379,11 @@ class Topology(Strict):
                     f"pool {name}: {pool.parallel.dp} data-parallel ranks do not spread evenly over "
                     f"the {spans} hosts of an instance"
                 )
+        check = self.comm_check.all_reduce
+        if check is not None and check.backend == "nccl" and self.accelerators.vendor != "nvidia":
+            raise ValueError(
+                f"comm_check.all_reduce: backend nccl needs NVIDIA accelerators, found {self.accelerators.vendor}"
+            )
         if self.hicache is not None and self.engine != "sglang":
             raise ValueError(f"hicache is an SGLang feature, engine is {self.engine}")
         return self

@@ -8,6 +8,8 @@ The hosts run Debian 12's python3 (3.11, x86_64), as the controller does.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -31,24 +33,30 @@ def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None
     """Put the wheels of ``wanted`` (default: the demo recipe's tools) and their dependencies in
     ``files_dir``; pip downloads only what the cache lacks."""
     wanted = requirements() if wanted is None else wanted
-    cache.mkdir(parents=True, exist_ok=True)
-    stamp = cache / ("." + "_".join(sorted(wanted)).replace("=", "-") + ".done")
+    # One folder per set of requirements: a set's stamp lists the wheels pip fetched for it alone.
+    key = hashlib.sha256("\n".join(sorted(wanted)).encode()).hexdigest()[:16]
+    dest = cache / key
+    dest.mkdir(parents=True, exist_ok=True)
+    stamp = dest / ".done"
     if not stamp.exists():
         run = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
-             "--only-binary=:all:", "--dest", str(cache), *wanted],
+             "--only-binary=:all:", "--dest", str(dest), *wanted],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if run.returncode != 0:
             tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
             raise RuntimeError(f"pip download {' '.join(wanted)} failed: {tail[0]}")
-        stamp.write_text("\n".join(sorted(p.name for p in cache.glob("*.whl"))) + "\n", encoding="utf-8")
+        stamp.write_text("\n".join(sorted(p.name for p in dest.glob("*.whl"))) + "\n", encoding="utf-8")
     names = stamp.read_text(encoding="utf-8").split()
     files_dir.mkdir(parents=True, exist_ok=True)
     out = []
     for name in names:
         target = files_dir / name
         if not target.exists():
-            shutil.copy2(cache / name, target)
+            try:
+                os.link(dest / name, target)  # a torch wheel is 190 MB: no second copy on one disk
+            except OSError:
+                shutil.copy2(dest / name, target)
         out.append(target)
     return out

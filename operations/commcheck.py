@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Generator
 from typing import Any
 
@@ -9,6 +10,8 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from kimi_deploy.hostside_command import hostside_command
+
+ALL_REDUCE_LOG = "/var/log/kimi/all-reduce.log"
 
 
 @operation()
@@ -28,3 +31,31 @@ def passed(*, request: dict[str, Any] | None, why_not: str = "") -> Generator[st
         host.noop(why_not)
         return
     yield hostside_command("python3", "commcheck.py", request)
+
+
+@operation()
+def all_reduce_passed(
+    *, request: dict[str, Any] | None, python: str = "", user: str = "", why_not: str = ""
+) -> Generator[str, None, None]:
+    """
+    Run an all-reduce across the hosts of this host's engine instance, with the engine release's
+    torch, as the engine user; fail (on every host of the instance) when a rank does not finish,
+    a value comes back wrong or the bus bandwidth is under the recipe's threshold.
+
+    + request: ``hostside/allreduce.py``'s request (``kimi_deploy.allreduce_plan.all_reduce_request``);
+      None when this host takes part in no all-reduce this run
+    + python: the engine release's interpreter (its torch, its NCCL)
+    + user: the engine user, whom the ranks run as
+    + why_not: with ``request`` None, why
+
+    Each run's result, a JSON line after the time, is appended to ``/var/log/kimi/all-reduce.log``.
+    """
+    if request is None:
+        host.noop(why_not)
+        return
+    drop = f"setpriv --reuid={shlex.quote(user)} --regid={shlex.quote(user)} --init-groups --reset-env"
+    # The result line (bus bandwidth per size, torch and NCCL versions) is kept on the host.
+    yield (
+        f"install -d -m 0755 /var/log/kimi && out=$({drop} {hostside_command(python, 'allreduce.py', request)}); "
+        f'rc=$?; printf \'%s %s\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$out" >> {ALL_REDUCE_LOG}; exit $rc'
+    )

@@ -322,6 +322,26 @@ CASES: list[tuple[str, Mutation, str]] = [
         "the weights need 1598 GiB (1560000000000 bytes + 10% headroom)",
     ),
     (
+        "all-reduce-nccl-on-tpu",
+        _set(((TOPO, "tpu7x", "comm_check"), {"all_reduce": {"min_busbw_gbs": 100}})),
+        "topologies.tpu7x: comm_check.all_reduce: backend nccl needs NVIDIA accelerators, found tpu",
+    ),
+    (
+        "all-reduce-sizes-reversed",
+        _set(
+            (
+                (TOPO, "single-node", "comm_check", "all_reduce"),
+                {"min_busbw_gbs": 370, "min_bytes": 2**30, "max_bytes": 2**20},
+            )
+        ),
+        "topologies.single-node.comm_check.all_reduce: min_bytes 1073741824 is larger than max_bytes 1048576",
+    ),
+    (
+        "all-reduce-without-threshold",
+        _set(((TOPO, "single-node", "comm_check", "all_reduce"), {"backend": "nccl"})),
+        "topologies.single-node.comm_check.all_reduce.min_busbw_gbs: required key is missing",
+    ),
+    (
         "model-not-a-mapping",
         _set((("model",), None)),
         "model: expected a mapping, found NoneType None",

@@ -128,3 +128,54 @@ def install_fabric_manager(st: dict[str, Any], host: str, tmp_path: Path) -> Non
     subprocess.run(["dpkg-deb", "--build", str(root), str(tmp_path / "fm.deb")], check=True, capture_output=True)
     ssh(host, "cat > /tmp/fm.deb && dpkg -i /tmp/fm.deb && rm /tmp/fm.deb", cluster_state=st,
         stdin=(tmp_path / "fm.deb").read_bytes())  # fmt: skip
+
+
+# The head of an inventory for a cluster of a test's own: every host with the cluster's SSH key,
+# package index, Hub and apt repository; the test appends its groups of ``_hosts``.
+OWN_INVENTORY = """
+import json
+_state = json.load(open({state!r}))
+_common = {{"ssh_user": "root", "ssh_key": _state["ssh_key"], "ssh_known_hosts_file": _state["known_hosts"],
+           "ssh_strict_host_key_checking": "yes", "kimi_recipe": {recipe!r},
+           "kimi_pip_index_url": _state["services"]["index"]["url"],
+           "kimi_hf_endpoint": _state["services"]["hub"]["url"],
+           "kimi_nvidia_repo_url": _state["services"]["apt"]["url"]}}
+_hosts = [(h["name"], {{"ssh_hostname": h["address"], **_common}}) for h in _state["hosts"]]
+"""
+
+
+@dataclass(frozen=True)
+class OwnCluster:
+    """A cluster of a test module's own: its state directory and ``kimi-deploy cluster`` environment."""
+
+    env: dict[str, str]
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.env["KIMI_CLUSTER_DIR"])
+
+    def cli(self, *args: str) -> None:
+        subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
+                       env={**os.environ, **self.env})  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.dir / "state.json").read_text(encoding="utf-8"))
+        return data
+
+    def inventory(self, path: Path, recipe: Path, groups: str) -> Path:
+        """An inventory at ``path`` of this cluster's hosts with ``recipe``; ``groups`` is Python
+        that names groups from ``_hosts`` (a list of (name, data))."""
+        head = OWN_INVENTORY.format(state=str(self.dir / "state.json"), recipe=str(recipe))
+        path.write_text(head + groups.strip() + "\n", encoding="utf-8")
+        return path
+
+    def pyinfra(self, inventory: Path, deploy: str = "deploys/kimi.py") -> Run:
+        proc = subprocess.run(
+            [str(BIN / "pyinfra"), str(inventory), deploy, "-y", "--json"],
+            cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **self.env},
+        )  # fmt: skip
+        try:
+            payload = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+        except ValueError:
+            payload = None
+        return Run(proc.returncode, payload, proc.stdout + proc.stderr)

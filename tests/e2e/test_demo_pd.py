@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import threading
 import time
 import urllib.error
@@ -20,25 +19,17 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from tests.e2e.demo import BIN, ROOT, Run, chat, ssh
+from tests.e2e.demo import ROOT, OwnCluster, Run, chat, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
 )
 
-PD_DIR = Path("/var/lib/kimi-cluster-pd")
-ENV = {"KIMI_CLUSTER_DIR": str(PD_DIR), "KIMI_CLUSTER_SUBNET": "10.213.13.0/24"}
+PD = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-pd", "KIMI_CLUSTER_SUBNET": "10.213.13.0/24"})
+PD_DIR = PD.dir
 HOSTS = ("kimi-h1", "kimi-h2", "kimi-h3", "kimi-h4")
 
-INVENTORY = """
-import json
-_state = json.load(open({state!r}))
-_common = {{"ssh_user": "root", "ssh_key": _state["ssh_key"], "ssh_known_hosts_file": _state["known_hosts"],
-           "ssh_strict_host_key_checking": "yes", "kimi_recipe": {recipe!r},
-           "kimi_pip_index_url": _state["services"]["index"]["url"],
-           "kimi_hf_endpoint": _state["services"]["hub"]["url"],
-           "kimi_nvidia_repo_url": _state["services"]["apt"]["url"]}}
-_hosts = [(h["name"], {{"ssh_hostname": h["address"], **_common}}) for h in _state["hosts"]]
+GROUPS = """
 demo_pd_prefill = _hosts[:2]
 demo_pd_decode = _hosts[2:3]
 demo_pd_router = _hosts[3:4]
@@ -46,18 +37,13 @@ demo_pd = [name for name, _ in _hosts]
 """
 
 
-def _cli(*args: str) -> None:
-    subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
-                   env={**os.environ, **ENV})  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def pd_cluster() -> Iterator[dict[str, Any]]:
-    _cli("up", "--hardware", "b300x8,b300x8,b300x8,none")
+    PD.cli("up", "--hardware", "b300x8,b300x8,b300x8,none")
     try:
-        yield json.loads((PD_DIR / "state.json").read_text(encoding="utf-8"))
+        yield PD.state()
     finally:
-        _cli("down")
+        PD.cli("down")
 
 
 def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
@@ -87,19 +73,13 @@ def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
     }  # fmt: skip
     recipe = tmp_path / "demo-pd.yaml"
     recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    inventory = tmp_path / "pd.py"
-    inventory.write_text(INVENTORY.format(state=str(PD_DIR / "state.json"), recipe=str(recipe)), encoding="utf-8")
-    return inventory
+    return PD.inventory(tmp_path / "pd.py", recipe, GROUPS)
 
 
 def _converge(inventory: Path) -> tuple[Run, float]:
     started = time.perf_counter()
-    proc = subprocess.run(
-        [str(BIN / "pyinfra"), str(inventory), "deploys/kimi.py", "-y", "--json"],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **ENV},
-    )  # fmt: skip
-    payload = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
-    return Run(proc.returncode, payload, proc.stdout + proc.stderr), time.perf_counter() - started
+    run = PD.pyinfra(inventory)
+    return run, time.perf_counter() - started
 
 
 def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[str, Any], tmp_path: Path) -> None:
