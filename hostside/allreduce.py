@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -266,6 +267,24 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def _store(dist: Any, address: str, port: int, world: int, *, master: bool, timeout: timedelta) -> Any:
+    """The rendezvous store; rank 0's listens on ``address`` alone (torch would take every interface)."""
+    if not master:
+        return dist.TCPStore(address, port, world, False, timeout=timeout, wait_for_workers=False)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address, port))
+    listener.listen(1024)
+    store = dist.TCPStore(address, port, world, True, timeout=timeout, wait_for_workers=False,
+                          master_listen_fd=listener.fileno())  # fmt: skip
+    _keep.append(listener)
+    return store
+
+
+_keep: list[socket.socket] = []  # the rendezvous listener lives as long as the rank
+
+
 def _measure(req: Request, rank: int, local_rank: int, conn: Connection) -> dict[str, Any]:
     conn.send(("step", "importing torch"))
     try:
@@ -286,7 +305,9 @@ def _measure(req: Request, rank: int, local_rank: int, conn: Connection) -> dict
     conn.send(("step", f"joining the rendezvous at {req.rendezvous[0]}:{req.rendezvous[1]}"))
     address, port = req.rendezvous
     try:
-        store = dist.TCPStore(address, port, world, rank == 0, timeout=timeout, wait_for_workers=False)
+        store = _store(dist, address, port, world, master=rank == 0, timeout=timeout)
+    except OSError as exc:
+        raise RuntimeError(f"cannot listen on {address}:{port} for the rendezvous: {_describe(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - torch raises several kinds; the message says which
         raise RuntimeError(
             f"cannot reach the rendezvous at {address}:{port} ({req.host_of(0)}) within {req.deadline_s:g} s: "
