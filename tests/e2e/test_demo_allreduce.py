@@ -50,7 +50,9 @@ def ar_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         AR.cli("down")
 
 
-def _recipe(st: dict[str, Any], min_busbw_gbs: float, generation: str = "1") -> Path:
+def recipe_for(cluster: OwnCluster, folder: Path, min_busbw_gbs: float, generation: str = "1") -> Path:
+    """The demo recipe with one topology, demo-ar: SGLang over both hosts, torch pinned in its
+    release, the all-reduce check with gloo at ``min_busbw_gbs``; a new ``generation`` restarts it."""
     data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
     sglang = data["topologies"]["demo-sglang"]
     data["engines"]["sglang"]["packages"] = {"torch": "2.13.0"}
@@ -58,7 +60,7 @@ def _recipe(st: dict[str, Any], min_busbw_gbs: float, generation: str = "1") -> 
         "demo-ar": {
             **sglang,
             "group": "demo_ar",
-            "expose": {"bind": "address", "api_key": {"file": str(AR_DIR / "api-key")}},
+            "expose": {"bind": "address", "api_key": {"file": str(cluster.dir / "api-key")}},
             "comm_check": {
                 "min_mbit_s": 100,
                 "deadline_s": 15,
@@ -76,7 +78,7 @@ def _recipe(st: dict[str, Any], min_busbw_gbs: float, generation: str = "1") -> 
             "pools": {"serve": {"group": "demo_ar", "role": "serve", "hosts": 2, "parallel": {"tp": 16, "ep": 8}}},
         }
     }
-    path: Path = st["dir"] / f"recipe-{generation}.yaml"
+    path = folder / f"recipe-{generation}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
@@ -131,7 +133,7 @@ def _answers(st: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def serving(ar_cluster: dict[str, Any]) -> dict[str, Any]:
-    run = _converge(ar_cluster, _recipe(ar_cluster, 0.001))
+    run = _converge(ar_cluster, recipe_for(AR, ar_cluster["dir"], 0.001))
     assert run.code == 0, run.log[-4000:]
     ar_cluster["first"] = run
     return ar_cluster
@@ -157,12 +159,12 @@ def test_the_instance_all_reduces_with_the_release_torch_before_its_engines_star
     assert results["kimi-h1"]["rows"] == results["kimi-h2"]["rows"]  # the slowest rank's time, on both
     _answers(serving)
     # Nothing restarts on the next converge: nothing to check.
-    again = _converge(serving, _recipe(serving, 0.001))
+    again = _converge(serving, recipe_for(AR, serving["dir"], 0.001))
     assert again.code == 0, again.log[-3000:]
     assert "All-reduce check" not in again.changed()
     # Alone, the check runs beside the serving engines and changes nothing.
     before = _state(serving)
-    alone = _converge(serving, _recipe(serving, 0.001), deploy="deploys/commcheck.py")
+    alone = _converge(serving, recipe_for(AR, serving["dir"], 0.001), deploy="deploys/commcheck.py")
     assert alone.code == 0, alone.log[-3000:]
     assert sorted(alone.changed()["All-reduce check"]) == list(HOSTS)
     assert _state(serving) == before
@@ -170,7 +172,7 @@ def test_the_instance_all_reduces_with_the_release_torch_before_its_engines_star
 
 def test_a_threshold_the_hosts_cannot_reach_stops_the_converge_on_both(serving: dict[str, Any]) -> None:
     before = _state(serving)
-    run = _converge(serving, _recipe(serving, 10000, generation="2"))
+    run = _converge(serving, recipe_for(AR, serving["dir"], 10000, generation="2"))
     assert run.code != 0
     assert _failed(run) == {"All-reduce check": list(HOSTS)}
     lines = _lines(run)
@@ -203,7 +205,7 @@ def test_a_rendezvous_the_worker_cannot_reach_is_named_before_the_all_reduce(
 ) -> None:
     before = _state(serving)
     logged = {h: len(_logged(serving, h)) for h in HOSTS}
-    run = _converge(serving, _recipe(serving, 0.001, generation="3"))
+    run = _converge(serving, recipe_for(AR, serving["dir"], 0.001, generation="3"))
     assert run.code != 0
     assert _failed(run) == {"Communication check": list(HOSTS)}
     assert "kimi-h2 -> kimi-h1:29498 (all-reduce rendezvous): timed out" in run.log
