@@ -62,7 +62,7 @@ def _show_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_jsonable(result), indent=2, sort_keys=True))
     else:
-        sys.stdout.write(format_plan(result))
+        sys.stdout.write(format_plan(result, recipe))
     if args.render:
         return _render(recipe, result, Path(args.render))
     return 0

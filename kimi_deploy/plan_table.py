@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
+from kimi_deploy.allreduce_plan import instance_of, ranks_on
+from kimi_deploy.commcheck_plan import needs_check
+from kimi_deploy.parsers.nccl_tests import format_bytes
+from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan, Plan
 
 
@@ -24,7 +29,28 @@ def _ranks(host: HostPlan) -> str:
     return f"tp {host.tp}" + (f" ep {host.ep}" if host.ep > 1 else "")
 
 
-def format_plan(plan: Plan) -> str:
+def _checks(recipe: Recipe, hosts: Sequence[HostPlan]) -> str | None:
+    """What gates an engine (re)start of the topology, in one line; None when nothing does."""
+    topology = recipe.topologies[hosts[0].topology]
+    parts = []
+    if needs_check(hosts):
+        parts.append(f"communication check (every port between hosts, >= {topology.comm_check.min_mbit_s:g} Mbit/s)")
+    check = topology.comm_check.all_reduce
+    if check is not None:
+        instances: dict[tuple[str, str, int], int] = {}
+        for h in hosts:
+            if h.role != "router":
+                instances[instance_of(h)] = instances.get(instance_of(h), 0) + ranks_on(check, h)
+        ranks = "/".join(str(n) for n in sorted(set(instances.values())))
+        skip = "; one-rank instances skip it" if 1 in instances.values() else ""
+        parts.append(
+            f"all-reduce per instance ({check.backend}, {ranks} ranks{skip}), "
+            f"busbw >= {check.min_busbw_gbs:g} GB/s at {format_bytes(check.max_bytes)}"
+        )
+    return "before start: " + "; then ".join(parts) if parts else None
+
+
+def format_plan(plan: Plan, recipe: Recipe | None = None) -> str:
     lines: list[str] = []
     topologies = list(dict.fromkeys(h.topology for h in plan.hosts))
     for name in topologies:
@@ -51,6 +77,9 @@ def format_plan(plan: Plan) -> str:
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         for row in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        checks = _checks(recipe, hosts) if recipe is not None else None
+        if checks:
+            lines.append(f"  {checks}")
         lines.append("")
         for h in hosts:
             for unit in h.units:

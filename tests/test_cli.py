@@ -100,3 +100,22 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], line: str) -> N
     assert run.returncode == 2
     assert run.stdout == ""
     assert run.stderr.splitlines() == [line]
+
+
+def test_plan_says_what_gates_an_engine_start() -> None:
+    run = kimi("plan", RECIPE, PROD)
+    assert run.returncode == 0, run.stderr
+    gates = {}
+    topology = ""
+    for line in run.stdout.splitlines():
+        if line.startswith("topology "):
+            topology = line.split()[1].rstrip(":")
+        if line.startswith("  before start: "):
+            gates[topology] = line.removeprefix("  before start: ")
+    assert gates == {
+        "single-node": "all-reduce per instance (nccl, 8 ranks), busbw >= 370 GB/s at 1 GiB",
+        "gb300-pd": "communication check (every port between hosts, >= 1000 Mbit/s)",
+        "tpu7x": "communication check (every port between hosts, >= 1000 Mbit/s)",
+        "tokenspeed-multi": "communication check (every port between hosts, >= 1000 Mbit/s); "
+        "then all-reduce per instance (nccl, 16 ranks), busbw >= 300 GB/s at 1 GiB",
+    }

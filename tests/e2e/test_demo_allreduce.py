@@ -152,6 +152,7 @@ def test_the_instance_all_reduces_with_the_release_torch_before_its_engines_star
     results = {h: _logged(serving, h)[-1] for h in HOSTS}
     for host, result in results.items():
         assert (result["host"], result["ok"], result["world"], result["torch"]) == (host, True, 2, "2.13.0+cpu")
+        assert result["interface"] == "eth0"  # the ranks' traffic pinned to the host's kimi_address
         assert [r["size_bytes"] for r in result["rows"]] == [2**20, 2**21, 2**22, 2**23]
         assert all(r["wrong"] == 0 and r["busbw_gbs"] > 0 for r in result["rows"])
         # gloo between two hosts: each rank sends and receives its half, busbw = algbw x 2(n-1)/n = algbw
