@@ -307,6 +307,8 @@ def _measure(req: Request, rank: int, local_rank: int, conn: Connection) -> dict
     try:
         store = _store(dist, address, port, world, master=rank == 0, timeout=timeout)
     except OSError as exc:
+        if rank != 0:
+            raise RuntimeError(f"cannot reach the rendezvous at {address}:{port}: {_describe(exc)}") from None
         raise RuntimeError(f"cannot listen on {address}:{port} for the rendezvous: {_describe(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - torch raises several kinds; the message says which
         raise RuntimeError(
