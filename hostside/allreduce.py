@@ -250,6 +250,7 @@ def never_joined(req: Request, missing: list[int]) -> str:
 
 
 def _rank(req: Request, rank: int, local_rank: int, env: dict[str, str], conn: Connection) -> None:
+    os.dup2(2, 1)  # NCCL_DEBUG and library prints go to stderr: stdout carries the result line alone
     os.environ.update(env)
     try:
         conn.send(("done", _measure(req, rank, local_rank, conn)))
