@@ -39,7 +39,6 @@ sys.path.insert(0, str(ROOT))
 
 from hostside import state_probe, venv_install  # noqa: E402 - after the path is set
 from kimi_deploy.hostside_command import hostside_command  # noqa: E402
-from kimi_deploy.venv_lock import uv_version  # noqa: E402
 from localcluster.pypi_mirror import DEMO_RECIPE  # noqa: E402
 from localcluster.state import Settings  # noqa: E402
 
@@ -113,7 +112,7 @@ def main() -> None:
     host = Host(state)
     from kimi_deploy.recipe import load_recipe  # noqa: PLC0415 - only the pin is needed
 
-    version = uv_version(load_recipe(DEMO_RECIPE).tools)
+    version = load_recipe(DEMO_RECIPE).tools.uv
     uv = {"version": version, "dir": f"{SCRATCH}/uv-{version}"}
     path = f"{SCRATCH}/vllm-0.34.0+fastsafetensors-0.5.0"
     host.run(f"rm -rf {SCRATCH}")

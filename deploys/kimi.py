@@ -26,7 +26,7 @@ from kimi_deploy.allreduce_plan import all_reduce_request, members
 from kimi_deploy.allreduce_plan import label as instance_label
 from kimi_deploy.allreduce_plan import why_not as all_reduce_why_not
 from kimi_deploy.commcheck_plan import check_request, needs_check
-from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs
+from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs, sync_request
 from kimi_deploy.driver_plan import probe_request as drivers_request
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import tool_dir
@@ -34,9 +34,8 @@ from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.run_id import run_id
-from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import batch_of
-from kimi_deploy.venv_lock import lock_source, uv_version
+from kimi_deploy.venv_lock import lock_source
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
 from operations import commcheck, engine, preflight, releases, units, users, weights
@@ -94,7 +93,7 @@ users.system_user(name="Engine user", user=todo.user, exists=found["user"])
 # Every host installing a release installs the same lock: its own (a damaged copy is rebuilt from
 # it), that of a host holding the release, or the one the first installer resolves before the rest.
 probed = probe_all(state, probe_request)
-uv = uv_version(deploy.recipe.tools)
+uv = deploy.recipe.tools.uv
 uv_dir = tool_dir(deploy.recipe, "uv", uv)
 in_run = [h.name for h in active_hosts(state)]
 lock_sources = {r.path: lock_source(host.name, r.path, r.requirements, probed, in_run) for r in todo.venvs}
@@ -130,17 +129,7 @@ fan_out = plan_fan_out([weights_host(h, probed[h.name]) for h in active_hosts(st
 target = todo.weights
 sync: dict[str, Any] = {}
 if target is not None:
-    sync = {
-        "repo": target.repo,
-        "revision": target.revision,
-        "path": target.path,
-        "lock": target.lock,
-        "python": target.python,
-        "endpoint": target.endpoint,
-        "token_file": target.token.path if target.token else None,
-        "current": found["weights"],
-        "progress_log": target.progress_log,
-    }
+    sync = {"request": sync_request(target), "python": target.python, "current": found["weights"]}
 mirror = [{"host": "mirror", "path": target.mirror}] if target is not None and target.mirror else []
 if target is not None and fan_out.sync != "peers":
     weights.revision(name="Weights at the pinned revision", full_verify=target.full_verify, peers=mirror, **sync)
@@ -169,17 +158,17 @@ if target is not None and fan_out.serves:
     weights.peer_server_stopped(name="Weights no longer served to peers")
 
 
-def topology_in_run() -> list[HostPlan]:
-    """The hosts of this host's topology that this run covers (whether or not they answered)."""
-    hosts = [(p, inventory.get_host(p.host, None)) for p in deploy.topology]
-    return [p for p, h in hosts if h is not None and state.is_host_in_limit(h)]
+# The hosts of this host's topology that this run covers (whether or not they answered).
+in_topology = [
+    p for p in deploy.topology if (h := inventory.get_host(p.host, None)) is not None and state.is_host_in_limit(h)
+]
 
 
 def restarts_in_topology() -> list[str]:
     """Hosts of this topology in the run where some unit will (re)start, or that could not be
     probed (down, unreachable): the communication check is needed then."""
     out = []
-    for peer in topology_in_run():
+    for peer in in_topology:
         result = probed.get(peer.host)
         if result is None or isinstance(result, BaseException):
             out.append(peer.host)
@@ -196,18 +185,18 @@ restarting_hosts = restarts_in_topology()
 if needs_check(deploy.topology):
     commcheck.passed(
         name="Communication check",
-        request=check_request(deploy.recipe, spec, topology_in_run(), run_id()) if restarting_hosts else None,
+        request=check_request(deploy.recipe, spec, in_topology, run_id()) if restarting_hosts else None,
         why_not=f"no engine of topology {spec.topology} starts or restarts",
     )
 
 # Then each engine instance's own communicator (NCCL over NVLink and the fabric), with the engine
 # release's torch, when an engine of the instance will (re)start.
-all_reduce_why = all_reduce_why_not(deploy.recipe, spec, topology_in_run())
-if all_reduce_why is None and not any(h.host in restarting_hosts for h in members(spec, topology_in_run())):
+all_reduce_why = all_reduce_why_not(deploy.recipe, spec, in_topology)
+if all_reduce_why is None and not any(h.host in restarting_hosts for h in members(spec, in_topology)):
     all_reduce_why = f"no engine of instance {instance_label(spec)} starts or restarts"
 commcheck.all_reduce_passed(
     name="All-reduce check",
-    request=None if all_reduce_why else all_reduce_request(deploy.recipe, spec, topology_in_run(), run_id()),
+    request=None if all_reduce_why else all_reduce_request(deploy.recipe, spec, in_topology, run_id()),
     python=f"{spec.engine_dir}/bin/python",
     user=todo.user,
     why_not=all_reduce_why or "",

@@ -38,10 +38,15 @@ class DriversState(FactBase[dict[str, Any]]):
         return hostside_command("python3", "driver_probe.py", request)
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(output[-1])
-        if "error" in result:
-            raise ValueError(f"drivers probe: {result['error']}")
-        return result
+        return parse(output[-1])
+
+
+def parse(line: str) -> dict[str, Any]:
+    """The drivers probe's answer line, alone or within the host probe's; its error raised."""
+    result: dict[str, Any] = json.loads(line)
+    if "error" in result:
+        raise ValueError(f"drivers probe: {result['error']}")
+    return result
 
 
 # What a run's host probe already read (deploys/kimi.py probes drivers with everything else):

@@ -7,6 +7,7 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
+from facts.drivers import parse as parse_drivers
 from kimi_deploy.host_profile import parse_profile
 from kimi_deploy.hostside_command import hostside_command
 
@@ -50,5 +51,5 @@ class KimiHostState(FactBase[dict[str, Any]]):
         lines = dict(line.split(" ", 1) for line in output if " " in line)
         result: dict[str, Any] = json.loads(lines["state"])
         result["hardware"] = parse_profile(json.loads(lines["hardware"])) if "hardware" in lines else None
-        result["drivers"] = json.loads(lines["drivers"]) if "drivers" in lines else None
+        result["drivers"] = parse_drivers(lines["drivers"]) if "drivers" in lines else None
         return result

@@ -165,7 +165,8 @@ def _resolve(uv: str, requirements: list[str], index_url: str, *remove: str) -> 
     return f"# platform: {_platform()}\n# index: {index_url}\n{pins}"
 
 
-def _pins(text: str) -> dict[str, str]:
+def lock_pins(text: str) -> dict[str, str]:
+    """``{normalized name: version}`` of a lock (or of ``uv pip freeze`` output)."""
     found = (_PIN.match(line.strip()) for line in text.splitlines())
     return {_norm(m.group(1)): m.group(2) for m in found if m}
 
@@ -228,7 +229,7 @@ def main() -> None:
                 os.remove(os.path.join(folder, old))
         text = _resolve(uv, req["requirements"], index_url)
         _write(req["stage"], text)
-        print(json.dumps({"ok": True, "stage": req["stage"], "packages": len(_pins(text))}))
+        print(json.dumps({"ok": True, "stage": req["stage"], "packages": len(lock_pins(text))}))
         return
     new = f"{path}.kimi-new"
     shutil.rmtree(new, ignore_errors=True)
@@ -240,15 +241,16 @@ def main() -> None:
     sync += ["--index-url", index_url, *(["--require-hashes"] if "--hash=" in text else []), os.path.join(new, LOCK)]
     _run(sync, index_url, new)
     freeze = _run([uv, "pip", "freeze", "--no-config", "--python", f"{new}/bin/python"], index_url, new)
-    if _pins(freeze) != _pins(text):
-        _fail(f"{path}: installed {sorted(_pins(freeze).items())}, the lock has {sorted(_pins(text).items())}", new)
+    installed, locked = lock_pins(freeze), lock_pins(text)
+    if installed != locked:
+        _fail(f"{path}: installed {sorted(installed.items())}, the lock has {sorted(locked.items())}", new)
     _write(os.path.join(new, FREEZE), freeze)
     # uv's own lock file (mode 0666), for uv runs on this venv: there are none after this one.
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(new, ".lock"))
     manifest = _manifest(new)
     _write(os.path.join(new, MANIFEST), json.dumps({"files": manifest}, sort_keys=True))
-    lock = {"sha256": hashlib.sha256(text.encode()).hexdigest(), "platform": _platform(), "packages": len(_pins(text))}
+    lock = {"sha256": hashlib.sha256(text.encode()).hexdigest(), "platform": _platform(), "packages": len(locked)}
     marker = {**req["marker"], "lock": lock, "uv": req["uv"]["version"], "manifest": MANIFEST}
     _write(os.path.join(new, MARKER), json.dumps(marker, sort_keys=True))
     _swap(new, path)

@@ -54,6 +54,21 @@ class WeightsTarget:
     mirror: str | None = None
 
 
+def sync_request(target: WeightsTarget) -> dict[str, Any]:
+    """``hostside/weights_sync.py``'s request for ``target``'s revision, the same for a converge's
+    sync and the scrub's; a converge adds ``full``, ``peers`` and ``peer_key_file``."""
+    return {
+        "repo": target.repo,
+        "revision": target.revision,
+        "dir": target.path,
+        "lock": target.lock,
+        "endpoint": target.endpoint,
+        "token_file": target.token.path if target.token else None,
+        "retries": 2,
+        "progress_log": target.progress_log,
+    }
+
+
 @dataclass(frozen=True)
 class SmokeCheck:
     url: str
@@ -174,22 +189,12 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         files.append(RenderedFile(f"{recipe.paths.tools}/kimi-gateway.py", program, 0o644, "root"))
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
-        request = {
-            "repo": weights.repo,
-            "revision": weights.revision,
-            "dir": weights.path,
-            "lock": weights.lock,
-            "endpoint": weights.endpoint,
-            "token_file": weights.token.path if weights.token else None,
-            "retries": 2,
-            "progress_log": weights.progress_log,
-        }
         files += scrub_files(
             recipe.weights.scrub,
             config_dir=recipe.paths.config,
             tools_dir=recipe.paths.tools,
             python=weights.python,
-            request=request,
+            request=sync_request(weights),
         )
         timers.append(SCRUB_UNIT)
     units: list[UnitTarget] = []
@@ -272,8 +277,7 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "venvs": [v.path for v in todo.venvs],
         "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
         "files": [f.path for f in todo.files]
-        + ([todo.weights.token.path] if todo.weights and todo.weights.token else [])
-        + ([todo.weights.peer_key_file] if todo.weights and todo.weights.fan_out_port else []),
+        + ([todo.weights.token.path] if todo.weights and todo.weights.token else []),
         "units": [u.name for u in todo.units],
         "timers": todo.timers,
         "models": todo.weights.path.rsplit("/", 1)[0] if todo.weights else None,

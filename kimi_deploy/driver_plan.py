@@ -16,7 +16,6 @@ or ``-<version>`` before the driver, "Version locking").
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -313,7 +312,7 @@ def plan_nvidia(
 
 
 def _changed(f: RenderedFile, found: Mapping[str, Any]) -> bool:
-    return bool((found.get("files") or {}).get(f.path) != hashlib.sha256(f.content.encode()).hexdigest())
+    return bool((found.get("files") or {}).get(f.path) != f.sha256)
 
 
 def plan_drivers(

@@ -6,6 +6,7 @@ only when the secrets are given (by a deploy), never by ``kimi-deploy plan --ren
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,11 @@ class RenderedFile:
     mode: int
     owner: str
     secret: bool = False
+
+    @property
+    def sha256(self) -> str:
+        """The content's digest, as the host probe reports a file it read."""
+        return hashlib.sha256(self.content.encode()).hexdigest()
 
 
 def systemd_word(arg: str) -> str:

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 
 from kimi_deploy.servespec import HostPlan
 
-BATCHES = (0, 1)
-
 
 def batch_of(host: HostPlan, topology: Sequence[HostPlan]) -> int:
     """The batch (0 first, then 1) in which ``host``'s units (re)start."""

@@ -16,36 +16,12 @@ Where a host's lock comes from, first match wins:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# The uv release hosts bootstrap while the recipe does not pin ``tools.uv`` yet.
 LOCK_FILE = ".kimi-lock.txt"
 # Locks a resolver host resolved for the other hosts of a run: ``LOCKS_DIR/<release folder>@<run>.txt``.
 LOCKS_DIR = "/var/lib/kimi/locks"
-
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
-
-
-def uv_version(tools: Any) -> str:
-    """The uv release to install releases with: the recipe's ``tools.uv`` pin."""
-    return str(tools.uv)
-
-
-def normalize(name: str) -> str:
-    """PEP 503 normalized project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def lock_pins(text: str) -> dict[str, str]:
-    """``{normalized name: version}`` of a lock (or of ``uv pip freeze`` output)."""
-    pins = {}
-    for line in text.splitlines():
-        match = _PIN.match(line.strip())
-        if match:
-            pins[normalize(match.group(1))] = match.group(2)
-    return pins
 
 
 def staged_lock(path: str, run: str) -> str:

@@ -51,7 +51,8 @@ def needs_files(found: dict[str, Any] | None) -> bool:
     return found is None or not found.get("exists") or bool(found.get("missing") or found.get("unverified"))
 
 
-def _needs_sync(found: dict[str, Any] | None) -> bool:
+def needs_sync(found: dict[str, Any] | None) -> bool:
+    """Whether the sync has anything to do: files to fetch or verify, or extra files to remove."""
     return needs_files(found) or bool(found and found.get("extra"))
 
 
@@ -68,7 +69,7 @@ def plan_fan_out(hosts: Sequence[WeightsHost]) -> dict[str, FanOutPart]:
         enabled = port is not None
         fetchers = [h for h in members if needs_files(h.found) and not h.full_verify]
         for h in members:
-            if h.full_verify or (_needs_sync(h.found) and not needs_files(h.found)):
+            if h.full_verify or (needs_sync(h.found) and not needs_files(h.found)):
                 parts[h.name] = FanOutPart("hub")  # re-hash everything, or only clean up
             elif not needs_files(h.found):
                 parts[h.name] = FanOutPart(None)
@@ -89,7 +90,7 @@ def plan_fan_out(hosts: Sequence[WeightsHost]) -> dict[str, FanOutPart]:
         if fetchers:
             allowed = tuple(h.address for h in fetchers)
             for h in ready:
-                parts[h.name] = FanOutPart(parts.get(h.name, FanOutPart(None)).sync, (), allowed)
+                parts[h.name] = FanOutPart(parts[h.name].sync, (), allowed)
     return parts
 
 

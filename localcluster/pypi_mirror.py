@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 from kimi_deploy.recipe import load_recipe
-from kimi_deploy.venv_lock import uv_version
 
 CACHE = Path("/var/cache/kimi-cluster/pypi")
 DEMO_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
@@ -25,7 +24,7 @@ DEMO_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
 def requirements(recipe_file: Path = DEMO_RECIPE) -> list[str]:
     """The demo recipe's pinned tools, uv among them, as pip requirements."""
     recipe = load_recipe(recipe_file)
-    pins = recipe.tools.model_dump() | {"uv": uv_version(recipe.tools)}
+    pins = recipe.tools.model_dump()
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 

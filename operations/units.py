@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 from collections.abc import Generator
 from io import BytesIO
@@ -26,7 +25,7 @@ def rendered(
     + group: the group of secret files (the engine user's)
     + current: sha256 of each file on the host as the probe found it (None: absent)
     """
-    changed = [f for f in files if current.get(f.path) != hashlib.sha256(f.content.encode()).hexdigest()]
+    changed = [f for f in files if current.get(f.path) != f.sha256]
     if not changed:
         host.noop(f"{len(files)} rendered files are up to date")
         return

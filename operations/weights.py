@@ -10,66 +10,43 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.weights_fanout import needs_sync
 
 
 @operation()
 def revision(
     *,
-    repo: str,
-    revision: str,
-    path: str,
-    lock: dict[str, list[Any]],
+    request: dict[str, Any],
     python: str,
-    endpoint: str | None,
-    token_file: str | None,
     current: dict[str, Any] | None,
     full_verify: bool = False,
     peers: list[dict[str, str]] | None = None,
     peer_key_file: str | None = None,
-    progress_log: str | None = None,
 ) -> Generator[str, None, None]:
     """
-    Hold exactly the files of ``repo`` at ``revision`` in ``path``, each matching the lock.
+    Hold exactly the files of the request's ``repo`` at its ``revision`` in its ``dir``, each
+    matching its ``lock``.
 
-    + repo: the Hub repository (``moonshotai/Kimi-K3.1-Pro``)
-    + revision: the pinned 40-hex commit
-    + path: the revision's folder, e.g. ``/srv/models/moonshotai--Kimi-K3.1-Pro/<revision>``
-    + lock: ``{path: [size, digest]}`` from the recipe's lock file
+    + request: ``kimi_deploy.converge.sync_request`` of the weights target: ``repo``, ``revision``,
+      ``dir`` (e.g. ``/srv/models/moonshotai--Kimi-K3.1-Pro/<revision>``), ``lock`` (``{path: [size,
+      digest]}``), ``endpoint`` (None: huggingface_hub's default), ``token_file`` (mode 0600, if
+      any), ``progress_log`` (bytes, rate and ETA of long transfers every few seconds)
     + python: the interpreter of the venv holding huggingface_hub
-    + endpoint: the Hub or mirror URL (None: huggingface_hub's default)
-    + token_file: a host file (mode 0600) holding the Hub token, if any
     + current: what the host probe found (missing, unverified and extra files)
     + full_verify: re-hash every file now, whatever the cache says (finds silent corruption)
     + peers: where to copy files from before the Hub: a local mirror folder (``{"host", "path"}``)
       and hosts of this run serving the revision (``{"host", "url"}``)
     + peer_key_file: the host file holding this run's transfer key (with ``peers``)
-    + progress_log: where long transfers append bytes, rate and ETA every few seconds
 
     Files are verified on the host (sha256 for LFS files, git blob ids for small ones), results
     cached by (size, mtime, inode): a converged host hashes nothing.
     """
-    if (
-        not full_verify
-        and current is not None
-        and current["exists"]
-        and not (current["missing"] or current["unverified"] or current["extra"])
-    ):
-        host.noop(f"{repo}@{revision[:12]}: all {len(lock)} files verified in {path}")
+    if not full_verify and not needs_sync(current):
+        repo, revision = request["repo"], request["revision"]
+        host.noop(f"{repo}@{revision[:12]}: all {len(request['lock'])} files verified in {request['dir']}")
         return
-    request = {
-        "repo": repo,
-        "revision": revision,
-        "dir": path,
-        "lock": lock,
-        "endpoint": endpoint,
-        "token_file": token_file,
-        "retries": 2,
-        "full": full_verify,
-        "peers": peers or [],
-        "peer_key_file": peer_key_file,
-        "progress_log": progress_log,
-    }
-    yield hostside_command(python, "weights_sync.py", request)
+    sync = {**request, "full": full_verify, "peers": peers or [], "peer_key_file": peer_key_file}
+    yield hostside_command(python, "weights_sync.py", sync)
 
 
 PEER_UNIT = "kimi-weights-peer"

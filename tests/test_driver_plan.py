@@ -389,13 +389,3 @@ def test_the_drivers_step_takes_over_the_fabric_manager_and_imex_gates(recipe: R
     # which installs both at the driver's version (or refuses the host with its own line).
     needs = Needs(recipe, spec, 10**9, 0, ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"])
     assert check(needs, profile) == []
-
-
-def test_the_router_host_of_a_prefill_decode_topology_gets_no_driver(recipe: Recipe, prod: Inventory) -> None:
-
-    full = plan(recipe, "recipes/kimi-k3.1-pro.yaml", prod)
-    router = full.for_host("gb300-rt01")
-    assert probe_request(recipe, router) == {}
-    drivers = plan_drivers(recipe, router, full.topology("gb300-pd"), {})
-    assert drivers.nvidia is None
-    assert drivers.refusals == ()

@@ -15,7 +15,7 @@ import pytest
 
 from facts.engine import LockFile
 from hostside import state_probe, venv_install
-from kimi_deploy.venv_lock import LockSource, damage_line, lock_pins, lock_source, staged_lock, uv_version
+from kimi_deploy.venv_lock import LockSource, damage_line, lock_source, staged_lock
 
 PATH = "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0"
 REQS = ["vllm==0.34.0", "fastsafetensors==0.5.0"]
@@ -72,18 +72,13 @@ def test_a_host_with_other_pins_is_no_source() -> None:
 
 def test_lock_helpers() -> None:
     text = "# platform: cp311-x86_64\nvllm==0.34.0 \\\n    --hash=sha256:91fb\nFast_SafeTensors==0.5.0\n"
-    assert lock_pins(text) == {"vllm": "0.34.0", "fast-safetensors": "0.5.0"}
+    assert venv_install.lock_pins(text) == {"vllm": "0.34.0", "fast-safetensors": "0.5.0"}
     assert staged_lock(PATH, "20250101T000000Z-ab12") == (
         "/var/lib/kimi/locks/vllm-0.34.0+fastsafetensors-0.5.0@20250101T000000Z-ab12.txt"
     )
     assert damage_line(PATH, DAMAGED["damaged"]) == (  # type: ignore[arg-type]
         f"{PATH}: 1 file missing or changed since install (lib/python3.11/site-packages/vllm/__init__.py)"
     )
-
-    class Tools:
-        uv = "0.14.0"
-
-    assert uv_version(Tools()) == "0.14.0"
 
 
 def test_lock_file_fact_returns_the_exact_text() -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,13 @@ class OwnCluster:
         except ValueError:
             payload = None
         return Run(proc.returncode, payload, proc.stdout + proc.stderr)
+
+
+def host_lines(log: str, marker: str, hosts: Sequence[str]) -> dict[str, list[str]]:
+    """For each of ``hosts``, the text after ``marker`` on each of its ``[host] ...`` log lines that has it."""
+    out: dict[str, list[str]] = {h: [] for h in hosts}
+    for line in log.splitlines():
+        found = re.match(r"\s*\[([^\]]+)\]", line)
+        if found and found.group(1) in out and marker in line:
+            out[found.group(1)].append(line.split(marker, 1)[1].strip())
+    return out

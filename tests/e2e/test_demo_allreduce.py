@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import ROOT, OwnCluster, Run, chat, ssh
+from tests.e2e.demo import ROOT, OwnCluster, Run, chat, host_lines, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -35,7 +35,6 @@ AR = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-allreduce", "KIMI_CL
 AR_DIR = AR.dir
 HOSTS = ("kimi-h1", "kimi-h2")
 UNIT = "/etc/systemd/system/kimi-sglang.service"
-LINE = re.compile(r"\[(kimi-h\d)\].*kimi-deploy: all-reduce: (.*)$")
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +100,8 @@ def _failed(run: Run) -> dict[str, list[str]]:
 
 
 def _lines(run: Run) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in run.log.splitlines():
-        found = LINE.search(line)
-        if found:
-            out.setdefault(found.group(1), found.group(2).strip())
-    return out
+    """The all-reduce check's first line for each host that printed one."""
+    return {h: lines[0] for h, lines in host_lines(run.log, "kimi-deploy: all-reduce: ", HOSTS).items() if lines}
 
 
 def _sh(st: dict[str, Any], host: str, command: str) -> str:

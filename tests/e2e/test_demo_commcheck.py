@@ -14,12 +14,12 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 
 from localcluster.state import Settings
-from tests.e2e.demo import ROOT, address, chat, main_pid, pyinfra, ssh
+from tests.e2e.demo import address, chat, demo_recipe, host_lines, main_pid, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -38,11 +38,11 @@ def serving(demo_cluster: None) -> dict[str, int]:
 
 def _restarting(tmp_path: Path) -> Path:
     """The demo recipe with a changed environment for demo-sglang: both of its engines restart."""
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
-    data["topologies"]["demo-sglang"]["env"] = {"KIMI_DEMO_GENERATION": tmp_path.name}
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
+
+    def edit(data: dict[str, Any]) -> None:
+        data["topologies"]["demo-sglang"]["env"] = {"KIMI_DEMO_GENERATION": tmp_path.name}
+
+    return demo_recipe(tmp_path / "recipe.yaml", edit)
 
 
 def _untouched(before: dict[str, int], units: dict[str, str]) -> None:
@@ -53,13 +53,8 @@ def _untouched(before: dict[str, int], units: dict[str, str]) -> None:
 
 
 def _check_lines(log: str) -> dict[str, str]:
-    """The comm check's line for each host that printed one."""
-    out: dict[str, str] = {}
-    for line in log.splitlines():
-        for host in TOPOLOGY:
-            if f"[{host}] kimi-deploy: comm check:" in line:
-                out.setdefault(host, line.split("kimi-deploy: comm check: ", 1)[1].strip())
-    return out
+    """The comm check's first line for each host that printed one."""
+    return {h: lines[0] for h, lines in host_lines(log, "kimi-deploy: comm check: ", TOPOLOGY).items() if lines}
 
 
 def _veth(host: str) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import BIN, ROOT, Run, install_fabric_manager, ssh
+from tests.e2e.demo import BIN, ROOT, Run, host_lines, install_fabric_manager, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -113,16 +112,6 @@ def packages(st: dict[str, Any], host: str) -> dict[str, str]:
     return {w[0]: f"{w[1]} {w[2]}" for w in (line.split() for line in out.splitlines()) if len(w) == 3}
 
 
-def log_lines(run: Run, marker: str) -> dict[str, list[str]]:
-    """Per host, the text after ``marker`` on each log line that has it."""
-    out: dict[str, list[str]] = {h: [] for h in HOSTS}
-    for line in run.log.splitlines():
-        host = re.match(r"\s*\[(kimi-h\d)\]", line)
-        if host and marker in line:
-            out[host.group(1)].append(line.split(marker, 1)[1].strip())
-    return out
-
-
 @pytest.fixture(scope="module")
 def installed(cluster: dict[str, Any]) -> dict[str, Any]:
     recipe(cluster, branch="580", version=FIRST)
@@ -180,7 +169,7 @@ def test_a_branch_change_reboots_only_with_the_flag_and_one_host_at_a_time(insta
     before = {h: packages(st, h) for h in HOSTS}
     refused = deploy(st)
     assert refused.code != 0
-    assert log_lines(refused, "kimi-deploy: preflight: ") == {
+    assert host_lines(refused.log, "kimi-deploy: preflight: ", HOSTS) == {
         h: [f"{h}: drivers: a reboot is needed to load driver 590.* ({FIRST} is loaded); {FLAG}"] for h in HOSTS
     }
     assert {h: packages(st, h) for h in HOSTS} == before
@@ -216,7 +205,7 @@ def test_a_fabric_manager_of_another_version_is_refused_before_any_change(
     try:
         run = deploy(st)
         assert run.code != 0
-        assert log_lines(run, "kimi-deploy: preflight: ") == {
+        assert host_lines(run.log, "kimi-deploy: preflight: ", HOSTS) == {
             "kimi-h1": [
                 "kimi-h1: drivers: fabric manager nvidia-fabricmanager-580 would not match the driver: "
                 f"expected {NEW}, found 580.82.07-1"
@@ -233,7 +222,7 @@ def test_apt_refusing_says_why_in_one_line(installed: dict[str, Any]) -> None:
     recipe(st, branch="590", version="590.44.01")  # no such release in the repository
     run = deploy(st, "--limit", "kimi-h2", "--data", "kimi_reboot=allowed")
     assert run.code != 0
-    assert log_lines(run, "kimi-deploy: drivers: ")["kimi-h2"] == [
+    assert host_lines(run.log, "kimi-deploy: drivers: ", HOSTS)["kimi-h2"] == [
         "apt-get install refused: E: Unable to locate package nvidia-driver-pinning-590.44.01"
     ]
     assert sh(st, "kimi-h2", f"{SMI} | sort -u") == NEW

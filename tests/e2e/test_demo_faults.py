@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from localcluster.hub import write_faults
-from tests.e2e.demo import ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh, state
+from tests.e2e.demo import STATE_DIR, address, chat, demo_recipe, main_pid, pyinfra, ssh, state
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -29,14 +28,6 @@ def serving(demo_cluster: None) -> dict[str, int]:
     run = pyinfra()
     assert run.code == 0, run.log[-3000:]
     return {host: main_pid(host, unit) for host, unit in ENGINES.items()}
-
-
-def _recipe(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
-    edit(data)
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
 
 
 def _still_serving(before: dict[str, int]) -> None:
@@ -64,7 +55,7 @@ def test_unreachable_hub(serving: dict[str, int], tmp_path: Path, hub_down: None
 
     for host in ENGINES:  # revision B must have to come from the Hub
         ssh(host, "rm", "-rf", f"/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/{REVISION_B}")
-    run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, to_revision_b)}")
+    run = pyinfra("--data", f"kimi_recipe={demo_recipe(tmp_path / 'recipe.yaml', to_revision_b)}")
     assert run.code != 0
     hub = state()["services"]["hub"]["url"]
     for host in ENGINES:
@@ -79,7 +70,7 @@ def test_pinned_version_missing_from_the_index(serving: dict[str, int], tmp_path
     def missing_pin(data: dict[str, Any]) -> None:
         data["engines"]["vllm"]["packages"]["fastsafetensors"] = "0.5.1"
 
-    run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, missing_pin)}")
+    run = pyinfra("--data", f"kimi_recipe={demo_recipe(tmp_path / 'recipe.yaml', missing_pin)}")
     assert run.code != 0
     for host in ("kimi-h1", "kimi-h2"):
         (line,) = _lines(run.log, f"[{host}] kimi-deploy:")
@@ -98,7 +89,7 @@ def test_port_already_in_use_on_a_host(serving: dict[str, int], tmp_path: Path) 
     try:
         # ssh hands the remote shell one string: wait until the squatter listens.
         ssh("kimi-h2", "for i in $(seq 50); do ss -ltn | grep -q ':8001 ' && exit 0; sleep 0.1; done; exit 1")
-        run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, api_on_8001)}")
+        run = pyinfra("--data", f"kimi_recipe={demo_recipe(tmp_path / 'recipe.yaml', api_on_8001)}")
     finally:
         ssh("kimi-h2", "systemctl", "stop", "squatter.service")
     assert run.code != 0
@@ -116,7 +107,9 @@ def test_an_engine_not_ready_in_time_fails_the_deploy_with_its_journal(serving: 
         data["smoke"]["timeout_s"] = 2
 
     try:
-        run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, slow_start)}", "--limit", "kimi-h1")
+        run = pyinfra(
+            "--data", f"kimi_recipe={demo_recipe(tmp_path / 'recipe.yaml', slow_start)}", "--limit", "kimi-h1"
+        )
         assert run.code != 0
         (line,) = _lines(run.log, "[kimi-h1] kimi-deploy: kimi-vllm: not ready after 2 s")
         assert line.endswith("journal tail:")
@@ -134,7 +127,7 @@ def test_a_failed_preflight_gate_stops_that_host_before_any_change(serving: dict
         data["topologies"]["demo-vllm"]["max_model_len"] = 131072
 
     before = {host: ssh(host, "readlink", "/opt/kimi/current") for host in ENGINES}
-    run = pyinfra("--data", f"kimi_recipe={_recipe(tmp_path, wants_h200)}")
+    run = pyinfra("--data", f"kimi_recipe={demo_recipe(tmp_path / 'recipe.yaml', wants_h200)}")
     assert run.code != 0
     for host in ("kimi-h1", "kimi-h2"):
         (line,) = _lines(run.log, f"[{host}] kimi-deploy: preflight:")

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kimi_deploy.venv_lock import lock_pins
+from hostside.venv_install import lock_pins
 from localcluster.hub import write_faults
 from tests.e2e.demo import BIN, ROOT, Run, ssh
 
