@@ -26,7 +26,7 @@ from kimi_deploy.allreduce_plan import all_reduce_request, members
 from kimi_deploy.allreduce_plan import label as instance_label
 from kimi_deploy.allreduce_plan import why_not as all_reduce_why_not
 from kimi_deploy.commcheck_plan import check_request, needs_check
-from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs, sync_request
+from kimi_deploy.converge import converge_request, port_conflicts, preflight_needs, sync_request, unit_state
 from kimi_deploy.driver_plan import probe_request as drivers_request
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import tool_dir
@@ -74,7 +74,7 @@ logger.info(
     f"{spec.node_rank}/{spec.nodes}, units {', '.join(u.name for u in spec.units)}"
 )
 
-restarting = frozenset(u.name for u in todo.units if units.needs_start(u.release, found["units"].get(u.name)))
+restarting = frozenset(u.name for u in todo.units if units.needs_start(u.release, unit_state(u, found)))
 conflicts = port_conflicts(todo, found["listeners"], restarting)
 if conflicts:
     # Before any change on any host: starting would fail, and the running release must stay.
@@ -174,7 +174,7 @@ def restarts_in_topology() -> list[str]:
             out.append(peer.host)
             continue
         work = todo_for(inventory, inventory.get_host(peer.host))[1]
-        if any(units.needs_start(u.release, result["units"].get(u.name)) for u in work.units):
+        if any(units.needs_start(u.release, unit_state(u, result)) for u in work.units):
             out.append(peer.host)
     return out
 
@@ -215,7 +215,7 @@ def first_batch_ok() -> bool:
 def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
     if batch != my_batch:
         return []
-    return [(u.stage, u.name, u.release, found["units"].get(u.name)) for u in todo.units]
+    return [(u.stage, u.name, u.release, unit_state(u, found)) for u in todo.units]
 
 
 def my_checks(batch: int) -> list[dict[str, Any]]:
@@ -226,7 +226,7 @@ def my_checks(batch: int) -> list[dict[str, Any]]:
             "unit": u.name,
             "url": u.smoke.url,
             "request": u.smoke.request,
-            "restarted": units.needs_start(u.release, found["units"].get(u.name)),
+            "restarted": units.needs_start(u.release, unit_state(u, found)),
         }
         for u in todo.units
         if u.smoke is not None

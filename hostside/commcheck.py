@@ -40,6 +40,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from hostside.boundary_json import loads
+
 CHECK_LABEL = "comm check"
 PROTOCOL = 1
 ATTEMPT_S = 1.0  # one connect attempt; a firewall that drops SYNs shows as "timed out"
@@ -47,6 +49,7 @@ RETRY_S = 0.1
 HELLO_S = 0.5  # a comm check listener says hello at once; a live service says nothing
 HELLO_MAX = 4096
 LINE_MAX = 1 << 20  # a report line
+MESSAGE_DEPTH = 8  # a report nests 3 deep (message, failures, failure)
 REPORT_FAILURES_MAX = 200
 REJECTED_MAX = 20
 CHUNK = 1 << 18
@@ -261,11 +264,12 @@ def _line(obj: Any) -> bytes:
     return (json.dumps(obj) + "\n").encode()
 
 
-def _json_line(line: bytes) -> dict[str, Any] | None:
-    try:
-        obj = json.loads(line)
-    except ValueError:
+def _json_line(line: bytes, where: str) -> dict[str, Any] | None:
+    """The JSON object a peer's line holds, None for an empty line or another JSON value;
+    ``ValueError`` (one line starting with ``where``) for a line that is not bounded JSON."""
+    if not line.strip():
         return None
+    obj = loads(line, where, LINE_MAX, MESSAGE_DEPTH)
     return obj if isinstance(obj, dict) else None
 
 
@@ -385,7 +389,11 @@ class Check:
                 line = stream.readline(LINE_MAX)
                 if not line:
                     return  # a probe: it connected, read the hello and left
-                msg = _json_line(line) if line.endswith(b"\n") else None
+                try:
+                    msg = _json_line(line, f"{peer.host}'s message") if line.endswith(b"\n") else None
+                except ValueError as exc:
+                    self._store_unreadable(peer, str(exc))
+                    return
                 if msg is None or msg.get("run") != self.req.run or msg.get("from") != peer.host:
                     return
                 if msg.get("op") == "bandwidth" and self.req.bandwidth is not None:
@@ -422,6 +430,17 @@ class Check:
             }
             self.cond.notify_all()
 
+    def _store_unreadable(self, peer: Peer, why: str) -> None:
+        """A peer sent what no comm check sends: its report is a failure saying so."""
+        with self.cond:
+            if peer.host not in self.reports:
+                self.reports[peer.host] = {
+                    "ok": False,
+                    "failures": [_failure("local", peer.host, None, None, why)],
+                    "seconds": round(time.monotonic() - self.start, 3),
+                }
+                self.cond.notify_all()
+
     # --- connecting side ------------------------------------------------------------------------
 
     def _connect(
@@ -455,8 +474,12 @@ class Check:
         """Who answered: ("comm check" | "other", None), or (None, why that is a failure)."""
         try:
             sock.settimeout(max(0.05, min(HELLO_S if not check else ATTEMPT_S, self._left(self.deadline))))
-            hello = _json_line(_recv_line(sock, HELLO_MAX))
-        except (OSError, ValueError):
+            hello = _json_line(_recv_line(sock, HELLO_MAX), f"{peer.host}'s hello")
+        except OSError:
+            hello = None
+        except ValueError as exc:
+            if check:
+                return None, f"answered, but not by this run's comm check ({exc})"
             hello = None
         if hello is None or hello.get("kimi_commcheck") != PROTOCOL or hello.get("run") != self.req.run:
             if check:
@@ -530,7 +553,7 @@ class Check:
                 sock.shutdown(socket.SHUT_WR)
                 # Counted from the receiver's acknowledgement, not from what the socket buffer took.
                 sock.settimeout(max(0.1, self._left(self.deadline) / 2))
-                ack = _json_line(_recv_line(sock, HELLO_MAX))
+                ack = _json_line(_recv_line(sock, HELLO_MAX), f"{peer.host}'s acknowledgement")
             except (OSError, ValueError) as exc:
                 result["cause"] = f"bandwidth test failed: {_cause(exc)}"
                 return result
@@ -573,7 +596,7 @@ class Check:
                 try:
                     sock.sendall(report)
                     sock.settimeout(max(0.05, self._left(self.deadline)))
-                    ack = _json_line(_recv_line(sock, HELLO_MAX))
+                    ack = _json_line(_recv_line(sock, HELLO_MAX), f"{peer.host}'s acknowledgement")
                 except (OSError, ValueError) as exc:
                     ack, cause = None, _cause(exc)
             if ack and ack.get("ok") is True:

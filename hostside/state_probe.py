@@ -2,10 +2,12 @@
 
 Input: one argument, base64 of zlib-compressed JSON:
   {"user": str, "venvs": [dir], "weights": {"dir": str, "lock": {path: [size, digest]}} | null,
-   "files": [path], "units": [name], "timers": [name], "ports": [port],
+   "files": [path], "modes": {path: "owner:group:octal mode"}, "units": [name],
+   "unit_secrets": {name: [path]}, "timers": [name], "ports": [port],
    "models": the folder of a model's revisions | null}
 Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
-         "files": {path: sha256|null}, "units": {name: {...}}, "timers": {name: {...}},
+         "files": {path: sha256|null (absent, or not of the owner and mode "modes" names)},
+         "units": {name: {..., "secrets_changed": bool}}, "timers": {name: {...}},
          "revisions": {"present": [revision], "history": [revision]} | null,
          "listeners": {port: {"pid", "comm", "unit"}}}
 """
@@ -13,16 +15,19 @@ Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
 from __future__ import annotations
 
 import base64
+import grp
 import hashlib
 import json
 import os
 import pwd
+import stat
 import subprocess
 import sys
 import zlib
 from typing import Any
 
 META_DIRS = (".kimi", ".cache")
+APPLIED = "/var/lib/kimi/applied"
 
 
 def _marker(path: str) -> Any:
@@ -51,6 +56,30 @@ def _marker(path: str) -> Any:
     lock_intact = ".kimi-lock.txt" in files and ".kimi-lock.txt" not in bad
     marker["damaged"] = {"count": len(bad), "first": bad[:3], "lock_intact": lock_intact} if bad else None
     return marker
+
+
+def _owner_mode(path: str) -> str | None:
+    """``owner:group:mode`` of the file at ``path`` (mode in octal, as ``modes`` names it)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{owner}:{group}:{stat.S_IMODE(st.st_mode):o}"
+
+
+def _file(path: str, mode: str | None) -> str | None:
+    """The file's sha256; None when it is absent, or not of ``mode`` (``owner:group:mode``)."""
+    if mode is not None and _owner_mode(path) != mode:
+        return None
+    return _sha256(path)
 
 
 def _sha256(path: str) -> str | None:
@@ -109,12 +138,30 @@ def _show(unit: str, props: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
 
 
-def _units(names: list[str]) -> dict[str, Any]:
+def _secrets_changed(paths: list[str], marker: str) -> bool:
+    """Whether a secret file the unit reads was written after the deploy last (re)started it (the
+    unit's applied marker, written right after the start): a converge that stopped between
+    writing it and the restart left the unit running with the old one."""
+    try:
+        started = os.stat(marker).st_mtime_ns
+    except OSError:
+        return False  # never started by a deploy: it starts anyway
+    for path in paths:
+        try:
+            if os.stat(path).st_ctime_ns > started:
+                return True
+        except OSError:
+            continue  # absent: the converge writes it, and restarts the unit for that
+    return False
+
+
+def _units(names: list[str], secrets: dict[str, list[str]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         props = _show(f"{name}.service", "ActiveState,SubState,MainPID,UnitFileState")
+        marker = os.path.join(APPLIED, name)
         try:
-            with open(f"/var/lib/kimi/applied/{name}", encoding="utf-8") as f:
+            with open(marker, encoding="utf-8") as f:
                 applied = f.read().strip()
         except OSError:
             applied = None
@@ -124,6 +171,7 @@ def _units(names: list[str]) -> dict[str, Any]:
             "pid": int(props.get("MainPID", "0") or 0),
             "enabled": props.get("UnitFileState", ""),
             "applied": applied,
+            "secrets_changed": _secrets_changed((secrets or {}).get(name, []), marker),
         }
     return out
 
@@ -266,8 +314,8 @@ def main() -> None:
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
         "weights": _weights(weights) if weights else None,
-        "files": {p: _sha256(p) for p in request.get("files", [])},
-        "units": _units(names),
+        "files": {p: _file(p, (request.get("modes") or {}).get(p)) for p in request.get("files", [])},
+        "units": _units(names, request.get("unit_secrets")),
         "timers": _timers(request.get("timers", [])),
         "revisions": _revisions(request["models"], log) if request.get("models") else None,
         "listeners": _listeners([int(p) for p in request.get("ports", [])]),

@@ -10,6 +10,11 @@ exact ``name==version`` set with the index's hashes, for this host's Python and 
 (another host's, used when resolved for the same platform), ``own`` (the one in ``path``, whose
 digest must match), or resolved here. With ``stage`` the lock is only resolved and written there.
 
+Every lock text, given, own or resolved here, is checked (``hostside.boundary_lock.check_lock``)
+before it is written or handed to uv: only ``name==version`` lines each with ``--hash=sha256:``,
+pinning every requirement at its version; anything else fails before uv runs. uv installs wheels
+only (``--no-build``, ``--require-hashes``): nothing from the index or a lock runs while installing.
+
 The release is built beside ``path`` (a relocatable venv: ``uv venv --relocatable``, ``uv pip
 sync`` of the lock, its ``uv pip freeze`` checked against the lock), gets a manifest of its files
 with their sizes (what the host probe stats) and its marker ``.kimi-release.json`` last, then
@@ -37,10 +42,11 @@ import zlib
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
+from hostside.boundary_lock import check_lock, freeze_pins
+
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
 # Names in the index's file links: "name-1.2.3-py3-none-any.whl", "name-1.2.3.tar.gz".
 _FILE = re.compile(r'href="(?:[^"]*/)?([^/"#]+?)(?:\.whl|\.tar\.gz|\.zip)[#"]')
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 _DOWN = (
     r"503|502|504|Connection refused|tcp connect error|error sending request|timed out|"
     r"Network is unreachable|dns error|Max retries exceeded|Could not fetch URL"
@@ -143,7 +149,7 @@ def _bootstrap(version: str, folder: str, index_url: str) -> str:
     if venv.returncode != 0:
         _fail(f"python3 -m venv {folder} failed: {(venv.stderr or venv.stdout).strip().splitlines()[-1:]}", folder)
     pip = [f"{folder}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--no-input"]
-    pip += ["--retries", "1", "--timeout", "15", "--index-url", index_url]
+    pip += ["--retries", "1", "--timeout", "15", "--only-binary", ":all:", "--index-url", index_url]
     host = urlparse(index_url).hostname
     if urlparse(index_url).scheme == "http" and host:
         pip += ["--trusted-host", host]
@@ -157,18 +163,21 @@ def _platform() -> str:
     return f"cp{sys.version_info.major}{sys.version_info.minor}-{platform.machine()}"
 
 
+def _checked(text: str, requirements: list[str], what: str, *remove: str) -> dict[str, str]:
+    """The pins of lock ``text`` (``what``: where it comes from), or fail naming the rule."""
+    try:
+        return check_lock(text, requirements)
+    except ValueError as exc:
+        _fail(f"{what} is refused: {exc}", *remove)
+
+
 def _resolve(uv: str, requirements: list[str], index_url: str, *remove: str) -> str:
-    """The lock of ``requirements`` for this host: exact pins with the index's hashes."""
-    argv = [uv, "pip", "compile", "--no-config", "--no-cache", "--python", sys.executable, "--generate-hashes"]
-    argv += ["--no-header", "--no-annotate", "--index-url", index_url, "-"]
+    """The lock of ``requirements`` for this host: exact pins with the index's hashes, wheels only
+    (resolving builds no source distribution, so runs nothing from the index)."""
+    argv = [uv, "pip", "compile", "--no-config", "--no-cache", "--no-build", "--python", sys.executable]
+    argv += ["--generate-hashes", "--no-header", "--no-annotate", "--index-url", index_url, "-"]
     pins = _run(argv, index_url, *remove, stdin="".join(f"{r}\n" for r in requirements))
     return f"# platform: {_platform()}\n# index: {index_url}\n{pins}"
-
-
-def lock_pins(text: str) -> dict[str, str]:
-    """``{normalized name: version}`` of a lock (or of ``uv pip freeze`` output)."""
-    found = (_PIN.match(line.strip()) for line in text.splitlines())
-    return {_norm(m.group(1)): m.group(2) for m in found if m}
 
 
 def _manifest(root: str) -> dict[str, int]:
@@ -219,6 +228,10 @@ def main() -> None:
     req: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
     path, index_url = req["path"], req["index_url"]
     started = time.monotonic()
+    given = (req.get("lock") or {}).get("text")
+    if given:
+        # Another host's text: checked before anything runs, uv and its bootstrap included.
+        _checked(given, req["requirements"], f"{path}: the lock given")
     uv = _bootstrap(req["uv"]["version"], req["uv"]["dir"], index_url)
     if req.get("stage"):
         folder, name = os.path.split(req["stage"])
@@ -228,20 +241,26 @@ def main() -> None:
             if old.startswith(name.split("@")[0] + "@"):
                 os.remove(os.path.join(folder, old))
         text = _resolve(uv, req["requirements"], index_url)
+        packages = len(_checked(text, req["requirements"], f"{path}: the lock resolved from {index_url}"))
         _write(req["stage"], text)
-        print(json.dumps({"ok": True, "stage": req["stage"], "packages": len(lock_pins(text))}))
+        print(json.dumps({"ok": True, "stage": req["stage"], "packages": packages}))
         return
     new = f"{path}.kimi-new"
     shutil.rmtree(new, ignore_errors=True)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     text, source = _lock_text(req, uv, new)
+    locked = _checked(text, req["requirements"], f"{path}: the lock ({source})", new)
     _run([uv, "venv", "--no-config", "--quiet", "--relocatable", "--python", sys.executable, new], index_url, new)
     _write(os.path.join(new, LOCK), text)
+    # Hashes always required and wheels only: a lock's bytes are the index's, and none of them runs.
     sync = [uv, "pip", "sync", "--no-config", "--no-cache", "--compile-bytecode", "--python", f"{new}/bin/python"]
-    sync += ["--index-url", index_url, *(["--require-hashes"] if "--hash=" in text else []), os.path.join(new, LOCK)]
+    sync += ["--index-url", index_url, "--require-hashes", "--no-build", os.path.join(new, LOCK)]
     _run(sync, index_url, new)
     freeze = _run([uv, "pip", "freeze", "--no-config", "--python", f"{new}/bin/python"], index_url, new)
-    installed, locked = lock_pins(freeze), lock_pins(text)
+    try:
+        installed = freeze_pins(freeze)
+    except ValueError as exc:
+        _fail(f"{path}: uv pip freeze: {exc}: installed other than the lock's name==version pins", new)
     if installed != locked:
         _fail(f"{path}: installed {sorted(installed.items())}, the lock has {sorted(locked.items())}", new)
     _write(os.path.join(new, FREEZE), freeze)

@@ -7,7 +7,9 @@ zlib-compressed JSON, or ``--config FILE`` naming the same JSON in a file (the s
 "repair"}.
 Prints one JSON line; exit 0 when every file matches the lock, 3 when the disk is too small
 (nothing downloaded), 4 when a file still mismatches after retries (or, scrubbing without repair,
-when a file is corrupted), 5 when the Hub fails.
+when a file is corrupted), 5 when the Hub fails, 6 when the lock names a file that could leave the
+revision folder (``hostside.boundary_names``: checked before anything is removed or written, and
+again for every path opened, linked or removed, symlinks resolved).
 
 Files come from ``peers`` first (a local mirror folder such as a network mount, then hosts of the
 same run serving what they verified, see weights_peer.py), each hashed while it streams in;
@@ -23,9 +25,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -38,9 +42,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from hostside.boundary_names import BadName, check_names, inside, shown
+
 META = ".kimi"
 PARTIAL = os.path.join(META, "partial")
 PROGRESS_EVERY_S = 5.0
+_DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|gitblob:[0-9a-f]{40})$")
 
 
 def _digest_of(kind: str, size: int) -> Any:
@@ -63,12 +70,15 @@ def _hash(path: str, kind: str, size: int) -> str:
 
 
 def _load_cache(root: str) -> dict[str, list[Any]]:
+    """The revision's verification cache; its well-formed entries only (``[size, mtime_ns, inode, digest]``)."""
     try:
         with open(os.path.join(root, META, "verify-cache.json"), encoding="utf-8") as f:
-            data: dict[str, list[Any]] = json.load(f)
-            return data
-    except (OSError, ValueError):
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError):
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4}
 
 
 def _save_json(root: str, name: str, data: Any) -> None:
@@ -104,7 +114,7 @@ def _verify(root: str, lock: dict[str, list[Any]], cache: dict[str, list[Any]], 
 
     def check(rel: str) -> str | None:
         size, sha = lock[rel]
-        path = os.path.join(root, rel)
+        path = inside(root, rel)
         try:
             st = os.stat(path)
         except OSError:
@@ -134,7 +144,7 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
     """Hard-link files another revision of the same model already holds verified with the same
     digest: an upgrade downloads only what changed, and both revisions stay whole on disk."""
     parent = os.path.dirname(root.rstrip("/"))
-    wanted = {lock[rel][1]: rel for rel in lock if not os.path.exists(os.path.join(root, rel))}
+    wanted = {lock[rel][1]: rel for rel in lock if not os.path.exists(inside(root, rel))}
     linked: list[str] = []
     if not wanted or not os.path.isdir(parent):
         return linked
@@ -144,16 +154,17 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
             continue
         for rel, entry in _load_cache(other).items():
             target = wanted.get(entry[3])
-            if target is None or os.path.exists(os.path.join(root, target)):
+            if target is None or os.path.exists(path := inside(root, target)):
                 continue
-            source = os.path.join(other, rel)
             try:
+                # Another revision's cache is no lock: its names are checked like any other.
+                source = inside(other, rel)
                 st = os.stat(source)
                 if [st.st_size, st.st_mtime_ns, st.st_ino] != entry[:3]:
                     continue  # changed since it was verified: not to be trusted
-                os.makedirs(os.path.dirname(os.path.join(root, target)), exist_ok=True)
-                os.link(source, os.path.join(root, target))
-            except OSError:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.link(source, path)
+            except (OSError, BadName):
                 continue
             cache[target] = list(entry)
             linked.append(target)
@@ -163,7 +174,7 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
 def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
     """A readable stream of ``rel`` from a source: a peer's URL, or a local folder (a mount)."""
     if "path" in source:
-        return open(os.path.join(source["path"], rel), "rb")  # the caller closes it
+        return open(inside(source["path"], rel), "rb")  # the caller closes it
     url = source["url"]
     if not url.startswith("http://"):
         raise ValueError(f"peer URL {url!r} is not http://")
@@ -178,7 +189,9 @@ def _fetch_from(
     place only when it matches the lock. Returns the cache entry of the placed file and its size."""
     size, want = entry
     kind = want.split(":", 1)[0]
-    partial = os.path.join(root, PARTIAL, rel.replace("/", "%2F"))
+    target = inside(root, rel)
+    # One flat name per file, whatever its depth and length.
+    partial = os.path.join(root, PARTIAL, hashlib.sha256(rel.encode()).hexdigest())
     os.makedirs(os.path.dirname(partial), exist_ok=True)
     digest = _digest_of(kind, size)
     got = 0
@@ -191,7 +204,6 @@ def _fetch_from(
     if found != want:
         os.remove(partial)
         raise ValueError(f"expected {want}, found {found}")
-    target = os.path.join(root, rel)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     os.replace(partial, target)
     st = os.stat(target)
@@ -317,11 +329,33 @@ def _request(argv: list[str]) -> dict[str, Any]:
     return loaded
 
 
+def check_request(req: dict[str, Any]) -> None:
+    """Every lock name is a relative path inside the revision folder (symlinks resolved), every
+    entry ``[size, digest]``; ``BadName`` otherwise. Run before anything is removed or written."""
+    root, lock = req["dir"], req["lock"]
+    for rel in check_names(lock):
+        inside(root, rel)
+        entry = lock[rel]
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], int)
+            and entry[0] >= 0
+            and isinstance(entry[1], str)
+            and _DIGEST.match(entry[1])
+        ):
+            raise BadName(rel, f"the lock's entry must be [size, sha256:/gitblob: digest], found {shown(entry)}")
+
+
 def main() -> None:
     req = _request(sys.argv)
+    label = f"weights {req['repo']}@{req['revision'][:12]}"
     try:
+        check_request(req)
         with _exclusive(req["dir"]):
             sync(req)
+    except BadName as exc:
+        _fail({"error": "name", "message": str(exc)}, f"{label}: {req['dir']}: {exc}", 6)
     except Exception as exc:  # noqa: BLE001 - whatever the Hub client raises, say it in one line
         # The client often wraps the HTTP error ("failed due to the above error"): name the root.
         root = exc
@@ -332,9 +366,17 @@ def main() -> None:
         where = req.get("endpoint") or "the Hub"
         _fail(
             {"error": "hub", "type": type(exc).__name__, "message": first},
-            f"weights {req['repo']}@{req['revision'][:12]}: {where}: {type(exc).__name__}: {first}",
+            f"{label}: {where}: {type(exc).__name__}: {first}",
             5,
         )
+
+
+def _remove(root: str, names: list[str]) -> None:
+    """Remove ``<root>/<name>`` for each name: a symlink itself, never what it points at."""
+    for rel in names:
+        path = inside(root, rel)
+        if os.path.lexists(path):
+            os.remove(path)
 
 
 def _from_hub(
@@ -362,18 +404,18 @@ def _from_hub(
     # Its retry chatter would bury the one line that says what failed.
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     fetched: list[str] = []
-    for rel in bad:
-        if os.path.exists(os.path.join(root, rel)):
-            os.remove(os.path.join(root, rel))
-    snapshot_download(req["repo"], revision=req["revision"], local_dir=root, allow_patterns=bad)
+    _remove(root, bad)
+    # Patterns are globs: escaped, each matches its one name, whatever the Hub lists beside it.
+    patterns = [glob.escape(rel) for rel in bad]
+    snapshot_download(req["repo"], revision=req["revision"], local_dir=root, allow_patterns=patterns)
     fetched += bad
     bad = _verify(root, lock, cache, workers)
     for _ in range(int(req.get("retries", 2))):
         if not bad:
             break
+        _remove(root, bad)
         for rel in bad:
-            if os.path.exists(os.path.join(root, rel)):
-                os.remove(os.path.join(root, rel))
+            inside(root, rel)  # huggingface_hub writes <root>/<rel>
             hf_hub_download(req["repo"], rel, revision=req["revision"], local_dir=root, force_download=True)
         fetched += bad
         bad = _verify(root, lock, cache, workers)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
-from kimi_deploy.hostside_command import HOSTSIDE
+from kimi_deploy.hostside_command import bundle
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
@@ -83,6 +84,9 @@ class UnitTarget:
     ports: dict[int, str]
     # start order across the topology: 0 stores, 1 engine leaders, 2 engine workers, 3 routers
     stage: int = 1
+    # sha256 of each secret file the unit reads, by path: compared with the host's copy, never
+    # recorded nor printed (``release`` leaves secret contents out)
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,31 @@ class Converge:
 
 
 def digest(files: list[RenderedFile]) -> str:
-    """One digest over everything a unit reads: a change to any of them restarts it."""
+    """One digest over everything a unit reads: a change to any of them restarts it.
+
+    It is recorded where anyone reads it (the release's id and ``release.json``, the unit's
+    applied marker, pyinfra's output), so a secret file counts by its path, owner and mode only:
+    the digest confirms no guessed secret. A changed secret restarts its units through
+    ``unit_state`` instead.
+    """
     h = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.path):
-        h.update(f"{f.path}\0{f.mode:o}\0{f.owner}\0".encode())
-        h.update(f.content.encode())
+        h.update(f"{f.path}\0{f.mode:o}\0{f.owner}\0{'secret' if f.secret else 'file'}\0".encode())
+        if not f.secret:
+            h.update(f.content.encode())
     return h.hexdigest()
+
+
+def unit_state(unit: UnitTarget, state: dict[str, Any]) -> dict[str, Any] | None:
+    """``unit``'s state as the host probe found it (``state``: the probe's result), with
+    ``secrets_changed`` set when a secret file it reads differs on the host from the one this
+    converge puts there (content, owner or mode): ``operations.units.needs_start`` restarts it then.
+    The probe sets it too when such a file changed after the unit's last start."""
+    current: dict[str, Any] | None = state["units"].get(unit.name)
+    found = state.get("files") or {}
+    if current is not None and any(found.get(path) != sha for path, sha in unit.secrets.items()):
+        return {**current, "secrets_changed": True}
+    return current
 
 
 def _hub_token(config_dir: str) -> RenderedFile | None:
@@ -185,7 +208,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     files = render_host(recipe, spec, secrets)
     if any(u.kind == "gateway" for u in spec.units):
         # The gateway's program, beside the host tools (its unit's digest includes it).
-        program = (HOSTSIDE / "gateway.py").read_text(encoding="utf-8")
+        program = bundle("gateway.py")
         files.append(RenderedFile(f"{recipe.paths.tools}/kimi-gateway.py", program, 0o644, "root"))
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
@@ -224,7 +247,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                 },
             )
         ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
-        units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage))
+        secrets = {f.path: f.sha256 for f in mine if f.secret}
+        units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets))
     record: dict[str, Any] = {
         # 2: the release folder holds what a rollback needs (files, stages, smoke checks, pins)
         "format": 2,
@@ -272,13 +296,17 @@ def plan_converge(deploy: DeployPlan) -> Converge:
 
 def converge_request(todo: Converge) -> dict[str, Any]:
     """What the host probe must read for this converge."""
+    files = todo.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
     return {
         "user": todo.user,
         "venvs": [v.path for v in todo.venvs],
         "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
-        "files": [f.path for f in todo.files]
-        + ([todo.weights.token.path] if todo.weights and todo.weights.token else []),
+        "files": [f.path for f in files],
+        # a secret of another owner or mode (one an older deploy left to the engine user) reads
+        # as differing, so it is written again, root's alone
+        "modes": {f.path: f"{f.owner}:{f.group(todo.user)}:{f.mode:o}" for f in files if f.secret},
         "units": [u.name for u in todo.units],
+        "unit_secrets": {u.name: sorted(u.secrets) for u in todo.units if u.secrets},
         "timers": todo.timers,
         "models": todo.weights.path.rsplit("/", 1)[0] if todo.weights else None,
         "ports": sorted(port for u in todo.units for port in u.ports),

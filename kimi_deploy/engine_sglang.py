@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kimi_deploy.credentials import credential
 from kimi_deploy.engine_unit import dist_init_flags, engine_unit_for, model_flags
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
@@ -11,8 +12,9 @@ from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Unit
 
 UNIT = "kimi-sglang"
-# SGLang reads its API key only from its options; a --config YAML file readable by the engine user
-# alone carries it, so the key never appears in argv.
+# SGLang reads its API key only from its options; a --config YAML file carries it, so the key never
+# appears in argv. The file is root's alone; systemd hands SGLang a copy as a credential, which
+# the engine user cannot change.
 SECRET_CONFIG = "kimi-sglang.yaml"  # noqa: S105 - a file name
 
 
@@ -58,9 +60,8 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, secrets_
             listens["bootstrap"] = topo.ports.bootstrap
     secret_files: dict[str, str] = {}
     if topo.expose is not None and not worker:
-        path = f"{secrets_dir}/{SECRET_CONFIG}"
-        argv += ["--config", path]
-        secret_files[path] = "sglang-secrets.yaml.j2"
+        argv += ["--config", credential(SECRET_CONFIG)]
+        secret_files[f"{secrets_dir}/{SECRET_CONFIG}"] = "sglang-secrets.yaml.j2"
     return engine_unit_for(
         recipe, placement, name=UNIT, label="SGLang", argv=argv, listens=listens, bind=bind,
         secret_files=secret_files,

@@ -39,6 +39,10 @@
 failure text, or NVML's error when nvidia-smi is absent); then ``count`` is 0 and ``source`` None. A
 host whose NVIDIA GPUs sit on PCI with no driver answering reads as vendor ``nvidia``, source
 ``sysfs``, model None. ``free_bytes`` is what an unprivileged writer may use (``f_bavail``).
+
+What a host reports is read as data, never trusted: a TPU PCI entry whose address, vendor or device
+is not in sysfs's form is left out (``errors["tpu.pci"]`` says how many), and numbers longer than
+any hardware prints read as unknown.
 """
 
 from __future__ import annotations
@@ -47,16 +51,18 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers import MAX_DIGITS, ParseError
 from kimi_deploy.parsers.nvidia_smi_query import find_failure, parse_query
 from kimi_deploy.parsers.nvidia_smi_topo import parse_topo
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 
 DEFAULT_SMI_FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "compute_cap")
 SERVICES = ("nvidia-fabricmanager", "nvidia-imex")
-_SYSFS_STATE = re.compile(r"\s*\d+\s*:\s*(.*?)\s*")  # "4: ACTIVE" -> "ACTIVE"
-_RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec")
-_KB = re.compile(r"\s*(\d+)\s*kB\s*")
+_RATE = re.compile(r"\s*(\d{1,20}(?:\.\d{1,20})?)\s*Gb/sec")
+_KB = re.compile(r"\s*(\d{1,20})\s*kB\s*")
+# sysfs's own forms: the PCI device folder's name and its vendor/device files.
+_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+_PCI_ID = re.compile(r"0x[0-9a-fA-F]{4}")
 _NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
 _TOKEN = re.compile(r"[a-z0-9.]+")
 
@@ -76,14 +82,14 @@ def parse_profile(raw: dict[str, Any]) -> dict[str, Any]:
         sections[name] = section
     host = sections["host"]
     return {
-        "accelerators": _accelerators(sections["nvidia"], sections["tpu"], sections["drivers"]),
+        "accelerators": _accelerators(sections["nvidia"], sections["tpu"], sections["drivers"], errors),
         "rdma": _rdma(sections["rdma"]),
         "memory": {
             "total_bytes": _kib(host.get("meminfo", {}).get("MemTotal")),
             "available_bytes": _kib(host.get("meminfo", {}).get("MemAvailable")),
         },
         # A kernel without NUMA shows no node directories: all its memory is one node.
-        "numa_nodes": max(int(host.get("numa_nodes") or 0), 1),
+        "numa_nodes": max(_count(host.get("numa_nodes")) or 0, 1),
         "cpu": {"model": host.get("cpu_model"), "count": host.get("cpu_count")},
         "os": {
             "id": host.get("os_release", {}).get("ID"),
@@ -129,7 +135,9 @@ def tpu_model(generation: str) -> str:
 # Accelerators -----------------------------------------------------------------------------------
 
 
-def _accelerators(nvidia: dict[str, Any], tpu: dict[str, Any], drivers: dict[str, Any]) -> dict[str, Any]:
+def _accelerators(
+    nvidia: dict[str, Any], tpu: dict[str, Any], drivers: dict[str, Any], errors: dict[str, str]
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "vendor": "none", "count": 0, "model": None, "memory_mib": None, "devices": [], "driver_version": None,
         "cuda_version": None, "source": None, "error": None, "topology": None, "nvlink_active": None,
@@ -177,7 +185,7 @@ def _accelerators(nvidia: dict[str, Any], tpu: dict[str, Any], drivers: dict[str
             topology=_topology(topo),
         )
         return out
-    chips = _tpu(tpu)
+    chips = _tpu(tpu, errors)
     if chips is not None:
         parsed, info = chips
         out.update(
@@ -239,12 +247,17 @@ def _topology(topo: Any) -> dict[str, Any] | None:
         return None
 
 
-def _tpu(tpu: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    pci = tpu.get("pci") or []
+def _tpu(tpu: dict[str, Any], errors: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    reported = tpu.get("pci")
+    reported = reported if isinstance(reported, list) else []
+    # Only entries in sysfs's form become lines of the listing: any other text could add lines.
+    pci = [d for d in reported if _sysfs_pci(d)]
+    if len(pci) < len(reported):
+        errors["tpu.pci"] = f"{len(reported) - len(pci)} PCI entries not in sysfs's form (address, vendor, device)"
     if not pci:
         return None
     # The form parse_tpu_pci reads for sysfs: the address, then the vendor and device files.
-    listing = "".join(f"{d.get('address')}\n  vendor: {d.get('vendor')}\n  device: {d.get('device')}\n" for d in pci)
+    listing = "".join(f"{d['address']}\n  vendor: {d['vendor']}\n  device: {d['device']}\n" for d in pci)
     try:
         parsed = parse_tpu_pci(listing)
     except ParseError:
@@ -257,9 +270,30 @@ def _tpu(tpu: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
         "generation": parsed["generation"],
         "chip_count": parsed["chip_count"],
         "accelerator_type": metadata.get("accelerator-type") or None,
-        "worker": int(worker) if isinstance(worker, str) and worker.strip().isdigit() else None,
+        "worker": _count(worker),
     }
     return parsed, info
+
+
+def _sysfs_pci(device: Any) -> bool:
+    if not isinstance(device, dict):
+        return False
+    address, vendor, number = device.get("address"), device.get("vendor"), device.get("device")
+    return (
+        isinstance(address, str)
+        and isinstance(vendor, str)
+        and isinstance(number, str)
+        and bool(_PCI_ADDRESS.fullmatch(address) and _PCI_ID.fullmatch(vendor) and _PCI_ID.fullmatch(number))
+    )
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative count a host reported, as an int or as digits; None for anything else."""
+    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= MAX_DIGITS:
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**MAX_DIGITS:
+        return value
+    return None
 
 
 # The rest ---------------------------------------------------------------------------------------
@@ -272,7 +306,7 @@ def _rdma(rdma: dict[str, Any]) -> list[dict[str, Any]]:
         rate = _RATE.match(port.get("rate") or "")
         ports.append({
             "device": port.get("device"),
-            "port": int(number) if number.isdigit() else number,
+            "port": _count(number) if number.isdecimal() else number,
             "state": _sysfs_state(port.get("state")),
             "phys_state": _sysfs_state(port.get("phys_state")),
             "rate_gbps": (float(rate.group(1)) if "." in rate.group(1) else int(rate.group(1))) if rate else None,
@@ -282,10 +316,11 @@ def _rdma(rdma: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _sysfs_state(value: str | None) -> str | None:
+    # "4: ACTIVE" -> "ACTIVE"; split by hand, a lazy pattern backtracks over a long text.
     if value is None:
         return None
-    match = _SYSFS_STATE.fullmatch(value)
-    return match.group(1) if match else value.strip()
+    code, colon, state = value.partition(":")
+    return state.strip() if colon and code.strip().isdecimal() else value.strip()
 
 
 def _kib(value: str | None) -> int | None:
@@ -300,7 +335,10 @@ def _disk(disk: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
         if read.get("error"):
             errors["disk.read"] = str(read["error"])
         elif read.get("bytes") and read.get("seconds"):
-            read_mb_s = round(read["bytes"] / 1e6 / read["seconds"], 1)
+            try:
+                read_mb_s = round(read["bytes"] / 1e6 / read["seconds"], 1)
+            except (ArithmeticError, TypeError):  # a number past a float, or not a number
+                errors["disk.read"] = "the read measurement is not a number of bytes and seconds"
     return {
         "path": disk.get("path"),
         "fs_type": disk.get("fs_type"),

@@ -1,7 +1,15 @@
-"""The shell command that runs one of ``hostside/`` with a host's Python, in one round-trip."""
+"""The shell command that runs one of ``hostside/`` with a host's Python, in one round-trip.
+
+A host program travels alone, but may import the ``hostside.boundary_*`` modules: the checks of
+everything that comes from outside the controller's own recipe (names from the Hub, texts and JSON
+from peer hosts, client requests), the same code the controller runs. ``bundle`` makes one Python
+source of a program and the boundary modules it imports; that source is what a host runs, from
+argv (``hostside_command``) or from a file a converge writes (the scrub, the gateway).
+"""
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import shlex
@@ -11,13 +19,67 @@ from typing import Any
 
 HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
 
-# Runs a shipped script with the host's python3 under __name__ == "__main__"; the script travels
+# Runs a shipped bundle with the host's python3 under __name__ == "__main__"; the bundle travels
 # base64-encoded in argv (paths and digests only: never a secret).
 _BOOT = (
     "import base64,sys;"
     "code=compile(base64.b64decode(sys.argv.pop(1)),sys.argv[0],'exec');"
     "exec(code,{'__name__':'__main__'})"
 )
+
+# Registers the bundled modules as ``hostside.<name>``, then runs the program as ``__main__``.
+_LOADER = """\
+import sys, types
+package = sys.modules.setdefault("hostside", types.ModuleType("hostside"))
+package.__path__ = []
+for name, source in MODULES.items():
+    module = types.ModuleType("hostside." + name)
+    module.__file__ = "hostside/" + name + ".py"
+    sys.modules["hostside." + name] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    setattr(package, name, module)
+exec(compile(PROGRAM, PATH, "exec"), {"__name__": "__main__", "__file__": PATH})
+"""
+
+
+def _imported(source: str) -> list[str]:
+    """The ``hostside.<name>`` modules a program's source imports."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hostside."):
+            names.append(node.module.split(".", 1)[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == "hostside":
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [a.name.split(".", 1)[1] for a in node.names if a.name.startswith("hostside.")]
+    return names
+
+
+def _modules(source: str) -> dict[str, str]:
+    """Every ``hostside`` module ``source`` needs, its own imports included, dependencies first."""
+    found: dict[str, str] = {}
+    seen: set[str] = set()
+
+    def visit(text: str) -> None:
+        for name in _imported(text):
+            if name not in seen:
+                seen.add(name)
+                module = (HOSTSIDE / f"{name}.py").read_text(encoding="utf-8")
+                visit(module)
+                found[name] = module
+
+    visit(source)
+    return found
+
+
+def bundle(script: str) -> str:
+    """``hostside/<script>`` as one self-contained Python source, with the modules it imports."""
+    source = (HOSTSIDE / script).read_text(encoding="utf-8")
+    modules = _modules(source)
+    if not modules:
+        return source
+    head = f"# hostside/{script} with the hostside modules it imports ({', '.join(modules)}), in one file\n"
+    return f"{head}MODULES = {modules!r}\nPROGRAM = {source!r}\nPATH = {f'hostside/{script}'!r}\n{_LOADER}"
 
 
 def pack(data: Any) -> str:
@@ -27,5 +89,5 @@ def pack(data: Any) -> str:
 
 def hostside_command(python: str, script: str, request: Any) -> str:
     """The shell command running ``hostside/<script>`` with ``python`` on the host."""
-    code = base64.b64encode((HOSTSIDE / script).read_bytes()).decode()
+    code = base64.b64encode(bundle(script).encode()).decode()
     return " ".join([shlex.quote(python), "-c", shlex.quote(_BOOT), code, pack(request)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+from hostside.boundary_names import BadName, check_name
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.lockfile import Lock, LockedFile
 from kimi_deploy.recipe import Recipe
@@ -15,6 +16,8 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 def make_lock(recipe: Recipe, recipe_file: str, endpoint: str | None = None) -> Lock:
     """List every file of the pinned revision with its size and digest.
 
+    Every name of the listing is checked by ``hostside.boundary_names.check_name``: a listing with
+    a name that could leave the revision folder (``..``, ``/etc/passwd``, ...) makes no lock.
     The token, if any, comes from the environment or huggingface_hub's token file, never argv.
     """
     model = recipe.model
@@ -41,6 +44,11 @@ def make_lock(recipe: Recipe, recipe_file: str, endpoint: str | None = None) -> 
     for entry in entries:
         if not isinstance(entry, RepoFile):
             continue
+        try:
+            # Each name becomes a path the hosts write and delete as root.
+            check_name(entry.path)
+        except BadName as exc:
+            raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {exc}") from None
         if entry.lfs is not None:
             files[entry.path] = LockedFile(entry.lfs.size, f"sha256:{entry.lfs.sha256}")
         else:

@@ -1,6 +1,9 @@
 """The inventory as the planner sees it: hosts in order, their groups and their kimi_* data.
 
 Pure: built from a pyinfra inventory by ``kimi_deploy.inventory_file``; nothing here talks to hosts.
+A host's address (``kimi_address``, else ``ssh_hostname``, else its name) is an IP address or a DNS
+hostname, and no host name or ``kimi_*`` string holds a control character: all of them reach the
+host's unit files (``kimi_deploy.safe_text``).
 """
 
 from __future__ import annotations
@@ -9,12 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.validation_error import first_error_line
+from kimi_deploy.safe_text import check_address, control_char, is_address, refuse_control
+from kimi_deploy.validation_error import first_error_line, shown
 
 IfName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")]
+_ADDRESS_RULE = "an address must be an IP address or a DNS hostname"
 
 
 class HostVars(BaseModel):
@@ -22,7 +27,7 @@ class HostVars(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    kimi_address: Annotated[str, StringConstraints(min_length=1)] | None = None
+    kimi_address: Annotated[str, StringConstraints(min_length=1), AfterValidator(check_address)] | None = None
     kimi_socket_ifname: IfName | None = None
     kimi_rdma_devices: (
         Annotated[list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(:[0-9]+)?$")]], Field(min_length=1)]
@@ -37,6 +42,11 @@ class HostVars(BaseModel):
     kimi_nvidia_repo_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     # ``allowed``: a host whose installed NVIDIA driver is not the loaded one is rebooted (one at a time).
     kimi_reboot: Literal["allowed"] | None = None
+
+    @field_validator("*")
+    @classmethod
+    def _no_control_characters(cls, value: Any) -> Any:
+        return refuse_control(value)
 
 
 @dataclass(frozen=True)
@@ -63,14 +73,34 @@ class Inventory:
 
 
 def make_host(source: str, name: str, groups: tuple[str, ...], data: Mapping[str, Any]) -> InventoryHost:
-    """Validate one host's data; ``ConfigError`` names the inventory file, host and field."""
+    """Validate one host's data; ``ConfigError`` names the inventory file, host and field.
+
+    A pyinfra connector host (``@local``, ``@docker/...``) without ``kimi_address`` or
+    ``ssh_hostname`` has no address of its own: its name stands for it, fit for a one-host
+    topology that peers never reach."""
+    where = f"{source}: host {name}"
+    char = control_char(name)
+    if char:
+        raise ConfigError(f"{source}: host {shown(name)}", "", f"the host name holds control character {char}")
     ours = {k: v for k, v in data.items() if k.startswith("kimi_")}
     try:
         host_vars = HostVars.model_validate(ours)
     except ValidationError as exc:
-        raise first_error_line(f"{source}: host {name}", exc, HostVars) from None
+        raise first_error_line(where, exc, HostVars) from None
     ssh = data.get("ssh_hostname")
     if ssh is not None and not isinstance(ssh, str):
-        raise ConfigError(f"{source}: host {name}", "ssh_hostname", f"expected a string, found {ssh!r}")
-    address = host_vars.kimi_address or ssh or name
+        raise ConfigError(where, "ssh_hostname", f"expected a string, found {shown(ssh)}")
+    if host_vars.kimi_address:
+        address = host_vars.kimi_address
+    elif ssh is not None:
+        if not is_address(ssh):
+            rule = f"is the host's address without kimi_address: {_ADDRESS_RULE}"
+            raise ConfigError(where, "ssh_hostname", f"{rule}, found {shown(ssh)}")
+        address = ssh
+    elif name.startswith("@") or is_address(name):
+        address = name
+    else:
+        raise ConfigError(
+            where, "", f"the host name is its address without kimi_address or ssh_hostname: {_ADDRESS_RULE}"
+        )
     return InventoryHost(name=name, groups=groups, address=address, vars=host_vars)

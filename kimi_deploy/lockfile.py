@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hostside.boundary_names import BadName, check_name, shown
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Recipe
 
@@ -60,27 +61,38 @@ def lock_path(recipe: Recipe, base: Path | None = None) -> Path:
 
 
 def read_lock(recipe: Recipe, base: Path | None = None) -> Lock:
-    """The lock of the recipe's pinned revision; ``ConfigError`` when absent or malformed."""
+    """The lock of the recipe's pinned revision; ``ConfigError`` when absent or malformed, or when
+    a file name could leave the revision folder (``hostside.boundary_names.check_name``)."""
     path = lock_path(recipe, base)
-    shown = str(path)
+    where = str(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(
-            shown,
+            where,
             "",
             f"no lock for {recipe.model.repo}@{recipe.model.revision}: run `kimi-deploy lock RECIPE`",
         ) from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(shown, "", f"unreadable lock: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ConfigError(where, "", f"unreadable lock: {str(exc)[:200]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, "", f"expected a JSON object, found {shown(data)}")
     if data.get("repo") != recipe.model.repo or data.get("revision") != recipe.model.revision:
-        raise ConfigError(shown, "repo", f"lock is for {data.get('repo')}@{data.get('revision')}")
+        raise ConfigError(where, "repo", f"lock is for {shown(data.get('repo'))}@{shown(data.get('revision'))}")
+    entries = data.get("files") or {}
+    if not isinstance(entries, dict):
+        raise ConfigError(where, "files", f"expected a mapping of file names, found {shown(entries)}")
     files: dict[str, LockedFile] = {}
-    for rel, entry in (data.get("files") or {}).items():
-        size, digest = entry.get("size"), entry.get("digest")
+    for rel, entry in entries.items():
+        try:
+            # The hosts write and delete <revision folder>/<name> as root.
+            check_name(rel)
+        except BadName as exc:
+            raise ConfigError(where, f"files.{exc.shown}", exc.rule) from None
+        size, digest = (entry.get("size"), entry.get("digest")) if isinstance(entry, dict) else (None, None)
         if not isinstance(size, int) or size < 0 or not isinstance(digest, str) or not _DIGEST.match(digest):
-            raise ConfigError(shown, f"files.{rel}", f"expected size and sha256:/gitblob: digest, found {entry}")
+            raise ConfigError(where, f"files.{rel}", f"expected size and sha256:/gitblob: digest, found {shown(entry)}")
         files[rel] = LockedFile(size, digest)
     if not files:
-        raise ConfigError(shown, "files", "lock names no file")
+        raise ConfigError(where, "files", "lock names no file")
     return Lock(repo=data["repo"], revision=data["revision"], files=files)

@@ -2,18 +2,20 @@
 
 The schema is strict: unknown keys are typos, types are not coerced, and every rule that can be
 checked without an inventory is checked here. ``load_recipe`` is the only way in; it returns a
-frozen ``Recipe`` or raises one ``ConfigError`` line.
+frozen ``Recipe`` or raises one ``ConfigError`` line. No string of a recipe holds a control
+character (``kimi_deploy.safe_text``): any of them may reach a unit file.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from kimi_deploy.validation_error import first_error_line
+from kimi_deploy.safe_text import is_address, refuse_control
+from kimi_deploy.validation_error import first_error_line, shown
 from kimi_deploy.yaml_file import read_yaml_mapping
 
 EngineName = Literal["vllm", "sglang", "tokenspeed"]
@@ -24,12 +26,13 @@ Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_l
 GroupName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Version = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)*([a-z0-9.+!-]*)$")]
 RepoId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")]
-AbsPath = Annotated[str, StringConstraints(pattern=r"^/[^\s]*$")]
+# Written into unit files (EnvironmentFile=, ReadWritePaths=, ExecStart=): no character systemd or a
+# shell reads as a specifier, a variable, a quote or an escape.
+AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._+@=,:~/-]*$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]*$")]
 Port = Annotated[int, Field(ge=1024, le=65535)]
 Positive = Annotated[int, Field(ge=1)]
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Weights must fit an instance's accelerator memory with room left for activations and KV cache.
 _HEADROOM_PERCENT = 110
 
@@ -38,6 +41,11 @@ class Strict(BaseModel):
     """Base for every recipe object: no unknown keys, no coercion, immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @field_validator("*")
+    @classmethod
+    def _no_control_characters(cls, value: Any) -> Any:
+        return refuse_control(value)
 
 
 class License(Strict):
@@ -48,13 +56,22 @@ class License(Strict):
     @model_validator(mode="after")
     def _accepted(self) -> License:
         if not self.accepted:
-            raise ValueError(f"license {self.name!r} is not acknowledged: read it and set accepted: true")
+            raise ValueError(f"license {shown(self.name)} is not acknowledged: read it and set accepted: true")
         return self
+
+
+def _commit(revision: str) -> str:
+    if len(revision) != 40 or revision.strip("0123456789abcdef"):
+        raise ValueError(
+            f"must be a commit, 40 lowercase hex digits (a branch or tag moves under the lock), found {shown(revision)}"
+        )
+    return revision
 
 
 class ModelSpec(Strict):
     repo: RepoId
-    revision: Annotated[str, StringConstraints(min_length=1)]
+    # It names the weights' folder and lock: only a commit pins what they hold.
+    revision: Annotated[str, AfterValidator(_commit)]
     shards: Positive
     size_bytes: Annotated[int, Field(ge=1, le=10**15)]  # up to 1 PB: larger is a typo
     max_context: Positive
@@ -62,12 +79,6 @@ class ModelSpec(Strict):
     quantization: str | None = None
     trust_remote_code: bool = False
     license: License
-
-    @model_validator(mode="after")
-    def _pinned_when_trusting(self) -> ModelSpec:
-        if self.trust_remote_code and not _COMMIT.match(self.revision):
-            raise ValueError(f"trust_remote_code needs revision pinned to a 40-hex commit, found {self.revision!r}")
-        return self
 
     @property
     def dir_name(self) -> str:
@@ -246,11 +257,26 @@ class HiCache(Strict):
     write_policy: Literal["write_through", "write_back", "write_through_selective"] = "write_through"
 
 
+def _url_host(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    if parts.netloc.lower() != netloc or not is_address(host):
+        raise ValueError(f"must name its host as an IP address or a DNS hostname (and a port), found {shown(url)}")
+    return url
+
+
 class RouterFallback(Strict):
     """The hosted API, answering when no local backend is healthy (off unless given)."""
 
     # the hosted API's base, its OpenAI-compatible paths (``/v1/...``) appended
-    url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")]
+    url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$"), AfterValidator(_url_host)]
     api_key: SecretRef
     # the hosted API's name of the model, put in place of the served name
     model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
@@ -357,7 +383,7 @@ class Topology(Strict):
             raise ValueError("a router is only for prefill/decode pools")
         own = [p.group for p in self.pools.values()] + ([self.router.group] if self.router else [])
         if len(set(own)) != len(own):
-            raise ValueError(f"pools and router need a group each, found {own}")
+            raise ValueError(f"pools and router need a group each, found {shown(own)}")
         per_host = self.accelerators.per_host
         for name, pool in self.pools.items():
             size = pool.parallel.size
@@ -406,9 +432,11 @@ class Recipe(Strict):
     def _cross_refs(self) -> Recipe:
         ladder = self.context_ladder
         if ladder != sorted(set(ladder)):
-            raise ValueError(f"context_ladder must rise strictly, found {ladder}")
+            raise ValueError(f"context_ladder must rise strictly, found {shown(ladder)}")
         if ladder[-1] > self.model.max_context:
-            raise ValueError(f"context_ladder top {ladder[-1]} exceeds model.max_context {self.model.max_context}")
+            raise ValueError(
+                f"context_ladder top {shown(ladder[-1])} exceeds model.max_context {shown(self.model.max_context)}"
+            )
         groups: dict[str, str] = {}
         for name, topo in self.topologies.items():
             where = f"topologies.{name}"

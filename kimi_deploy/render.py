@@ -2,20 +2,32 @@
 
 Pure: returns contents; writing them to a host is an operation's job. Secret files are rendered
 only when the secrets are given (by a deploy), never by ``kimi-deploy plan --render``.
+
+Every value a template writes goes through :func:`environment`'s checks: ``ExecStart=`` words are
+quoted and escaped by systemd's rules (``exec_start``, ``systemd_word`` filters), environment
+file values by its environment file rules (:func:`env_value`), JSON by ``tojson``; any other value
+holding a control character is refused (``ConfigError`` naming the file), whatever validation let
+through, since it would start a line of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
+from kimi_deploy.credentials import CredentialPath
+from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.safe_text import control_char
 from kimi_deploy.servespec import HostPlan, Unit
+from kimi_deploy.validation_error import shown
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_DIR = "/etc/systemd/system"
@@ -45,11 +57,20 @@ class RenderedFile:
         """The content's digest, as the host probe reports a file it read."""
         return hashlib.sha256(self.content.encode()).hexdigest()
 
+    def group(self, readers: str) -> str:
+        """The file's group on the host: ``readers`` (the engine user's group) for a secret its
+        group may read (the weights transfer key, read by the peer service), else root."""
+        return readers if self.secret and self.mode & 0o040 else "root"
+
 
 def systemd_word(arg: str) -> str:
-    """One ExecStart word: specifiers and variables escaped, quoted when it is not plain."""
+    """One ExecStart word, which systemd reads back as ``arg``: specifiers (``%``) and variables
+    (``$``) doubled, quoted when it is not plain, ``\\`` and ``"`` escaped inside double quotes.
+    A control character has no quoting that keeps it on its line: the template filters refuse it."""
+    if isinstance(arg, CredentialPath):
+        return arg  # systemd's %d (the unit's credentials directory), made only by code
     escaped = arg.replace("%", "%%").replace("$", "$$")
-    if _SAFE.match(arg):
+    if _SAFE.fullmatch(arg):
         return escaped
     if "'" not in arg and "\\" not in arg:
         # JSON values read best in single quotes, where double quotes need no escape.
@@ -68,21 +89,81 @@ def exec_start(argv: tuple[str, ...]) -> str:
 
 
 def env_value(value: str) -> str:
-    """An EnvironmentFile value, double-quoted when it is not plain."""
-    if _SAFE.match(value):
+    """An EnvironmentFile value, double-quoted when it is not plain, ``\\`` and ``"`` escaped in the
+    quotes (systemd expands neither ``$`` nor ``%`` in such a file). A control character stays in
+    the result, for the templates' check to refuse with the file's name."""
+    if _SAFE.fullmatch(value):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+class _Escaped(str):
+    """A filter's output, escaped for the line it is written on (an ExecStart= value continues over
+    lines of its own making): written as it is."""
+
+
+def _where(context: jinja2.runtime.Context) -> str:
+    path = context.get("path")
+    return str(path) if path else f"templates/{context.name}"
+
+
+def _words_fit(context: jinja2.runtime.Context, words: Sequence[str]) -> None:
+    for number, word in enumerate(words):
+        char = control_char(str(word))
+        if char:
+            raise ConfigError(
+                _where(context),
+                "ExecStart",
+                f"argument {number} holds control character {char}, which no quoting keeps on its line, "
+                f"found {shown(word)}",
+            )
+
+
+@jinja2.pass_context
+def _exec_start_filter(context: jinja2.runtime.Context, argv: Sequence[str]) -> str:
+    # systemd reads the first word's prefixes (+, !, -, @, :) after unquoting, expands no variable
+    # in it and refuses quotes and backslashes in it: an absolute path without those reads back.
+    if not argv or not str(argv[0]).startswith("/") or set(str(argv[0])) & set("$\"'\\"):
+        rule = "the command must be an absolute path without '$', quotes or backslashes"
+        raise ConfigError(_where(context), "ExecStart", f"{rule}, found {shown(argv)}")
+    _words_fit(context, argv)
+    return _Escaped(exec_start(tuple(argv)))
+
+
+@jinja2.pass_context
+def _word_filter(context: jinja2.runtime.Context, word: str) -> str:
+    _words_fit(context, [word])
+    return _Escaped(systemd_word(word))
+
+
+@jinja2.pass_context
+def _checked(context: jinja2.runtime.Context, value: Any) -> Any:
+    """Every ``{{ value }}`` a template writes: escaped output as it is, anything else refused when
+    it holds a control character. The value itself stays out of the message (it may be a secret)."""
+    if isinstance(value, (_Escaped, Markup)):  # the filters above; tojson
+        return value
+    char = control_char(str(value))
+    if char:
+        raise ConfigError(
+            _where(context), "", f"a value holds control character {char}, which would start a line of its own"
+        )
+    return value
+
+
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    """The templates' environment: ``exec_start`` and ``systemd_word`` filters, every value checked."""
+    jinja = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,  # noqa: S701 - unit and config files, not HTML
+        finalize=_checked,
     )
+    jinja.filters["exec_start"] = _exec_start_filter
+    jinja.filters["systemd_word"] = _word_filter
+    return jinja
 
 
 def _unit_env(unit: Unit) -> list[tuple[str, str]]:
@@ -113,7 +194,7 @@ def render_host(recipe: Recipe, plan: HostPlan, secrets: Mapping[str, str] | Non
                     path=unit_path,
                     env_file=env_file,
                     secret_env_file=secret_env_file,
-                    exec_start=exec_start(unit.argv),
+                    argv=unit.argv,
                     after=after,
                     **common,
                 ),
@@ -140,7 +221,7 @@ def render_host(recipe: Recipe, plan: HostPlan, secrets: Mapping[str, str] | Non
                     secret_env_file,
                     jinja.get_template("secrets.env.j2").render(path=secret_env_file, secrets=values, **common),
                     0o600,
-                    user,
+                    "root",
                     secret=True,
                 )
             )
@@ -150,7 +231,7 @@ def render_host(recipe: Recipe, plan: HostPlan, secrets: Mapping[str, str] | Non
                     path,
                     jinja.get_template(template).render(path=path, secrets_map=secrets, **common),
                     0o600,
-                    user,
+                    "root",
                     secret=True,
                 )
             )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kimi_deploy.hostside_command import HOSTSIDE
+from kimi_deploy.hostside_command import bundle
 from kimi_deploy.recipe import Scrub
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 
@@ -31,7 +31,7 @@ def scrub_files(
     timer = f"{UNIT_DIR}/{SCRUB_UNIT}.timer"
     body = {**request, "scrub": True, "repair": scrub.repair, "peers": [], "full": True}
     return [
-        RenderedFile(script, (HOSTSIDE / "weights_sync.py").read_text(encoding="utf-8"), 0o644, "root"),
+        RenderedFile(script, bundle("weights_sync.py"), 0o644, "root"),
         RenderedFile(config, json.dumps(body, sort_keys=True, indent=1) + "\n", 0o644, "root"),
         RenderedFile(
             service,

@@ -25,8 +25,9 @@ class Unit:
 
     ``argv`` is the exact command line and never holds a secret. ``secret_env`` names variables
     the unit reads from its secret EnvironmentFile; ``secret_files`` maps an absolute path to the
-    template of a secret file the engine reads itself. Both are readable by the engine user
-    alone and written only by a deploy, never by ``plan --render``. ``listens`` maps a label to each
+    template of a secret file the engine reads itself, as a systemd credential named after the
+    file (``kimi_deploy.credentials``). Both are root's alone, read by systemd at each start, and
+    written only by a deploy, never by ``plan --render``. ``listens`` maps a label to each
     port the unit binds; ``bind`` is the address of its HTTP API. ``stage`` orders starts across
     the topology: 0 stores (Mooncake master), 1 engine leaders, 2 engine workers, 3 routers.
     ``files`` are the other config files the unit reads, by absolute path.

@@ -12,12 +12,17 @@ Where a host's lock comes from, first match wins:
 - ``resolver``: several hosts install it and none holds it: the first of them (inventory order)
   resolves the lock before any installs, and all of them install that one;
 - ``here``: this host alone installs it: it resolves while installing.
+
+A lock read from another host (``peer``, ``resolver``) is that host's word: it is checked here,
+before it goes anywhere, by the same rule the installing host applies (``lock_refusal``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from hostside.boundary_lock import check_lock
 
 LOCK_FILE = ".kimi-lock.txt"
 # Locks a resolver host resolved for the other hosts of a run: ``LOCKS_DIR/<release folder>@<run>.txt``.
@@ -95,3 +100,14 @@ def damage_line(path: str, damaged: dict[str, Any]) -> str:
     first = ", ".join(damaged.get("first") or [])
     files = "1 file" if count == 1 else f"{count} files"
     return f"{path}: {files} missing or changed since install ({first})"
+
+
+def lock_refusal(path: str, host: str, text: str, requirements: list[str]) -> str | None:
+    """One line when the lock text of the release at ``path`` read from ``host`` may not be
+    installed, None when it may: only hashed ``name==version`` lines (no option, URL, path, extra
+    or marker), pinning every ``name==version`` of ``requirements`` (the recipe's) at its version."""
+    try:
+        check_lock(text, requirements)
+    except ValueError as exc:
+        return f"{path}: the lock read from {host} is refused: {exc}"
+    return None

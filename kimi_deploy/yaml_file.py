@@ -1,13 +1,22 @@
-"""Reading a YAML mapping from a file with errors that name the file, line and rule."""
+"""Reading a YAML mapping from a file with errors that name the file, line and rule.
+
+Aliases are bounded: a document whose values, aliases expanded, number more than
+``MAX_VALUES`` is refused before anything reads them (a "billion laughs" file of a few hundred
+bytes would otherwise make every later step walk a billion values).
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kimi_deploy.errors import ConfigError
+
+# Values (scalars, lists, mappings) of a document with its aliases expanded: a recipe has hundreds.
+MAX_VALUES = 100_000
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -35,7 +44,69 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     return loader.construct_mapping(node, deep=deep)
 
 
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    try:
+        return loader.construct_yaml_int(node)
+    except ValueError:
+        # Python reads at most sys.get_int_max_str_digits() decimal digits (4300) into an int.
+        digits = sum(c.isdigit() for c in str(node.value))
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"an integer of {digits} digits is longer than Python reads ({sys.get_int_max_str_digits()} at most)",
+            node.start_mark,
+        ) from None
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def _load(text: str, shown: str) -> Any:
+    """``yaml.load`` with our loader, the aliases' expansion bounded between composing the
+    document and constructing its values."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_values(node, shown)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_values(root: yaml.Node, shown: str) -> int:
+    """How many values ``root`` holds with its aliases expanded; ``ConfigError`` past ``MAX_VALUES``
+    or for an alias inside the list or mapping it names. Each node is counted once (memoised), so
+    a bomb is found in time linear in the file."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise ConfigError(shown, "", "a YAML alias refers to a list or mapping that contains it")
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        open_.add(key)
+        for child in children:
+            total += size(child)
+            if total > MAX_VALUES:
+                rule = f"the document holds more than {MAX_VALUES} values with its YAML aliases expanded"
+                raise ConfigError(shown, "", f"{rule} (an alias bomb?)")
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -48,7 +119,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(shown, "", f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = _load(text, shown)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown

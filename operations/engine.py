@@ -17,7 +17,7 @@ from kimi_deploy.host_paths import release_dir
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.recipe import Paths
 from kimi_deploy.run_id import run_id
-from kimi_deploy.venv_lock import LOCK_FILE, LockSource, damage_line, staged_lock
+from kimi_deploy.venv_lock import LOCK_FILE, LockSource, damage_line, lock_refusal, staged_lock
 
 # Lock texts read from other hosts in this run: (run id, host, file) -> text or None.
 _read: dict[tuple[str, str, str], str | None] = {}
@@ -79,20 +79,25 @@ def lock_resolved(
     yield hostside_command("python3", "venv_install.py", {**request, "stage": staged_lock(path, run_id())})
 
 
-def _lock_request(source: LockSource, path: str) -> dict[str, str] | None:
-    """What the install is told about its lock; None: resolve it on the host."""
+def _lock_request(source: LockSource, path: str, requirements: list[str]) -> dict[str, str] | None:
+    """What the install is told about its lock; None: resolve it on the host. A text read from
+    another host goes nowhere before it passes the lock rule and pins the recipe's versions."""
     if source.kind == "own":
         return {"own": source.sha256 or ""}
+    text = None
     if source.kind == "peer" and source.host:
         text = _lock_of(source.host, f"{path}/{LOCK_FILE}")
         if text is None or hashlib.sha256(text.encode()).hexdigest() != source.sha256:
             raise OperationError(f"{path}: the lock {source.host} holds could not be read intact")
-        return {"text": text}
-    if source.kind == "resolver" and source.host and state.is_executing:
+    elif source.kind == "resolver" and source.host and state.is_executing:
         # Absent when the resolver failed: then this host resolves, and fails for the same reason.
         text = _lock_of(source.host, staged_lock(path, run_id()))
-        return {"text": text} if text else None
-    return None
+    if not text or not source.host:
+        return None
+    refused = lock_refusal(path, source.host, text, requirements)
+    if refused is not None:
+        raise OperationError(refused)
+    return {"text": text}
 
 
 @operation()
@@ -126,7 +131,9 @@ def venv(
     error). A damaged one (a file of its manifest missing or of another size) is rebuilt beside it
     from its lock and then takes its place: an engine running from it keeps running, and is not
     restarted since its release did not change. A folder without a marker is an interrupted
-    install and is rebuilt. A failed install leaves ``path`` as it was.
+    install and is rebuilt. A failed install leaves ``path`` as it was. A lock read from another
+    host fails this host, naming that host and the rule, unless it holds only ``name==version``
+    lines each with ``--hash=sha256:`` and pins every requirement at its version.
 
     **Example:**
 
@@ -161,6 +168,6 @@ def venv(
         "index_url": index_url,
         "marker": release_marker(package, version, requirements, index_url),
         "uv": _uv(uv, uv_dir),
-        "lock": _lock_request(lock, path),
+        "lock": _lock_request(lock, path, requirements),
     }
     yield hostside_command("python3", "venv_install.py", request)

@@ -27,7 +27,8 @@ def current(
 
     + link: the ``current`` symlink
     + release_dir: ``/opt/kimi/releases/<id>``, the id a digest of everything the release runs
-    + record: what ``release.json`` in it says (engine, weights revision, unit digests)
+    + record: what ``release.json`` in it says (engine, weights revision, unit digests, which
+      leave secret contents out: the file is world-readable)
     + links: names in ``release_dir`` -> what they point to (``engine``, ``model``)
     + found: where ``link`` points now (from the host probe)
     + run: this run's id (``kimi_deploy.run_id``), logged with the switch

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Generator
-from io import BytesIO
 from typing import Any
 
-from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
@@ -17,13 +16,19 @@ from kimi_deploy.render import RenderedFile
 @operation()
 def rendered(
     files: list[RenderedFile], group: str, current: dict[str, str | None]
-) -> Generator[StringCommand | FileUploadCommand | str, None, None]:
+) -> Generator[StringCommand | str, None, None]:
     """
     Put every rendered file in place with its mode and owner; reload systemd if a unit changed.
 
     + files: the host's rendered files (``kimi_deploy.render.render_host``)
-    + group: the group of secret files (the engine user's)
-    + current: sha256 of each file on the host as the probe found it (None: absent)
+    + group: the engine user's group, which may read a secret file whose mode lets its group read
+      it (the weights transfer key); every other file, secret or not, is root's
+    + current: sha256 of each file on the host as the probe found it (None: absent, or a secret
+      not of its owner and mode)
+
+    A file's content travels on the standard input of the one command that writes it, never
+    through a file elsewhere on the host: with a sudo SSH user, pyinfra's upload would stage it
+    as that user in the temporary directory, readable there by others.
     """
     changed = [f for f in files if current.get(f.path) != f.sha256]
     if not changed:
@@ -31,32 +36,42 @@ def rendered(
         return
     q = shlex.quote
 
-    def group_of(f: RenderedFile) -> str:
-        return group if f.secret else "root"
-
-    # One command before the uploads: the folders, and each secret file created empty with its
+    # One command before the contents: the folders, and each secret file created empty with its
     # final owner and mode, so that its content is never readable by anyone else, even briefly.
+    # The secrets folder lets the engine group through to the one secret it reads (see ``group``).
     folders = {f.path.rsplit("/", 1)[0]: f.secret for f in changed}
     before = [
         f"install -d -m {'0750' if secret else '0755'} -o root -g {q(group if secret else 'root')} {q(folder)}"
         for folder, secret in sorted(folders.items())
     ]
     before += [
-        f"install -m {f.mode:o} -o {q(f.owner)} -g {q(group_of(f))} /dev/null {q(f.path)}" for f in changed if f.secret
+        f"install -m {f.mode:o} -o {q(f.owner)} -g {q(f.group(group))} /dev/null {q(f.path)}"
+        for f in changed
+        if f.secret
     ]
     yield " && ".join(before)
     for f in changed:
-        yield FileUploadCommand(BytesIO(f.content.encode()), f.path)
+        # pyinfra ends its standard input with a newline: ``head`` takes exactly the content.
+        size = len(f.content.encode())
+        yield StringCommand(
+            f'head -c {size} > {q(f.path)} && test "$(stat -c %s {q(f.path)})" = {size}', _stdin=f.content
+        )
     # And one after: owner and mode of every file, and systemd told when a unit changed.
-    after = [f"chown {q(f.owner)}:{q(group_of(f))} {q(f.path)} && chmod {f.mode:o} {q(f.path)}" for f in changed]
+    after = [f"chown {q(f.owner)}:{q(f.group(group))} {q(f.path)} && chmod {f.mode:o} {q(f.path)}" for f in changed]
     if any(f.path.endswith((".service", ".timer")) for f in changed):
         after.append("systemctl daemon-reload")
     yield " && ".join(after)
 
 
 def needs_start(release: str, current: dict[str, Any] | None) -> bool:
-    """Whether a unit must be (re)started: not running, or running another release."""
-    return not (current is not None and current.get("active") == "active" and current.get("applied") == release)
+    """Whether a unit must be (re)started: not running, running another release, or running with
+    a secret it read before it changed (``secrets_changed``, see ``kimi_deploy.converge.unit_state``)."""
+    return not (
+        current is not None
+        and current.get("active") == "active"
+        and current.get("applied") == release
+        and not current.get("secrets_changed")
+    )
 
 
 @operation()
@@ -66,7 +81,7 @@ def started(units: list[tuple[str, str, dict[str, Any] | None]]) -> Generator[st
 
     + units: ``(unit, release, current)`` for each unit of this host in this step: the unit's name
       without ``.service``, the digest of everything it reads (``digest``), and its state from the
-      probe (active, pid, applied release); may be empty
+      probe (active, pid, applied release, whether a secret it reads changed); may be empty
 
     Every host of a run calls this for every step of the start order, units or not, so that
     pyinfra runs a step on all hosts before the next step anywhere.

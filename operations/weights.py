@@ -69,6 +69,11 @@ _PEER_PROPERTIES = (
     "UMask=0077",
     # A run that dies before stopping it leaves nothing listening for long.
     "RuntimeMaxSec=21600",
+    # Whatever clients do, it stays small: at most 32 connections (a thread and two files each)
+    # and a few MiB of Python; file data goes out with sendfile.
+    "MemoryMax=256M",
+    "TasksMax=64",
+    "LimitNOFILE=256",
 )
 
 

@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ import pytest
 from kimi_deploy.hostside_command import HOSTSIDE, hostside_command
 
 DEADLINE = 3.0
+HELLO_BYTES = 4096
 
 
 @dataclass
@@ -342,6 +344,55 @@ def test_bad_request_exits_2_naming_the_field(change: dict[str, Any], message: s
     assert outcome.rc == 2
     assert outcome.stderr == f"kimi-deploy: comm check: bad request: {message}\n"
     assert outcome.result == {"ok": False, "error": f"bad request: {message}"}
+
+
+def test_a_peer_sending_deeply_nested_json_is_named_in_one_line() -> None:
+    # kimi-h2 is compromised: its check port greets with, and its report to kimi-h1 is, JSON nested
+    # far deeper than Python's decoder recurses.
+    topo = topology(2)
+    me, peer = topo.requests
+    hello = b"[" * 4000 + b"\n"
+    report = b"[" * 500_000 + b"\n"
+    with held(peer["address"], topo.check) as listener:
+
+        def fake_peer() -> None:
+            listener.settimeout(DEADLINE)
+            sent = False
+            until = time.monotonic() + DEADLINE
+            while time.monotonic() < until:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(hello)
+                if not sent:
+                    sent = True
+                    with socket.socket() as out:
+                        out.bind((peer["address"], 0))
+                        out.settimeout(1)
+                        for _ in range(20):
+                            try:
+                                out.connect((me["address"], topo.check))
+                                break
+                            except ConnectionRefusedError:
+                                time.sleep(0.05)
+                        out.recv(HELLO_BYTES)
+                        out.sendall(report)
+
+        worker = threading.Thread(target=fake_peer, daemon=True)
+        worker.start()
+        (outcome,) = run([me])
+        worker.join(DEADLINE + 1)
+    message = "kimi-h2's message: JSON nested deeper than 8 levels"
+    assert (outcome.rc, outcome.stderr) == (1, f"kimi-deploy: comm check: {message}\n")
+    failures = [f["message"] for f in outcome.result["failures"]]
+    assert failures[0] == message
+    assert (
+        f"kimi-h1 -> kimi-h2:{topo.check} (comm check): answered, but not by this run's comm check "
+        "(kimi-h2's hello: JSON nested deeper than 8 levels)"
+    ) in failures
+    assert outcome.result["reports"]["kimi-h2"]["received"] is True
 
 
 def _commcheck() -> Any:

@@ -195,6 +195,53 @@ def _inventory_error(path: str) -> str:
             "kimi_address: String should have at least 1 character, found str ''",
             id="address-empty",
         ),
+        pytest.param(
+            '{"kimi_address": "10.0.0.1\\nExecStartPre=+/usr/bin/touch /tmp/x"}',
+            "kimi_address: must be an IP address or a DNS hostname, found '10.0.0.1\\nExecStartPre=+/usr/bin/touch /tmp/x'",
+            id="address-with-a-unit-line",
+        ),
+        pytest.param(
+            '{"kimi_address": "gpu-07.example.com --trust-remote-code"}',
+            "kimi_address: must be an IP address or a DNS hostname, found 'gpu-07.example.com --trust-remote-code'",
+            id="address-with-an-argument",
+        ),
+        pytest.param(
+            '{"kimi_address": "fe80::1%eth0"}',
+            "kimi_address: must be an IP address or a DNS hostname, found 'fe80::1%eth0'",
+            id="address-with-an-ipv6-zone",
+        ),
+        pytest.param(
+            '{"kimi_address": "-gpu07"}',
+            "kimi_address: must be an IP address or a DNS hostname, found '-gpu07'",
+            id="address-like-a-flag",
+        ),
+        pytest.param(
+            '{"ssh_hostname": "10.0.0.1;reboot"}',
+            "ssh_hostname: is the host's address without kimi_address: an address must be an IP address or a DNS "
+            "hostname, found '10.0.0.1;reboot'",
+            id="ssh-hostname-as-address",
+        ),
+        pytest.param(
+            '{"kimi_pip_index_url": "https://pypi.example/simple\\x01"}',
+            "kimi_pip_index_url: control character U+0001 is refused in text that reaches a host's files, "
+            "found 'https://pypi.example/simple\\x01'",
+            id="url-with-a-control-character",
+        ),
+        pytest.param(
+            '{"kimi_rdma_devices": ["mlx5_0", "mlx5_1\\n"]}',
+            "kimi_rdma_devices[1]: String should match pattern '^[A-Za-z0-9_]+(:[0-9]+)?$', found str 'mlx5_1\\n'",
+            id="rdma-device-with-a-line-break",
+        ),
+        pytest.param(
+            '{"kimi_socket_ifname": 10**5000}',
+            "kimi_socket_ifname: Input should be a valid string, found int <an integer of about 5001 digits>",
+            id="integer-of-5000-digits",
+        ),
+        pytest.param(
+            '{"ssh_hostname": 10**5000}',
+            "ssh_hostname: expected a string, found <an integer of about 5001 digits>",
+            id="ssh-hostname-of-5000-digits",
+        ),
     ],
 )
 def test_bad_host_data(tmp_path: Path, host_data: str, expected: str) -> None:
@@ -208,6 +255,33 @@ def test_bad_group_data_names_the_first_host_of_the_group(tmp_path: Path) -> Non
     assert _inventory_error(path) == (
         f"{path}: host w1: kimi_socket_ifnam: unknown key (did you mean 'kimi_socket_ifname'?)"
     )
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        pytest.param('("w1", {"kimi_address": "fd00::41"})', "fd00::41", id="ipv6"),
+        pytest.param('("w1", {"kimi_address": "gpu-07.cluster.example"})', "gpu-07.cluster.example", id="hostname"),
+        pytest.param('("w1", {"ssh_hostname": "gpu-07"})', "gpu-07", id="ssh-hostname"),
+        pytest.param('("@local", {})', "@local", id="pyinfra-connector"),
+    ],
+)
+def test_addresses_that_are_addresses(tmp_path: Path, host: str, address: str) -> None:
+    path = _write_inventory(tmp_path, f"web = [{host}]\n")
+    assert load_inventory(path).hosts[0].address == address
+
+
+def test_a_host_name_that_is_its_address_must_be_one(tmp_path: Path) -> None:
+    path = _write_inventory(tmp_path, 'web = ["gpu_07"]\n')
+    assert _inventory_error(path) == (
+        f"{path}: host gpu_07: the host name is its address without kimi_address or ssh_hostname: "
+        "an address must be an IP address or a DNS hostname"
+    )
+
+
+def test_a_host_name_with_a_control_character_is_refused(tmp_path: Path) -> None:
+    path = _write_inventory(tmp_path, 'web = [("w1\\x1b[2J", {"kimi_address": "10.0.0.1"})]\n')
+    assert _inventory_error(path) == f"{path}: host 'w1\\x1b[2J': the host name holds control character U+001B"
 
 
 def test_keys_without_the_kimi_prefix_are_pyinfras(tmp_path: Path) -> None:

@@ -73,6 +73,8 @@ def _error(path: Path) -> str:
     return text
 
 
+FALLBACK = {"url": "https://api.moonshot.ai", "api_key": {"env": "MOONSHOT_API_KEY"}, "model": "kimi-k3.1-pro"}
+COMMIT_RULE = "must be a commit, 40 lowercase hex digits (a branch or tag moves under the lock)"
 TOPO = "topologies"
 PD = (TOPO, "gb300-pd")
 PREFILL = (*PD, "pools", "prefill")
@@ -146,15 +148,29 @@ CASES: list[tuple[str, Mutation, str]] = [
         "topologies.tpu7x.engine: Input should be 'vllm', 'sglang' or 'tokenspeed', found str 'trt'",
     ),
     (
-        "revision-not-commit-with-trust",
+        "revision-a-branch",
         _set((("model", "revision"), "main")),
-        "model: trust_remote_code needs revision pinned to a 40-hex commit, found 'main'",
+        f"model.revision: {COMMIT_RULE}, found 'main'",
     ),
     (
-        "revision-uppercase-hex-with-trust",
+        "revision-a-branch-without-remote-code",
+        _set((("model", "revision"), "main"), (("model", "trust_remote_code"), False)),
+        f"model.revision: {COMMIT_RULE}, found 'main'",
+    ),
+    (
+        "revision-uppercase-hex",
         _set((("model", "revision"), "5E2B7A09C41D8F36B0E9A4C7D21F58E3A6B90C1D")),
-        "model: trust_remote_code needs revision pinned to a 40-hex commit, "
-        "found '5E2B7A09C41D8F36B0E9A4C7D21F58E3A6B90C1D'",
+        f"model.revision: {COMMIT_RULE}, found '5E2B7A09C41D8F36B0E9A4C7D21F58E3A6B90C1D'",
+    ),
+    (
+        "revision-short-commit",
+        _set((("model", "revision"), "5e2b7a09c41d")),
+        f"model.revision: {COMMIT_RULE}, found '5e2b7a09c41d'",
+    ),
+    (
+        "revision-commit-and-a-line-break",
+        _set((("model", "revision"), "5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d\n")),
+        f"model.revision: {COMMIT_RULE}, found '5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d\\n'",
     ),
     (
         "license-not-accepted",
@@ -347,6 +363,62 @@ CASES: list[tuple[str, Mutation, str]] = [
         "model: expected a mapping, found NoneType None",
     ),
     (
+        "env-value-with-a-unit-line",
+        _set(((*PD, "env"), {"KIMI_X": "1\nExecStartPre=+/bin/sh"})),
+        "topologies.gb300-pd.env: ['KIMI_X']: control character U+000A is refused in text that reaches a host's "
+        "files, found '1\\nExecStartPre=+/bin/sh'",
+    ),
+    (
+        "connector-with-a-carriage-return",
+        _set(((*PD, "kv_transfer", "connectors"), ["NixlConnector", "x\ry"])),
+        "topologies.gb300-pd.kv_transfer.connectors: [1]: control character U+000D is refused in text that reaches "
+        "a host's files, found 'x\\ry'",
+    ),
+    (
+        "speculative-model-with-nul",
+        _set(((*PD, "speculative", "model"), "a\x00b")),
+        "topologies.gb300-pd.speculative.model: control character U+0000 is refused in text that reaches a host's "
+        "files, found 'a\\x00b'",
+    ),
+    (
+        "smoke-expect-with-c1",
+        _set((("smoke",), {"expect": "READY\x9b"})),
+        "smoke.expect: control character U+009B is refused in text that reaches a host's files, found 'READY\\x9b'",
+    ),
+    (
+        "path-with-a-specifier",
+        _set((("paths",), {"config": "/etc/kimi%n"})),
+        "paths.config: String should match pattern '^/[A-Za-z0-9._+@=,:~/-]*$', found str '/etc/kimi%n'",
+    ),
+    (
+        "path-with-a-variable",
+        _set((("paths",), {"models": "/srv/$HOME"})),
+        "paths.models: String should match pattern '^/[A-Za-z0-9._+@=,:~/-]*$', found str '/srv/$HOME'",
+    ),
+    (
+        "mirror-path-with-a-quote",
+        _set((("weights",), {"mirror_path": "/mnt/a'b"})),
+        "weights.mirror_path: String should match pattern '^/[A-Za-z0-9._+@=,:~/-]*$', found str \"/mnt/a'b\"",
+    ),
+    (
+        "fallback-url-with-credentials",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://user:pw@api.moonshot.ai/v1"})),
+        "topologies.gb300-pd.router.fallback.url: must name its host as an IP address or a DNS hostname "
+        "(and a port), found 'https://user:pw@api.moonshot.ai/v1'",
+    ),
+    (
+        "fallback-url-host-not-a-name",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://api_moonshot!ai/v1"})),
+        "topologies.gb300-pd.router.fallback.url: must name its host as an IP address or a DNS hostname "
+        "(and a port), found 'https://api_moonshot!ai/v1'",
+    ),
+    (
+        "fallback-url-with-a-control-character",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://api.moonshot.ai\x1b/v1"})),
+        "topologies.gb300-pd.router.fallback.url: must name its host as an IP address or a DNS hostname "
+        "(and a port), found 'https://api.moonshot.ai\\x1b/v1'",
+    ),
+    (
         "topology-name-not-a-name",
         _rename((TOPO, "tpu7x"), "TPU 7x"),
         "topologies.TPU 7x.[key]: String should match pattern '^[a-z0-9][a-z0-9_.-]*$', found str 'TPU 7x'",
@@ -369,6 +441,19 @@ def test_bad_recipe_gives_one_exact_line(tmp_path: Path, mutate: Mutation, expec
     assert _error(path) == f"{path}: {expected}"
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["https://api.moonshot.ai", "https://API.Moonshot.ai:8443/v1/", "http://10.0.0.7:8000", "http://[fd00::7]/v1"],
+)
+def test_a_fallback_url_naming_a_host_is_accepted(tmp_path: Path, url: str) -> None:
+    tree = copy.deepcopy(BASE)
+    tree["topologies"]["gb300-pd"]["router"]["fallback"] = {**FALLBACK, "url": url}
+    fallback = load_recipe(_write(tmp_path, tree)).topologies["gb300-pd"].router
+    assert fallback is not None
+    assert fallback.fallback is not None
+    assert fallback.fallback.url == url
+
+
 def test_error_fields_are_exposed(tmp_path: Path) -> None:
     tree = copy.deepcopy(BASE)
     tree["model"]["shards"] = "96"
@@ -379,18 +464,8 @@ def test_error_fields_are_exposed(tmp_path: Path) -> None:
     assert info.value.message == "Input should be a valid integer, found str '96'"
 
 
-def test_unpinned_revision_is_fine_without_remote_code(tmp_path: Path) -> None:
-    tree = copy.deepcopy(BASE)
-    tree["model"]["revision"] = "main"
-    tree["model"]["trust_remote_code"] = False
-    loaded = load_recipe(_write(tmp_path, tree))
-    assert loaded.model.revision == "main"
-    assert loaded.model.trust_remote_code is False
-
-
 def test_remote_code_defaults_to_off(tmp_path: Path) -> None:
     tree = copy.deepcopy(BASE)
-    tree["model"]["revision"] = "main"
     del tree["model"]["trust_remote_code"]
     assert load_recipe(_write(tmp_path, tree)).model.trust_remote_code is False
 
@@ -530,8 +605,63 @@ def test_value_with_line_breaks_gives_one_line(tmp_path: Path) -> None:
     tree["model"]["license"] = {"name": "a\u2028b\nc", "accepted": False}
     path = _write(tmp_path, tree)
     assert _error(path) == (
-        f"{path}: model.license: license 'a\\u2028b\\nc' is not acknowledged: read it and set accepted: true"
+        f"{path}: model.license.name: control character U+2028 is refused in text that reaches a host's files, "
+        "found 'a\\u2028b\\nc'"
     )
+
+
+def test_integer_past_pythons_digit_limit_gives_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE_TEXT.replace("  shards: 96\n", f"  shards: {'9' * 5000}\n"), encoding="utf-8")
+    assert _error(path) == (
+        f"{path}:8:11: YAML syntax: an integer of 5000 digits is longer than Python reads (4300 at most)"
+    )
+
+
+def test_integer_key_past_pythons_digit_limit_gives_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE_TEXT + f"? {'1' * 5000}\n: x\n", encoding="utf-8")
+    line = len(RECIPE_TEXT.splitlines()) + 1
+    assert _error(path) == (
+        f"{path}:{line}:3: YAML syntax: an integer of 5000 digits is longer than Python reads (4300 at most)"
+    )
+
+
+def _laughs(levels: int, width: int) -> str:
+    """A flow list whose last anchor expands to ``width ** levels`` strings."""
+    anchors = ["&a0 [" + ", ".join(['"lol"'] * width) + "]"]
+    anchors += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "[" + ", ".join(anchors) + "]"
+
+
+def test_alias_bomb_is_refused_before_anything_walks_it(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE_TEXT.replace("  quantization: mxfp4\n", f"  quantization: {_laughs(9, 9)}\n"))
+    assert (
+        _error(path)
+        == f"{path}: the document holds more than 100000 values with its YAML aliases expanded (an alias bomb?)"
+    )
+
+
+def test_aliases_under_the_bound_are_read_and_shown_bounded(tmp_path: Path) -> None:
+    """9**5 strings: allowed, and the error line shows a few of them, not 59049."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE_TEXT.replace("  quantization: mxfp4\n", f"  quantization: {_laughs(5, 9)}\n"))
+    message = _error(path)
+    assert message.startswith(f"{path}: model.quantization: Input should be a valid string, found list [[")
+    assert len(message) < len(str(path)) + 200
+
+
+def test_alias_inside_the_list_it_names_gives_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE_TEXT.replace("  quantization: mxfp4\n", "  quantization: &loop [1, *loop]\n"))
+    assert _error(path) == f"{path}: a YAML alias refers to a list or mapping that contains it"
+
+
+def test_anchors_used_as_a_recipe_uses_them_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(_with_merge_key(), encoding="utf-8")
+    assert load_recipe(path) == load_recipe(RECIPE)
 
 
 def test_deeply_nested_yaml_gives_one_line(tmp_path: Path) -> None:

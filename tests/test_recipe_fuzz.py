@@ -227,6 +227,28 @@ def test_any_number_in_place_of_a_number(work: Path, data: st.DataObject) -> Non
     _check(file)
 
 
+# Control characters a unit file would read as the end of a line, or a terminal as a command.
+_CONTROL = st.sampled_from([*_LINE_BREAKS, "\x00", "\x07", "\t", "\x1b", "\x7f", "\x9b"])
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_control_character_in_any_string_is_refused(work: Path, data: st.DataObject) -> None:
+    """Every string of a recipe may reach a unit file: one with a control character never loads."""
+    tree = copy.deepcopy(BASE)
+    strings = [p for p, v in _walk(tree) if isinstance(v, str)]
+    path = data.draw(st.sampled_from(strings))
+    value: str = _get(tree, path)
+    at = data.draw(st.integers(0, len(value)))
+    _get(tree, path[:-1])[path[-1]] = value[:at] + data.draw(_CONTROL) + value[at:]
+    # Escaped, so that YAML keeps the character (written raw, a line break folds into a space).
+    text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=False)
+    assert yaml.safe_load(text) == tree
+    file = work / "control.yaml"
+    file.write_text(text, encoding="utf-8")
+    assert isinstance(_check(file), ConfigError)
+
+
 _KEY_LINE = re.compile(r"^( *)([A-Za-z0-9_.-]+):(?: |$)")
 
 

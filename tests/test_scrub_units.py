@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside_command import bundle
 from kimi_deploy.recipe import Scrub, load_recipe
 from kimi_deploy.scrub_units import scrub_files
 
@@ -51,7 +52,7 @@ def test_the_scrub_runs_the_sync_program_in_scrub_mode_at_idle_priority() -> Non
     assert f"ReadWritePaths={REQUEST['dir']}" in service
     config = json.loads(rendered["/etc/kimi/kimi-weights-scrub.json"])
     assert config == {**REQUEST, "scrub": True, "repair": False, "full": True, "peers": []}
-    assert rendered["/opt/kimi/tools/kimi-weights-sync.py"] == (ROOT / "hostside/weights_sync.py").read_text()
+    assert rendered["/opt/kimi/tools/kimi-weights-sync.py"] == bundle("weights_sync.py")
     assert "OnCalendar=Sun *-*-* 03:00:00" in rendered["/etc/systemd/system/kimi-weights-scrub.timer"]
 
 

@@ -79,7 +79,8 @@ def test_engines_listen_on_loopback_unless_the_recipe_exposes_them(recipe: Recip
                     assert unit.secret_env or unit.secret_files, f"{host.host}: exposed without a key"
 
 
-def test_secrets_only_in_files_the_engine_user_alone_reads(recipe: Recipe, full_plan: Plan) -> None:
+def test_secrets_only_in_files_root_alone_reads(recipe: Recipe, full_plan: Plan) -> None:
+    # systemd reads them as PID 1: no process of the engine user reads or rewrites one.
     secret_files = 0
     for host in full_plan.hosts:
         for unit in host.units:
@@ -87,7 +88,8 @@ def test_secrets_only_in_files_the_engine_user_alone_reads(recipe: Recipe, full_
         for f in render_host(recipe, host, SECRETS):
             if f.secret:
                 secret_files += 1
-                assert (f.mode, f.owner) == (0o600, recipe.paths.user)
+                assert (f.mode, f.owner, f.group(recipe.paths.user)) == (0o600, "root", "root")
+                assert f.path.startswith(f"{recipe.paths.config}/secrets/")
                 assert SECRET in f.content
             else:
                 assert SECRET not in f.content, f"{host.host}: {f.path} holds a secret"
@@ -110,19 +112,39 @@ def test_plan_render_without_secrets_writes_no_secret_file(recipe: Recipe, full_
         assert not [f for f in render_host(recipe, host) if f.secret or "/secrets/" in f.path]
 
 
-def test_sglang_api_key_travels_in_a_config_file_not_argv(recipe: Recipe, prod: Inventory) -> None:
+def _exposed_sglang_leader(recipe: Recipe, prod: Inventory) -> tuple[Recipe, HostPlan]:
     topo = recipe.topologies["tpu7x"].model_copy(
         update={"expose": Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY"))}
     )
     exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "tpu7x": topo}})
-    leader = plan(exposed, RECIPE, prod, "tpu7x").for_host("tpu7x-w0")
+    return exposed, plan(exposed, RECIPE, prod, "tpu7x").for_host("tpu7x-w0")
+
+
+def test_sglang_api_key_travels_in_a_credential_not_argv(recipe: Recipe, prod: Inventory) -> None:
+    exposed, leader = _exposed_sglang_leader(recipe, prod)
     (unit,) = leader.units
-    config = unit.argv[unit.argv.index("--config") + 1]
     files = {f.path: f for f in render_host(exposed, leader, SECRETS)}
-    assert files[config].secret
-    assert files[config].mode == 0o600
-    assert files[config].content.splitlines()[-1] == f'api-key: "{SECRET}"'
+    source = "/etc/kimi/secrets/kimi-sglang.yaml"
+    assert (files[source].secret, files[source].mode, files[source].owner) == (True, 0o600, "root")
+    assert files[source].content.splitlines()[-1] == f'api-key: "{SECRET}"'
+    # systemd (PID 1) loads the root-only file at each start; SGLang reads its copy in the
+    # unit's credentials directory, which the unit file names with systemd's %d.
+    service = files["/etc/systemd/system/kimi-sglang.service"].content
+    assert directives(service)["LoadCredential"] == [f"kimi-sglang.yaml:{source}"]
+    assert "--config %d/kimi-sglang.yaml" in service
+    argv = exec_argv(service)
+    assert argv[argv.index("--config") + 1] == "%d/kimi-sglang.yaml"
     assert unit.argv[unit.argv.index("--host") + 1] == "10.61.0.10"
+
+
+def test_a_percent_d_from_the_recipe_stays_escaped(recipe: Recipe, prod: Inventory) -> None:
+    # Only the credential path the engine module makes keeps systemd's specifier.
+    named = recipe.model_copy(update={"model": recipe.model.model_copy(update={"served_name": "%d/x"})})
+    exposed, leader = _exposed_sglang_leader(named, prod)
+    service = next(f.content for f in render_host(exposed, leader, SECRETS) if f.path.endswith(".service"))
+    argv = exec_argv(service)
+    assert argv[argv.index("--served-model-name") + 1] == "%d/x"
+    assert "%%d/x" in service
 
 
 def test_tokenspeed_refuses_exposure_rather_than_a_key_in_argv(recipe: Recipe, prod: Inventory) -> None:
@@ -139,11 +161,16 @@ systemd_analyze = shutil.which("systemd-analyze")
 
 
 @pytest.mark.skipif(systemd_analyze is None, reason="systemd-analyze is not installed")
-def test_systemd_accepts_every_unit_and_rates_it_ok(recipe: Recipe, full_plan: Plan, tmp_path: Path) -> None:
+def test_systemd_accepts_every_unit_and_rates_it_ok(
+    recipe: Recipe, prod: Inventory, full_plan: Plan, tmp_path: Path
+) -> None:
     assert systemd_analyze is not None
-    seen: set[tuple[str, str, str, str]] = set()
-    for host, f in _units(recipe, full_plan):
-        key = (host.topology, host.pool, host.node_role, f.path)
+    seen: set[tuple[str, str, str, str, bool]] = set()
+    # and an exposed SGLang leader, whose unit loads a credential
+    exposed, leader = _exposed_sglang_leader(recipe, prod)
+    sglang = [(leader, f) for f in render_host(exposed, leader, SECRETS) if f.path.endswith(".service")]
+    for host, f in _units(recipe, full_plan) + sglang:
+        key = (host.topology, host.pool, host.node_role, f.path, host is leader)
         if key in seen:
             continue
         seen.add(key)

@@ -1,21 +1,29 @@
-"""Engine and tool releases installed from one lock: where each host's lock comes from, what the
-host probe finds damaged in a release, and the one line an install failure comes down to (uv's
-and pip's output as they print it, captured against the local package index)."""
+"""Engine and tool releases installed from one lock: where each host's lock comes from, that a
+lock read from another host is refused before it goes anywhere unless it is hashed pins of the
+recipe's versions, what the host probe finds damaged in a release, and the one line an install
+failure comes down to (uv's and pip's output as they print it, captured against the local package
+index)."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import urllib.request
+import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pyinfra.api.exceptions import OperationError
 
 from facts.engine import LockFile
 from hostside import state_probe, venv_install
+from hostside.boundary_lock import lock_pins
 from kimi_deploy.venv_lock import LockSource, damage_line, lock_source, staged_lock
+from operations import engine
 
 PATH = "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0"
 REQS = ["vllm==0.34.0", "fastsafetensors==0.5.0"]
@@ -71,13 +79,76 @@ def test_a_host_with_other_pins_is_no_source() -> None:
 
 
 def test_lock_helpers() -> None:
-    text = "# platform: cp311-x86_64\nvllm==0.34.0 \\\n    --hash=sha256:91fb\nFast_SafeTensors==0.5.0\n"
-    assert venv_install.lock_pins(text) == {"vllm": "0.34.0", "fast-safetensors": "0.5.0"}
+    text = f"# platform: cp311-x86_64\nvllm==0.34.0 \\\n    --hash=sha256:{'91fb' * 16}\nFast_SafeTensors==0.5.0 \\\n"
+    text += f"    --hash=sha256:{'1d06' * 16}\n"
+    assert lock_pins(text) == {"vllm": "0.34.0", "fast-safetensors": "0.5.0"}
     assert staged_lock(PATH, "20250101T000000Z-ab12") == (
         "/var/lib/kimi/locks/vllm-0.34.0+fastsafetensors-0.5.0@20250101T000000Z-ab12.txt"
     )
     assert damage_line(PATH, DAMAGED["damaged"]) == (  # type: ignore[arg-type]
         f"{PATH}: 1 file missing or changed since install (lib/python3.11/site-packages/vllm/__init__.py)"
+    )
+
+
+LOCK = (Path(__file__).resolve().parent / "fixtures/locks/vllm-0.34.0+fastsafetensors-0.5.0.txt").read_text()
+EVIL = LOCK + "evil @ file:///tmp/evil-1.0.tar.gz\n"
+UNHASHED = "".join(LOCK.splitlines(keepends=True)[:2]) + "fastsafetensors==0.5.0\nvllm==0.34.0\n"
+RULE = "a lock holds only name==version lines, each with --hash=sha256:<64 hex>"
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, lock: LockSource, texts: dict[tuple[str, str], str]) -> list[str]:
+    """The commands ``engine.venv`` yields for a new release on this host, with ``texts`` as the
+    lock files other hosts hold; raises what the operation raises."""
+    monkeypatch.setattr(engine, "_lock_of", lambda name, file: texts.get((name, file)))
+    monkeypatch.setattr(engine, "run_id", lambda: "20250101T000000Z-ab12")
+    monkeypatch.setattr(engine, "state", SimpleNamespace(is_executing=True))
+    return list(
+        engine.venv._inner(
+            path=PATH, package="vllm", version="0.34.0", requirements=REQS, index_url=INDEX, current=None,
+            lock=lock, uv="0.13.9",
+        )
+    )  # fmt: skip
+
+
+def _peer(text: str) -> LockSource:
+    return LockSource("peer", "h3", hashlib.sha256(text.encode()).hexdigest())
+
+
+def test_a_lock_read_from_a_peer_goes_to_the_install_as_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    (command,) = _install(monkeypatch, _peer(LOCK), {("h3", f"{PATH}/.kimi-lock.txt"): LOCK})
+    request = json.loads(zlib.decompress(base64.b64decode(command.rsplit(" ", 1)[1])))
+    assert request["lock"] == {"text": LOCK}
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        (EVIL, f"line 7: 'evil @ file:///tmp/evil-1.0.tar.gz': a direct reference (URL or path): {RULE}"),
+        (LOCK + "-e /tmp/evil\n", f"line 7: '-e /tmp/evil': an option: {RULE}"),
+        (
+            "--index-url http://evil.example/simple\n" + LOCK,
+            f"line 1: '--index-url http://evil.example/simple': an option: {RULE}",
+        ),
+        (UNHASHED, f"line 3: fastsafetensors==0.5.0 carries no --hash=sha256: {RULE}"),
+        (LOCK.replace("vllm==0.34.0", "vllm==0.34.1"), "the lock pins vllm==0.34.1, the recipe vllm==0.34.0"),
+    ],
+    ids=["direct reference", "editable", "another index", "no hashes", "other versions"],
+)
+def test_a_bad_lock_read_from_a_peer_fails_the_host_naming_the_peer(
+    monkeypatch: pytest.MonkeyPatch, text: str, rule: str
+) -> None:
+    with pytest.raises(OperationError) as refused:
+        _install(monkeypatch, _peer(text), {("h3", f"{PATH}/.kimi-lock.txt"): text})
+    assert str(refused.value) == f"{PATH}: the lock read from h3 is refused: {rule}"
+
+
+def test_a_bad_lock_a_resolver_staged_fails_the_host_naming_the_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    staged = staged_lock(PATH, "20250101T000000Z-ab12")
+    with pytest.raises(OperationError) as refused:
+        _install(monkeypatch, LockSource("resolver", "h2"), {("h2", staged): EVIL})
+    assert str(refused.value) == (
+        f"{PATH}: the lock read from h2 is refused: line 7: 'evil @ file:///tmp/evil-1.0.tar.gz': "
+        f"a direct reference (URL or path): {RULE}"
     )
 
 

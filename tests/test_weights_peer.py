@@ -1,7 +1,9 @@
 """Fan-out between hosts, run locally on loopback: the peer service and a sync fetching from peers.
 
 Real processes and sockets: ``hostside/weights_peer.py`` serves a revision folder on 127.0.0.x and
-``hostside/weights_sync.py`` fetches from it, exactly as two hosts of a run do.
+``hostside/weights_sync.py`` fetches from it, exactly as two hosts of a run do (each bundled with
+the ``hostside`` modules it imports, as the hosts get it). The peer answers only the run's hosts and
+key, only files of its lock inside its folder, and bounds what any client can make it spend.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import Any
 
 import pytest
 
+from hostside.boundary_http import MAX_HEAD, MAX_HEADERS, MAX_LINE
+from hostside.weights_peer import HEAD_S, MAX_CONNECTIONS, WAIT_S
 from kimi_deploy.hostside_command import pack
+from tests.bundled import bundled_program
 
-ROOT = Path(__file__).resolve().parents[1]
 KEY = "k" * 43
 
 
@@ -61,8 +65,8 @@ def serve(root: Path, lock: dict[str, list[Any]], key_file: Path, bind: str, all
     port = _free_port()
     request = {"dir": str(root), "lock": lock, "bind": bind, "port": port, "allow": allow,
                "key_file": str(key_file), "idle_exit_s": 30}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(ROOT / "hostside/weights_peer.py"), pack(request)],
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    program = bundled_program("weights_peer.py", key_file.parent)
+    proc = subprocess.Popen([sys.executable, str(program), pack(request)], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -109,18 +113,168 @@ def test_the_peer_service_answers_verified_files_to_the_run_key_only(
     assert _get(f"{url}/sub/b.json", KEY)[0] == 404
 
 
-def test_the_peer_service_refuses_hosts_outside_the_run(tmp_path: Path, key_file: Path) -> None:
+def test_the_peer_service_closes_connections_from_hosts_outside_the_run_before_reading(
+    tmp_path: Path, key_file: Path
+) -> None:
     root = tmp_path / "source"
     lock = make_revision(root, {"a.bin": b"weights"})
     for url in serve(root, lock, key_file, "127.0.0.1", ["127.0.0.2"]):
-        assert _get(f"{url}/a.bin", KEY)[0] == 401
+        port = int(url.rsplit(":", 1)[1])
+        with _connect(port, "127.0.0.1") as s:
+            # Nothing sent: closed on the address alone, with no answer.
+            assert _answer(s, 5) == b""
+        with _connect(port, "127.0.0.2") as s:
+            s.sendall(f"GET /a.bin HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+            assert _answer(s, 5).endswith(b"\r\n\r\nweights")
+
+
+def _connect(port: int, source: str) -> socket.socket:
+    s = socket.socket()
+    s.bind((source, 0))
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _answer(s: socket.socket, timeout: float) -> bytes:
+    """Everything the peer sends until it closes; raises TimeoutError if it holds on past ``timeout``."""
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_the_peer_serves_only_names_of_its_lock_resolved_inside_its_folder(tmp_path: Path, key_file: Path) -> None:
+    root = tmp_path / "source"
+    lock = make_revision(root, {"a.bin": b"weights", "linked.bin": b"secret"})
+    # A file of the lock replaced by a link to a file outside, with the same bytes, recorded in the
+    # verification cache as a sync following the link would have: still not served.
+    outside = tmp_path / "outside-secret"
+    outside.write_bytes(b"secret")
+    (root / "linked.bin").unlink()
+    (root / "linked.bin").symlink_to(outside)
+    cache = json.loads((root / ".kimi/verify-cache.json").read_text())
+    st = outside.stat()
+    cache["linked.bin"] = [st.st_size, st.st_mtime_ns, st.st_ino, lock["linked.bin"][1]]
+    (root / ".kimi/verify-cache.json").write_text(json.dumps(cache))
+    for url in serve(root, lock, key_file, "127.0.0.1", ["127.0.0.1"]):
+        assert _get(f"{url}/a.bin", KEY) == (200, b"weights")
+        assert _get(f"{url}/linked.bin", KEY)[0] == 404
+        port = int(url.rsplit(":", 1)[1])
+        for target in ("/../key", "/%2e%2e/key", "/%2E%2E%2Fkey", "//etc/passwd", f"/{key_file}", "/.kimi/verify-cache.json",
+                       "http://127.0.0.1/a.bin", "/a.bin?x", "/%ff"):  # fmt: skip
+            with _connect(port, "127.0.0.1") as s:
+                s.sendall(f"GET {target} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+                answer = _answer(s, 5)
+                assert answer.split(b"\r\n", 1)[0] in (b"HTTP/1.1 404 Not Found", b"HTTP/1.1 400 Bad Request"), target
+
+
+def test_the_peer_refuses_to_start_with_a_lock_naming_a_file_outside_its_folder(tmp_path: Path, key_file: Path) -> None:
+    root = tmp_path / "source"
+    lock = make_revision(root, {"a.bin": b"weights"})
+    lock["../key"] = [44, "sha256:" + "0" * 64]
+    request = {"dir": str(root), "lock": lock, "bind": "127.0.0.1", "port": _free_port(), "allow": ["127.0.0.1"],
+               "key_file": str(key_file), "idle_exit_s": 30}  # fmt: skip
+    program = bundled_program("weights_peer.py", tmp_path)
+    run = subprocess.run([sys.executable, str(program), pack(request)], capture_output=True, text=True, timeout=30,
+                         check=False)  # fmt: skip
+    assert run.returncode == 6
+    assert run.stderr.splitlines() == [
+        f"kimi-deploy: weights peer {root}: model file name '../key': must not have an empty, '.' or '..' segment, "
+        "found '..'"
+    ]
+
+
+@pytest.fixture
+def peer_port(tmp_path: Path, key_file: Path) -> Iterator[int]:
+    root = tmp_path / "source"
+    lock = make_revision(root, {"a.bin": b"weights"})
+    for url in serve(root, lock, key_file, "127.0.0.1", ["127.0.0.1"]):
+        yield int(url.rsplit(":", 1)[1])
+
+
+def test_an_idle_connection_is_closed_within_the_wait(peer_port: int) -> None:
+    with _connect(peer_port, "127.0.0.1") as s:
+        started = time.monotonic()
+        assert _answer(s, WAIT_S + 5) == b""
+        assert time.monotonic() - started < WAIT_S + 2
+
+
+def test_a_half_sent_request_is_closed_within_the_head_deadline(peer_port: int) -> None:
+    with _connect(peer_port, "127.0.0.1") as s:
+        s.sendall(f"GET /a.bin HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n".encode())
+        started = time.monotonic()
+        answer = _answer(s, HEAD_S + 5)
+        assert time.monotonic() - started < HEAD_S + 2
+    assert answer.startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_head_dripped_byte_by_byte_is_closed_at_the_deadline_too(peer_port: int) -> None:
+    with _connect(peer_port, "127.0.0.1") as s:
+        started = time.monotonic()
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):  # noqa: PT012 - closed mid-drip
+            for _ in range(int(HEAD_S * 10) + 40):
+                s.sendall(b"X")
+                time.sleep(0.1)
+        assert time.monotonic() - started < HEAD_S + 3
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "GET /a.bin HTTP/1.1\r\n" + "".join(f"X-{i}: y\r\n" for i in range(MAX_HEADERS + 1)),
+        "GET /a.bin HTTP/1.1\r\nX-Big: " + "y" * MAX_LINE + "\r\n",
+        "GET /a.bin HTTP/1.1\r\n"
+        + "".join(f"X-{i}: {'y' * (MAX_LINE - 16)}\r\n" for i in range(MAX_HEAD // MAX_LINE + 1)),
+    ],
+    ids=["too many headers", "too long a header", "too large a head"],
+)
+def test_a_request_head_over_the_limits_is_refused_even_with_the_key(peer_port: int, head: str) -> None:
+    with _connect(peer_port, "127.0.0.1") as s:
+        s.sendall(f"{head}Authorization: Bearer {KEY}\r\n\r\n".encode())
+        answer = _answer(s, 5)
+    assert answer.startswith(b"HTTP/1.1 431 ") or answer == b""  # answered, or reset for the unread rest
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded(tmp_path: Path, key_file: Path) -> None:
+    root = tmp_path / "source"
+    lock = make_revision(root, {"a.bin": b"weights"})
+    port = _free_port()
+    request = {"dir": str(root), "lock": lock, "bind": "127.0.0.1", "port": port, "allow": ["127.0.0.1"],
+               "key_file": str(key_file), "idle_exit_s": 30}  # fmt: skip
+    program = bundled_program("weights_peer.py", tmp_path)
+    proc = subprocess.Popen([sys.executable, str(program), pack(request)], stderr=subprocess.DEVNULL)
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 10
+        while not held and time.monotonic() < deadline:
+            try:
+                held.append(_connect(port, "127.0.0.1"))
+            except OSError:
+                time.sleep(0.05)
+        held += [_connect(port, "127.0.0.1") for _ in range(MAX_CONNECTIONS - 1)]
+        time.sleep(0.5)
+        with _connect(port, "127.0.0.1") as extra:
+            assert _answer(extra, 2) == b""  # closed unanswered, not queued behind the others
+        threads = int(Path(f"/proc/{proc.pid}/status").read_text().split("Threads:")[1].split()[0])
+        assert threads <= MAX_CONNECTIONS + 2  # one per connection, the listener, the idle watch
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def _sync(root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]], key_file: Path) -> dict[str, Any]:
     request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": None,
                "token_file": None, "retries": 2, "peers": peers, "peer_key_file": str(key_file),
                "progress_log": str(root.parent / "weights.log")}  # fmt: skip
-    run = subprocess.run([sys.executable, str(ROOT / "hostside/weights_sync.py"), pack(request)],
+    program = bundled_program("weights_sync.py", key_file.parent)
+    run = subprocess.run([sys.executable, str(program), pack(request)],
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr
     result: dict[str, Any] = json.loads(run.stdout.splitlines()[-1])
@@ -173,7 +327,8 @@ def test_a_local_mirror_folder_is_a_source_too_and_needs_no_key(tmp_path: Path) 
     # The Hub's address is dead: a sync that asked it would fail.
     request = {"repo": "org/model", "revision": "a" * 40, "dir": str(tmp_path / "host2" / "revision"), "lock": lock,
                "endpoint": "http://127.0.0.1:9/", "retries": 0, "peers": [{"host": "mirror", "path": str(mirror)}]}  # fmt: skip
-    run = subprocess.run([sys.executable, str(ROOT / "hostside/weights_sync.py"), pack(request)],
+    program = bundled_program("weights_sync.py", tmp_path)
+    run = subprocess.run([sys.executable, str(program), pack(request)],
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["from_peers"] == {"mirror": 50_003}

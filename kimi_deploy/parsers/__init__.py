@@ -5,15 +5,33 @@ One module per output kind (``nvidia_smi_query``, ``nvidia_smi_topo``, ``ibv_dev
 facts that run the commands on a host hand their output here.
 
 Every parser raises only :class:`ParseError` (or a subclass) for input it cannot make sense of; any
-other exception escaping a parser is a bug.
+other exception escaping a parser is a bug. Outputs come from hosts, so a crafted one must not stall
+the controller: no pattern may backtrack over a line (split by hand where one would), and numbers
+are read with :func:`read_int`.
 """
 
 from __future__ import annotations
+
+# No count, size, id or address a hardware tool prints is longer (2**64 has 20 digits).
+MAX_DIGITS = 20
+_MAX_MESSAGE = 400
 
 
 class ParseError(ValueError):
     """The text is not the output the parser reads; ``str(error)`` is one line saying what is wrong."""
 
     def __init__(self, message: str) -> None:
-        # One line whatever the input held: a quoted line of output can carry tabs or a CR.
-        super().__init__(" ".join(message.split()))
+        # One line whatever the input held: a quoted line of output can carry tabs or a CR; and a
+        # bounded one, keeping where it starts and the rule it ends with, whatever a line's length.
+        text = " ".join(message.split())
+        if len(text) > _MAX_MESSAGE:
+            text = text[: _MAX_MESSAGE // 2] + " ... " + text[-_MAX_MESSAGE // 2 :]
+        super().__init__(text)
+
+
+def read_int(digits: str, where: str) -> int:
+    """``digits`` (a number a parser's pattern matched, sign included) as an int; ``ParseError``
+    past :data:`MAX_DIGITS` digits, which ``int`` would refuse past 4300 with a ValueError."""
+    if len(digits.lstrip("+-")) > MAX_DIGITS:
+        raise ParseError(f"{where}: a number of {len(digits)} digits, longer than any a hardware tool prints")
+    return int(digits)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers import ParseError, read_int
 
 # Printed label -> (key, "str" | "int" | "number").
 CA_FIELDS = {
@@ -73,7 +73,10 @@ def parse_ibstat(text: str) -> dict[str, Any]:
             continue
         number = _PORT.fullmatch(stripped)
         if number:
-            port = {"port": int(number.group(1)), **{key: None for key, _ in PORT_FIELDS.values()}}
+            port = {
+                "port": read_int(number.group(1), f"CA {cas[-1]['name']}: Port"),
+                **{key: None for key, _ in PORT_FIELDS.values()},
+            }
             cas[-1]["ports"].append(port)
             continue
         label, colon, value = stripped.partition(":")
@@ -96,4 +99,4 @@ def _read(kind: str, value: str, where: str) -> str | int | float:
     pattern = _INT if kind == "int" else _NUMBER
     if not pattern.fullmatch(value):
         raise ParseError(f"{where}: {value!r} is not a number")
-    return float(value) if "." in value else int(value)
+    return float(value) if "." in value else read_int(value, where)

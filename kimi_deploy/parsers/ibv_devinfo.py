@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers import ParseError, read_int
 
 # Attribute -> how its value is read: "str" as printed, "enum" without its "(n)" code, "int".
 HCA_FIELDS = {
@@ -54,8 +54,6 @@ PORT_FIELDS = {
     "phys_state": "enum",
 }
 _RENAMED = {"phys_state": "physical_state"}
-_KEY_VALUE = re.compile(r"\s*([^:]+?)\s*:\s*(.*?)\s*")
-_ENUM = re.compile(r"(.*?)\s*\(\d+\)")
 _INT = re.compile(r"\d+")
 _GID = re.compile(r"GID\[\s*\d+\]")
 
@@ -65,10 +63,11 @@ def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
     hcas: list[dict[str, Any]] = []
     port: dict[str, Any] | None = None
     for line in text.splitlines():
-        match = _KEY_VALUE.fullmatch(line)
-        if not match:
+        # "key: value"; split by hand, since a pattern with lazy groups backtracks over a long line.
+        key, colon, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if not colon or not key:
             continue  # flag lists and section titles of -v output, blank lines
-        key, value = match.group(1), match.group(2)
         if key == "hca_id":
             hcas.append(_new_hca(value))
             port = None
@@ -80,7 +79,7 @@ def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
         if key == "port":
             if not _INT.fullmatch(value):
                 raise ParseError(f"{where}: port {value!r} is not a number")
-            port = _new_port(int(value))
+            port = _new_port(read_int(value, f"{where}: port"))
             hca["ports"].append(port)
         elif port is not None:
             if key in PORT_FIELDS:
@@ -109,10 +108,17 @@ def _new_port(number: int) -> dict[str, Any]:
 def _read(kind: str, value: str, where: str) -> str | int:
     if kind == "str":
         return value
-    enum = _ENUM.fullmatch(value)
-    plain = enum.group(1) if enum else value
+    plain = _without_code(value)
     if kind == "enum":
         return plain
     if not _INT.fullmatch(plain):
         raise ParseError(f"{where}: {value!r} is not a number")
-    return int(plain)
+    return read_int(plain, where)
+
+
+def _without_code(value: str) -> str:
+    """``PORT_ACTIVE (4)`` -> ``PORT_ACTIVE``: a trailing ``(digits)`` and the blanks before it go."""
+    opening = value.rfind("(")
+    if opening < 0 or not value.endswith(")") or not _INT.fullmatch(value[opening + 1 : -1]):
+        return value
+    return value[:opening].rstrip()

@@ -46,7 +46,7 @@ import math
 import re
 from typing import Literal, TypedDict
 
-from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers import ParseError, read_int
 
 
 class RunConfig(TypedDict):
@@ -163,16 +163,16 @@ def parse_nccl_tests(text: str) -> NcclTestsRun:
                     f"line {number}: a second '# nThread' header; the output holds more than one run"
                     " (a build without MPI started by mpirun runs once per process)"
                 )
-            run["config"] = _config(config, line)
+            run["config"] = _config(config, line, f"line {number}")
         elif rank := _RANK.fullmatch(line):
-            run["ranks"].append(_rank(rank))
+            run["ranks"].append(_rank(rank, f"line {number}"))
         elif version := _TESTS_VERSION.match(line):
             run["nccl_tests_version"] = version.group(1)
-            library_code = int(version.group(2)) if version.group(2) else None
+            library_code = read_int(version.group(2), f"line {number}: nccl-library") if version.group(2) else None
         elif name := _TEST_NAME.match(line):
             run["test"] = name.group(1)
         elif bounds := _OUT_OF_BOUNDS.match(line):
-            run["out_of_bounds"] = int(bounds.group(1))
+            run["out_of_bounds"] = read_int(bounds.group(1), f"line {number}: Out of bounds values")
         elif average := _AVG_BUSBW.match(line):
             run["avg_busbw_gbs"] = _finite(average.group(1), f"line {number}: Avg bus bandwidth")
             verdict = average.group(2)
@@ -289,17 +289,17 @@ def _strip_prefix(line: str) -> str:
     return line[labelled.end() :] if labelled else line
 
 
-def _config(match: re.Match[str], line: str) -> RunConfig:
+def _config(match: re.Match[str], line: str, where: str) -> RunConfig:
     optional: dict[str, int | None] = {}
     for key, pattern in _CONFIG_OPTIONAL.items():
         found = pattern.search(line)
-        optional[key] = int(found.group(1)) if found else None
+        optional[key] = read_int(found.group(1), f"{where}: {key}") if found else None
     return RunConfig(
-        threads=int(match.group(1)),
-        gpus_per_thread=int(match.group(2)),
-        min_bytes=int(match.group(3)),
-        max_bytes=int(match.group(4)),
-        step=int(match.group(5)),
+        threads=read_int(match.group(1), f"{where}: nThread"),
+        gpus_per_thread=read_int(match.group(2), f"{where}: nGpus"),
+        min_bytes=read_int(match.group(3), f"{where}: minBytes"),
+        max_bytes=read_int(match.group(4), f"{where}: maxBytes"),
+        step=read_int(match.group(5), f"{where}: step"),
         step_kind="factor" if match.group(6) == "factor" else "bytes",
         warmup_iters=optional["warmup_iters"],
         iters=optional["iters"],
@@ -309,13 +309,13 @@ def _config(match: re.Match[str], line: str) -> RunConfig:
     )
 
 
-def _rank(match: re.Match[str]) -> RankInfo:
+def _rank(match: re.Match[str], where: str) -> RankInfo:
     return RankInfo(
-        rank=int(match.group(1)),
-        group=int(match.group(2)) if match.group(2) is not None else None,
-        pid=int(match.group(3)),
+        rank=read_int(match.group(1), f"{where}: Rank"),
+        group=read_int(match.group(2), f"{where}: Group") if match.group(2) is not None else None,
+        pid=read_int(match.group(3), f"{where}: Pid"),
         host=match.group(4),
-        device=int(match.group(5)),
+        device=read_int(match.group(5), f"{where}: device"),
         pci_bus=match.group(6),
         gpu=match.group(7).strip(),
     )
@@ -339,11 +339,11 @@ def _row(match: re.Match[str], number: int, line: str) -> ResultRow:
             f"{where}: {len(values)} values after the root column, expected 8 (time, algbw, busbw, #wrong twice)"
         )
     return ResultRow(
-        size_bytes=int(match.group(1)),
-        count=int(match.group(2)),
+        size_bytes=read_int(match.group(1), f"line {number}: size"),
+        count=read_int(match.group(2), f"line {number}: count"),
         type=match.group(3),
         redop=match.group(4),
-        root=int(match.group(5)),
+        root=read_int(match.group(5), f"line {number}: root"),
         out_of_place=out_of_place,
         in_place=in_place,
     )

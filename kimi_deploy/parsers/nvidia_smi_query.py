@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers import ParseError, read_int
 
 Value = str | int | float | None
 
@@ -143,5 +143,5 @@ def _value(field: str, cell: str) -> Value:
     unit = number.group("unit")
     if (unit is None and field.startswith(NUMERIC_FIELDS)) or unit in UNITS:
         digits = number.group("number")
-        return float(digits) if "." in digits else int(digits)
+        return float(digits) if "." in digits else read_int(digits, field)
     return cell

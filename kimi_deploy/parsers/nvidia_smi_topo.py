@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers import ParseError, read_int
 
 Row = dict[str, str]
 
@@ -84,7 +84,7 @@ def parse_topo(text: str) -> dict[str, Any]:
     for name in devices:
         gpu = _GPU.fullmatch(name)
         if gpu:
-            gpus.append({"name": name, "index": int(gpu.group(1)), **affinity[name]})
+            gpus.append({"name": name, "index": read_int(gpu.group(1), f"header column {name[:40]}"), **affinity[name]})
         else:
             own = None if _NIC.fullmatch(name) else name
             nics.append({"name": name, "device": nic_legend.get(name, own)})

@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers import ParseError, read_int
 
 GOOGLE_VENDOR_ID = "0x1ae0"
 # PCI device id of each TPU generation's chip (vendor 0x1ae0): the one table of them.
@@ -48,8 +48,9 @@ _PCI_ADDRESS = re.compile(r"\b((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}
 _IOMMU_GROUP = re.compile(r"iommu_groups/(\d+)/")
 _ID_PAIR = re.compile(r"\[([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\]")
 _ID_FIELD = re.compile(r"\b(vendor|device)\s*:\s*(0x[0-9a-fA-F]{1,4})\b")
-_LS_CHAR_DEVICE = re.compile(r"c[-rwxsStT]{9}\S*\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s+.*\s(\S+)")
-_HEADING = re.compile(r"(?:-+\s*)?(/dev/\S+?)(?::|\s*-+)?")
+# Each part is told from the next by its characters alone, so a line is read without backtracking
+# (one "\s" after the minor number, not "\s+": ".*" takes the rest of the blanks).
+_LS_CHAR_DEVICE = re.compile(r"c[-rwxsStT]{9}\S*\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s.*\s(\S+)")
 _ACCELERATOR_NODE = re.compile(r"/dev/(?:vfio/\d+|accel\d+)")
 
 
@@ -61,16 +62,17 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
     directory = ""
     for line in text.splitlines():
         stripped = line.strip()
-        heading = _HEADING.fullmatch(stripped)
+        heading = _heading(stripped)
         if heading:
-            directory = heading.group(1).rstrip("/")
+            directory = heading
             continue
         node = _LS_CHAR_DEVICE.fullmatch(stripped)
         if node:
             name = node.group(3)
             path = name if name.startswith("/") else f"{directory}/{name}"
             if _ACCELERATOR_NODE.fullmatch(path):
-                nodes.append({"path": path, "major": int(node.group(1)), "minor": int(node.group(2))})
+                major, minor = read_int(node.group(1), path), read_int(node.group(2), path)
+                nodes.append({"path": path, "major": major, "minor": minor})
             continue
         address = _PCI_ADDRESS.search(stripped)
         if address:
@@ -79,7 +81,7 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
                 "pci_address": address.group(1).lower(),
                 "vendor_id": None,
                 "device_id": None,
-                "iommu_group": int(group.group(1)) if group else None,
+                "iommu_group": read_int(group.group(1), "iommu_groups") if group else None,
             }
             devices.append(current)
             pair = _ID_PAIR.search(stripped)
@@ -104,6 +106,15 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
 
 
 _DEVICE_KEYS = ("pci_address", "vendor_id", "device_id", "generation", "iommu_group")
+
+
+def _heading(line: str) -> str | None:
+    """The directory a heading names (``/dev/vfio:``, ``--- /dev/vfio ---``), else None."""
+    name = line.strip("-").strip()
+    name = name.removesuffix(":")
+    if not name.startswith("/dev/") or len(name) == len("/dev/") or any(c.isspace() for c in name):
+        return None
+    return name.rstrip("/")
 
 
 def _id(value: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hostside.venv_install import lock_pins
+from hostside.boundary_lock import freeze_pins, lock_pins
 from localcluster.hub import write_faults
 from tests.e2e.demo import BIN, ROOT, Run, ssh
 
@@ -147,7 +147,7 @@ def test_releases_are_the_locked_set_and_a_fresh_reinstall_brings_the_same_back(
     assert run.code == 0, run.log[-3000:]
     before = {path: release(cluster, path) for path in (ENGINE, TOOLS)}
     for got in before.values():
-        assert lock_pins(got["freeze"]) == lock_pins(got["lock"])
+        assert freeze_pins(got["freeze"]) == lock_pins(got["lock"])
         assert got["marker"]["lock"]["sha256"] == hashlib.sha256((got["lock"] + "\n").encode()).hexdigest()
     assert lock_pins(before[ENGINE]["lock"]) == {"vllm": "0.34.0", "fastsafetensors": "0.5.0"}
     assert "--hash=sha256:" in before[TOOLS]["lock"]
@@ -200,7 +200,7 @@ def test_a_damaged_release_is_rebuilt_from_its_lock_while_the_engine_serves(
         )
         got = release(cluster, path)
         assert got["lock"] == locks[path]
-        assert lock_pins(got["freeze"]) == lock_pins(locks[path])
+        assert freeze_pins(got["freeze"]) == lock_pins(locks[path])
     assert lock_pins(locks[TOOLS])["idna"] == "3.20"
     on_host(cluster, f"test -f {ENGINE}/{SITE}/vllm/__init__.py")
     assert engine_pid(cluster) == pid
@@ -267,7 +267,7 @@ def test_what_is_installed_is_the_lock_resolved_before_even_when_the_index_chang
         staged = on_host(cluster, "cat /var/lib/kimi/locks/huggingface_hub-2.4.0@*.txt")
         got = release(cluster, path)
         assert got["lock"] == staged
-        assert lock_pins(got["freeze"])["idna"] == "3.20"
+        assert freeze_pins(got["freeze"])["idna"] == "3.20"
         # The index does offer the newer one: a resolution now would take it.
         assert (CLUSTER_DIR / "index/files" / newer_idna.name).is_file()
     finally:

@@ -1,0 +1,176 @@
+"""What clients without the key can make the gateway spend, on loopback.
+
+    python bench/gateway_limits.py [--program FILE] [--idle 2000] [--big 60]
+
+Starts ``hostside/gateway.py`` (bundled, or ``--program``: a file to run as it is, such as an older
+version) on 127.0.0.1 with the production config's limits (its defaults; ``timeout_s`` 600) and a
+fallback, and measures, one after the other:
+- ``--idle`` connections that send nothing: the gateway's peak thread count while they open and a
+  second later, how many it answered 503 at once, and how many it still holds open 8 s later;
+- ``--big`` connections each sending a request head of 99 headers of 65,000 bytes: the gateway's
+  peak resident memory (VmHWM) afterwards;
+- one request head sent half: seconds until the gateway closes it (at most 45).
+Every loop is bounded and every socket closed at the end; prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kimi_deploy.hostside_command import bundle  # noqa: E402 - after the path is set
+
+
+def _status(pid: int, field: str) -> int:
+    """A number from the process's status; -1 once it has exited."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return -1
+
+
+def _connect(port: int) -> socket.socket:
+    s = socket.socket()
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _state(s: socket.socket) -> str:
+    """The socket's state without waiting: open, busy (answered 503 and closed) or closed."""
+    s.setblocking(False)
+    try:
+        said = s.recv(64)
+    except BlockingIOError:
+        return "open"
+    except OSError:
+        return "closed"
+    return "busy" if said.startswith(b"HTTP/1.1 503") else "closed"
+
+
+def _idle(port: int, pid: int, count: int) -> dict[str, float]:
+    conns: list[socket.socket] = []
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], _status(pid, "Threads"))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started = time.monotonic()
+    try:
+        for _ in range(count):
+            try:
+                conns.append(_connect(port))
+            except OSError:
+                break
+        opened_s = time.monotonic() - started
+        time.sleep(1)
+        threads = _status(pid, "Threads")
+        busy = sum(_state(s) == "busy" for s in conns)
+        time.sleep(8)
+        still = sum(_state(s) == "open" for s in conns)
+    finally:
+        done.set()
+        sampler.join()
+        for s in conns:
+            s.close()
+    return {"idle_connections": len(conns), "opened_in_s": round(opened_s, 1), "peak_threads": peak[0],
+            "threads": threads, "answered_503": busy, "open_after_9s": still}  # fmt: skip
+
+
+def _big_headers(port: int, pid: int, count: int) -> dict[str, int]:
+    head = b"GET /v1/models HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 65_000) for i in range(99))
+
+    def one() -> None:
+        with contextlib.suppress(OSError), _connect(port) as s:
+            s.settimeout(20)
+            s.sendall(head)
+            time.sleep(3)  # hold the connection while the others arrive
+
+    workers = [threading.Thread(target=one) for _ in range(count)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=60)
+    return {"big_header_connections": count, "peak_rss_kib": _status(pid, "VmHWM")}
+
+
+def _half_sent(port: int) -> dict[str, float]:
+    with _connect(port) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        s.settimeout(45)
+        with contextlib.suppress(OSError):
+            while s.recv(4096):
+                pass
+        return {"half_sent_closed_after_s": round(time.monotonic() - started, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--program", type=Path, help="a gateway.py to run as it is (default: the bundled one)")
+    parser.add_argument("--idle", type=int, default=2000)
+    parser.add_argument("--big", type=int, default=60)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        program = args.program or folder / "gateway.py"
+        if args.program is None:
+            program.write_text(bundle("gateway.py"), encoding="utf-8")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        config = {"bind": "127.0.0.1", "port": port, "backend": "http://127.0.0.1:9", "served_name": "kimi",
+                  "fallback": {"url": "http://127.0.0.1:9", "model": "hosted"}}  # fmt: skip
+        (folder / "gateway.json").write_text(json.dumps(config))
+        env = {**os.environ, "KIMI_API_KEY": "c" * 43, "KIMI_FALLBACK_API_KEY": "h" * 43}
+        env.pop("NOTIFY_SOCKET", None)
+        log = (folder / "gateway.log").open("w")
+        command = [sys.executable, str(program), "--config", str(folder / "gateway.json")]
+        proc = subprocess.Popen(command, stderr=log, env=env)
+        result: dict[str, object] = {"program": str(args.program or "hostside/gateway.py")}
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+                time.sleep(0.05)
+            time.sleep(6)  # the probe connection above is gone before measuring
+            result["rss_kib_at_start"] = _status(proc.pid, "VmRSS")
+            for phase in (
+                lambda: _idle(port, proc.pid, args.idle),
+                lambda: _big_headers(port, proc.pid, args.big),
+                lambda: _half_sent(port),
+            ):
+                if proc.poll() is not None:
+                    break
+                result |= phase()
+            result["alive"] = proc.poll() is None
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            log.close()
+            if not result.get("alive"):
+                lines = (folder / "gateway.log").read_text(errors="replace").strip().splitlines()
+                result["gateway_died"] = lines[-1] if lines else f"exit {proc.returncode}"
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    main()

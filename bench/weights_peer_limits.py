@@ -1,0 +1,169 @@
+"""What unauthenticated clients can make the weights peer spend, on loopback.
+
+    python bench/weights_peer_limits.py [--program FILE] [--idle 2000] [--big 60]
+
+Starts ``hostside/weights_peer.py`` (bundled, or ``--program``: a file to run as it is, such as an
+older version) on 127.0.0.1, answering 127.0.0.2 only, and measures, one after the other:
+- ``--idle`` connections from 127.0.0.2 that send nothing: the peer's most threads while they
+  arrive and a second later, and how long until it closed them all (how many it holds after 30 s);
+- ``--big`` connections from 127.0.0.3 (outside the run) each sending a request head of 99 headers
+  of 65,000 bytes: the peer's peak resident memory (VmHWM) afterwards;
+- one request head sent half, from 127.0.0.2: seconds until the peer closes it (at most 45).
+Every loop is bounded and every socket closed at the end; prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kimi_deploy.hostside_command import bundle, pack  # noqa: E402 - after the path is set
+
+
+def _status(pid: int, field: str) -> int:
+    """A number from the process's status; -1 once it has exited."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    return -1
+
+
+def _connect(port: int, source: str) -> socket.socket:
+    s = socket.socket()
+    s.bind((source, 0))
+    s.settimeout(5)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    """Whether the peer closed ``s`` (whatever it answered before)."""
+    s.setblocking(False)
+    try:
+        while s.recv(4096):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _idle(port: int, pid: int, count: int) -> dict[str, int | None]:
+    conns: list[socket.socket] = []
+    threads = 0
+    try:
+        for i in range(count):
+            try:
+                conns.append(_connect(port, "127.0.0.2"))
+            except OSError:
+                break
+            if i % 50 == 0:
+                threads = max(threads, _status(pid, "Threads"))
+        time.sleep(1)
+        threads = max(threads, _status(pid, "Threads"))
+        open_ = list(conns)
+        waited = 1
+        while open_ and waited < 30:
+            time.sleep(1)
+            waited += 1
+            open_ = [s for s in open_ if not _closed_by_peer(s)]
+    finally:
+        for s in conns:
+            s.close()
+    return {"idle_connections": len(conns), "threads": threads, "idle_open_after_30s": len(open_),
+            "idle_all_closed_within_s": waited if not open_ else None}  # fmt: skip
+
+
+def _big_headers(port: int, pid: int, count: int) -> dict[str, int]:
+    head = b"GET /a.bin HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 65_000) for i in range(99))
+
+    def one() -> None:
+        with contextlib.suppress(OSError), _connect(port, "127.0.0.3") as s:
+            s.settimeout(20)
+            s.sendall(head)
+            time.sleep(3)  # hold the connection while the others arrive
+
+    workers = [threading.Thread(target=one) for _ in range(count)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=60)
+    return {"big_header_connections": count, "peak_rss_kib": _status(pid, "VmHWM")}
+
+
+def _half_sent(port: int) -> dict[str, float]:
+    with _connect(port, "127.0.0.2") as s:
+        s.sendall(b"GET /a.bin HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        s.settimeout(45)
+        with contextlib.suppress(OSError):
+            while s.recv(4096):
+                pass
+        return {"half_sent_closed_after_s": round(time.monotonic() - started, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--program", type=Path, help="a weights_peer.py to run as it is (default: the bundled one)")
+    parser.add_argument("--idle", type=int, default=2000)
+    parser.add_argument("--big", type=int, default=60)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "rev").mkdir()
+        (folder / "rev" / "a.bin").write_bytes(b"weights")
+        (folder / "key").write_text("k" * 43 + "\n")
+        program = args.program or folder / "weights_peer.py"
+        if args.program is None:
+            program.write_text(bundle("weights_peer.py"), encoding="utf-8")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        lock = {"a.bin": [7, "sha256:" + "0" * 64]}
+        request = {"dir": str(folder / "rev"), "lock": lock, "bind": "127.0.0.1", "port": port,
+                   "allow": ["127.0.0.2"], "key_file": str(folder / "key"), "idle_exit_s": 300}  # fmt: skip
+        log = (folder / "peer.log").open("w")
+        proc = subprocess.Popen([sys.executable, str(program), pack(request)], stderr=log)
+        result: dict[str, object] = {"program": str(args.program or "hostside/weights_peer.py")}
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+                time.sleep(0.05)
+            time.sleep(6)  # the probe connection above is gone before measuring
+            for phase in (
+                lambda: _idle(port, proc.pid, args.idle),
+                lambda: _big_headers(port, proc.pid, args.big),
+                lambda: _half_sent(port),
+            ):
+                if proc.poll() is not None:
+                    break
+                result |= phase()
+            result["alive"] = proc.poll() is None
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            log.close()
+            if not result.get("alive"):
+                lines = (folder / "peer.log").read_text(errors="replace").strip().splitlines()
+                result["peer_died"] = lines[-1] if lines else f"exit {proc.returncode}"
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    main()

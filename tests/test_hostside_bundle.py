@@ -1,0 +1,50 @@
+"""A host program travels alone, with the ``hostside`` modules it imports bundled into one source:
+run from argv (``hostside_command``) or from a file, it sees them as ``hostside.<name>``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kimi_deploy import hostside_command as hc
+
+
+@pytest.fixture
+def programs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "boundary_a.py").write_text(
+        'from __future__ import annotations\nfrom hostside.boundary_b import twice\n\n\n'
+        'def shout(text: str) -> str:\n    return twice(text.upper())\n'
+    )
+    (tmp_path / "boundary_b.py").write_text('def twice(text: str) -> str:\n    """Doc."""\n    return text * 2\n')
+    (tmp_path / "prog.py").write_text(
+        '"""A program."""\n\nfrom __future__ import annotations\n\nimport sys\n\n'
+        "from hostside.boundary_a import shout\n\n"
+        'if __name__ == "__main__":\n    print(shout(sys.argv[1]), __name__)\n'
+    )
+    (tmp_path / "alone.py").write_text('import sys\nprint("alone", sys.argv[1:])\n')
+    monkeypatch.setattr(hc, "HOSTSIDE", tmp_path)
+    return tmp_path
+
+
+def test_bundle_carries_imports_transitively_dependencies_first(programs: Path) -> None:
+    source = hc.bundle("prog.py")
+    assert list(hc._modules((programs / "prog.py").read_text())) == ["boundary_b", "boundary_a"]
+    script = programs / "bundled.py"
+    script.write_text(source)
+    run = subprocess.run([sys.executable, str(script), "ab"], capture_output=True, text=True, check=True,
+                         cwd="/")
+    assert run.stdout == "ABAB __main__\n"
+
+
+def test_hostside_command_runs_the_bundle_from_argv(programs: Path) -> None:
+    run = subprocess.run(hc.hostside_command(sys.executable, "prog.py", {"x": 1}), shell=True,
+                         capture_output=True, text=True, check=False, cwd="/")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(hc.pack({"x": 1}).upper() * 2)
+
+
+def test_a_program_without_hostside_imports_travels_as_it_is(programs: Path) -> None:
+    assert hc.bundle("alone.py") == (programs / "alone.py").read_text()

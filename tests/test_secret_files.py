@@ -1,0 +1,316 @@
+"""Secret files on a host: root's alone, written without a copy anywhere else, and counted in the
+recorded unit digests by their path, owner and mode only, while a changed secret still restarts
+the units that read it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.connectors.ssh import SSHConnector
+from pyinfra.connectors.util import write_stdin
+
+from hostside import state_probe
+from kimi_deploy.converge import Converge, converge_request, plan_converge, unit_state
+from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Expose, Recipe, SecretRef
+from kimi_deploy.render import RenderedFile, render_host
+from operations import units
+from tests.conftest import RECIPE, ROOT
+
+KEY = "sk-kimi-d41c9a0e77b2"
+SECRETS = {"VLLM_API_KEY": KEY, "api-key": KEY, "KIMI_API_KEY": KEY}
+ROUTER = "gb300-rt01"
+
+
+def _commands(files: list[RenderedFile], group: str, current: dict[str, str | None]) -> list[Any]:
+    """The commands ``units.rendered`` yields, or its no-op sentence."""
+    noops: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(units, "host", SimpleNamespace(noop=noops.append))
+        out = list(units.rendered._inner(files=files, group=group, current=current))
+    return out or noops
+
+
+def _secret_files(recipe: Recipe, prod: Inventory) -> list[RenderedFile]:
+    """The secret files of the router of gb300-pd and of an exposed SGLang leader."""
+    topo = recipe.topologies["tpu7x"].model_copy(
+        update={"expose": Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY"))}
+    )
+    exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "tpu7x": topo}})
+    files = render_host(recipe, plan(recipe, RECIPE, prod).for_host(ROUTER), SECRETS)
+    files += render_host(exposed, plan(exposed, RECIPE, prod, "tpu7x").for_host("tpu7x-w0"), SECRETS)
+    return [f for f in files if f.secret]
+
+
+def test_secret_contents_travel_only_on_the_standard_input_of_the_command_writing_them(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    files = _secret_files(recipe, prod)
+    assert sorted(f.path for f in files) == [
+        "/etc/kimi/secrets/kimi-router.env",
+        "/etc/kimi/secrets/kimi-sglang.yaml",
+    ]
+    before, *writes, after = _commands(files, "kimi", {})
+    assert before == (
+        "install -d -m 0750 -o root -g kimi /etc/kimi/secrets"
+        " && install -m 600 -o root -g root /dev/null /etc/kimi/secrets/kimi-router.env"
+        " && install -m 600 -o root -g root /dev/null /etc/kimi/secrets/kimi-sglang.yaml"
+    )
+    # No upload: pyinfra would stage one, with a sudo SSH user, in its temporary directory.
+    assert not any(isinstance(c, FileUploadCommand) for c in writes)
+    for f, command in zip(files, writes, strict=True):
+        size = len(f.content.encode())
+        assert str(command) == f'head -c {size} > {f.path} && test "$(stat -c %s {f.path})" = {size}'
+        assert command.connector_arguments == {"_stdin": f.content}
+        assert KEY not in str(command)
+    assert after == " && ".join(f"chown root:root {f.path} && chmod 600 {f.path}" for f in files)
+
+
+def test_the_weights_transfer_key_alone_is_readable_by_the_engine_group() -> None:
+    key = RenderedFile("/etc/kimi/secrets/weights-transfer-key", "k\n", 0o440, "root", secret=True)
+    token = RenderedFile("/etc/kimi/secrets/hf-token", "hf_x\n", 0o600, "root", secret=True)
+    before, *_, after = _commands([key, token], "kimi", {})
+    assert "install -m 440 -o root -g kimi /dev/null /etc/kimi/secrets/weights-transfer-key" in before
+    assert "install -m 600 -o root -g root /dev/null /etc/kimi/secrets/hf-token" in before
+    assert "chown root:root /etc/kimi/secrets/hf-token" in after
+
+
+def test_files_in_place_change_nothing(recipe: Recipe, prod: Inventory) -> None:
+    files = _secret_files(recipe, prod)
+    assert _commands(files, "kimi", {f.path: f.sha256 for f in files}) == ["2 rendered files are up to date"]
+
+
+class _Host:
+    """What pyinfra's SSH connector asks of a host and of its SSH session: records where the
+    content of an upload is written, and each command with its standard input."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+        self.commands: list[tuple[str, bytes]] = []
+        self.host = self
+        self.name = "gb300-rt01"
+
+    def get_temp_filename(self, key: str) -> str:
+        return "/tmp/pyinfra-" + hashlib.sha1(key.encode()).hexdigest()
+
+    def _put_file(self, io: Any, remote: str) -> None:
+        self.written.append(remote)
+
+    def run_shell_command(self, command: StringCommand, **arguments: Any) -> tuple[bool, Any]:
+        stdin = _Stdin()
+        if arguments.get("_stdin"):
+            write_stdin(arguments["_stdin"], stdin)  # type: ignore[no-untyped-call]
+        self.commands.append((str(command), stdin.data))
+        return True, SimpleNamespace(stderr="")
+
+
+class _Stdin:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        pass
+
+
+def test_with_a_sudo_ssh_user_no_secret_is_written_outside_its_own_file(recipe: Recipe, prod: Inventory) -> None:
+    # Each command goes through pyinfra's own SSH connector as a sudo user's deploy runs it.
+    files = _secret_files(recipe, prod)
+    host = _Host()
+    for command in _commands(files, "kimi", {}):
+        if isinstance(command, FileUploadCommand):
+            SSHConnector.put_file(host, command.src, command.dest, _sudo=True)  # type: ignore[arg-type]
+        else:
+            arguments = command.connector_arguments if isinstance(command, StringCommand) else {}
+            host.run_shell_command(StringCommand(str(command)), _sudo=True, **arguments)
+    assert host.written == []  # nothing staged in /tmp/pyinfra-<sha1>, readable there by others
+    received = {command: stdin for command, stdin in host.commands if stdin}
+    assert len(received) == len(files)
+    for f in files:
+        (stdin,) = [data for command, data in received.items() if f"> {f.path} " in command]
+        assert stdin == f.content.encode()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder other users may enter, as /etc is: whether they read a file is its own mode's say."""
+    path = Path(tempfile.mkdtemp(prefix="kimi-secrets-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def _execute(commands: list[Any]) -> None:
+    """Run an operation's commands here as root does over SSH (an upload writes the file in place)."""
+    for command in commands:
+        if isinstance(command, FileUploadCommand):
+            with open(command.dest, "wb") as f:
+                f.write(command.src.read())  # type: ignore[union-attr]
+            continue
+        stdin = _Stdin()
+        arguments = command.connector_arguments if isinstance(command, StringCommand) else {}
+        if arguments.get("_stdin"):
+            write_stdin(arguments["_stdin"], stdin)  # type: ignore[no-untyped-call]
+        subprocess.run(["sh", "-c", str(command)], input=stdin.data, check=True)
+
+
+def _as_engine_user(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["runuser", "-u", "nobody", "--", *command], capture_output=True, text=True, check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None, reason="needs root and runuser")
+def test_the_engine_user_can_neither_read_nor_rewrite_a_secret(
+    recipe: Recipe, prod: Inventory, shared_dir: Path
+) -> None:
+    # The engine user is nobody here; every secret file of two hosts lands under shared_dir.
+    config = str(shared_dir / "etc/kimi")
+    mine = recipe.model_copy(update={"paths": recipe.paths.model_copy(update={"config": config, "user": "nobody"})})
+    files = _secret_files(mine, prod)
+    key = RenderedFile(f"{config}/secrets/weights-transfer-key", "k\n", 0o440, "root", secret=True)
+    plain = RenderedFile(f"{config}/kimi-router.env", "A=1", 0o644, "root")  # no final newline
+    os.makedirs(config)
+    _execute(_commands([*files, key, plain], "nogroup", {}))
+    assert Path(plain.path).read_text(encoding="utf-8") == "A=1"
+    for f in files:
+        assert Path(f.path).read_text(encoding="utf-8") == f.content
+        read = _as_engine_user("cat", f.path)
+        assert (read.returncode, KEY in read.stdout) == (1, False), f"{f.path}: the engine user reads it"
+        rewrite = _as_engine_user("sh", "-c", f"printf 'api-key: \"mine\"\\n' > {f.path}")
+        assert rewrite.returncode != 0, f"{f.path}: the engine user rewrites it"
+        assert Path(f.path).read_text(encoding="utf-8") == f.content
+    # The one secret the engine user's peer service reads: the run's transfer key.
+    assert _as_engine_user("cat", key.path).stdout == "k\n"
+
+
+_DEPLOY = """
+import os
+from kimi_deploy.render import RenderedFile
+from operations import units
+out = os.environ["KIMI_TEST_OUT"]
+units.rendered(name="Files", group="root", current={}, files=[
+    RenderedFile(out + "/secrets/kimi-router.env", "VLLM_API_KEY=sk-kimi-d41c9a0e77b2\\n", 0o600, "root", secret=True),
+    RenderedFile(out + "/kimi-router.env", "A=1", 0o644, "root"),
+])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the files are root's")
+def test_pyinfra_writes_each_file_from_the_standard_input_it_is_given(tmp_path: Path) -> None:
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text(_DEPLOY, encoding="utf-8")
+    pyinfra = str(Path(sys.executable).with_name("pyinfra"))
+    env = {**os.environ, "KIMI_TEST_OUT": str(tmp_path / "out")}
+    run = subprocess.run(
+        [pyinfra, "@local", str(deploy), "-y"], cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert KEY not in run.stdout + run.stderr
+    secret = tmp_path / "out/secrets/kimi-router.env"
+    assert secret.read_text(encoding="utf-8") == f"VLLM_API_KEY={KEY}\n"
+    assert (secret.stat().st_mode & 0o777, secret.stat().st_uid) == (0o600, os.geteuid())
+    assert (tmp_path / "out/kimi-router.env").read_bytes() == b"A=1"
+
+
+def _router_converge(recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch, key: str) -> Converge:
+    monkeypatch.setenv("KIMI_API_KEY", key)
+    full = plan(recipe, RECIPE, prod)
+    spec = full.for_host(ROUTER)
+    return plan_converge(DeployPlan(recipe, RECIPE, spec, prod.host(ROUTER), full.topology(spec.topology)))
+
+
+def test_what_a_host_records_confirms_no_guessed_key(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Anyone on the host reads the release's record and the units' applied markers; the
+    # operator's logs show them too. Computing them for a guessed key must not tell it apart.
+    real = _router_converge(recipe, prod, monkeypatch, KEY)
+    for guess in ("sk-kimi-00000000", "password"):
+        guessed = _router_converge(recipe, prod, monkeypatch, guess)
+        assert guessed.release == real.release
+        assert [u.release for u in guessed.units] == [u.release for u in real.units]
+    assert any(u.secrets for u in real.units)
+    shown = f"{real.release} {real.units} {converge_request(real)}"
+    assert KEY not in shown
+    assert not any(sha in shown for u in real.units for sha in u.secrets.values())
+
+
+def test_a_changed_key_still_restarts_the_units_that_read_it(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = _router_converge(recipe, prod, monkeypatch, "sk-kimi-old-key")
+    new = _router_converge(recipe, prod, monkeypatch, KEY)
+    on_host = {f.path: f.sha256 for f in old.files}  # the host as the last converge left it
+    running = {u.name: {"active": "active", "applied": u.release, "secrets_changed": False} for u in old.units}
+    state = {"units": running, "files": on_host}
+    restarts = {u.name for u in new.units if units.needs_start(u.release, unit_state(u, state))}
+    assert restarts == {"kimi-router"}  # it reads the key; the Mooncake master does not
+    assert not any(units.needs_start(u.release, unit_state(u, state)) for u in old.units)
+    # A secret another deploy left to the engine user reads as differing (the probe's null).
+    router = next(u for u in old.units if u.name == "kimi-router")
+    assert units.needs_start(router.release, unit_state(router, {**state, "files": {}}))
+
+
+def test_the_probe_finds_a_secret_written_after_the_units_last_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A converge that wrote the key and stopped before the restart: the next one restarts it.
+    monkeypatch.setattr(state_probe, "APPLIED", str(tmp_path / "applied"))
+    monkeypatch.setattr(state_probe, "_show", lambda unit, props: {"ActiveState": "active"})
+    secret = tmp_path / "kimi-router.env"
+    secret.write_text("VLLM_API_KEY=a\n", encoding="utf-8")
+    time.sleep(0.05)
+    (tmp_path / "applied").mkdir()
+    (tmp_path / "applied/kimi-router").write_text("digest\n", encoding="utf-8")
+    secrets = {"kimi-router": [str(secret)]}
+    assert state_probe._units(["kimi-router"], secrets)["kimi-router"]["secrets_changed"] is False
+    time.sleep(0.05)
+    secret.write_text("VLLM_API_KEY=b\n", encoding="utf-8")
+    found = state_probe._units(["kimi-router", "kimi-mooncake-master"], secrets)
+    assert found["kimi-router"]["secrets_changed"] is True
+    assert found["kimi-mooncake-master"]["secrets_changed"] is False
+    assert units.needs_start("digest", found["kimi-router"])
+
+
+def test_the_probe_reads_a_secret_of_another_owner_or_mode_as_differing(tmp_path: Path) -> None:
+    secret = tmp_path / "kimi-router.env"
+    secret.write_bytes(b"VLLM_API_KEY=a\n")
+    secret.chmod(0o600)
+    sha = hashlib.sha256(b"VLLM_API_KEY=a\n").hexdigest()
+    me = state_probe._owner_mode(str(secret))
+    assert me is not None
+    assert me.endswith(":600")
+    assert state_probe._file(str(secret), me) == sha
+    assert state_probe._file(str(secret), None) == sha
+    secret.chmod(0o640)
+    assert state_probe._file(str(secret), me) is None
+
+
+def test_the_probe_request_names_the_owner_and_mode_of_each_secret(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = converge_request(_router_converge(recipe, prod, monkeypatch, KEY))
+    assert request["modes"] == {"/etc/kimi/secrets/kimi-router.env": "root:root:600"}
+    assert request["unit_secrets"] == {"kimi-router": ["/etc/kimi/secrets/kimi-router.env"]}
+
+
+def test_the_release_record_holds_no_secret(recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    todo = _router_converge(recipe, prod, monkeypatch, KEY)
+    assert "/etc/kimi/secrets/kimi-router.env" not in todo.release.record["files"]
+    assert KEY not in repr(todo)
