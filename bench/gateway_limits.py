@@ -30,22 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from client_load import big_headers, connect, half_sent, proc_status  # noqa: E402 - beside this file
+
 from kimi_deploy.hostside_command import bundle  # noqa: E402 - after the path is set
-
-
-def _status(pid: int, field: str) -> int:
-    """A number from the process's status; -1 once it has exited."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    return -1
-
-
-def _connect(port: int) -> socket.socket:
-    s = socket.socket()
-    s.settimeout(5)
-    s.connect(("127.0.0.1", port))
-    return s
 
 
 def _state(s: socket.socket) -> str:
@@ -67,7 +54,7 @@ def _idle(port: int, pid: int, count: int) -> dict[str, float]:
 
     def sample() -> None:
         while not done.wait(0.05):
-            peak[0] = max(peak[0], _status(pid, "Threads"))
+            peak[0] = max(peak[0], proc_status(pid, "Threads"))
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -75,12 +62,12 @@ def _idle(port: int, pid: int, count: int) -> dict[str, float]:
     try:
         for _ in range(count):
             try:
-                conns.append(_connect(port))
+                conns.append(connect(port))
             except OSError:
                 break
         opened_s = time.monotonic() - started
         time.sleep(1)
-        threads = _status(pid, "Threads")
+        threads = proc_status(pid, "Threads")
         busy = sum(_state(s) == "busy" for s in conns)
         time.sleep(8)
         still = sum(_state(s) == "open" for s in conns)
@@ -91,34 +78,6 @@ def _idle(port: int, pid: int, count: int) -> dict[str, float]:
             s.close()
     return {"idle_connections": len(conns), "opened_in_s": round(opened_s, 1), "peak_threads": peak[0],
             "threads": threads, "answered_503": busy, "open_after_9s": still}  # fmt: skip
-
-
-def _big_headers(port: int, pid: int, count: int) -> dict[str, int]:
-    head = b"GET /v1/models HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 65_000) for i in range(99))
-
-    def one() -> None:
-        with contextlib.suppress(OSError), _connect(port) as s:
-            s.settimeout(20)
-            s.sendall(head)
-            time.sleep(3)  # hold the connection while the others arrive
-
-    workers = [threading.Thread(target=one) for _ in range(count)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(timeout=60)
-    return {"big_header_connections": count, "peak_rss_kib": _status(pid, "VmHWM")}
-
-
-def _half_sent(port: int) -> dict[str, float]:
-    with _connect(port) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-        started = time.monotonic()
-        s.settimeout(45)
-        with contextlib.suppress(OSError):
-            while s.recv(4096):
-                pass
-        return {"half_sent_closed_after_s": round(time.monotonic() - started, 1)}
 
 
 def main() -> None:
@@ -151,11 +110,11 @@ def main() -> None:
                     break
                 time.sleep(0.05)
             time.sleep(6)  # the probe connection above is gone before measuring
-            result["rss_kib_at_start"] = _status(proc.pid, "VmRSS")
+            result["rss_kib_at_start"] = proc_status(proc.pid, "VmRSS")
             for phase in (
                 lambda: _idle(port, proc.pid, args.idle),
-                lambda: _big_headers(port, proc.pid, args.big),
-                lambda: _half_sent(port),
+                lambda: big_headers(port, proc.pid, args.big, "/v1/models"),
+                lambda: half_sent(port, "POST /v1/chat/completions HTTP/1.1"),
             ):
                 if proc.poll() is not None:
                     break

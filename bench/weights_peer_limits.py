@@ -22,30 +22,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from client_load import big_headers, connect, half_sent, proc_status  # noqa: E402 - beside this file
+
 from kimi_deploy.hostside_command import bundle, pack  # noqa: E402 - after the path is set
-
-
-def _status(pid: int, field: str) -> int:
-    """A number from the process's status; -1 once it has exited."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    return -1
-
-
-def _connect(port: int, source: str) -> socket.socket:
-    s = socket.socket()
-    s.bind((source, 0))
-    s.settimeout(5)
-    s.connect(("127.0.0.1", port))
-    return s
 
 
 def _closed_by_peer(s: socket.socket) -> bool:
@@ -67,13 +52,13 @@ def _idle(port: int, pid: int, count: int) -> dict[str, int | None]:
     try:
         for i in range(count):
             try:
-                conns.append(_connect(port, "127.0.0.2"))
+                conns.append(connect(port, "127.0.0.2"))
             except OSError:
                 break
             if i % 50 == 0:
-                threads = max(threads, _status(pid, "Threads"))
+                threads = max(threads, proc_status(pid, "Threads"))
         time.sleep(1)
-        threads = max(threads, _status(pid, "Threads"))
+        threads = max(threads, proc_status(pid, "Threads"))
         open_ = list(conns)
         waited = 1
         while open_ and waited < 30:
@@ -85,34 +70,6 @@ def _idle(port: int, pid: int, count: int) -> dict[str, int | None]:
             s.close()
     return {"idle_connections": len(conns), "threads": threads, "idle_open_after_30s": len(open_),
             "idle_all_closed_within_s": waited if not open_ else None}  # fmt: skip
-
-
-def _big_headers(port: int, pid: int, count: int) -> dict[str, int]:
-    head = b"GET /a.bin HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 65_000) for i in range(99))
-
-    def one() -> None:
-        with contextlib.suppress(OSError), _connect(port, "127.0.0.3") as s:
-            s.settimeout(20)
-            s.sendall(head)
-            time.sleep(3)  # hold the connection while the others arrive
-
-    workers = [threading.Thread(target=one) for _ in range(count)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(timeout=60)
-    return {"big_header_connections": count, "peak_rss_kib": _status(pid, "VmHWM")}
-
-
-def _half_sent(port: int) -> dict[str, float]:
-    with _connect(port, "127.0.0.2") as s:
-        s.sendall(b"GET /a.bin HTTP/1.1\r\nHost: x\r\n")
-        started = time.monotonic()
-        s.settimeout(45)
-        with contextlib.suppress(OSError):
-            while s.recv(4096):
-                pass
-        return {"half_sent_closed_after_s": round(time.monotonic() - started, 1)}
 
 
 def main() -> None:
@@ -147,8 +104,8 @@ def main() -> None:
             time.sleep(6)  # the probe connection above is gone before measuring
             for phase in (
                 lambda: _idle(port, proc.pid, args.idle),
-                lambda: _big_headers(port, proc.pid, args.big),
-                lambda: _half_sent(port),
+                lambda: big_headers(port, proc.pid, args.big, "/a.bin", "127.0.0.3"),
+                lambda: half_sent(port, "GET /a.bin HTTP/1.1", "127.0.0.2"),
             ):
                 if proc.poll() is not None:
                     break

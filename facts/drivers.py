@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pyinfra.api.facts import FactBase
 from pyinfra.context import ctx_state
 
-from kimi_deploy.hostside_command import hostside_command
+from hostside.boundary_json import loads
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
 
 
 class DriversState(FactBase[dict[str, Any]]):
@@ -43,7 +43,7 @@ class DriversState(FactBase[dict[str, Any]]):
 
 def parse(line: str) -> dict[str, Any]:
     """The drivers probe's answer line, alone or within the host probe's; its error raised."""
-    result: dict[str, Any] = json.loads(line)
+    result: dict[str, Any] = loads(line, "drivers probe", max_bytes=ANSWER_MAX_BYTES)
     if "error" in result:
         raise ValueError(f"drivers probe: {result['error']}")
     return result

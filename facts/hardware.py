@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pyinfra.api.facts import FactBase
 
+from hostside.boundary_json import loads
 from kimi_deploy.host_profile import parse_profile
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
 
 
 class HostHardware(FactBase[dict[str, Any]]):
@@ -48,4 +48,4 @@ class HostHardware(FactBase[dict[str, Any]]):
         return hostside_command("python3", "hardware_probe.py", request or {})
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        return parse_profile(json.loads(output[-1]))
+        return parse_profile(loads(output[-1], "hardware probe", max_bytes=ANSWER_MAX_BYTES))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pyinfra.api.facts import FactBase
 
 from facts.drivers import parse as parse_drivers
+from hostside.boundary_json import loads
 from kimi_deploy.host_profile import parse_profile
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
 
 
 class KimiHostState(FactBase[dict[str, Any]]):
@@ -49,7 +49,10 @@ class KimiHostState(FactBase[dict[str, Any]]):
 
     def process(self, output: list[str]) -> dict[str, Any]:
         lines = dict(line.split(" ", 1) for line in output if " " in line)
-        result: dict[str, Any] = json.loads(lines["state"])
-        result["hardware"] = parse_profile(json.loads(lines["hardware"])) if "hardware" in lines else None
+        result: dict[str, Any] = loads(lines["state"], "state probe", max_bytes=ANSWER_MAX_BYTES)
+        hardware = lines.get("hardware")
+        result["hardware"] = (
+            parse_profile(loads(hardware, "hardware probe", max_bytes=ANSWER_MAX_BYTES)) if hardware else None
+        )
         result["drivers"] = parse_drivers(lines["drivers"]) if "drivers" in lines else None
         return result

@@ -25,9 +25,13 @@ from __future__ import annotations
 
 import re
 import socket
+import socketserver
+import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hostside.boundary_text import shown
 
 MAX_LINE = 8 * 1024
 MAX_HEADERS = 64
@@ -56,13 +60,6 @@ class Peekable(Protocol):
     def peek(self, size: int = 0, /) -> bytes: ...
 
     def read(self, size: int = -1, /) -> bytes: ...
-
-
-def shown(value: str, limit: int = 64) -> str:
-    """``value`` for a message: ASCII-escaped and cut to about ``limit`` characters."""
-    if len(value) <= limit:
-        return ascii(value)
-    return f"{value[:limit]!a}... ({len(value)} characters)"
 
 
 @dataclass(frozen=True)
@@ -224,3 +221,37 @@ def check_key(name: str, key: str) -> None:
             raise ValueError(
                 f"{name}: {what} at position {i + 1} of {len(key)}: a key may hold only visible ASCII characters"
             )
+
+
+class BoundedThreads(socketserver.ThreadingMixIn):
+    """A threading server's mixin: one thread per connection, at most ``slots`` of them at once,
+    so that clients without a key cannot make a server spend threads and memory without bound. A
+    connection over the limit gets ``refuse`` (nothing, by default) and is closed unread."""
+
+    daemon_threads = True
+    block_on_close = False
+    slots: threading.BoundedSemaphore
+
+    if TYPE_CHECKING:
+
+        def shutdown_request(self, request: Any) -> None: ...
+
+    def refuse(self, request: socket.socket, client_address: Any) -> None:
+        """What a connection over the limit is told before it is closed."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refuse(request, client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()  # no thread started to release it
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from hostside.boundary_text import shown
+
 # PEP 508 names; versions as PEP 440 spells them (a release, pre/post/dev parts, a local label).
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _VERSION = r"[0-9][A-Za-z0-9.!+_-]*"
@@ -30,17 +32,11 @@ _PIN = re.compile(rf"({_NAME})==({_VERSION})")
 _HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 _PRINTABLE = re.compile(r"[\x20-\x7e]*")
 _RULE = "a lock holds only name==version lines, each with --hash=sha256:<64 hex>"
-_SHOWN = 80
 
 
 def normalize(name: str) -> str:
     """A project name as PEP 503 compares it (``Fast_SafeTensors`` -> ``fast-safetensors``)."""
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _shown(text: str) -> str:
-    """``text`` quoted for one line of an error, cut to a bounded length."""
-    return repr(text[:_SHOWN] + ("..." if len(text) > _SHOWN else ""))
 
 
 def _what(entry: str) -> str:
@@ -81,13 +77,13 @@ def _entries(text: str) -> list[tuple[int, str]]:
                 continue
             start = number
         elif line.strip() == "" or line.lstrip().startswith("#"):
-            raise ValueError(f"line {start}: {_shown(' '.join(parts))} continues into line {number}: {_RULE}")
+            raise ValueError(f"line {start}: {shown(' '.join(parts))} continues into line {number}: {_RULE}")
         parts.append(line.removesuffix("\\").strip())
         if not line.endswith("\\"):
             entries.append((start, " ".join(p for p in parts if p)))
             parts = []
     if parts:
-        raise ValueError(f"line {start}: {_shown(' '.join(parts))} continues past the end of the lock: {_RULE}")
+        raise ValueError(f"line {start}: {shown(' '.join(parts))} continues past the end of the lock: {_RULE}")
     return entries
 
 
@@ -99,10 +95,10 @@ def lock_pins(text: str) -> dict[str, str]:
         first, *rest = entry.split()
         pin = _PIN.fullmatch(first)
         if pin is None:
-            raise ValueError(f"line {number}: {_shown(entry)}: {_what(entry)}: {_RULE}")
+            raise ValueError(f"line {number}: {shown(entry)}: {_what(entry)}: {_RULE}")
         for token in rest:
             if not _HASH.fullmatch(token):
-                raise ValueError(f"line {number}: {_shown(token)} after {first}: {_what(token)}: {_RULE}")
+                raise ValueError(f"line {number}: {shown(token)} after {first}: {_what(token)}: {_RULE}")
         if not rest:
             raise ValueError(f"line {number}: {first} carries no --hash=sha256: {_RULE}")
         name = normalize(pin.group(1))
@@ -123,7 +119,7 @@ def freeze_pins(text: str) -> dict[str, str]:
             continue
         pin = _PIN.fullmatch(line.strip())
         if pin is None:
-            raise ValueError(f"line {number}: {_shown(line)}: {_what(line.strip())}")
+            raise ValueError(f"line {number}: {shown(line)}: {_what(line.strip())}")
         pins[normalize(pin.group(1))] = pin.group(2)
     return pins
 
@@ -151,7 +147,7 @@ def check_lock(text: str, requirements: list[str]) -> dict[str, str]:
     for requirement in requirements:
         wanted = _PIN.fullmatch(requirement.strip())
         if wanted is None:
-            raise ValueError(f"requirement {_shown(requirement)} is not a name==version pin")
+            raise ValueError(f"requirement {shown(requirement)} is not a name==version pin")
         name, version = normalize(wanted.group(1)), wanted.group(2)
         if name not in pins:
             raise ValueError(f"the lock does not pin {requirement} (it pins {', '.join(sorted(pins))})")

@@ -10,12 +10,17 @@ Stdlib only: the controller and the host programs (bundled with it) run this sam
 from __future__ import annotations
 
 import os
+import re
+
+from hostside.boundary_text import CONTROL, shown
 
 MAX_NAME_CHARS = 1024
 MAX_SEGMENT_BYTES = 255  # NAME_MAX of Linux filesystems
 # The revision folder's own state (verification cache, partial downloads, huggingface_hub's
 # metadata): never a model file, so a listing cannot overwrite it.
 RESERVED = (".kimi", ".cache")
+# Control characters, and lone surrogates (no file system name can hold one).
+_REFUSED = re.compile(f"{CONTROL.pattern}|[\ud800-\udfff]")
 
 
 class BadName(ValueError):
@@ -25,23 +30,6 @@ class BadName(ValueError):
         self.shown = shown(name)
         self.rule = rule
         super().__init__(f"model file name {self.shown}: {rule}")
-
-
-def shown(value: object, limit: int = 80) -> str:
-    """``repr`` of a value cut to about ``limit`` characters, without building the whole repr first."""
-    if isinstance(value, str):
-        if len(value) <= limit:
-            return repr(value)
-        return f"{value[:limit]!r}... ({len(value)} characters)"
-    if value is None or isinstance(value, (bool, float)) or (isinstance(value, int) and value.bit_length() <= 64):
-        return repr(value)
-    kind = type(value).__name__
-    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
-
-
-def _control(char: str) -> bool:
-    code = ord(char)
-    return code < 0x20 or 0x7F <= code <= 0x9F
 
 
 def check_name(name: object) -> str:
@@ -57,9 +45,9 @@ def check_name(name: object) -> str:
         raise BadName(name, "must not be empty")
     if len(name) > MAX_NAME_CHARS:
         raise BadName(name, f"must be at most {MAX_NAME_CHARS} characters")
-    bad = next((c for c in name if _control(c) or 0xD800 <= ord(c) <= 0xDFFF), None)
+    bad = _REFUSED.search(name)
     if bad is not None:
-        raise BadName(name, f"must not hold control character or surrogate U+{ord(bad):04X}")
+        raise BadName(name, f"must not hold control character or surrogate U+{ord(bad.group()):04X}")
     if "\\" in name:
         raise BadName(name, "must not hold a backslash")
     if name.startswith("/"):

@@ -58,12 +58,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from hostside.boundary_http import Head, Refused, check_key, read_head, request_path, shown
+from hostside.boundary_http import BoundedThreads, Head, Refused, check_key, read_head, request_path
 from hostside.boundary_json import loads
+from hostside.boundary_text import shown
 
 MAX_BODY = 64 * 1024 * 1024
 MAX_DEPTH = 64  # tool schemas nest; nothing a model is asked nests deeper
@@ -429,36 +430,21 @@ def handler(gw: Gateway) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class Server(ThreadingHTTPServer):
+class Server(BoundedThreads, HTTPServer):
     """One thread per connection, at most ``max_connections`` at once; beyond, 503 and close."""
 
-    daemon_threads = True
     request_queue_size = 128
 
     def __init__(self, config: Config, gw: Gateway) -> None:
         self.slots = threading.BoundedSemaphore(config.max_connections)
         super().__init__((config.bind, config.port), handler(gw))
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            try:
-                request.setblocking(False)
-                request.send(BUSY_ANSWER)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
+    def refuse(self, request: socket.socket, client_address: Any) -> None:
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+            request.setblocking(False)
+            request.send(BUSY_ANSWER)
+        except OSError:
+            pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # One line, never a traceback (a traceback shows local values' reprs).

@@ -40,7 +40,7 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
-from hostside.boundary_http import Refused, read_head
+from hostside.boundary_http import BoundedThreads, Refused, read_head
 from hostside.boundary_names import BadName, check_names, inside
 
 MAX_CONNECTIONS = 32
@@ -164,11 +164,9 @@ class Handler(socketserver.BaseRequestHandler):
         print(f"served {rel} ({size} bytes) to {client} in {seconds:.2f} s", file=sys.stderr)
 
 
-class Server(socketserver.ThreadingTCPServer):
+class Server(BoundedThreads, socketserver.TCPServer):
     """One thread per connection, at most ``MAX_CONNECTIONS`` of them, from the run's hosts only."""
 
-    daemon_threads = True
-    block_on_close = False
     allow_reuse_address = True
     request_queue_size = 64
 
@@ -184,23 +182,10 @@ class Server(socketserver.ThreadingTCPServer):
         if client_address[0] not in self.peer.allow:
             self.peer.count("from outside the run")
             return False
-        if not self.slots.acquire(blocking=False):
-            self.peer.count(f"over {MAX_CONNECTIONS} at once")
-            return False
         return True
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()  # no thread started to release it
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def refuse(self, request: socket.socket, client_address: Any) -> None:
+        self.peer.count(f"over {MAX_CONNECTIONS} at once")
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]

@@ -42,7 +42,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from hostside.boundary_names import BadName, check_names, inside, shown
+from hostside.boundary_names import BadName, check_names, inside
+from hostside.boundary_text import shown
 
 META = ".kimi"
 PARTIAL = os.path.join(META, "partial")

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
+# The most the controller decodes of a host program's JSON answer (a host is outside the recipe:
+# its answer goes through ``hostside.boundary_json`` like any other).
+ANSWER_MAX_BYTES = 64 << 20
 
 # Runs a shipped bundle with the host's python3 under __name__ == "__main__"; the bundle travels
 # base64-encoded in argv (paths and digests only: never a secret).

@@ -14,9 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+from hostside.boundary_text import control_char, shown
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.safe_text import check_address, control_char, is_address, refuse_control
-from kimi_deploy.validation_error import first_error_line, shown
+from kimi_deploy.safe_text import check_address, is_address, refuse_control
+from kimi_deploy.validation_error import first_error_line
 
 IfName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")]
 _ADDRESS_RULE = "an address must be an IP address or a DNS hostname"

@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from hostside.boundary_text import shown
 from kimi_deploy.safe_text import is_address, refuse_control
-from kimi_deploy.validation_error import first_error_line, shown
+from kimi_deploy.validation_error import first_error_line
 from kimi_deploy.yaml_file import read_yaml_mapping
 
 EngineName = Literal["vllm", "sglang", "tokenspeed"]

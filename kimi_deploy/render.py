@@ -22,12 +22,11 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from hostside.boundary_text import control_char, shown
 from kimi_deploy.credentials import CredentialPath
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.safe_text import control_char
 from kimi_deploy.servespec import HostPlan, Unit
-from kimi_deploy.validation_error import shown
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_DIR = "/etc/systemd/system"

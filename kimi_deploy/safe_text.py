@@ -15,17 +15,9 @@ import ipaddress
 import re
 from typing import Any
 
-from kimi_deploy.validation_error import shown
+from hostside.boundary_text import control_char, shown
 
-# Every character str.splitlines() breaks on is among these.
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def control_char(text: str) -> str | None:
-    """``"U+000A"`` for the first control character of ``text``, None when it holds none."""
-    found = CONTROL.search(text)
-    return f"U+{ord(found.group()):04X}" if found else None
 
 
 def refuse_control(value: Any) -> Any:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import reprlib
 import types
 import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hostside.boundary_text import shown
 from kimi_deploy.errors import ConfigError
 
 _PREFIXES = ("Value error, ", "Assertion failed, ")
@@ -28,34 +28,6 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out
-
-
-class _BoundedRepr(reprlib.Repr):
-    """``repr`` that reads a bounded part of any value: a few levels, items and characters.
-
-    A YAML alias bomb is a small file whose lists share their items a billion times over, and
-    ``repr`` of an int past 4300 digits raises: a message shows a value only through this."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel = 2
-        self.maxstring = self.maxother = self.maxlong = 60
-        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 6
-
-    def repr_int(self, x: int, level: int) -> str:
-        if x.bit_length() > 200:  # over 60 digits: say how many rather than write them
-            return f"<an integer of about {x.bit_length() * 30103 // 100000 + 1} digits>"
-        return super().repr_int(x, level)
-
-
-_BOUNDED = _BoundedRepr()
-
-
-def shown(value: Any, limit: int = 120) -> str:
-    """A value as an error message shows it: its ``repr``, cut to ``limit`` characters, whatever
-    the value's size (only a bounded part of it is read)."""
-    text = _BOUNDED.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _found(value: Any) -> str:

@@ -24,3 +24,17 @@ def test_a_drivers_answer_is_passed_on() -> None:
     assert found["drivers"] == {"os": {"id": "debian"}}
     assert found["user"] is True
     assert found["hardware"] is None
+
+
+@pytest.mark.parametrize(
+    ("line", "rule"),
+    [
+        ('state {"free": ' + "9" * 5000 + "}", r"^state probe: not JSON: an integer over \d+ digits$"),
+        ("state " + "[" * 100_000 + "]" * 100_000, r"^state probe: JSON nested deeper than 32 levels$"),
+        ('hardware {"gpus": NaN}', r"^hardware probe: not JSON: NaN is not JSON"),
+    ],
+)
+def test_a_hostile_probe_answer_is_one_line_naming_the_probe(line: str, rule: str) -> None:
+    lines = [line] if line.startswith("state") else [line, 'state {"user": true}']
+    with pytest.raises(ValueError, match=rule):
+        KimiHostState().process(lines)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from hostside.boundary_lock import check_lock, freeze_pins, lock_pins
+from hostside.boundary_text import shown
 from tests.bundled import bundled_program
 
 LOCKS = Path(__file__).resolve().parent / "fixtures" / "locks"
@@ -64,7 +65,7 @@ ATTACKS = {
     ),
     "direct reference with a hash": (
         _with(EVIL_URL),
-        f"line 3: {EVIL_URL[:80] + '...'!r}: a direct reference (URL or path): {RULE}",
+        f"line 3: {shown(EVIL_URL)}: a direct reference (URL or path): {RULE}",
     ),
     "git URL": (
         _with("git+https://git.example/evil.git@main"),
@@ -99,7 +100,7 @@ ATTACKS = {
     ),
     "extras": (
         _with(f"fastsafetensors[evil]==0.5.0 {HASH}"),
-        f"line 3: {f'fastsafetensors[evil]==0.5.0 {HASH}'[:80] + '...'!r}: extras: {RULE}",
+        f"line 3: {shown(f'fastsafetensors[evil]==0.5.0 {HASH}')}: extras: {RULE}",
     ),
     "a carriage return hiding a line": (
         _with(f"fastsafetensors==0.5.0 {HASH}\r-e /tmp/evil"),

