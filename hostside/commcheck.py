@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hostside.boundary_json import loads
+from hostside.boundary_text import control_char
 
 CHECK_LABEL = "comm check"
 PROTOCOL = 1
@@ -51,6 +52,8 @@ HELLO_MAX = 4096
 LINE_MAX = 1 << 20  # a report line
 MESSAGE_DEPTH = 8  # a report nests 3 deep (message, failures, failure)
 REPORT_FAILURES_MAX = 200
+# A peer's failure texts are printed: one line each, of a bounded length.
+FAILURE_TEXT_MAX = 1000
 REJECTED_MAX = 20
 CHUNK = 1 << 18
 
@@ -236,13 +239,18 @@ def _order(failure: dict[str, Any]) -> tuple[int, str, str, int, str]:
     )
 
 
+def _text(value: Any) -> bool:
+    """A peer's text fit to print on one line of the operator's log."""
+    return isinstance(value, str) and len(value) <= FAILURE_TEXT_MAX and control_char(value) is None
+
+
 def _valid_failure(item: Any) -> bool:
     return (
         isinstance(item, dict)
         and item.get("kind") in RANK
-        and isinstance(item.get("host"), str)
-        and isinstance(item.get("message"), str)
-        and (item.get("peer") is None or isinstance(item.get("peer"), str))
+        and _text(item.get("host"))
+        and _text(item.get("message"))
+        and (item.get("peer") is None or _text(item.get("peer")))
         and (item.get("port") is None or (isinstance(item.get("port"), int) and not isinstance(item["port"], bool)))
     )
 

@@ -420,3 +420,19 @@ def _commcheck() -> Any:
 def test_connect_errors_are_named_by_cause(exc: OSError, cause: str) -> None:
     # Routes and firewalls that loopback cannot simulate still get the operator's name for the errno.
     assert _commcheck()._cause(exc) == cause
+
+
+def test_a_peer_failure_text_that_would_break_the_log_line_is_not_taken() -> None:
+    # A compromised peer's report is printed by every host: its texts stay on one line, bounded.
+    check = _commcheck()
+    kind = next(iter(check.RANK))
+    good = {"kind": kind, "host": "kimi-h2", "message": "kimi-h2 -> kimi-h1:29500: timed out", "peer": None, "port": None}
+    assert check._valid_failure(good)
+    for field, bad in [
+        ("message", "timed out\nkimi-deploy: comm check: forged line"),
+        ("message", "\x1b[2J cleared the operator's screen"),
+        ("message", "x" * (check.FAILURE_TEXT_MAX + 1)),
+        ("host", "kimi-h2\r"),
+        ("peer", "kimi-h1\u2028"),
+    ]:
+        assert not check._valid_failure({**good, field: bad}), (field, bad)
