@@ -30,6 +30,7 @@ from kimi_deploy.recipe import Expose, Recipe, Scrub, SecretRef, load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.scrub_units import scrub_files
 from tests.conftest import PROD, RECIPE, ROOT
+from tests.unit_file import logical_lines
 
 INJECTED = "ExecStartPre=+/usr/bin/touch /tmp/x"
 COMMIT_RULE = "must be a commit, 40 lowercase hex digits (a branch or tag moves under the lock)"
@@ -178,21 +179,6 @@ _C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", 
 _C_ESCAPES.update({c: c for c in "\\\"'"})
 
 
-def _logical_lines(text: str) -> list[str]:
-    """A unit file's settings: a line ending in a backslash goes on with the next one."""
-    out: list[str] = []
-    pending = ""
-    for raw in re.split("\r\n|\n|\r", text):
-        if not pending and (not raw.strip() or raw.startswith(("#", ";", "["))):
-            continue
-        if raw.endswith("\\"):
-            pending += raw[:-1] + " "
-            continue
-        out.append(pending + raw)
-        pending = ""
-    return out
-
-
 def _words(value: str) -> list[str]:
     """``extract_first_word(EXTRACT_UNQUOTE|EXTRACT_CUNESCAPE)`` over a whole value."""
     words: list[str] = []
@@ -237,7 +223,7 @@ def _variables(word: str) -> str:
 
 def systemd_argv(unit: str) -> list[str]:
     """The argv systemd runs for the unit's one ExecStart=, by ``config_parse_exec``'s rules."""
-    (value,) = [line.partition("=")[2] for line in _logical_lines(unit) if line.partition("=")[0] == "ExecStart"]
+    (value,) = [line.partition("=")[2] for line in logical_lines(unit) if line.partition("=")[0] == "ExecStart"]
     command, *args = _words(value)
     assert command.startswith("/"), f"prefix characters or a relative command: {command!r}"
     return [_specifiers(command)] + [_variables(_specifiers(word)) for word in args]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def _words(value: str) -> list[str]:
     """Split an ExecStart= value into words with systemd's quoting rules (no specifiers left)."""
@@ -31,20 +33,26 @@ def _words(value: str) -> list[str]:
     return words
 
 
-def directives(text: str) -> dict[str, list[str]]:
-    """Every ``Key=value`` of a unit file, continued lines joined, values in file order."""
-    out: dict[str, list[str]] = {}
-    logical: list[str] = []
+def logical_lines(text: str) -> list[str]:
+    """A unit file's settings as systemd reads its lines: comments, sections and blank lines
+    skipped, a line ending in a backslash going on with the next one."""
+    out: list[str] = []
     pending = ""
-    for raw in text.splitlines():
-        if not pending and (raw.startswith("#") or raw.startswith("[") or not raw.strip()):
+    for raw in re.split("\r\n|\n|\r", text):
+        if not pending and (not raw.strip() or raw.startswith(("#", ";", "["))):
             continue
         if raw.endswith("\\"):
             pending += raw[:-1] + " "
             continue
-        logical.append(pending + raw)
+        out.append(pending + raw)
         pending = ""
-    for line in logical:
+    return out
+
+
+def directives(text: str) -> dict[str, list[str]]:
+    """Every ``Key=value`` of a unit file, continued lines joined, values in file order."""
+    out: dict[str, list[str]] = {}
+    for line in logical_lines(text):
         key, _, value = line.partition("=")
         out.setdefault(key.strip(), []).append(value.strip())
     return out
