@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from kimi_deploy.hostside_command import pack
+from localcluster.hub import serve
 from tests.bundled import bundled_program
 
 EVIL = b"* * * * * root /bin/sh -c 'id > /tmp/owned'\n"
@@ -51,10 +52,12 @@ def evil_source() -> Iterator[str]:
         server.server_close()
 
 
-def run_sync(tmp_path: Path, root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]]) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run_sync(
+    tmp_path: Path, root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]], endpoint: str = DEAD_HUB
+) -> subprocess.CompletedProcess[str]:
     key = tmp_path / "peer-key"
     key.write_text("k" * 43 + "\n")
-    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": DEAD_HUB,
+    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": endpoint,
                "token_file": None, "retries": 0, "peers": peers, "peer_key_file": str(key)}  # fmt: skip
     program = bundled_program("weights_sync.py", tmp_path)
     return subprocess.run([sys.executable, str(program), pack(request)],
@@ -118,8 +121,14 @@ def test_a_mirror_folder_is_read_only_inside_itself(tmp_path: Path) -> None:
     (mirror / "w.bin").symlink_to(secret)
     root = tmp_path / "revision"
     lock = {"w.bin": [len(PRECIOUS), "sha256:" + hashlib.sha256(PRECIOUS).hexdigest()]}
-    run = run_sync(tmp_path, root, lock, [{"host": "mirror", "path": str(mirror)}])
+    # A Hub without the repository answers at once (a dead one is retried for seconds).
+    (tmp_path / "hub").mkdir()
+    hub = serve(tmp_path / "hub", "127.0.0.1", 0, log_stream=None)
+    try:
+        run = run_sync(tmp_path, root, lock, [{"host": "mirror", "path": str(mirror)}], endpoint=hub.url)
+    finally:
+        hub.stop()
     assert not (root / "w.bin").exists()
-    assert run.returncode != 0  # no source could give it: the (dead) Hub was asked
+    assert run.returncode != 0  # no source could give it: the Hub was asked, and has no such repository
     (line,) = run.stderr.splitlines()
     assert line.startswith("kimi-deploy: ")
