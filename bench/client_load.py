@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def proc_status(pid: int, field: str) -> int:
@@ -57,3 +60,45 @@ def half_sent(port: int, request_line: str, source: str | None = None) -> dict[s
             while s.recv(4096):
                 pass
         return {"half_sent_closed_after_s": round(time.monotonic() - started, 1)}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(
+    command: list[str],
+    port: int,
+    log: Path,
+    phases: list[Callable[[int], dict[str, Any]]],
+    env: dict[str, str] | None = None,
+) -> dict[str, object]:
+    """Start the server ``command`` (stderr to ``log``), wait for it on ``port``, run each phase on
+    its pid while it lives, and stop it: the phases' figures, ``alive``, and the server's last log
+    line when it died."""
+    result: dict[str, object] = {}
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(command, stderr=stderr, env=env)
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+                time.sleep(0.05)
+            time.sleep(6)  # the probe connection above is gone before measuring
+            result["rss_kib_at_start"] = proc_status(proc.pid, "VmRSS")
+            for phase in phases:
+                if proc.poll() is not None:
+                    break
+                result |= phase(proc.pid)
+            result["alive"] = proc.poll() is None
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    if not result["alive"]:
+        lines = log.read_text(errors="replace").strip().splitlines()
+        result["died"] = lines[-1] if lines else f"exit {proc.returncode}"
+    return result

@@ -16,11 +16,9 @@ Every loop is bounded and every socket closed at the end; prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client_load import big_headers, connect, half_sent, proc_status  # noqa: E402 - beside this file
+from client_load import big_headers, connect, free_port, half_sent, measure, proc_status  # noqa: E402 - beside this file
 
 from kimi_deploy.hostside_command import bundle  # noqa: E402 - after the path is set
 
@@ -91,42 +89,19 @@ def main() -> None:
         program = args.program or folder / "gateway.py"
         if args.program is None:
             program.write_text(bundle("gateway.py"), encoding="utf-8")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = free_port()
         config = {"bind": "127.0.0.1", "port": port, "backend": "http://127.0.0.1:9", "served_name": "kimi",
                   "fallback": {"url": "http://127.0.0.1:9", "model": "hosted"}}  # fmt: skip
         (folder / "gateway.json").write_text(json.dumps(config))
         env = {**os.environ, "KIMI_API_KEY": "c" * 43, "KIMI_FALLBACK_API_KEY": "h" * 43}
         env.pop("NOTIFY_SOCKET", None)
-        log = (folder / "gateway.log").open("w")
         command = [sys.executable, str(program), "--config", str(folder / "gateway.json")]
-        proc = subprocess.Popen(command, stderr=log, env=env)
         result: dict[str, object] = {"program": str(args.program or "hostside/gateway.py")}
-        try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-                time.sleep(0.05)
-            time.sleep(6)  # the probe connection above is gone before measuring
-            result["rss_kib_at_start"] = proc_status(proc.pid, "VmRSS")
-            for phase in (
-                lambda: _idle(port, proc.pid, args.idle),
-                lambda: big_headers(port, proc.pid, args.big, "/v1/models"),
-                lambda: half_sent(port, "POST /v1/chat/completions HTTP/1.1"),
-            ):
-                if proc.poll() is not None:
-                    break
-                result |= phase()
-            result["alive"] = proc.poll() is None
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-            log.close()
-            if not result.get("alive"):
-                lines = (folder / "gateway.log").read_text(errors="replace").strip().splitlines()
-                result["gateway_died"] = lines[-1] if lines else f"exit {proc.returncode}"
+        result |= measure(command, port, folder / "gateway.log", [
+            lambda pid: _idle(port, pid, args.idle),
+            lambda pid: big_headers(port, pid, args.big, "/v1/models"),
+            lambda pid: half_sent(port, "POST /v1/chat/completions HTTP/1.1"),
+        ], env)  # fmt: skip
     print(json.dumps(result))
 
 

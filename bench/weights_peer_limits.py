@@ -15,11 +15,9 @@ Every loop is bounded and every socket closed at the end; prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client_load import big_headers, connect, half_sent, proc_status  # noqa: E402 - beside this file
+from client_load import big_headers, connect, free_port, half_sent, measure, proc_status  # noqa: E402 - beside this file
 
 from kimi_deploy.hostside_command import bundle, pack  # noqa: E402 - after the path is set
 
@@ -86,38 +84,16 @@ def main() -> None:
         program = args.program or folder / "weights_peer.py"
         if args.program is None:
             program.write_text(bundle("weights_peer.py"), encoding="utf-8")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = free_port()
         lock = {"a.bin": [7, "sha256:" + "0" * 64]}
         request = {"dir": str(folder / "rev"), "lock": lock, "bind": "127.0.0.1", "port": port,
                    "allow": ["127.0.0.2"], "key_file": str(folder / "key"), "idle_exit_s": 300}  # fmt: skip
-        log = (folder / "peer.log").open("w")
-        proc = subprocess.Popen([sys.executable, str(program), pack(request)], stderr=log)
         result: dict[str, object] = {"program": str(args.program or "hostside/weights_peer.py")}
-        try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-                time.sleep(0.05)
-            time.sleep(6)  # the probe connection above is gone before measuring
-            for phase in (
-                lambda: _idle(port, proc.pid, args.idle),
-                lambda: big_headers(port, proc.pid, args.big, "/a.bin", "127.0.0.3"),
-                lambda: half_sent(port, "GET /a.bin HTTP/1.1", "127.0.0.2"),
-            ):
-                if proc.poll() is not None:
-                    break
-                result |= phase()
-            result["alive"] = proc.poll() is None
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-            log.close()
-            if not result.get("alive"):
-                lines = (folder / "peer.log").read_text(errors="replace").strip().splitlines()
-                result["peer_died"] = lines[-1] if lines else f"exit {proc.returncode}"
+        result |= measure([sys.executable, str(program), pack(request)], port, folder / "peer.log", [
+            lambda pid: _idle(port, pid, args.idle),
+            lambda pid: big_headers(port, pid, args.big, "/a.bin", "127.0.0.3"),
+            lambda pid: half_sent(port, "GET /a.bin HTTP/1.1", "127.0.0.2"),
+        ])  # fmt: skip
     print(json.dumps(result))
 
 

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROD, RECIPE, ROOT
-
-
-def kimi(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kimi_deploy.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+from tests.cli_run import kimi
+from tests.conftest import PROD, RECIPE
 
 
 def test_plan_gb300_pd_prints_every_host_with_pool_rank_ports_and_argv() -> None:

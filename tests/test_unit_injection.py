@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-import resource
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,29 +27,13 @@ from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, Scrub, SecretRef, load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.scrub_units import scrub_files
+from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE, ROOT
 from tests.unit_file import logical_lines
 
 INJECTED = "ExecStartPre=+/usr/bin/touch /tmp/x"
 COMMIT_RULE = "must be a commit, 40 lowercase hex digits (a branch or tag moves under the lock)"
 
-
-def kimi(*args: str, memory_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
-    """``kimi-deploy ARGS`` from the repository root, optionally under an address-space limit."""
-
-    def limit() -> None:
-        if memory_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
-    return subprocess.run(
-        [sys.executable, "-m", "kimi_deploy.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-        preexec_fn=limit,
-    )
 
 
 def _one_line(run: subprocess.CompletedProcess[str]) -> str:

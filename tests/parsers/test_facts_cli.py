@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.cli_run import kimi
 from tests.parsers import FIXTURES
-
-
-def kimi(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kimi_deploy.cli", *args], cwd=ROOT, capture_output=True, text=True, check=False
-    )
 
 
 def test_h200_topology_as_sorted_indented_json() -> None:
