@@ -1,13 +1,13 @@
 """What clients without the key can make the gateway spend, on loopback.
 
-    python bench/gateway_limits.py [--program FILE] [--idle 2000] [--big 60]
+    python bench/gateway_limits.py [--idle 2000] [--big 60]
 
-Starts ``hostside/gateway.py`` (bundled, or ``--program``: a file to run as it is, such as an older
-version) on 127.0.0.1 with the production config's limits (its defaults; ``timeout_s`` 600) and a
-fallback, and measures, one after the other:
-- ``--idle`` connections that send nothing: the gateway's peak thread count while they open and a
-  second later, how many it answered 503 at once, and how many it still holds open 8 s later;
-- ``--big`` connections each sending a request head of 99 headers of 65,000 bytes: the gateway's
+Starts the gateway as the deploy configures it (Debian's nginx with the deploy's templates, rendered
+by tests/gateway_local.py with the production limits and a fallback) on 127.0.0.1, and measures on
+its worker process, one after the other:
+- ``--idle`` connections that send nothing: the worker's peak thread count while they open and a
+  second later, how many were answered 503 at once, and how many are still open 8 s later;
+- ``--big`` connections each sending a request head of 99 headers of 65,000 bytes: the worker's
   peak resident memory (VmHWM) afterwards;
 - one request head sent half: seconds until the gateway closes it (at most 45).
 Every loop is bounded and every socket closed at the end; prints one JSON line.
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from client_load import big_headers, connect, free_port, half_sent, measure, proc_status  # noqa: E402 - beside this file
 
-from kimi_deploy.hostside_command import bundle  # noqa: E402 - after the path is set
+from tests.gateway_local import nginx, render  # noqa: E402 - after the path is set
 
 
 def _state(s: socket.socket) -> str:
@@ -78,30 +78,39 @@ def _idle(port: int, pid: int, count: int) -> dict[str, float]:
             "threads": threads, "answered_503": busy, "open_after_9s": still}  # fmt: skip
 
 
+def worker(master: int) -> int:
+    """nginx's one worker process, the child of ``master`` that serves the connections."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.05)
+    raise SystemExit(f"nginx (pid {master}) started no worker within 10 s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--program", type=Path, help="a gateway.py to run as it is (default: the bundled one)")
     parser.add_argument("--idle", type=int, default=2000)
     parser.add_argument("--big", type=int, default=60)
     args = parser.parse_args()
+    binary = nginx()
+    if binary is None:
+        raise SystemExit("nginx is not installed: apt-get install nginx libnginx-mod-http-js")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        program = args.program or folder / "gateway.py"
-        if args.program is None:
-            program.write_text(bundle("gateway.py"), encoding="utf-8")
         port = free_port()
-        config = {"bind": "127.0.0.1", "port": port, "backend": "http://127.0.0.1:9", "served_name": "kimi",
-                  "fallback": {"url": "http://127.0.0.1:9", "model": "hosted"}}  # fmt: skip
-        (folder / "gateway.json").write_text(json.dumps(config))
-        env = {**os.environ, "KIMI_API_KEY": "c" * 43, "KIMI_FALLBACK_API_KEY": "h" * 43}
-        env.pop("NOTIFY_SOCKET", None)
-        command = [sys.executable, str(program), "--config", str(folder / "gateway.json")]
-        result: dict[str, object] = {"program": str(args.program or "hostside/gateway.py")}
+        keys = {"KIMI_API_KEY": "c" * 43, "KIMI_FALLBACK_API_KEY": "h" * 43}
+        conf = render(folder, keys, bind="127.0.0.1", port=port, backend_port=9, fallback_url="http://127.0.0.1:9",
+                      served_name="kimi", hosted_model="hosted")  # fmt: skip
+        command = [binary, "-c", str(conf), "-e", "stderr"]
+        result: dict[str, object] = {"program": f"{binary} with templates/gateway.nginx.conf.j2"}
         result |= measure(command, port, folder / "gateway.log", [
-            lambda pid: _idle(port, pid, args.idle),
-            lambda pid: big_headers(port, pid, args.big, "/v1/models"),
+            lambda pid: {"worker_rss_kib_at_start": proc_status(worker(pid), "VmRSS")},
+            lambda pid: _idle(port, worker(pid), args.idle),
+            lambda pid: big_headers(port, worker(pid), args.big, "/v1/models"),
             lambda pid: half_sent(port, "POST /v1/chat/completions HTTP/1.1"),
-        ], env)  # fmt: skip
+        ])  # fmt: skip
     print(json.dumps(result))
 
 

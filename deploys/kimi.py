@@ -38,7 +38,7 @@ from kimi_deploy.start_batches import batch_of
 from kimi_deploy.venv_lock import lock_source
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
-from operations import commcheck, engine, preflight, releases, units, users, weights
+from operations import commcheck, engine, packages, preflight, releases, units, users, weights
 from operations.start_order import start_batch
 
 
@@ -89,6 +89,10 @@ if found.get("drivers") is not None:
 local.include("deploys/drivers.py")
 
 users.system_user(name="Engine user", user=todo.user, exists=found["user"])
+if todo.packages:
+    packages.debian(
+        name="Debian packages", packages=todo.packages, masked=todo.masked, installed=found.get("packages") or {}
+    )
 
 # Every host installing a release installs the same lock: its own (a damaged copy is rebuilt from
 # it), that of a host holding the release, or the one the first installer resolves before the rest.

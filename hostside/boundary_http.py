@@ -1,6 +1,6 @@
 """A client's HTTP request head, read within bounds and checked before anything acts on it.
 
-The one place for the rules a hand-written HTTP server on a host applies to what a client sends:
+The one place for the rules the host's one hand-written HTTP server (the weights peer) applies to what a client sends:
 
 - ``read_head``: the request line and headers, read while counting (a line at most ``MAX_LINE``
   bytes, at most ``MAX_HEADERS`` headers, the whole head at most ``MAX_HEAD`` bytes) and against a
@@ -10,12 +10,6 @@ The one place for the rules a hand-written HTTP server on a host applies to what
   ``token ":" value`` with no control character and no obsolete line folding; ``Authorization``,
   ``Content-Length``, ``Content-Type``, ``Expect`` and ``Host`` at most once; a ``Content-Length``
   of digits only.
-- ``request_path``: the target's path percent-decoded once and normalised: only origin-form
-  (``/path``; absolute-form ``http://host/x``, authority-form ``host:443`` and ``*`` are refused),
-  visible ASCII only, no backslash, no ``#``, no ``.``, ``..`` or empty segment (``//``), nothing
-  percent-encoded that decodes to ``%``, ``?``, ``#``, ``/``, a control or non-ASCII character.
-  Callers match the result against an exact allow-list and send upstream only what they matched.
-- ``check_key``: a key that goes into an ``Authorization`` header is visible ASCII.
 
 Every refusal is ``Refused``: the HTTP status to answer and one line naming the rule and what was
 found (a value shown cut short, never a key). Stdlib only: the host programs run this code bundled.
@@ -42,8 +36,6 @@ SINGLE = ("authorization", "content-length", "content-type", "expect", "host")
 _METHOD = re.compile(r"[A-Z]{1,16}")
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_VISIBLE = re.compile(r"[\x21-\x7e]*")
-_ESCAPE = re.compile(r"%(.{0,2})")
 
 
 class Refused(ValueError):
@@ -173,54 +165,6 @@ def read_head(sock: socket.socket, stream: Peekable, wait_s: float, head_s: floa
         line.clear()
         if len(lines) > MAX_HEADERS + 1:
             raise Refused(431, f"more than {MAX_HEADERS} headers")
-
-
-def _decoded(raw: str, target: str, what: str) -> str:
-    """``raw`` with its %XX escapes decoded once; an escape may not hide a delimiter or a control."""
-    out: list[str] = []
-    last = 0
-    for escape in _ESCAPE.finditer(raw):
-        hexa = escape.group(1)
-        if len(hexa) != 2 or not all(c in "0123456789abcdefABCDEF" for c in hexa):
-            raise Refused(400, f"{what} {shown(target)}: '%' not followed by two hex digits")
-        char = chr(int(hexa, 16))
-        if not ("\x21" <= char <= "\x7e") or char in "%/?#\\":
-            raise Refused(400, f"{what} {shown(target)}: %{hexa} decodes to a character paths may not hold")
-        out += [raw[last : escape.start()], char]
-        last = escape.end()
-    out.append(raw[last:])
-    return "".join(out)
-
-
-def request_path(target: str, what: str = "request target") -> tuple[str, str | None]:
-    """``(path, query)`` of an origin-form ``target``: the path decoded and checked, the query
-    (None without ``?``) raw. ``Refused`` (400) names ``what`` and the rule the target breaks."""
-    if not target.startswith("/"):
-        raise Refused(400, f"{what} {shown(target)}: only origin-form targets (/path) are served")
-    if not _VISIBLE.fullmatch(target):
-        raise Refused(400, f"{what} {shown(target)}: only visible ASCII characters are allowed")
-    if "\\" in target or "#" in target:
-        raise Refused(400, f"{what} {shown(target)}: no backslash or '#' is allowed")
-    raw, question, query = target.partition("?")
-    path = _decoded(raw, target, what)
-    if path != "/":
-        for segment in path.split("/")[1:]:
-            if segment in ("", ".", ".."):
-                rule = "empty segment ('//' or a trailing '/')" if not segment else f"{segment!r} segment"
-                raise Refused(400, f"{what} {shown(target)}: {rule} is not allowed")
-    return path, (query if question else None)
-
-
-def check_key(name: str, key: str) -> None:
-    """``ValueError`` naming ``name`` (never showing the key) unless ``key`` is visible ASCII."""
-    if not key:
-        raise ValueError(f"{name} is empty")
-    for i, char in enumerate(key):
-        if not "\x21" <= char <= "\x7e":
-            what = "a space" if char == " " else "a non-ASCII character" if char > "\x7f" else "a control character"
-            raise ValueError(
-                f"{name}: {what} at position {i + 1} of {len(key)}: a key may hold only visible ASCII characters"
-            )
 
 
 class BoundedThreads(socketserver.ThreadingMixIn):

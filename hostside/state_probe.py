@@ -4,12 +4,12 @@ Input: one argument, base64 of zlib-compressed JSON:
   {"user": str, "venvs": [dir], "weights": {"dir": str, "lock": {path: [size, digest]}} | null,
    "files": [path], "modes": {path: "owner:group:octal mode"}, "units": [name],
    "unit_secrets": {name: [path]}, "timers": [name], "ports": [port],
-   "models": the folder of a model's revisions | null}
+   "models": the folder of a model's revisions | null, "packages": [Debian package]}
 Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
          "files": {path: sha256|null (absent, or not of the owner and mode "modes" names)},
          "units": {name: {..., "secrets_changed": bool}}, "timers": {name: {...}},
          "revisions": {"present": [revision], "history": [revision]} | null,
-         "listeners": {port: {"pid", "comm", "unit"}}}
+         "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed}}
 """
 
 from __future__ import annotations
@@ -251,6 +251,18 @@ def _listeners(ports: list[int]) -> dict[str, Any]:
     return found
 
 
+def _packages(names: list[str]) -> dict[str, bool]:
+    """Whether each Debian package is installed (dpkg's status "ii")."""
+    if not names:
+        return {}
+    found = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package}\t${db:Status-Abbrev}\n", *names],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    installed = {line.split("\t")[0] for line in found.stdout.splitlines() if line.split("\t")[1:2] == ["ii "]}
+    return {name: name in installed for name in names}
+
+
 def _readlink(path: str | None) -> str | None:
     try:
         return os.readlink(path) if path else None
@@ -319,6 +331,7 @@ def main() -> None:
         "timers": _timers(request.get("timers", [])),
         "revisions": _revisions(request["models"], log) if request.get("models") else None,
         "listeners": _listeners([int(p) for p in request.get("ports", [])]),
+        "packages": _packages(request.get("packages", [])),
         "current": _readlink(request.get("link")),
         # [time, release dir, outcome] of the log's last entry
         "last_release": log[-1][:3] if log else None,

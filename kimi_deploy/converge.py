@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
+from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
 from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
-from kimi_deploy.hostside_command import bundle
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
@@ -109,6 +110,9 @@ class Converge:
     units: list[UnitTarget]
     release: Release
     timers: list[str] = field(default_factory=list)
+    # Debian packages the units need from the host's archive, and units masked before they install
+    packages: list[str] = field(default_factory=list)
+    masked: list[str] = field(default_factory=list)
 
 
 def digest(files: list[RenderedFile]) -> str:
@@ -206,10 +210,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         )
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)
-    if any(u.kind == "gateway" for u in spec.units):
-        # The gateway's program, beside the host tools (its unit's digest includes it).
-        program = bundle("gateway.py")
-        files.append(RenderedFile(f"{recipe.paths.tools}/kimi-gateway.py", program, 0o644, "root"))
+    gateway = any(u.kind == "gateway" for u in spec.units)
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
         files += scrub_files(
@@ -291,6 +292,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         units=units,
         release=host_release,
         timers=timers,
+        packages=list(GATEWAY_PACKAGES) if gateway else [],
+        masked=list(GATEWAY_MASKED) if gateway else [],
     )
 
 
@@ -311,6 +314,7 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "models": todo.weights.path.rsplit("/", 1)[0] if todo.weights else None,
         "ports": sorted(port for u in todo.units for port in u.ports),
         "link": todo.release.link,
+        "packages": todo.packages,
     }
 
 

@@ -13,11 +13,12 @@ from kimi_deploy import engine_sglang, engine_tokenspeed, engine_vllm
 from kimi_deploy.catalog import CatalogMissing, load_catalog
 from kimi_deploy.engine_unit import node_role
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.gateway import gateway_unit
 from kimi_deploy.host_paths import engine_dir, model_dir, router_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
 from kimi_deploy.recipe import Recipe, Topology
-from kimi_deploy.router_units import gateway_unit, mooncake_master_unit, router_unit
+from kimi_deploy.router_units import mooncake_master_unit, router_unit
 from kimi_deploy.servespec import HostPlan, Plan, Unit
 
 # Arguments before the first flag: the launch prefix and, for vLLM, the model path.

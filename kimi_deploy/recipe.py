@@ -276,8 +276,14 @@ def _url_host(url: str) -> str:
 class RouterFallback(Strict):
     """The hosted API, answering when no local backend is healthy (off unless given)."""
 
-    # the hosted API's base, its OpenAI-compatible paths (``/v1/...``) appended
-    url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+(/[^\s]*)?$"), AfterValidator(_url_host)]
+    # the hosted API's base, its OpenAI-compatible paths (``/v1/...``) appended: a host and a plain
+    # path prefix (no query, fragment, '%', empty, '.' or '..' segment), which the gateway's nginx
+    # configuration holds as it is
+    url: Annotated[
+        str,
+        StringConstraints(pattern=r"^https?://[^\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$"),
+        AfterValidator(_url_host),
+    ]
     api_key: SecretRef
     # the hosted API's name of the model, put in place of the served name
     model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]

@@ -25,6 +25,7 @@ from markupsafe import Markup
 from hostside.boundary_text import control_char, shown
 from kimi_deploy.credentials import CredentialPath
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.nginx_quote import nginx_string
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan, Unit
 
@@ -136,6 +137,14 @@ def _word_filter(context: jinja2.runtime.Context, word: str) -> str:
 
 
 @jinja2.pass_context
+def _nginx_filter(context: jinja2.runtime.Context, value: object) -> str:
+    try:
+        return _Escaped(nginx_string(str(value)))
+    except ValueError as exc:
+        raise ConfigError(_where(context), "", str(exc)) from None
+
+
+@jinja2.pass_context
 def _checked(context: jinja2.runtime.Context, value: Any) -> Any:
     """Every ``{{ value }}`` a template writes: escaped output as it is, anything else refused when
     it holds a control character. The value itself stays out of the message (it may be a secret)."""
@@ -150,7 +159,8 @@ def _checked(context: jinja2.runtime.Context, value: Any) -> Any:
 
 
 def environment() -> jinja2.Environment:
-    """The templates' environment: ``exec_start`` and ``systemd_word`` filters, every value checked."""
+    """The templates' environment: ``exec_start``, ``systemd_word`` and ``nginx`` filters, every
+    value checked."""
     jinja = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
@@ -162,6 +172,8 @@ def environment() -> jinja2.Environment:
     )
     jinja.filters["exec_start"] = _exec_start_filter
     jinja.filters["systemd_word"] = _word_filter
+    jinja.filters["nginx"] = _nginx_filter
+    jinja.filters["sha256"] = lambda text: hashlib.sha256(str(text).encode()).hexdigest()
     return jinja
 
 

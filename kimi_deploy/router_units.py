@@ -1,4 +1,5 @@
-"""Units of the router host of a prefill/decode topology: the router and the Mooncake master."""
+"""Units of the router host of a prefill/decode topology: the router and the Mooncake master (the
+gateway in front of a router with a fallback is ``kimi_deploy.gateway``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ from kimi_deploy.host_paths import engine_dir, router_dir
 from kimi_deploy.listen import LOOPBACK, api_port, bind_address
 from kimi_deploy.placement import TopologyPlacement
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import ConfigFile, Unit
+from kimi_deploy.servespec import Unit
 
 ROUTER_UNIT = "kimi-router"
 MOONCAKE_UNIT = "kimi-mooncake-master"
-GATEWAY_UNIT = "kimi-gateway"
 
 
 def _needs_mooncake_master(tp: TopologyPlacement) -> bool:
@@ -58,40 +58,6 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         # The router passes each client's bearer token on to the engines, so it holds no key of its
         # own in argv; the deploy's smoke test through it reads the key from its secret file.
         secret_env=("VLLM_API_KEY",) if topo.expose is not None and label == "router" else (),
-    )
-
-
-def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
-    """With ``router.fallback``: the gateway in front of the router (hostside/gateway.py). It
-    answers clients that bear the topology's key, through the router while the router is healthy,
-    else through the hosted API with the hosted key; both keys come from its secret file."""
-    topo = tp.topology
-    if topo.router is None or topo.router.fallback is None:
-        return None
-    assert tp.router is not None
-    fallback = topo.router.fallback
-    config = f"{recipe.paths.config}/{GATEWAY_UNIT}.json"
-    bind = bind_address(topo, tp.router)
-    data = {
-        "bind": bind,
-        "port": topo.ports.router,
-        "backend": f"http://{LOOPBACK}:{topo.ports.router_backend}",
-        "fallback": {"url": fallback.url, "model": fallback.model},
-        "served_name": recipe.model.served_name,
-        "health_every_s": 2.0,
-        "timeout_s": 600,
-    }
-    return Unit(
-        name=GATEWAY_UNIT,
-        kind="gateway",
-        stage=3,
-        description=f"Kimi {recipe.model.served_name} gateway with the hosted API as fallback ({tp.name})",
-        argv=("/usr/bin/python3", f"{recipe.paths.tools}/{GATEWAY_UNIT}.py", "--config", config),
-        env={},
-        listens={"router": topo.ports.router},
-        bind=bind,
-        secret_env=("KIMI_API_KEY", "KIMI_FALLBACK_API_KEY"),
-        files={config: ConfigFile("json.j2", {"value": data})},
     )
 
 

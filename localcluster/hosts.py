@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from localcluster import bootloop, hook, launch_detached, log, network, process_argv, run
+from localcluster import bootloop, debian_sources, hook, launch_detached, log, network, process_argv, run
 from localcluster.hardware_spec import MODELS_DIR, parse_spec
 from localcluster.image import write_into
 from localcluster.state import ClusterError, HostRecord, Settings, write_atomic
@@ -184,13 +184,16 @@ def _etc_hosts(hosts: Sequence[HostRecord]) -> str:
 
 
 def write_identity(settings: Settings, host: HostRecord, hosts: Sequence[HostRecord]) -> None:
-    """Hostname, every cluster host by name, and root's key: cheap, rewritten on every ``up``."""
+    """Hostname, every cluster host by name, root's key and the cluster's Debian mirror as apt's
+    source: cheap, rewritten on every ``up``."""
     root = Path(host.root)
     write_into(root, "etc/hostname", f"{host.name}\n")
     write_into(root, "etc/hosts", _etc_hosts(hosts))
     # The key lives in the state directory, which a cached base shared by clusters cannot know.
     public = settings.ssh_key.with_suffix(".pub").read_text(encoding="utf-8")
     write_into(root, "root/.ssh/authorized_keys", public, 0o600)
+    # Likewise the mirror's address and signing key: this cluster's, not the base image's.
+    debian_sources.write(settings, root)
 
 
 def prepare(settings: Settings, host: HostRecord, base: Path) -> None:

@@ -157,11 +157,20 @@ def recipe_hash(mirror: str) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def write_into(root: Path, relative: str, text: str, mode: int = 0o644) -> None:
-    """Write a file inside a host's root; a symlink there is replaced, never followed out of it."""
+def write_into(root: Path, relative: str, content: str | bytes, mode: int = 0o644) -> None:
+    """Write a file (text, or bytes such as a keyring) inside a host's root; a symlink there is
+    replaced, never followed out of it."""
     path = root / relative
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, text, mode)
+    if isinstance(content, str):
+        write_atomic(path, content, mode)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode), "wb") as handle:
+        handle.write(content)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 def _customize(root: Path) -> None:
@@ -183,8 +192,9 @@ def _customize(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def _cache_lock(cache: Path) -> Iterator[None]:
-    # Two clusters (say, a test's and the default one) may want the same base at the same time.
+def cache_lock(cache: Path) -> Iterator[None]:
+    """Hold ``cache/.lock`` (made with ``cache``): one builder of what ``cache`` holds at a time."""
+    # Two clusters (say, a test's and the default one) may want the same cached thing at the same time.
     cache.mkdir(parents=True, exist_ok=True)
     fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -200,7 +210,7 @@ def ensure_base(settings: Settings) -> Path:
     digest = recipe_hash(mirror)
     base = settings.cache_dir / f"base-{digest}"
     marker = settings.cache_dir / f"base-{digest}.recipe.json"
-    with _cache_lock(settings.cache_dir):
+    with cache_lock(settings.cache_dir):
         if base.is_dir() and marker.is_file():
             return base
         building = settings.cache_dir / f"base-{digest}.building"

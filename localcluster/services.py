@@ -1,5 +1,5 @@
 """Daemons the cluster serves its hosts from the bridge's gateway address (fake Hub, package index,
-NVIDIA apt repository).
+apt repositories: NVIDIA's stand-in and the Debian mirror).
 
 Each is ``python -m MODULE --bind GATEWAY --port PORT --root <state>/NAME``, run detached in its
 own session with output in ``<state>/logs/NAME.log``. A new service is one more ``Service`` entry.
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from localcluster import hook, launch_detached, log, process_argv
+from localcluster.debian_sources import APT_PORT, APT_SERVICE
 from localcluster.hosts import log_tail
 from localcluster.state import ClusterError, ServiceRecord, Settings
 
@@ -43,12 +44,13 @@ class Service:
 SERVICES = (
     Service("hub", "localcluster.hub", 8765, prepare="localcluster.tiny_model:build"),
     Service("index", "localcluster.pkgindex", 8766, path="/simple", prepare="localcluster.index_content:build"),
+    # NVIDIA's stand-in repository at the recorded URL, the Debian mirror at /debian beside it.
     Service(
-        "apt",
+        APT_SERVICE,
         "localcluster.static_files",
-        8767,
+        APT_PORT,
         path="/compute/cuda/repos",
-        prepare="localcluster.apt_repo:build",
+        prepare="localcluster.apt_content:build",
         prepare_with_url=True,
     ),
 )

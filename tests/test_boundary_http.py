@@ -10,13 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostside.boundary_http import MAX_HEADERS, Refused, parse_head, request_path
+from hostside.boundary_http import MAX_HEADERS, Refused, parse_head
 from hostside.boundary_json import depth, loads
-
-# Targets built from the characters that matter: separators, dots, escapes, controls, non-ASCII.
-_PIECES = st.sampled_from(["/", ".", "..", "%", "%2e", "%2E", "%2f", "%5c", "%00", "%25", "?", "#", "\\", "v1",
-                           "models", "\x00", "\r", "\n", " ", "é", "http:", "*", "%zz", "a"])  # fmt: skip
-TARGETS = st.lists(_PIECES, max_size=12).map("".join) | st.text(max_size=40)
 
 
 def _refusal(check: Callable[[], object]) -> ValueError | None:
@@ -26,32 +21,6 @@ def _refusal(check: Callable[[], object]) -> ValueError | None:
     except ValueError as exc:
         return exc
     return None
-
-
-@given(TARGETS)
-@settings(max_examples=3000, deadline=None)
-def test_a_checked_path_holds_nothing_a_server_could_read_differently(target: str) -> None:
-    refusal = _refusal(lambda: request_path(target))
-    if refusal is not None:
-        assert isinstance(refusal, Refused)
-        assert refusal.status == 400
-        assert str(refusal).isascii()
-        assert str(refusal).isprintable()
-        return
-    path, _ = request_path(target)
-    assert path.startswith("/")
-    assert all("\x21" <= c <= "\x7e" for c in path)
-    assert not set(path) & set("\\%?#")
-    if path != "/":
-        assert all(segment not in ("", ".", "..") for segment in path.split("/")[1:])
-
-
-@pytest.mark.parametrize(
-    ("target", "path"),
-    [("/v1/models", "/v1/models"), ("/v1/%6dodels", "/v1/models"), ("/", "/"), ("/v1/chat/completions", None)],
-)
-def test_a_plain_or_harmlessly_encoded_path_is_accepted(target: str, path: str | None) -> None:
-    assert request_path(target) == (path or target, None)
 
 
 @pytest.mark.parametrize(

@@ -1,18 +1,17 @@
 """The router host's gateway, run locally on loopback: a client, the gateway, the backend, the hosted API.
 
-Real processes and sockets: ``hostside/gateway.py`` runs as its own process with a config file and its
-keys in the environment, as systemd starts it; the local router and the hosted API are small HTTP
-servers in this process that record what reaches them.
+Real processes and sockets: Debian's nginx runs the deploy's own templates (tests/gateway_local.py), as
+systemd starts it; the local router and the hosted API are small HTTP servers in this process that
+record what reaches them, and the fallback's log lines arrive on a syslog socket, as at /dev/log.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
+import shutil
 import socket
-import subprocess
-import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,11 +22,13 @@ from typing import Any, Protocol
 
 import pytest
 
-from tests.bundled import bundled_program
+from tests.gateway_local import LocalGateway, nginx
+from tests.gateway_local import start as start_local
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_KEY = "sk-client-" + "c" * 32
 FALLBACK_KEY = "sk-hosted-" + "h" * 32
+KEYS = {"KIMI_API_KEY": CLIENT_KEY, "KIMI_FALLBACK_API_KEY": FALLBACK_KEY}
 SERVED = "kimi-local"
 HOSTED_MODEL = "kimi-k3.1-pro"
 EVENTS = [b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
@@ -46,7 +47,8 @@ class FakeUpstream:
     """An OpenAI-compatible server: the local router or the hosted API."""
 
     name: str
-    health: int = 200
+    # A router with no healthy engine answers every request 503 (its /health too).
+    down: bool = False
     seen: list[Seen] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
     url: str = ""
@@ -79,9 +81,15 @@ def _handler(fake: FakeUpstream) -> type[BaseHTTPRequestHandler]:
         def _serve(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             fake.seen.append(Seen(self.command, self.path, dict(self.headers.items()), body))
-            request = json.loads(body or b"{}") if self.command == "POST" else {}
-            if self.path == "/health":
-                self._json(fake.health, {})
+            try:
+                request = json.loads(body or b"{}") if self.command == "POST" else {}
+            except (ValueError, RecursionError):
+                request = {}  # the hosted API's business: here, answered as any other
+            request = request if isinstance(request, dict) else {}
+            if fake.down:
+                self._json(503, {"error": {"message": "no healthy worker"}})
+            elif self.path == "/health":
+                self._json(200, {})
             elif self.path.endswith("/v1/models"):
                 self._json(200, {"object": "list", "data": [{"id": fake.name}]})
             elif request.get("teapot"):
@@ -140,65 +148,73 @@ def _serve_fake(fake: FakeUpstream) -> Iterator[FakeUpstream]:
         server.server_close()
 
 
-@dataclass
-class Gateway:
-    port: int
-    stderr: Path
-    pid: int = 0
-
-    def log(self) -> str:
-        return self.stderr.read_text()
-
-
 class Start(Protocol):
-    def __call__(self, backend_url: str, fallback: FakeUpstream | None, prefix: str = "", **config: Any) -> Gateway: ...
+    def __call__(self, backend_url: str, fallback: FakeUpstream | None, prefix: str = "", **config: Any) -> LocalGateway: ...
 
 
-@pytest.fixture
-def program(tmp_path: Path) -> Path:
-    """hostside/gateway.py as the host runs it: one file with the boundary modules it imports."""
-    return bundled_program("gateway.py", tmp_path)
+class Journal:
+    """Where the gateway's fallback lines go: a syslog socket, as /dev/log on the host."""
 
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
 
-@pytest.fixture
-def start_gateway(tmp_path: Path, program: Path) -> Iterator[Start]:
-    procs: list[tuple[subprocess.Popen[bytes], Gateway]] = []
-
-    def start(backend_url: str, fallback: FakeUpstream | None, prefix: str = "", **extra: Any) -> Gateway:
-        port = _free_port()
-        config = {"bind": "127.0.0.1", "port": port, "backend": backend_url,
-                  "fallback": {"url": fallback.url + prefix, "model": HOSTED_MODEL} if fallback else None,
-                  "served_name": SERVED, "health_every_s": 0.05, "timeout_s": 20, **extra}  # fmt: skip
-        path = tmp_path / f"gateway-{port}.json"
-        path.write_text(json.dumps(config))
-        gateway = Gateway(port, tmp_path / f"gateway-{port}.stderr")
-        env = {**os.environ, "KIMI_API_KEY": CLIENT_KEY, "KIMI_FALLBACK_API_KEY": FALLBACK_KEY}
-        env.pop("NOTIFY_SOCKET", None)
-        with open(gateway.stderr, "wb") as err:
-            proc = subprocess.Popen([sys.executable, str(program), "--config", str(path)], stderr=err, env=env)
-        gateway.pid = proc.pid
-        procs.append((proc, gateway))
-        deadline = time.monotonic() + 10
+    def lines(self) -> list[str]:
+        out: list[str] = []
         while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return gateway
-            except OSError:
-                assert proc.poll() is None, gateway.log()
-                assert time.monotonic() < deadline, "the gateway did not listen within 10 s"
-                time.sleep(0.05)
+                message = self.sock.recv(65536).decode()
+            except TimeoutError:
+                return out
+            out.append(message.split(": ", 1)[1] if message.startswith("<") else message)
+
+
+@pytest.fixture
+def journal() -> Iterator[Journal]:
+    # nginx started by root runs its worker as "nobody", which must reach the socket, as on a host
+    # (where nginx runs as its own user throughout) it reaches /dev/log.
+    folder = Path(tempfile.mkdtemp(prefix="kimi-gateway-log-"))
+    folder.chmod(0o755)
+    j = Journal(folder / "log.sock")
+    (folder / "log.sock").chmod(0o666)
+    yield j
+    j.sock.close()
+    shutil.rmtree(folder)
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, journal: Journal) -> Iterator[Start]:
+    if nginx() is None:
+        pytest.fail("nginx is not installed: scripts/test installs Debian's nginx and libnginx-mod-http-js")
+    started: list[LocalGateway] = []
+
+    def start(backend_url: str, fallback: FakeUpstream | None, prefix: str = "", **limits: Any) -> LocalGateway:
+        port = _free_port()
+        gateway = start_local(
+            tmp_path / f"gateway-{port}", KEYS, port,
+            backend_port=int(backend_url.rsplit(":", 1)[1]),
+            fallback_url=fallback.url + prefix if fallback else None,
+            served_name=SERVED, hosted_model=HOSTED_MODEL if fallback else None,
+            fallback_log=f"syslog:server=unix:{journal.path}", timeout_s=20, **limits,
+        )  # fmt: skip
+        started.append(gateway)
+        return gateway
 
     yield start
-    for proc, gateway in procs:
-        proc.terminate()
-        proc.wait(timeout=10)
+    for gateway in started:
+        gateway.stop()
         # Whatever happened, neither key reaches the journal.
         assert CLIENT_KEY not in gateway.log()
         assert FALLBACK_KEY not in gateway.log()
+    logged = "\n".join(journal.lines())
+    assert CLIENT_KEY not in logged
+    assert FALLBACK_KEY not in logged
 
 
 def call(
-    gateway: Gateway, method: str, path: str, doc: object = None, key: str | None = CLIENT_KEY
+    gateway: LocalGateway, method: str, path: str, doc: object = None, key: str | None = CLIENT_KEY
 ) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -225,19 +241,20 @@ def test_a_healthy_backend_gets_the_request_unchanged(backend: FakeUpstream, sta
     assert (seen.method, seen.path) == ("POST", "/v1/chat/completions")
     assert seen.headers["Authorization"] == f"Bearer {CLIENT_KEY}"
     assert seen.headers["Content-Type"] == "application/json"
+    assert seen.headers["Host"] == backend.url.removeprefix("http://")
     assert seen.body == json.dumps(request).encode()
-    # GETs and error statuses pass through as they are.
+    # GETs and error statuses other than the backend's "unavailable" pass through as they are.
     assert json.loads(call(gateway, "GET", "/v1/models")[2]) == {"object": "list", "data": [{"id": "local-router"}]}
     status, _, body = call(gateway, "POST", "/v1/completions", {"teapot": True})
     assert (status, json.loads(body)) == (418, {"error": {"message": "short and stout"}})
     assert backend.api_calls()[-1].path == "/v1/completions"
-    assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend": true, "fallback": false}')
+    assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend":true,"fallback":false}')
 
 
-def test_an_unhealthy_backend_sends_requests_to_the_hosted_api_with_its_key(
-    backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
+def test_an_unavailable_backend_sends_requests_to_the_hosted_api_with_its_key(
+    backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start, journal: Journal
 ) -> None:
-    backend.health = 503
+    backend.down = True
     gateway = start_gateway(backend.url, hosted)
     request = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "temperature": 0.6}
     status, _, body = call(gateway, "POST", "/v1/chat/completions", request)
@@ -246,34 +263,69 @@ def test_an_unhealthy_backend_sends_requests_to_the_hosted_api_with_its_key(
     (seen,) = hosted.api_calls()
     assert seen.headers["Authorization"] == f"Bearer {FALLBACK_KEY}"
     assert json.loads(seen.body) == {**request, "model": HOSTED_MODEL}
-    assert backend.api_calls() == []
     # Only the served name is rewritten; the hosted API's model list comes back as it is.
     call(gateway, "POST", "/v1/chat/completions", {"model": "kimi-k3.1-lite", "messages": []})
     assert json.loads(hosted.api_calls()[-1].body)["model"] == "kimi-k3.1-lite"
     assert json.loads(call(gateway, "GET", "/v1/models")[2]) == {"object": "list", "data": [{"id": "hosted-api"}]}
     # The service still answers, so its health says 200 and why.
-    assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend": false, "fallback": true}')
-    assert backend.api_calls() == []
+    assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend":false,"fallback":true}')
     host = hosted.url.removeprefix("http://")
-    lines = gateway.log().splitlines()
-    assert f"fallback: POST /v1/chat/completions -> {host} (backend unhealthy)" in lines
-    assert f"fallback: GET /v1/models -> {host} (backend unhealthy)" in lines
-    # The backend back: requests go to it again after the next health probe.
-    backend.health = 200
-    time.sleep(0.2)
+    lines = journal.lines()
+    assert f"fallback: POST /v1/chat/completions -> {host} (backend answered 503)" in lines
+    assert f"fallback: GET /v1/models -> {host} (backend answered 503)" in lines
+    # The backend back: the next request goes to it again.
+    backend.down = False
     assert json.loads(call(gateway, "POST", "/v1/chat/completions", request)[2])["answered_by"] == "local-router"
     assert backend.api_calls()[-1].headers["Authorization"] == f"Bearer {CLIENT_KEY}"
+    # Not listening at all is the same as unavailable.
+    stopped = start_gateway(f"http://127.0.0.1:{_free_port()}", hosted)
+    assert json.loads(call(stopped, "POST", "/v1/completions", request)[2])["answered_by"] == "hosted-api"
+
+
+H = HOSTED_MODEL.encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "sent"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, None),
+        (b'{"model": "kimi-other", "n": ' + b"9" * 5000 + b"}", None),
+        (b"model=kimi-local", None),
+        (
+            b'{"model": "kimi-local", "messages": [' + b"[" * 500 + b"]" * 500 + b"]}",
+            b'{"model": "%b", "messages": [' % H + b"[" * 500 + b"]" * 500 + b"]}",
+        ),
+        (
+            b'{"seed": 12345678901234567890123, "m": {"model": "kimi-local"}, "model" : "kimi-local"}',
+            b'{"seed": 12345678901234567890123, "m": {"model": "kimi-local"}, "model" : "%b"}' % H,
+        ),
+        (b'{"\\u006dodel": "kimi\\u002dlocal", "n": 1.50}', b'{"\\u006dodel": "%b", "n": 1.50}' % H),
+    ],
+    ids=["nested-array", "huge-int", "form", "nested-in-messages", "big-seed", "escaped"],
+)
+def test_the_fallback_changes_the_served_name_alone(
+    body: bytes, sent: bytes | None, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
+) -> None:
+    backend.down = True
+    gateway = start_gateway(backend.url, hosted)
+    status, _, _ = exchange(gateway, raw_request("POST", "/v1/chat/completions", body=body))
+    (seen,) = hosted.api_calls()
+    # The top-level served name becomes the hosted model's; every other byte goes as the client sent
+    # it, and a body that is not a JSON object with the served name goes as it came.
+    assert seen.body == (body if sent is None else sent)
+    assert status == 200
+    assert exchange(gateway, raw_request("GET", "/v1/models"))[0] == 200  # nginx still serves
 
 
 @pytest.mark.parametrize(
     "key",
-    [None, "wrong", FALLBACK_KEY, CLIENT_KEY + "x", "Basic " + CLIENT_KEY],
-    ids=["none", "wrong", "the-hosted-key", "longer", "basic"],
+    [None, "wrong", FALLBACK_KEY, CLIENT_KEY + "x", "Basic " + CLIENT_KEY, CLIENT_KEY.upper()],
+    ids=["none", "wrong", "the-hosted-key", "longer", "basic", "case"],
 )
 def test_a_request_without_the_client_key_is_refused_and_reaches_no_upstream(
     key: str | None, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
 ) -> None:
-    backend.health = 503  # the fallback is what an anonymous caller would be after
+    backend.down = True  # the fallback is what an anonymous caller would be after
     gateway = start_gateway(backend.url, hosted)
     conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
     headers = {"Content-Type": "application/json"}
@@ -282,22 +334,22 @@ def test_a_request_without_the_client_key_is_refused_and_reaches_no_upstream(
     conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": SERVED}), headers=headers)
     answer = conn.getresponse()
     assert answer.status == 401
+    assert answer.getheader("WWW-Authenticate") == "Bearer"
     assert "API key" in json.loads(answer.read())["error"]["message"]
     conn.close()
-    assert backend.api_calls() == []
-    assert hosted.api_calls() == []
+    assert backend.seen == []
+    assert hosted.seen == []
 
 
 def test_no_fallback_and_the_backend_down_answers_503(backend: FakeUpstream, start_gateway: Start) -> None:
-    backend.health = 503
-    for url in (backend.url, f"http://127.0.0.1:{_free_port()}"):  # unhealthy, then not listening at all
+    backend.down = True
+    for url in (backend.url, f"http://127.0.0.1:{_free_port()}"):  # unavailable, then not listening at all
         gateway = start_gateway(url, None)
         status, headers, body = call(gateway, "POST", "/v1/chat/completions", {"model": SERVED})
         assert status == 503
         assert headers["Content-Type"] == "application/json"
-        assert json.loads(body)["error"]["message"] == "the local backend is unhealthy and no fallback is configured"
-        assert call(gateway, "GET", "/health", key=None)[::2] == (503, b'{"backend": false, "fallback": false}')
-    assert backend.api_calls() == []
+        assert json.loads(body)["error"]["message"] == "the local backend is unavailable and no fallback is configured"
+        assert call(gateway, "GET", "/health", key=None)[::2] == (503, b'{"backend":false,"fallback":false}')
 
 
 def test_a_streamed_answer_passes_through_as_it_comes(backend: FakeUpstream, start_gateway: Start) -> None:
@@ -343,69 +395,11 @@ def test_a_close_delimited_answer_reaches_http11_and_http10_clients_intact(
     assert body == b"all of it, " * 1000
 
 
-def test_the_gateway_does_not_start_without_its_keys_or_with_a_malformed_one(tmp_path: Path, program: Path) -> None:
-    config = tmp_path / "gateway.json"
-    config.write_text(json.dumps({"bind": "127.0.0.1", "port": _free_port(), "backend": "http://127.0.0.1:9",
-                                  "fallback": {"url": "https://api.example", "model": HOSTED_MODEL},
-                                  "served_name": SERVED}))  # fmt: skip
-    command = [sys.executable, str(program), "--config", str(config)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KIMI_")}
-
-    def refusal(**keys: str) -> str:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=10, env={**env, **keys}, check=False)
-        assert run.returncode == 1
-        for key in keys.values():
-            assert key.strip() not in run.stderr
-        return run.stderr
-
-    assert refusal() == "KIMI_API_KEY is not set: clients could not be told apart from anyone else\n"
-    assert (
-        refusal(KIMI_API_KEY=CLIENT_KEY) == f"{config}: a fallback is configured but KIMI_FALLBACK_API_KEY is not set\n"
-    )
-    # A newline in a key would split the Authorization header it goes into: refused before listening,
-    # naming the variable and never showing the key.
-    injected = "sk-hosted-" + "h" * 8 + "\nX-Injected: 1"
-    assert refusal(KIMI_API_KEY=CLIENT_KEY, KIMI_FALLBACK_API_KEY=injected) == (
-        "KIMI_FALLBACK_API_KEY: a control character at position 19 of 32: a key may hold only visible ASCII characters\n"
-    )
-    assert refusal(KIMI_API_KEY="sk-client c", KIMI_FALLBACK_API_KEY=FALLBACK_KEY) == (
-        "KIMI_API_KEY: a space at position 10 of 11: a key may hold only visible ASCII characters\n"
-    )
-
-
-@pytest.mark.parametrize(
-    ("url", "rule"),
-    [
-        (
-            "https://api.example/v1/../admin",
-            "fallback.url: path '/v1/../admin': '..' segment is not allowed",
-        ),
-        ("https://api.example/tenant//v1", "fallback.url: path '/tenant//v1': empty segment"),
-        ("https://user:pw@api.example", "fallback.url must hold no user, query or fragment"),
-        ("https://api.example/?to=evil", "fallback.url must hold no user, query or fragment"),
-        ("https://api.example/#x", "fallback.url must hold no user, query or fragment"),
-        ("ftp://api.example", "fallback.url must be an http:// or https:// URL"),
-    ],
-)
-def test_a_fallback_url_the_gateway_could_be_steered_by_is_refused_at_start(
-    url: str, rule: str, tmp_path: Path, program: Path
-) -> None:
-    config = tmp_path / "gateway.json"
-    config.write_text(json.dumps({"bind": "127.0.0.1", "port": _free_port(), "backend": "http://127.0.0.1:9",
-                                  "fallback": {"url": url, "model": HOSTED_MODEL}, "served_name": SERVED}))  # fmt: skip
-    env = {**os.environ, "KIMI_API_KEY": CLIENT_KEY, "KIMI_FALLBACK_API_KEY": FALLBACK_KEY}
-    run = subprocess.run([sys.executable, str(program), "--config", str(config)], capture_output=True, text=True,
-                         timeout=10, env=env, check=False)  # fmt: skip
-    assert run.returncode == 1
-    (line,) = run.stderr.splitlines()
-    assert line.startswith(f"{config}: {rule}")
-
-
-def exchange(gateway: Gateway, request: bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+def exchange(gateway: LocalGateway, request: bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
     """Send ``request`` as raw bytes (no client library to tidy it up); the first answer's status, headers, body."""
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=timeout) as s:
         s.sendall(request)
-        answer = http.client.HTTPResponse(s)
+        answer = http.client.HTTPResponse(s, method=request.split(b" ", 1)[0].decode())
         answer.begin()
         return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
 
@@ -428,57 +422,72 @@ def raw_request(
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-ATTACKS = [
-    # Absolute-form: http.client would take Host and where to go from the client's URL.
-    ("GET", "http://evil.example/steal", 400, "only origin-form targets"),
-    ("POST", "http://evil.example/v1/chat/completions", 400, "only origin-form targets"),
-    ("CONNECT", "evil.example:443", 400, "only origin-form targets"),
-    ("OPTIONS", "*", 400, "only origin-form targets"),
+ALLOWED = {"/v1/chat/completions", "/v1/completions", "/v1/models"}
+# Requests no upstream may see: refused with the status given.
+REFUSED = [
+    # Absolute-form: the target would name a host of the client's choosing.
+    ("GET", "http://evil.example/steal", 400),
+    ("POST", "http://evil.example/v1/chat/completions", 400),
+    ("GET", "http://evil.example/v1/models", 400),
+    ("CONNECT", "evil.example:443", 400),
+    ("OPTIONS", "*", 400),
     # Out of the allowed paths, plainly or percent-encoded.
-    ("GET", "/v1/../../admin/keys", 400, "'..' segment is not allowed"),
-    ("GET", "/v1/%2e%2e/admin", 400, "'..' segment is not allowed"),
-    ("GET", "/v1/%2E%2E/%2e%2E/admin", 400, "'..' segment is not allowed"),
-    ("GET", "/v1/./models", 400, "'.' segment is not allowed"),
-    ("GET", "//v1/models", 400, "empty segment"),
-    ("GET", "/v1/models/", 400, "empty segment"),
-    ("GET", "/v1\\models", 400, "no backslash"),
-    ("GET", "/v1/%5cmodels", 400, "%5c decodes to a character"),
-    ("GET", "/v1%2fmodels", 400, "%2f decodes to a character"),
-    ("GET", "/v1/models%00", 400, "%00 decodes to a character"),
-    ("GET", "/v1/%zzmodels", 400, "not followed by two hex digits"),
-    ("GET", "/v1/caf\u00e9".encode(), 400, "only visible ASCII"),
-    ("GET", "/v1/models?next=http://evil.example", 400, "query strings are not served"),
+    ("GET", "/v1/../../admin/keys", 400),
+    ("GET", "/v1/%2e%2e/admin", 404),
+    ("GET", "/v1/%2E%2E/%2e%2E/%2e%2e/admin", 400),
+    ("GET", "/v1/models/", 404),
+    ("GET", "/v1\\models", 404),
+    ("GET", "/v1/%5cmodels", 404),
+    ("GET", "/v1/models%00", 400),
+    ("GET", "/v1/caf\u00e9".encode(), 404),
+    ("GET", "/v1/models?next=http://evil.example", 400),
     # Endpoints the hosted API (or the router's worker management) has, that clients are not given.
-    ("POST", "/v1/files", 404, "'/v1/files' is not served here"),
-    ("GET", "/admin/keys", 404, "'/admin/keys' is not served here"),
-    ("POST", "/add_worker", 404, "'/add_worker' is not served here"),
-    ("GET", "/v1/chat/completions", 405, "/v1/chat/completions takes POST, not GET"),
-    ("DELETE", "/v1/models", 405, "/v1/models takes GET, not DELETE"),
+    ("POST", "/v1/files", 404),
+    ("GET", "/admin/keys", 404),
+    ("POST", "/add_worker", 404),
+    ("GET", "/v1/chat/completions", 405),
+    ("DELETE", "/v1/models", 405),
+    ("HEAD", "/v1/models", 405),
+]
+# Spellings nginx reads as an allowed path: upstream gets that path alone, never the client's spelling.
+NORMALISED = [
+    ("GET", "/v1/./models"),
+    ("GET", "//v1/models"),
+    ("GET", "/v1%2fmodels"),
+    ("GET", "/admin/../v1/models"),
+    ("GET", "/v1/%6dodels"),
 ]
 
 
-@pytest.mark.parametrize(("method", "target", "status", "rule"), ATTACKS, ids=[f"{a[0]} {a[1]!r}" for a in ATTACKS])
+@pytest.mark.parametrize(("method", "target", "status"), REFUSED, ids=[f"{a[0]} {a[1]!r}" for a in REFUSED])
 def test_a_request_outside_the_allowed_endpoints_reaches_no_upstream(
-    method: str, target: str | bytes, status: int, rule: str,
+    method: str, target: str | bytes, status: int,
     backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start,
 ) -> None:  # fmt: skip
-    backend.health = 503  # the fallback is active: a forwarded request would carry the hosted key
+    backend.down = True  # the fallback is active: a forwarded request would carry the hosted key
     gateway = start_gateway(backend.url, hosted)
     body = json.dumps({"model": SERVED, "messages": []}).encode() if method == "POST" else b""
-    got, headers, answer = exchange(gateway, raw_request(method, target, body=body))
+    got, _, _ = exchange(gateway, raw_request(method, target, body=body))
     assert got == status
-    assert headers["content-type"] == "application/json"
-    assert rule in json.loads(answer)["error"]["message"]
-    if status == 405:
-        assert headers["allow"] in ("GET", "POST")
     assert hosted.seen == []
-    assert backend.api_calls() == []
+    assert backend.seen == []
+
+
+@pytest.mark.parametrize(("method", "target"), NORMALISED, ids=[f"{a[0]} {a[1]!r}" for a in NORMALISED])
+def test_a_path_nginx_normalises_reaches_upstream_as_the_allowed_path_alone(
+    method: str, target: str, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
+) -> None:
+    backend.down = True
+    gateway = start_gateway(backend.url, hosted, prefix="/tenant-a")
+    assert exchange(gateway, raw_request(method, target))[0] == 200
+    assert [(s.method, s.path) for s in backend.seen] == [("GET", "/v1/models")]
+    assert [(s.method, s.path) for s in hosted.seen] == [("GET", "/tenant-a/v1/models")]
 
 
 def test_the_fallback_gets_its_own_host_and_only_allowed_paths_below_its_prefix(
     backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
 ) -> None:
-    backend.health = 503
+    backend.down = True
     gateway = start_gateway(backend.url, hosted, prefix="/tenant-a")
     body = json.dumps({"model": SERVED, "messages": []}).encode()
     status, _, answer = exchange(gateway, raw_request("POST", "/v1/chat/completions", body=body))
@@ -486,27 +495,30 @@ def test_the_fallback_gets_its_own_host_and_only_allowed_paths_below_its_prefix(
     assert exchange(gateway, raw_request("GET", "/v1/models"))[0] == 200
     # A '..' would climb out of the prefix on a server that normalises the path after us.
     for target in ("/v1/../../admin", "/v1/%2e%2e/%2e%2e/admin", "http://evil.example/tenant-a/v1/models"):
-        assert exchange(gateway, raw_request("GET", target))[0] == 400
+        assert exchange(gateway, raw_request("GET", target))[0] in (400, 404)
     assert [(s.method, s.path) for s in hosted.seen] == [
         ("POST", "/tenant-a/v1/chat/completions"),
         ("GET", "/tenant-a/v1/models"),
     ]
-    # The client said "Host: evil.example": the fallback is told its own name, with the hosted key.
+    # The client said "Host: evil.example": the fallback is told its own name, with the hosted key,
+    # and gets none of the client's other headers.
     host = hosted.url.removeprefix("http://")
     assert {s.headers["Host"] for s in hosted.seen} == {host}
     assert {s.headers["Authorization"] for s in hosted.seen} == {f"Bearer {FALLBACK_KEY}"}
+    assert all("X-Forwarded-For" not in s.headers and "Cookie" not in s.headers for s in hosted.seen)
 
 
-def test_a_client_without_the_key_gets_no_100_continue_and_no_body_is_read(
+def test_a_client_without_the_key_is_refused_before_its_body_and_a_client_with_it_goes_on(
     backend: FakeUpstream, start_gateway: Start
 ) -> None:
     gateway = start_gateway(backend.url, None)
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
         s.sendall(raw_request("POST", "/v1/chat/completions", key="wrong").replace(
             b"Content-Length: 0", b"Content-Length: 60000000\r\nExpect: 100-continue"))  # fmt: skip
-        first = s.recv(65536)  # read raw: a client library would skip a "100 Continue"
-        assert first.startswith(b"HTTP/1.1 401 ")
-        assert b"\r\nConnection: close\r\n" in first
+        said = b""
+        while b"HTTP/1.1 401 " not in said:  # nginx says "100 Continue" to throw the body away, then 401
+            said += s.recv(65536)
+    assert backend.seen == []
     # With the key, the client is told to go on, and its body goes through.
     body = json.dumps({"model": SERVED, "messages": []}).encode()
     request = raw_request("POST", "/v1/chat/completions", body=body, headers={"Expect": "100-continue"})
@@ -519,43 +531,16 @@ def test_a_client_without_the_key_gets_no_100_continue_and_no_body_is_read(
         assert (answer.status, json.loads(answer.read())["answered_by"]) == (200, "local-router")
 
 
-@pytest.mark.parametrize(
-    ("body", "rule"),
-    [
-        (b"[" * 100_000 + b"]" * 100_000, "request body: JSON nested deeper than 64 levels"),
-        (
-            b'{"model": "kimi-local", "messages": [' + b"[" * 5000 + b"]" * 5000 + b"]}",
-            "request body: JSON nested deeper than 64 levels",
-        ),
-        (b'{"model": "kimi-local", "n": ' + b"9" * 5000 + b"}", "request body: not JSON: an integer over 4300 digits"),
-        (b'{"model": "kimi-local", "temperature": NaN}', "request body: not JSON: NaN is not JSON"),
-        (b"[1, 2]", "request body: must be a JSON object"),
-        (b"model=kimi-local", "request body: not JSON: Expecting value"),
-    ],
-    ids=["nested-array", "nested-in-messages", "huge-int", "nan", "not-an-object", "form"],
-)
-def test_a_body_that_is_not_a_bounded_json_object_is_answered_400(
-    body: bytes, rule: str, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
-) -> None:
-    backend.health = 503  # the fallback path decodes the body to rewrite its model
-    gateway = start_gateway(backend.url, hosted)
-    status, _, answer = exchange(gateway, raw_request("POST", "/v1/chat/completions", body=body))
-    assert status == 400
-    assert json.loads(answer)["error"]["message"].startswith(rule)
-    assert hosted.seen == []
-
-
 def test_a_health_check_with_a_body_does_not_smuggle_a_request(backend: FakeUpstream, start_gateway: Start) -> None:
     gateway = start_gateway(backend.url, None)
     smuggled = raw_request("GET", "/v1/models")
-    request = b"GET /health HTTP/1.1\r\nContent-Length: %d\r\n\r\n%b" % (len(smuggled), smuggled)
+    request = b"GET /health HTTP/1.1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(smuggled), smuggled)
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
         s.sendall(request)
         received = b""
-        while chunk := s.recv(65536):  # the gateway closes the connection after one answer
+        while chunk := s.recv(65536):
             received += chunk
     assert received.count(b"HTTP/1.1 ") == 1
-    assert received.startswith(b"HTTP/1.1 400 ")
     assert backend.api_calls() == []
 
 
@@ -589,46 +574,43 @@ def test_slow_idle_and_oversized_heads_are_cut_off(backend: FakeUpstream, start_
     # A connection that says nothing, and one that sends its head a byte at a time (slowloris).
     with socket.create_connection(("127.0.0.1", gateway.port)) as s:
         seconds, said = _closed_within(s, 5)
-        assert (seconds < 2, said) == (True, b"")
+        assert (seconds < 2.5, said) == (True, b"")
     with socket.create_connection(("127.0.0.1", gateway.port)) as s:
         s.sendall(b"GET /v1/models HTTP/1.1\r\n")
-        seconds, said = _closed_within(s, 5, trickle=b"X-Slow: " + b"a" * 1000)
-        assert seconds < 3
-        assert said.startswith(b"HTTP/1.1 408 ")
+        seconds, _ = _closed_within(s, 5, trickle=b"X-Slow: " + b"a" * 1000)
+        assert seconds < 2.5
     # A kept-alive connection is closed once idle.
     with socket.create_connection(("127.0.0.1", gateway.port)) as s:
         s.sendall(raw_request("GET", "/v1/models"))
         time.sleep(0.3)
         seconds, said = _closed_within(s, 5)
         assert said.startswith(b"HTTP/1.1 200 ")
-        assert seconds < 2
-    # One header line of 65 KB, or 99 headers: refused while reading, before the key is even looked at.
+        assert seconds < 2.5
+    # One header line of 65 KB, or heads over four 8 KiB buffers: refused while reading, before the key is looked at.
     big = raw_request("GET", "/v1/models", headers={"X-Big": "a" * 65_000})
-    many = raw_request("GET", "/v1/models", headers={f"X-H{i}": "v" for i in range(99)})
-    for request, rule in ((big, "a header line over 8192 bytes"), (many, "more than 64 headers")):
-        status, headers, answer = exchange(gateway, request)
-        assert (status, headers["connection"]) == (431, "close")
-        assert json.loads(answer)["error"]["message"] == rule
+    many = raw_request("GET", "/v1/models", headers={f"X-H{i}": "v" * 1000 for i in range(99)})
+    for request in (big, many):
+        status, headers, _ = exchange(gateway, request)
+        assert (status, headers["connection"]) == (400, "close")
     assert len(backend.api_calls()) == 1  # the kept-alive connection's request only
 
 
-def _threads(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
-
-
-def test_connections_beyond_the_cap_are_answered_503_at_once(backend: FakeUpstream, start_gateway: Start) -> None:
-    gateway = start_gateway(backend.url, None, max_connections=4, header_timeout_s=2)
-    idle = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(4)]
+def test_requests_beyond_the_cap_are_answered_503_at_once(backend: FakeUpstream, start_gateway: Start) -> None:
+    gateway = start_gateway(backend.url, None, max_connections=2)
+    body = json.dumps({"model": SERVED, "stream": True, "messages": []}).encode()
+    held = []
     try:
-        time.sleep(0.3)
-        status, headers, answer = exchange(gateway, raw_request("GET", "/v1/models"), timeout=1)
-        assert (status, headers["connection"]) == (503, "close")
-        assert json.loads(answer)["error"]["message"] == "too many connections: try again shortly"
-        assert _threads(gateway.pid) <= 4 + 1
+        for _ in range(2):  # two streams the backend holds open
+            s = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            s.sendall(raw_request("POST", "/v1/chat/completions", body=body))
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+            held.append(s)
+        started = time.monotonic()
+        status, _, _ = exchange(gateway, raw_request("GET", "/v1/models"), timeout=5)
+        assert (status, time.monotonic() - started < 2) == (503, True)
     finally:
-        for s in idle:
+        backend.gate.set()
+        for s in held:
             s.close()
-    # The idle connections gave their places back when their head deadline passed (or they left).
-    time.sleep(0.5)
+    time.sleep(0.3)
     assert call(gateway, "GET", "/v1/models")[0] == 200

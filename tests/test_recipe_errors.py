@@ -419,6 +419,42 @@ CASES: list[tuple[str, Mutation, str]] = [
         "(and a port), found 'https://api.moonshot.ai\\x1b/v1'",
     ),
     (
+        "fallback-url-climbing-out-of-its-path",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://api.moonshot.ai/v1/../admin"})),
+        "topologies.gb300-pd.router.fallback.url: String should match pattern "
+        "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'https://api.moonshot.ai/v1/../admin'",
+    ),
+    (
+        "fallback-url-with-an-empty-segment",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://api.moonshot.ai/tenant//v1"})),
+        "topologies.gb300-pd.router.fallback.url: String should match pattern "
+        "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'https://api.moonshot.ai/tenant//v1'",
+    ),
+    (
+        "fallback-url-with-a-query",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://api.moonshot.ai/v1?to=evil"})),
+        "topologies.gb300-pd.router.fallback.url: String should match pattern "
+        "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'https://api.moonshot.ai/v1?to=evil'",
+    ),
+    (
+        "fallback-url-with-a-fragment",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://api.moonshot.ai/v1#x"})),
+        "topologies.gb300-pd.router.fallback.url: String should match pattern "
+        "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'https://api.moonshot.ai/v1#x'",
+    ),
+    (
+        "fallback-url-with-a-variable",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "https://api.moonshot.ai/$host"})),
+        "topologies.gb300-pd.router.fallback.url: String should match pattern "
+        "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'https://api.moonshot.ai/$host'",
+    ),
+    (
+        "fallback-url-not-http",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "ftp://api.moonshot.ai"})),
+        "topologies.gb300-pd.router.fallback.url: String should match pattern "
+        "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'ftp://api.moonshot.ai'",
+    ),
+    (
         "topology-name-not-a-name",
         _rename((TOPO, "tpu7x"), "TPU 7x"),
         "topologies.TPU 7x.[key]: String should match pattern '^[a-z0-9][a-z0-9_.-]*$', found str 'TPU 7x'",

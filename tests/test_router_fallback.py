@@ -3,7 +3,7 @@ to loopback behind it, and both keys stay in the gateway's secret file."""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import re
 import shutil
 import subprocess
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hostside.gateway import MAX_CONNECTIONS
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.gateway import MAX_CONNECTIONS
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe, load_recipe
@@ -47,21 +48,42 @@ def test_the_gateway_fronts_the_router_and_holds_both_keys(prod: Inventory, tmp_
     assert router.argv[router.argv.index("--host") + 1 : router.argv.index("--port") + 2] == (
         "127.0.0.1", "--port", "8009",
     )  # fmt: skip
+    assert gateway.argv == ("/usr/sbin/nginx", "-c", "/etc/kimi/kimi-gateway/nginx.conf", "-e", "stderr")
     files = {f.path: f for f in render_host(recipe, host, SECRETS)}
-    secret = files["/etc/kimi/secrets/kimi-gateway.env"]
-    assert (secret.secret, secret.mode, secret.owner) == (True, 0o600, "root")
-    assert "hosted-key" in secret.content
-    assert "local-key" in secret.content
-    config = json.loads(files["/etc/kimi/kimi-gateway.json"].content)
-    assert config == {
-        "bind": "10.41.0.50", "port": 8000, "backend": "http://127.0.0.1:8009",
-        "fallback": {"url": "https://api.moonshot.ai", "model": "kimi-k3.1-pro"},
-        "served_name": recipe.model.served_name, "health_every_s": 2.0, "timeout_s": 600,
-    }  # fmt: skip
+    keys = files["/etc/kimi/secrets/kimi-gateway-keys.conf"]
+    assert (keys.secret, keys.mode, keys.owner) == (True, 0o600, "root")
+    # The client key as the digest of the header clients send; the hosted key as it is sent.
+    assert f'default "{hashlib.sha256(b"Bearer local-key").hexdigest()}";' in keys.content
+    assert "local-key" not in keys.content
+    assert 'default "Bearer hosted-key";' in keys.content
+    # The smoke test's copy of the client key; the hosted key is in the credential alone.
+    env = files["/etc/kimi/secrets/kimi-gateway.env"]
+    assert (env.secret, env.mode, env.owner, env.content.count("=")) == (True, 0o600, "root", 1)
+    assert "hosted-key" not in env.content
+    config = files["/etc/kimi/kimi-gateway/nginx.conf"].content
+    assert "listen \"10.41.0.50:8000\";" in config
+    assert "server \"127.0.0.1:8009\";" in config
+    assert "include \"/run/credentials/kimi-gateway.service/kimi-gateway-keys.conf\";" in config
+    # The hosted API over TLS, its certificate checked, its own Host.
+    assert "proxy_pass \"https://api.moonshot.ai\";" in config
+    assert "proxy_ssl_verify on;" in config
+    assert "proxy_set_header Host \"api.moonshot.ai\";" in config
+    script = files["/etc/kimi/kimi-gateway/gateway.js"].content
+    assert f'var SERVED = "{recipe.model.served_name}";' in script
+    assert 'var HOSTED = "kimi-k3.1-pro";' in script
     for f in files.values():
         if not f.secret:
             assert "hosted-key" not in f.content
-    assert all("key" not in word for word in gateway.argv + router.argv)
+            assert "local-key" not in f.content
+    assert all("key" not in word for word in router.argv)
+
+
+def test_a_key_nginx_could_not_read_back_is_refused_without_showing_it(prod: Inventory, tmp_path: Path) -> None:
+    recipe, host = _with_fallback(prod, tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        render_host(recipe, host, {**SECRETS, "KIMI_FALLBACK_API_KEY": 'hosted"; } include /etc/shadow; #'})
+    assert "is not allowed in an nginx value" in str(refused.value)
+    assert "shadow" not in str(refused.value)
 
 
 def test_the_gateway_runs_as_a_user_of_its_own_within_bounds(prod: Inventory, tmp_path: Path) -> None:
@@ -72,10 +94,10 @@ def test_the_gateway_runs_as_a_user_of_its_own_within_bounds(prod: Inventory, tm
     # cannot read the gateway's memory, environment or keys, nor signal it.
     assert (unit["User"], unit["DynamicUser"]) == (["kimi-gateway"], ["yes"])
     assert recipe.paths.user not in unit["User"] + unit["Group"]
-    assert unit["EnvironmentFile"][-1] == "/etc/kimi/secrets/kimi-gateway.env"
-    assert files["/etc/kimi/secrets/kimi-gateway.env"].owner == "root"
-    # Room for every connection the program serves (a thread and two descriptors each), no more.
-    assert MAX_CONNECTIONS < int(unit["TasksMax"][0]) <= MAX_CONNECTIONS + 100
+    assert unit["LoadCredential"] == ["kimi-gateway-keys.conf:/etc/kimi/secrets/kimi-gateway-keys.conf"]
+    assert files["/etc/kimi/secrets/kimi-gateway-keys.conf"].owner == "root"
+    # Room for nginx's one worker and its connections (two descriptors per client), no more.
+    assert int(unit["TasksMax"][0]) <= 16
     assert 2 * MAX_CONNECTIONS < int(unit["LimitNOFILE"][0]) <= 8 * MAX_CONNECTIONS
     assert unit["MemoryMax"] == ["2G"]
     # The router beside it still runs as the engine user.

@@ -163,6 +163,12 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
             # the weights transfer key of a fan-out alone is the engine group's to read (its peer service)
             expected = {True: " root:kimi 440", False: " root:root 600"}
             assert all(line.endswith(expected["weights-transfer-key " in line]) for line in modes), (host, modes)
+        # Debian's nginx, from the host's archive, serves as the gateway alone: the package's own
+        # service is masked and nothing listens on port 80.
+        assert ssh("kimi-h4", "systemctl is-enabled nginx.service || true", cluster_state=pd_cluster).strip() == "masked"
+        assert ":80 " not in ssh("kimi-h4", "ss -ltnH", cluster_state=pd_cluster)
+        assert ssh("kimi-h4", "cat /proc/$(systemctl show -p MainPID --value kimi-gateway)/comm",
+                   cluster_state=pd_cluster).strip() == "nginx"  # fmt: skip
         gateway_user = ssh("kimi-h4", "ps -o user= -p $(systemctl show -p MainPID --value kimi-gateway)",
                            cluster_state=pd_cluster)  # fmt: skip
         assert gateway_user.strip() not in ("root", "kimi")
@@ -170,7 +176,6 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
                    cluster_state=pd_cluster).strip() == "refused"  # fmt: skip
         for host in ("kimi-h1", "kimi-h2", "kimi-h3"):  # no local backend is healthy any more
             ssh(host, "systemctl stop kimi-vllm", cluster_state=pd_cluster)
-        time.sleep(3)  # the gateway looks at the router's health every 2 s
         answer = chat(f"http://{router}:8000", prompt, key_file=PD_DIR / "api-key")
         assert answer["choices"][0]["message"]["content"] == "HOSTED"
         (seen,) = _Hosted.seen

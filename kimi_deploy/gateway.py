@@ -1,0 +1,135 @@
+"""The gateway of a topology with ``router.fallback``: Debian's nginx in front of the router.
+
+nginx takes the router's address and port, the router moves to loopback behind it. It answers
+clients that bear the topology's key, through the router, and when the router cannot answer (no
+connection, or 502/503/504) through the hosted API with the hosted key and the hosted model's name
+(``templates/gateway.nginx.conf.j2``, ``templates/gateway.js.j2``). Both keys reach nginx as one
+systemd credential: a root-only file of ``map`` blocks (``templates/gateway-keys.nginx.j2``) that
+systemd copies into the unit's credentials directory at each start, for nginx, run as a user of its
+own (``DynamicUser=``), to include.
+
+The packages come from the host's own Debian archive: ``nginx`` and ``libnginx-mod-http-js``
+(nginx's JavaScript module, njs, which puts the hosted model's name in a request body). Debian's
+``nginx.service`` is masked before they are installed, so the package starts no server of its own
+(its post-install script starts only a unit that is not masked); the gateway is the only nginx.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from kimi_deploy.listen import LOOPBACK, bind_address
+from kimi_deploy.placement import TopologyPlacement
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import ConfigFile, Unit
+
+GATEWAY_UNIT = "kimi-gateway"
+NGINX = "/usr/sbin/nginx"
+# Debian's packages (bookworm: nginx 1.22.1, njs 0.7.9): the server and its JavaScript module.
+PACKAGES = ("nginx", "libnginx-mod-http-js")
+MASKED = ("nginx.service",)
+NJS_MODULE = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+# Where systemd puts a unit's credentials (systemd.exec(5), "Credentials": $CREDENTIALS_DIRECTORY).
+CREDENTIALS = f"/run/credentials/{GATEWAY_UNIT}.service"
+# The keys file, under <config>/secrets and, as a credential of the same name, under CREDENTIALS.
+KEYS_FILE = f"{GATEWAY_UNIT}-keys.conf"
+# Limits (the unit's LimitNOFILE= and MemoryMax= leave room for them).
+MAX_CONNECTIONS = 1024
+HEADER_TIMEOUT_S = 5
+IDLE_TIMEOUT_S = 15
+TIMEOUT_S = 600
+MAX_BODY_MB = 64
+# The endpoints clients may ask for, and their methods: the OpenAI-compatible ones both routers
+# serve for a generative model (vllm-router's src/server.rs routes them to the engines; its other
+# routes manage workers and are not for clients).
+ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET"}
+
+
+def upstream(url: str) -> dict[str, Any]:
+    """What the templates need of an upstream URL (the recipe checked its form): scheme, host,
+    ``host:port`` as the Host header, and its path prefix without the trailing ``/``."""
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return {
+        "scheme": parts.scheme,
+        "host": parts.hostname,
+        "netloc": netloc,
+        "prefix": parts.path.rstrip("/"),
+    }
+
+
+def config_data(
+    *,
+    bind: str,
+    port: int,
+    backend_port: int,
+    fallback_url: str | None,
+    served_name: str,
+    hosted_model: str | None,
+    runtime_dir: str = f"/run/{GATEWAY_UNIT}",
+    keys_file: str = f"{CREDENTIALS}/{KEYS_FILE}",
+    js_file: str,
+    fallback_log: str = "syslog:server=unix:/dev/log,nohostname,tag=kimi_gateway",
+    max_connections: int = MAX_CONNECTIONS,
+    header_timeout_s: int = HEADER_TIMEOUT_S,
+    idle_timeout_s: int = IDLE_TIMEOUT_S,
+    timeout_s: int = TIMEOUT_S,
+) -> dict[str, Any]:
+    """The data ``gateway.nginx.conf.j2`` renders; the defaults are the host's paths and limits."""
+    return {
+        "bind": f"[{bind}]" if ":" in bind else bind,
+        "port": port,
+        "backend": f"{LOOPBACK}:{backend_port}",
+        "fallback": upstream(fallback_url) if fallback_url else None,
+        "served_name": served_name,
+        "hosted_model": hosted_model,
+        "runtime_dir": runtime_dir,
+        "keys_file": keys_file,
+        "js_file": js_file,
+        "njs_module": NJS_MODULE,
+        "fallback_log": fallback_log,
+        "max_connections": max_connections,
+        "header_timeout_s": header_timeout_s,
+        "idle_timeout_s": idle_timeout_s,
+        "timeout_s": timeout_s,
+        "max_body_mb": MAX_BODY_MB,
+        "routes": ROUTES,
+    }
+
+
+def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
+    """With ``router.fallback``: nginx in front of the router, holding both keys as a credential."""
+    topo = tp.topology
+    if topo.router is None or topo.router.fallback is None:
+        return None
+    assert tp.router is not None
+    fallback = topo.router.fallback
+    folder = f"{recipe.paths.config}/{GATEWAY_UNIT}"
+    conf, js = f"{folder}/nginx.conf", f"{folder}/gateway.js"
+    data = config_data(
+        bind=bind_address(topo, tp.router),
+        port=topo.ports.router,
+        backend_port=topo.ports.router_backend,
+        fallback_url=fallback.url,
+        served_name=recipe.model.served_name,
+        hosted_model=fallback.model,
+        js_file=js,
+    )
+    return Unit(
+        name=GATEWAY_UNIT,
+        kind="gateway",
+        stage=3,
+        description=f"Kimi {recipe.model.served_name} gateway (nginx) with the hosted API as fallback ({tp.name})",
+        argv=(NGINX, "-c", conf, "-e", "stderr"),
+        env={},
+        listens={"router": topo.ports.router},
+        bind=data["bind"].strip("[]"),
+        # The client key also in an EnvironmentFile: nginx does not read it there (its workers keep
+        # no environment), the deploy's smoke test through the gateway does.
+        secret_env=("KIMI_API_KEY",),
+        secret_files={f"{recipe.paths.config}/secrets/{KEYS_FILE}": "gateway-keys.nginx.j2"},
+        files={conf: ConfigFile("gateway.nginx.conf.j2", data), js: ConfigFile("gateway.js.j2", data)},
+    )

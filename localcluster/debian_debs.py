@@ -1,0 +1,93 @@
+"""Real Debian packages for the cluster's Debian mirror, downloaded once on the controller and cached.
+
+The controller (Debian 12, like the hosts) fetches them with apt's own client, ``apt-get download``
+(apt-get(8): it downloads the candidate version's .deb into the current directory), from whatever
+mirror its apt is configured for; they are cached in ``<cache>/debian-debs/`` with a stamp written
+last, so a second ``cluster up`` downloads nothing. Changing ``DEBIAN_PACKAGES`` fetches them anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from localcluster import log, run
+from localcluster.image import cache_lock
+from localcluster.state import ClusterError
+
+# What the deploy installs on a router host: nginx with its njs (JavaScript) module. Their other
+# dependencies (libc6, libcrypt1, libpcre2-8-0, libssl3, zlib1g, iproute2, debconf) are in the hosts'
+# base image (localcluster.image): tests/localcluster/test_debian_live.py checks that apt installs these three alone.
+DEBIAN_PACKAGES = ("nginx", "nginx-common", "libnginx-mod-http-js")
+CACHE_NAME = "debian-debs"
+STAMP = ".done"
+DOWNLOAD_TIMEOUT_S = 600
+
+
+def _download(into: Path, packages: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    # apt downloads as its sandbox user _apt, which must be able to write here.
+    with contextlib.suppress(LookupError, PermissionError):
+        shutil.chown(into, user="_apt")
+    return subprocess.run(
+        ["apt-get", "download", "-q", *packages],
+        cwd=into,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=DOWNLOAD_TIMEOUT_S,
+        check=False,
+    )
+
+
+def _fetch(cache: Path, packages: tuple[str, ...]) -> list[str]:
+    """Download ``packages`` into ``cache``; return the file names, one per package."""
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+        where = Path(tmp)
+        got = _download(where, packages)
+        if got.returncode != 0:
+            # A controller whose package lists were never fetched knows no candidates yet.
+            log.info("debian debs: apt-get download failed, running apt-get update once")
+            run(["apt-get", "update", "-q"], timeout=DOWNLOAD_TIMEOUT_S)
+            got = _download(where, packages)
+        if got.returncode != 0:
+            lines = (got.stderr.strip() or got.stdout.strip()).splitlines()
+            raise ClusterError(
+                f"controller: apt-get download {' '.join(packages)}: exit {got.returncode}: "
+                f"{lines[-1] if lines else 'no output'}"
+            )
+        debs = sorted(where.glob("*.deb"))
+        by_package = {run(["dpkg-deb", "--field", str(deb), "Package"]).stdout.strip(): deb for deb in debs}
+        if len(debs) != len(packages) or sorted(by_package) != sorted(packages):
+            raise ClusterError(f"controller: apt-get download gave {sorted(by_package)}, not {sorted(packages)}")
+        names = []
+        for package in packages:
+            deb = by_package[package]
+            os.chown(deb, os.getuid(), os.getgid())
+            deb.chmod(0o644)
+            os.replace(deb, cache / deb.name)
+            names.append(deb.name)
+        return names
+
+
+def ensure(cache_dir: Path, packages: tuple[str, ...] = DEBIAN_PACKAGES) -> list[Path]:
+    """The cached .deb files of ``packages`` (one each), downloaded when the cache lacks them."""
+    cache = cache_dir / CACHE_NAME
+    stamp = cache / STAMP
+    with cache_lock(cache):
+        try:
+            recorded: dict[str, str] = json.loads(stamp.read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            recorded = {}
+        if sorted(recorded) != sorted(packages) or not all((cache / n).is_file() for n in recorded.values()):
+            stamp.unlink(missing_ok=True)
+            for old in cache.glob("*.deb"):
+                old.unlink()
+            log.info("debian debs: downloading %s", " ".join(packages))
+            recorded = dict(zip(packages, _fetch(cache, packages), strict=True))
+            stamp.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return [cache / recorded[p] for p in packages]
