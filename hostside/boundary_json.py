@@ -1,6 +1,6 @@
 """JSON that comes from outside the controller's own recipe, decoded within bounds.
 
-Peers' lines (the comm check), clients' request bodies (the gateway): ``loads`` refuses, with one
+Peers' lines (the comm check) and the host probes' answers: ``loads`` refuses, with one
 ``ValueError`` line that starts with ``where`` and names the rule, a text over ``max_bytes``, one
 nested deeper than ``max_depth`` (measured before decoding, so a deep text never reaches Python's
 recursive decoder and its ``RecursionError``), a text that is not strict JSON (``NaN`` and

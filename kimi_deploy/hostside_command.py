@@ -2,9 +2,9 @@
 
 A host program travels alone, but may import the ``hostside.boundary_*`` modules: the checks of
 everything that comes from outside the controller's own recipe (names from the Hub, texts and JSON
-from peer hosts, client requests), the same code the controller runs. ``bundle`` makes one Python
+from peer hosts, requests to the weights peer), the same code the controller runs. ``bundle`` makes one Python
 source of a program and the boundary modules it imports; that source is what a host runs, from
-argv (``hostside_command``) or from a file a converge writes (the scrub, the gateway).
+argv (``hostside_command``) or from a file a converge writes (the scrub).
 """
 
 from __future__ import annotations
