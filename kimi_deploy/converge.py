@@ -164,7 +164,7 @@ def _secrets(deploy: DeployPlan) -> dict[str, str] | None:
         return None
     field = f"topologies.{deploy.spec.topology}.expose.api_key"
     key = read_secret(expose.api_key, deploy.recipe_file, field)
-    secrets = {"VLLM_API_KEY": key, "api-key": key, "KIMI_API_KEY": key}
+    secrets = {"VLLM_API_KEY": key, "api-key": key, "KIMI_API_KEY": key, "OPENAI_API_KEY": key}
     router = deploy.recipe.topologies[deploy.spec.topology].router
     if deploy.spec.role == "router" and router is not None and router.fallback is not None:
         where = f"topologies.{deploy.spec.topology}.router.fallback.api_key"

@@ -1,8 +1,9 @@
-"""The gateway of a topology with ``router.fallback``: Debian's nginx in front of the router.
+"""The gateway of a prefill/decode topology: Debian's nginx in front of the router.
 
-nginx takes the router's address and port, the router moves to loopback behind it. It answers
-clients that bear the topology's key, through the router, and when the router cannot answer (no
-connection, or 502/503/504) through the hosted API with the hosted key and the hosted model's name
+The routers (vllm-router, sglang-router) check no client key, so nginx takes the router's address
+and port and the router listens on loopback behind it. It answers clients that bear the
+topology's key, through the router, and with ``router.fallback``, when the router cannot answer (no
+connection, or 502/503/504), through the hosted API with the hosted key and the hosted model's name
 (``templates/gateway.nginx.conf.j2``, ``templates/gateway.js.j2``). Both keys reach nginx as one
 systemd credential: a root-only file of ``map`` blocks (``templates/gateway-keys.nginx.j2``) that
 systemd copies into the unit's credentials directory at each start, for nginx, run as a user of its
@@ -43,6 +44,7 @@ MAX_BODY_MB = 64
 # The endpoints clients may ask for, and their methods: the OpenAI-compatible ones both routers
 # serve for a generative model (vllm-router's src/server.rs routes them to the engines; its other
 # routes manage workers and are not for clients).
+HOSTED = " with the hosted API as fallback"
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET"}
 
 
@@ -101,9 +103,10 @@ def config_data(
 
 
 def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
-    """With ``router.fallback``: nginx in front of the router, holding both keys as a credential."""
+    """In front of every router (which checks no client key): nginx on the topology's address and
+    port, holding the client key and, with ``router.fallback``, the hosted key as a credential."""
     topo = tp.topology
-    if topo.router is None or topo.router.fallback is None:
+    if topo.router is None:
         return None
     assert tp.router is not None
     fallback = topo.router.fallback
@@ -113,16 +116,16 @@ def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
         bind=bind_address(topo, tp.router),
         port=topo.ports.router,
         backend_port=topo.ports.router_backend,
-        fallback_url=fallback.url,
+        fallback_url=fallback.url if fallback else None,
         served_name=recipe.model.served_name,
-        hosted_model=fallback.model,
+        hosted_model=fallback.model if fallback else None,
         js_file=js,
     )
     return Unit(
         name=GATEWAY_UNIT,
         kind="gateway",
         stage=3,
-        description=f"Kimi {recipe.model.served_name} gateway (nginx) with the hosted API as fallback ({tp.name})",
+        description=f"Kimi {recipe.model.served_name} gateway (nginx){HOSTED if fallback else ''} ({tp.name})",
         argv=(NGINX, "-c", conf, "-e", "stderr"),
         env={},
         listens={"router": topo.ports.router},

@@ -307,7 +307,7 @@ class Ports(Strict):
     mooncake_metadata: Port = 8080
     bootstrap: Port = 8998
     router: Port = 8000
-    # with a router fallback: the router on loopback behind the gateway that takes ``router``
+    # the router of a prefill/decode topology, on loopback behind the gateway that takes ``router``
     router_backend: Port = 8009
     # the communication check's own port on every host of a multi-host topology (before starts)
     comm_check: Port = 29499

@@ -4,7 +4,7 @@ gateway in front of a router with a fallback is ``kimi_deploy.gateway``)."""
 from __future__ import annotations
 
 from kimi_deploy.host_paths import engine_dir, router_dir
-from kimi_deploy.listen import LOOPBACK, api_port, bind_address
+from kimi_deploy.listen import LOOPBACK, api_port
 from kimi_deploy.placement import TopologyPlacement
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Unit
@@ -24,12 +24,9 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     assert tp.router is not None
     package = topo.router.package
     version = recipe.routers[package].version
-    bind = bind_address(topo, tp.router)
-    port = topo.ports.router
-    label = "router"
-    if topo.router.fallback is not None:
-        # The gateway takes the router's address and port; the router answers it on loopback.
-        bind, port, label = LOOPBACK, topo.ports.router_backend, "router_backend"
+    # vllm-router and sglang-router check no client key: the router listens on loopback, behind
+    # the gateway (kimi_deploy.gateway) that takes the topology's address and port and checks it.
+    bind, port = LOOPBACK, topo.ports.router_backend
     upstream = api_port(topo)
     argv: list[str] = [f"{router_dir(recipe, package)}/bin/{package}"]
     if package == "vllm-router":
@@ -53,11 +50,12 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         description=f"Kimi {recipe.model.served_name} {package} {version} ({tp.name} router)",
         argv=tuple(argv),
         env={},
-        listens={label: port},
+        listens={"router_backend": port},
         bind=bind,
-        # The router passes each client's bearer token on to the engines, so it holds no key of its
-        # own in argv; the deploy's smoke test through it reads the key from its secret file.
-        secret_env=("VLLM_API_KEY",) if topo.expose is not None and label == "router" else (),
+        # vllm-router 0.1.17 sends the prefill and decode engines "Bearer $OPENAI_API_KEY" from its
+        # own environment, not the client's key (tests/localcluster/test_router_contract.py): the
+        # topology's key, from its secret file, never in argv.
+        secret_env=("OPENAI_API_KEY",) if topo.expose is not None else (),
     )
 
 

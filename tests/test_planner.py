@@ -89,13 +89,14 @@ def test_prefill_instances_span_two_trays_with_tensor_parallel(full: Plan) -> No
 
 def test_router_sends_to_every_instance_leader_and_starts_last(full: Plan) -> None:
     router = full.for_host("gb300-rt01")
-    master, front = router.units
-    assert (master.name, master.stage, front.name, front.stage) == (
-        "kimi-mooncake-master",
-        0,
-        "kimi-router",
-        3,
-    )
+    _master, front, gateway = router.units
+    assert [(u.name, u.stage) for u in router.units] == [
+        ("kimi-mooncake-master", 0), ("kimi-router", 3), ("kimi-gateway", 3),
+    ]  # fmt: skip
+    # The router checks no client key: it listens on loopback, the gateway on the topology's address.
+    assert (front.bind, dict(front.listens)) == ("127.0.0.1", {"router_backend": 8009})
+    assert (gateway.bind, dict(gateway.listens)) == ("10.41.0.50", {"router": 8000})
+    assert front.secret_env == ("OPENAI_API_KEY",)
     argv = list(front.argv)
     prefill = [argv[i + 1] for i, a in enumerate(argv) if a == "--prefill"]
     decode = [argv[i + 1] for i, a in enumerate(argv) if a == "--decode"]

@@ -22,7 +22,7 @@ from kimi_deploy.servespec import HostPlan
 from tests.unit_file import directives
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRETS = {"KIMI_API_KEY": "local-key", "KIMI_FALLBACK_API_KEY": "hosted-key", "VLLM_API_KEY": "local-key",
+SECRETS = {"KIMI_API_KEY": "local-key", "KIMI_FALLBACK_API_KEY": "hosted-key", "VLLM_API_KEY": "local-key", "OPENAI_API_KEY": "local-key",
            "api-key": "local-key"}  # fmt: skip
 
 

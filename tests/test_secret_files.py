@@ -32,7 +32,7 @@ from operations import units
 from tests.conftest import RECIPE, ROOT
 
 KEY = "sk-kimi-d41c9a0e77b2"
-SECRETS = {"VLLM_API_KEY": KEY, "api-key": KEY, "KIMI_API_KEY": KEY}
+SECRETS = {"VLLM_API_KEY": KEY, "api-key": KEY, "KIMI_API_KEY": KEY, "OPENAI_API_KEY": KEY}
 ROUTER = "gb300-rt01"
 
 
@@ -46,14 +46,15 @@ def _commands(files: list[RenderedFile], group: str, current: dict[str, str | No
 
 
 def _secret_files(recipe: Recipe, prod: Inventory) -> list[RenderedFile]:
-    """The secret files of the router of gb300-pd and of an exposed SGLang leader."""
+    """The secret files of the router of gb300-pd and of an exposed SGLang leader (the gateway's in
+    front of the router: tests/test_router_fallback.py)."""
     topo = recipe.topologies["tpu7x"].model_copy(
         update={"expose": Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY"))}
     )
     exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "tpu7x": topo}})
     files = render_host(recipe, plan(recipe, RECIPE, prod).for_host(ROUTER), SECRETS)
     files += render_host(exposed, plan(exposed, RECIPE, prod, "tpu7x").for_host("tpu7x-w0"), SECRETS)
-    return [f for f in files if f.secret]
+    return [f for f in files if f.secret and "kimi-gateway" not in f.path]
 
 
 def test_secret_contents_travel_only_on_the_standard_input_of_the_command_writing_them(
@@ -260,7 +261,7 @@ def test_a_changed_key_still_restarts_the_units_that_read_it(
     running = {u.name: {"active": "active", "applied": u.release, "secrets_changed": False} for u in old.units}
     state = {"units": running, "files": on_host}
     restarts = {u.name for u in new.units if units.needs_start(u.release, unit_state(u, state))}
-    assert restarts == {"kimi-router"}  # it reads the key; the Mooncake master does not
+    assert restarts == {"kimi-router", "kimi-gateway"}  # they read the key; the Mooncake master does not
     assert not any(units.needs_start(u.release, unit_state(u, state)) for u in old.units)
     # A secret another deploy left to the engine user reads as differing (the probe's null).
     router = next(u for u in old.units if u.name == "kimi-router")
@@ -306,8 +307,15 @@ def test_the_probe_request_names_the_owner_and_mode_of_each_secret(
     recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     request = converge_request(_router_converge(recipe, prod, monkeypatch, KEY))
-    assert request["modes"] == {"/etc/kimi/secrets/kimi-router.env": "root:root:600"}
-    assert request["unit_secrets"] == {"kimi-router": ["/etc/kimi/secrets/kimi-router.env"]}
+    assert request["modes"] == {
+        "/etc/kimi/secrets/kimi-router.env": "root:root:600",
+        "/etc/kimi/secrets/kimi-gateway.env": "root:root:600",
+        "/etc/kimi/secrets/kimi-gateway-keys.conf": "root:root:600",
+    }
+    assert request["unit_secrets"] == {
+        "kimi-router": ["/etc/kimi/secrets/kimi-router.env"],
+        "kimi-gateway": ["/etc/kimi/secrets/kimi-gateway-keys.conf", "/etc/kimi/secrets/kimi-gateway.env"],
+    }
 
 
 def test_the_release_record_holds_no_secret(recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from tests.conftest import RECIPE
 from tests.unit_file import directives, exec_argv
 
 SECRET = "sk-kimi-test-9f1c2e7a"
-SECRETS = {"VLLM_API_KEY": SECRET, "api-key": SECRET}
+SECRETS = {"VLLM_API_KEY": SECRET, "api-key": SECRET, "KIMI_API_KEY": SECRET, "OPENAI_API_KEY": SECRET}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,9 @@ def test_every_engine_flag_is_in_the_pinned_release_catalog(recipe: Recipe, full
 def test_units_run_unprivileged_and_hardened(recipe: Recipe, full_plan: Plan) -> None:
     for host, f in _units(recipe, full_plan):
         d = directives(f.content)
-        assert d["User"] == [recipe.paths.user], f"{host.host}: {f.path}"
+        # The gateway, holding the keys, is not even the engine user: a user of its own.
+        user = "kimi-gateway" if f.path.endswith("/kimi-gateway.service") else recipe.paths.user
+        assert d["User"] == [user], f"{host.host}: {f.path}"
         assert d["NoNewPrivileges"] == ["yes"]
         assert d["ProtectSystem"] == ["strict"]
         assert d["CapabilityBoundingSet"] == [""]
@@ -68,7 +71,11 @@ def test_engines_listen_on_loopback_unless_the_recipe_exposes_them(recipe: Recip
     for host in full_plan.hosts:
         topo = recipe.topologies[host.topology]
         for unit in host.units:
-            if "api" not in unit.listens and "router" not in unit.listens:
+            if unit.kind == "router":
+                # It checks no client key: on loopback, behind the gateway that checks it.
+                assert unit.argv[unit.argv.index("--host") + 1] == "127.0.0.1", f"{host.host} {unit.name}"
+                continue
+            if "api" not in unit.listens:
                 continue
             host_flag = unit.argv[unit.argv.index("--host") + 1]
             if topo.expose is None:
@@ -90,13 +97,14 @@ def test_secrets_only_in_files_root_alone_reads(recipe: Recipe, full_plan: Plan)
                 secret_files += 1
                 assert (f.mode, f.owner, f.group(recipe.paths.user)) == (0o600, "root", "root")
                 assert f.path.startswith(f"{recipe.paths.config}/secrets/")
-                assert SECRET in f.content
+                # the gateway's nginx holds the client key as the digest of its Authorization line
+                assert SECRET in f.content or hashlib.sha256(f"Bearer {SECRET}".encode()).hexdigest() in f.content
             else:
                 assert SECRET not in f.content, f"{host.host}: {f.path} holds a secret"
                 assert f.mode == 0o644
-    # Every exposed engine leader of gb300-pd (3 prefill + 1 decode) has its secret env file, and
-    # so has its router (read by the smoke test through it; the router passes clients' keys on).
-    assert secret_files == 5
+    # Every exposed engine leader of gb300-pd (3 prefill + 1 decode) has its secret env file, the
+    # router its own (the key it sends the engines), the gateway its keys and the smoke test's copy.
+    assert secret_files == 7
 
 
 def test_rendered_files_never_show_their_content_when_printed(recipe: Recipe, full_plan: Plan) -> None:

@@ -4,6 +4,12 @@ With ``--vllm-pd-disaggregation`` each completion goes to a prefill engine first
 and then to a decode engine, whose answer the client gets; ``--policy`` picks the engines (round
 robin here, whatever the name). ``/health`` is 200 only while every engine's ``/health`` is, so a
 readiness wait on the router waits for the engines behind it. Stdlib only.
+
+Keys, as vllm-router 0.1.17 handles them (tests/localcluster/test_router_contract.py runs the real
+wheel and this stand-in side by side and holds them to the same answers): it checks no client key;
+``GET /v1/models`` reaches an engine with the client's ``Authorization`` header as it came; a
+completion reaches the prefill and the decode engine with ``Authorization: Bearer
+$OPENAI_API_KEY`` from the router's own environment, whatever the client sent.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import argparse
 import http.client
 import itertools
 import json
+import os
 import signal
 import socket
 import sys
@@ -101,11 +108,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _forward_headers(self) -> dict[str, str]:
+    def _client_headers(self) -> dict[str, str]:
+        """A model list's request: the client's Authorization header passed on as it came."""
         headers = {"Content-Type": "application/json"}
         if auth := self.headers.get("Authorization"):
             headers["Authorization"] = auth
         return headers
+
+    def _engine_headers(self) -> dict[str, str]:
+        """A completion's requests to the engines: the router's own key, never the client's."""
+        return {"Content-Type": "application/json", "Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}"}
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
@@ -116,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(200, b"OK", "text/plain")
         elif path == "/v1/models":
-            headers = self._forward_headers()
+            headers = self._client_headers()
             status, kind, body = _call(self.server.decode[0], "GET", path, headers=headers, timeout=_FORWARD_TIMEOUT)
             self._send(status or 502, body, kind)
         elif path == "/metrics":
@@ -139,7 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, b'{"error":"request body is not JSON"}')
             return
         prefill, decode = self.server.pick()
-        headers = self._forward_headers()
+        headers = self._engine_headers()
         if prefill is not None and isinstance(request, dict):
             # The prefill engine computes the KV cache; its one token is thrown away, as the real router does.
             first = json.dumps({**request, "max_tokens": 1, "stream": False}).encode()

@@ -105,6 +105,17 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
                cluster_state=pd_cluster)  # fmt: skip
     assert "--vllm-pd-disaggregation" in argv
     assert key not in argv
+    # The router checks no client key (as the real vllm-router): nginx in front refuses a client
+    # without the key before the router, and the router's own port is loopback's alone.
+    wrong = tmp_path / "wrong-key"
+    wrong.write_text("not-the-key\n", encoding="utf-8")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        chat(f"http://{router}:8000", "hi", key_file=wrong)
+    assert refused.value.code == 401
+    reach = ssh("kimi-h1", f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' http://{router}:8009/health || true",
+                cluster_state=pd_cluster)  # fmt: skip
+    assert reach.strip() in ("000", "")
+    assert "127.0.0.1:8009" in ssh("kimi-h4", "ss -ltnH", cluster_state=pd_cluster)
     # No NVIDIA driver on the router's CPU host.
     assert ssh("kimi-h4", "dpkg-query -W -f '${Status}' nvidia-driver-cuda 2>/dev/null || true",
                cluster_state=pd_cluster) != "install ok installed"  # fmt: skip

@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -487,6 +488,100 @@ def test_vllm_router_sends_prefill_then_decode(venvs: dict[str, Path], model: Pa
     finally:
         codes = [e.terminate() for e in (router, *engines)]
     assert codes == [0, 0, 0]
+
+
+class _Recorder(ThreadingHTTPServer):
+    """An engine as a router sees it: answers every path 200 and records (method, path, Authorization)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str | None]] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                recorder.seen.append((self.command, self.path, self.headers.get("Authorization")))
+                if self.path == "/v1/models":
+                    doc: Any = {"object": "list", "data": [{"id": "kimi-local", "object": "model"}]}
+                else:
+                    doc = {"id": "x", "object": "chat.completion", "model": "kimi-local", "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "READY"}}]}
+                body = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def api_calls(self) -> list[tuple[str, str, str | None]]:
+        return [s for s in self.seen if s[1] not in ("/health", "/metrics")]
+
+
+@pytest.fixture(scope="module")
+def real_vllm_router() -> Path:
+    """vllm-router 0.1.17 from PyPI (a Rust binary that runs on CPU), installed once per machine in
+    the cluster's cache: the real router the stand-in is held to."""
+    cache = Path(os.environ.get("KIMI_CLUSTER_CACHE", "/var/cache/kimi-cluster")) / "real" / "vllm-router-0.1.17"
+    if not (cache / ".done").exists():
+        shutil.rmtree(cache, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(cache)], check=True, timeout=120)
+        pip = subprocess.run([str(cache / "bin" / "python"), "-m", "pip", "install", "-q", "--only-binary", ":all:",
+                              "vllm-router==0.1.17"], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+        assert pip.returncode == 0, pip.stdout + pip.stderr
+        (cache / ".done").write_text("vllm-router==0.1.17\n", encoding="utf-8")
+    return cache / "bin" / "vllm-router"
+
+
+@pytest.mark.parametrize("which", ["real", "stand-in"])
+def test_vllm_router_keys_contract(which: str, real_vllm_router: Path, venvs: dict[str, Path]) -> None:
+    """What the deploy relies on of vllm-router 0.1.17's keys, held of the real router and of the
+    stand-in alike: no client key is checked; a completion reaches the prefill and the decode engine
+    with "Bearer $OPENAI_API_KEY" from the router's environment, whatever the client sent; a model
+    list reaches an engine with the client's header as it came."""
+    prefill, decode = _Recorder(), _Recorder()
+    program = real_vllm_router if which == "real" else venvs["vllm"] / "bin" / "vllm-router"
+    port = free_port()
+    router = Engine([str(program), "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
+                     "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"],
+                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        router.wait_ready(base, timeout=60)
+        body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+        for key in ("client-key", None):
+            status, answer = call(f"{base}/v1/chat/completions", body, key=key)
+            assert (status, answer["choices"][0]["message"]["content"]) == (200, "READY")
+        completions = [s for s in prefill.api_calls() + decode.api_calls() if s[1] == "/v1/chat/completions"]
+        assert {s[2] for s in completions} == {"Bearer router-key"}
+        assert {s[1] for s in prefill.api_calls()} >= {"/v1/chat/completions"}
+        assert {s[1] for s in decode.api_calls()} >= {"/v1/chat/completions"}
+        assert call(f"{base}/v1/models", key="client-key")[0] == 200
+        models = [s for s in prefill.api_calls() + decode.api_calls() if s[1] == "/v1/models"]
+        assert [s[2] for s in models] == ["Bearer client-key"]
+    finally:
+        if which == "stand-in":
+            assert router.terminate() == 0
+        else:
+            router.proc.kill()
+            router.finish()
+        prefill.shutdown()
+        decode.shutdown()
 
 
 def test_tokenspeed_serve(venvs: dict[str, Path], model: Path) -> None:
