@@ -1,9 +1,12 @@
 """Wait for an engine to be ready and check that it really serves: prints one JSON line.
 
 Input: one argument, base64 of zlib-compressed JSON: {"unit", "url", "served_name", "prompt",
-"expect", "timeout_s", "key_file", "key_var"}. Exit 0 when /health is up, /v1/models lists the
-served name and a chat completion's content contains ``expect`` with a finish_reason; exit 1
-otherwise, with the reason and the unit's journal tail.
+"expect", "timeout_s", "max_tokens" (64 when absent: releases recorded before it), "key_file",
+"key_var"}. Exit 0 when /health is up, /v1/models lists the served name, and a chat completion
+answered by the served name has ``expect`` in its content with a finish_reason; exit 1 otherwise,
+with the reason and the unit's journal tail. An answer that used its whole budget
+(finish_reason "length") without ``expect`` is a failure of its own, told apart: the budget, not
+the server, may be what is wrong (a reasoning parser spends tokens on reasoning_content first).
 """
 
 from __future__ import annotations
@@ -106,16 +109,26 @@ def main() -> None:
         "model": req["served_name"],
         "messages": [{"role": "user", "content": req["prompt"]}],
         "temperature": 0,
-        "max_tokens": 64,
+        "max_tokens": int(req.get("max_tokens") or 64),
     }
     status, answer = _call(f"{base}/v1/chat/completions", key, body)
     try:
         choice = answer["choices"][0]
         content = choice["message"]["content"] or ""
+        reasoning = choice["message"].get("reasoning_content") or ""
         finish = choice.get("finish_reason")
-    except (TypeError, KeyError, IndexError):
+    except (TypeError, KeyError, IndexError, AttributeError):
         _fail(req, f"chat completion answered status {status} without a choice")
         return
+    if answer.get("model") != req["served_name"]:
+        _fail(req, f"chat completion answered by model {str(answer.get('model'))[:80]!r}, not {req['served_name']!r}")
+    if finish == "length" and req["expect"] not in content:
+        _fail(
+            req,
+            f"chat completion used its whole budget of {body['max_tokens']} tokens (finish_reason length) "
+            f"with {len(reasoning)} characters of reasoning and content {content[:80]!r}, without {req['expect']!r}: "
+            "raise smoke.max_tokens before concluding the server is broken",
+        )
     if req["expect"] not in content or not finish:
         _fail(req, f"chat completion content {content[:80]!r} (finish_reason {finish}) lacks {req['expect']!r}")
     print(json.dumps({"ok": True, "ready_s": round(ready, 3), "content": content[:80], "finish_reason": finish}))

@@ -115,6 +115,16 @@ class Converge:
     masked: list[str] = field(default_factory=list)
 
 
+# What the smoke prompt and the chat template take of the context, at most.
+SMOKE_PROMPT_ROOM = 512
+
+
+def smoke_budget(max_tokens: int, max_model_len: int) -> int:
+    """The smoke answer's max_tokens: the recipe's, within what the context leaves after the prompt
+    (an engine refuses a request whose prompt and budget exceed max_model_len)."""
+    return max(1, min(max_tokens, max_model_len - SMOKE_PROMPT_ROOM))
+
+
 def digest(files: list[RenderedFile]) -> str:
     """One digest over everything a unit reads: a change to any of them restarts it.
 
@@ -243,6 +253,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                     "prompt": recipe.smoke.prompt,
                     "expect": recipe.smoke.expect,
                     "timeout_s": recipe.smoke.timeout_s,
+                    "max_tokens": smoke_budget(recipe.smoke.max_tokens, recipe.topologies[spec.topology].max_model_len),
                     "key_file": key_file,
                     "key_var": key_var,
                 },

@@ -176,6 +176,11 @@ class Smoke(Strict):
     prompt: str = "Reply with exactly the word READY and nothing else."
     expect: Annotated[str, StringConstraints(min_length=1)] = "READY"
     timeout_s: Positive = 3600
+    # The answer's budget. With a reasoning parser the model reasons first (reasoning_content) and
+    # answers after: a small budget ends in finish_reason "length" with no answer, which says
+    # nothing of the server (the serving guides: raise the budget before concluding it is broken).
+    # Capped per topology at its max_model_len less room for the prompt.
+    max_tokens: Positive = 4096
 
 
 class Accelerators(Strict):

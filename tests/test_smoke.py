@@ -1,0 +1,121 @@
+"""The deploy's smoke test (hostside/smoke.py, as the host runs it) against an engine on loopback
+whose answers each test sets: what passes, and the one line each failure gets."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+import zlib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimi_deploy.converge import SMOKE_PROMPT_ROOM, smoke_budget
+from tests.bundled import bundled_program
+
+SERVED = "kimi-local"
+
+
+class Engine(ThreadingHTTPServer):
+    """An OpenAI-compatible engine whose chat answer is ``reply``; records the chat requests."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.reply: dict[str, Any] = {}
+        self.requests: list[dict[str, Any]] = []
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _json(self, doc: object) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._json({"object": "list", "data": [{"id": SERVED}]} if self.path == "/v1/models" else {})
+
+            def do_POST(self) -> None:
+                engine.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self._json(engine.reply)
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    server = Engine()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _answer(content: str, finish: str, model: str = SERVED, reasoning: str | None = None) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    return {"object": "chat.completion", "model": model, "choices": [{"index": 0, "message": message,
+                                                                      "finish_reason": finish}]}  # fmt: skip
+
+
+def _smoke(engine: Engine, tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess[str]:
+    request = {"unit": "kimi-test-engine", "url": f"http://127.0.0.1:{engine.server_address[1]}",
+               "served_name": SERVED, "prompt": "Reply with exactly the word READY and nothing else.",
+               "expect": "READY", "timeout_s": 10, "key_file": None, "key_var": None, **extra}  # fmt: skip
+    argument = base64.b64encode(zlib.compress(json.dumps(request).encode())).decode()
+    program = bundled_program("smoke.py", tmp_path)
+    return subprocess.run([sys.executable, str(program), argument], capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+
+
+def test_an_answer_with_the_expected_word_passes_and_asks_with_the_recipes_budget(
+    engine: Engine, tmp_path: Path
+) -> None:
+    engine.reply = _answer("READY", "stop", reasoning="The user wants one word.")
+    run = _smoke(engine, tmp_path, max_tokens=4096)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["finish_reason"] == "stop"
+    (asked,) = engine.requests
+    assert (asked["model"], asked["max_tokens"]) == (SERVED, 4096)
+
+
+def test_a_budget_spent_on_reasoning_is_told_apart_from_a_broken_server(engine: Engine, tmp_path: Path) -> None:
+    engine.reply = _answer("", "length", reasoning="Let me think. " * 50)
+    run = _smoke(engine, tmp_path, max_tokens=256)
+    assert run.returncode == 1
+    first = run.stderr.splitlines()[0]
+    assert first == (
+        "kimi-deploy: kimi-test-engine: chat completion used its whole budget of 256 tokens (finish_reason length) "
+        "with 700 characters of reasoning and content '', without 'READY': raise smoke.max_tokens before "
+        "concluding the server is broken; journal tail:"
+    )
+
+
+def test_an_answer_from_another_model_fails(engine: Engine, tmp_path: Path) -> None:
+    engine.reply = _answer("READY", "stop", model="some-other-model")
+    run = _smoke(engine, tmp_path)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0] == (
+        "kimi-deploy: kimi-test-engine: chat completion answered by model 'some-other-model', not 'kimi-local'; "
+        "journal tail:"
+    )
+    assert engine.requests[0]["max_tokens"] == 64  # a request recorded before the budget was a setting
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "max_model_len", "budget"),
+    [(4096, 131072, 4096), (4096, 4096, 4096 - SMOKE_PROMPT_ROOM), (4096, 256, 1)],
+)
+def test_the_smoke_budget_fits_the_topologys_context(max_tokens: int, max_model_len: int, budget: int) -> None:
+    assert smoke_budget(max_tokens, max_model_len) == budget
