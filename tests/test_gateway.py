@@ -24,6 +24,7 @@ import pytest
 
 from tests.gateway_local import LocalGateway, nginx
 from tests.gateway_local import start as start_local
+from tests.json_reply import send_json
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_KEY = "sk-client-" + "c" * 32
@@ -65,12 +66,7 @@ def _handler(fake: FakeUpstream) -> type[BaseHTTPRequestHandler]:
             return
 
         def _json(self, code: int, doc: object) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, doc, code)
 
         def do_GET(self) -> None:
             self._serve()

@@ -18,6 +18,7 @@ import pytest
 
 from kimi_deploy.converge import SMOKE_PROMPT_ROOM, smoke_budget
 from tests.bundled import bundled_program
+from tests.json_reply import send_json
 
 SERVED = "kimi-local"
 
@@ -36,20 +37,12 @@ class Engine(ThreadingHTTPServer):
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-            def _json(self, doc: object) -> None:
-                body = json.dumps(doc).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
             def do_GET(self) -> None:
-                self._json({"object": "list", "data": [{"id": SERVED}]} if self.path == "/v1/models" else {})
+                send_json(self, {"object": "list", "data": [{"id": SERVED}]} if self.path == "/v1/models" else {})
 
             def do_POST(self) -> None:
                 engine.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self._json(engine.reply)
+                send_json(self, engine.reply)
 
         super().__init__(("127.0.0.1", 0), Handler)
 

@@ -38,6 +38,7 @@ from localcluster.standins.kimi_standin.cmdline import Catalog
 from localcluster.standins.kimi_standin.engine import check_command_line
 from localcluster.standins.vllm_router_main import parse_args as router_args
 from localcluster.wheels import DEFAULT_RELEASES, build_all, build_wheel, catalog_json, catalog_source
+from tests.json_reply import send_json
 from tests.unit_file import exec_argv
 
 LOAD_SECONDS = "0.2"
@@ -513,12 +514,7 @@ class _Recorder(ThreadingHTTPServer):
                 else:
                     doc = {"id": "x", "object": "chat.completion", "model": "kimi-local", "choices": [
                         {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "READY"}}]}
-                body = json.dumps(doc).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, doc)
 
             do_GET = do_POST = _answer
 
