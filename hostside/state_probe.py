@@ -7,7 +7,8 @@ Input: one argument, base64 of zlib-compressed JSON:
    "models": the folder of a model's revisions | null, "packages": [Debian package]}
 Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
          "files": {path: sha256|null (absent, or not of the owner and mode "modes" names)},
-         "units": {name: {..., "secrets_changed": bool}}, "timers": {name: {...}},
+         "units": {name: {..., "secrets_changed": bool, "restarts": int, "restarts_verified": int}},
+         "timers": {name: {...}},
          "revisions": {"present": [revision], "history": [revision]} | null,
          "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed}}
 """
@@ -155,10 +156,24 @@ def _secrets_changed(paths: list[str], marker: str) -> bool:
     return False
 
 
+def _restarts_verified(marker: str) -> int:
+    """systemd's restarts of a unit that a smoke test found serving since the deploy last started
+    it (``<marker>.restarts``, written by hostside/smoke.py; older than the start: none)."""
+    try:
+        if os.stat(f"{marker}.restarts").st_mtime_ns < os.stat(marker).st_mtime_ns:
+            return 0
+        with open(f"{marker}.restarts", encoding="utf-8") as f:
+            text = f.read(20).strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0
+
+
 def _units(names: list[str], secrets: dict[str, list[str]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
-        props = _show(f"{name}.service", "ActiveState,SubState,MainPID,UnitFileState")
+        props = _show(f"{name}.service", "ActiveState,SubState,MainPID,UnitFileState,NRestarts")
+        restarts = props.get("NRestarts", "")
         marker = os.path.join(APPLIED, name)
         try:
             with open(marker, encoding="utf-8") as f:
@@ -172,6 +187,8 @@ def _units(names: list[str], secrets: dict[str, list[str]] | None = None) -> dic
             "enabled": props.get("UnitFileState", ""),
             "applied": applied,
             "secrets_changed": _secrets_changed((secrets or {}).get(name, []), marker),
+            "restarts": int(restarts) if restarts.isdigit() else 0,
+            "restarts_verified": _restarts_verified(marker),
         }
     return out
 

@@ -2,13 +2,15 @@
 
 Input: one argument, base64 of zlib-compressed JSON:
   {"path", "requirements", "index_url", "marker", "uv": {"version", "dir"},
-   "lock": {"text": str} | {"own": sha256} | null, "stage": path | null}
+   "lock": {"text": str} | {"own": sha256} | null, "stage": path | null, "without": [name, ...]}
 
 uv comes from the index like everything else: it is installed once, with the venv module and pip,
 into ``uv.dir`` (a folder per uv version, complete once its marker is there). The lock is the
 exact ``name==version`` set with the index's hashes, for this host's Python and platform: given
 (another host's, used when resolved for the same platform), ``own`` (the one in ``path``, whose
 digest must match), or resolved here. With ``stage`` the lock is only resolved and written there.
+Names in ``without`` are resolved as if no package required them (a uv override whose marker is
+never true), so they are neither in the lock nor installed.
 
 Every lock text, given, own or resolved here, is checked (``hostside.boundary_lock.check_lock``)
 before it is written or handed to uv: only ``name==version`` lines each with ``--hash=sha256:``,
@@ -35,6 +37,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -43,10 +46,12 @@ from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from hostside.boundary_lock import check_lock, freeze_pins
+from hostside.boundary_text import shown
 
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
 # Names in the index's file links: "name-1.2.3-py3-none-any.whl", "name-1.2.3.tar.gz".
 _FILE = re.compile(r'href="(?:[^"]*/)?([^/"#]+?)(?:\.whl|\.tar\.gz|\.zip)[#"]')
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _DOWN = (
     r"503|502|504|Connection refused|tcp connect error|error sending request|timed out|"
     r"Network is unreachable|dns error|Max retries exceeded|Could not fetch URL"
@@ -116,6 +121,12 @@ def _fail(message: str, *remove: str) -> NoReturn:
     sys.exit(1)
 
 
+# uv unpacks every wheel into a temporary cache first (it runs with --no-cache): beside the
+# releases, not in /tmp, which is often a small tmpfs (an engine release unpacks to gigabytes)
+# and another filesystem (uv then copies each file into the venv instead of linking it).
+_TMP = ".kimi-uv-tmp"
+
+
 def _run(argv: list[str], index_url: str, *remove: str, stdin: str | None = None) -> str:
     env = {
         **os.environ,
@@ -171,12 +182,23 @@ def _checked(text: str, requirements: list[str], what: str, *remove: str) -> dic
         _fail(f"{what} is refused: {exc}", *remove)
 
 
-def _resolve(uv: str, requirements: list[str], index_url: str, *remove: str) -> str:
+def _resolve(uv: str, requirements: list[str], index_url: str, without: list[str], *remove: str) -> str:
     """The lock of ``requirements`` for this host: exact pins with the index's hashes, wheels only
-    (resolving builds no source distribution, so runs nothing from the index)."""
+    (resolving builds no source distribution, so runs nothing from the index); no package of
+    ``without`` in it."""
     argv = [uv, "pip", "compile", "--no-config", "--no-cache", "--no-build", "--python", sys.executable]
-    argv += ["--generate-hashes", "--no-header", "--no-annotate", "--index-url", index_url, "-"]
-    pins = _run(argv, index_url, *remove, stdin="".join(f"{r}\n" for r in requirements))
+    argv += ["--generate-hashes", "--no-header", "--no-annotate", "--index-url", index_url]
+    bad = [name for name in without if not isinstance(name, str) or not _NAME.fullmatch(name)]
+    if bad:
+        _fail(f"without: {shown(bad[0])} is not a package name", *remove)
+    with tempfile.TemporaryDirectory(prefix="kimi-uv-") as folder:
+        if without:
+            overrides = os.path.join(folder, "without.txt")
+            # An override replaces every requirement on the package; one whose marker never holds
+            # removes it (uv has no other way to leave out a dependency another package declares).
+            _write(overrides, "".join(f'{name} ; sys_platform == "never"\n' for name in sorted(without)))
+            argv += ["--override", overrides]
+        pins = _run([*argv, "-"], index_url, *remove, stdin="".join(f"{r}\n" for r in requirements))
     return f"# platform: {_platform()}\n# index: {index_url}\n{pins}"
 
 
@@ -211,7 +233,7 @@ def _lock_text(req: dict[str, Any], uv: str, new: str) -> tuple[str, str]:
         if f"# platform: {_platform()}\n" in lock["text"]:
             return lock["text"], "given"
         print(f"kimi-deploy: {path}: the lock given is for another platform, not {_platform()}", file=sys.stderr)
-    return _resolve(uv, req["requirements"], index_url, new), "resolved here"
+    return _resolve(uv, req["requirements"], index_url, req.get("without") or [], new), "resolved here"
 
 
 def _swap(new: str, path: str) -> None:
@@ -226,12 +248,23 @@ def _swap(new: str, path: str) -> None:
 
 def main() -> None:
     req: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
-    path, index_url = req["path"], req["index_url"]
-    started = time.monotonic()
     given = (req.get("lock") or {}).get("text")
     if given:
-        # Another host's text: checked before anything runs, uv and its bootstrap included.
-        _checked(given, req["requirements"], f"{path}: the lock given")
+        # Another host's text: checked before anything runs or is made, uv and its bootstrap included.
+        _checked(given, req["requirements"], f"{req['path']}: the lock given")
+    tmp = os.path.join(os.path.dirname(req["path"]), _TMP)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp, mode=0o700)
+    os.environ["TMPDIR"] = tmp
+    try:
+        _install(req)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _install(req: dict[str, Any]) -> None:
+    path, index_url = req["path"], req["index_url"]
+    started = time.monotonic()
     uv = _bootstrap(req["uv"]["version"], req["uv"]["dir"], index_url)
     if req.get("stage"):
         folder, name = os.path.split(req["stage"])
@@ -240,7 +273,7 @@ def main() -> None:
         for old in os.listdir(folder):
             if old.startswith(name.split("@")[0] + "@"):
                 os.remove(os.path.join(folder, old))
-        text = _resolve(uv, req["requirements"], index_url)
+        text = _resolve(uv, req["requirements"], index_url, req.get("without") or [])
         packages = len(_checked(text, req["requirements"], f"{path}: the lock resolved from {index_url}"))
         _write(req["stage"], text)
         print(json.dumps({"ok": True, "stage": req["stage"], "packages": packages}))

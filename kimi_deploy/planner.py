@@ -10,19 +10,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kimi_deploy import engine_sglang, engine_tokenspeed, engine_vllm
-from kimi_deploy.catalog import CatalogMissing, load_catalog
+from kimi_deploy.catalog import Catalog, CatalogMissing, load_catalog
 from kimi_deploy.engine_unit import node_role
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.gateway import gateway_unit
 from kimi_deploy.host_paths import engine_dir, model_dir, router_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
-from kimi_deploy.recipe import Recipe, Topology
+from kimi_deploy.recipe import EngineName, Recipe, Topology
 from kimi_deploy.router_units import mooncake_master_unit, router_unit
-from kimi_deploy.servespec import HostPlan, Plan, Unit
+from kimi_deploy.servespec import CPU_ANY, HostPlan, Plan, Unit
 
-# Arguments before the first flag: the launch prefix and, for vLLM, the model path.
-ARGV_POSITIONALS = {"vllm": 3, "sglang": 2, "tokenspeed": 2}
+
+def engine_catalog(recipe: Recipe, engine: EngineName) -> Catalog:
+    """The flag catalog of the pinned release of ``engine``, by the distribution it installs."""
+    release = recipe.engines[engine]
+    return load_catalog(release.distribution(engine), release.version)
+
+
+def argv_positionals(catalog: Catalog) -> int:
+    """Arguments before the first flag: the launch prefix and, for ``vllm serve``, the model path."""
+    return len(catalog.launch) + (1 if catalog.launch[-1:] == ("serve",) and catalog.engine == "vllm" else 0)
 
 # Recipe fields whose values must be names the engine release registers.
 _REGISTRY_FIELDS: tuple[tuple[str, str, Callable[[Topology], list[str]]], ...] = (
@@ -41,7 +49,7 @@ _REGISTRY_FIELDS: tuple[tuple[str, str, Callable[[Topology], list[str]]], ...] =
 def _check_names(recipe: Recipe, recipe_file: str, name: str, topo: Topology) -> None:
     version = recipe.engines[topo.engine].version
     try:
-        catalog = load_catalog(topo.engine, version)
+        catalog = engine_catalog(recipe, topo.engine)
     except CatalogMissing as exc:
         raise ConfigError(recipe_file, f"engines.{topo.engine}.version", str(exc)) from None
     for field, registry, values in _REGISTRY_FIELDS:
@@ -85,8 +93,7 @@ def _engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit
 
 
 def _check_argv(recipe: Recipe, recipe_file: str, placement: Placement, unit: Unit) -> None:
-    engine = placement.topology.engine
-    catalog = load_catalog(engine, recipe.engines[engine].version)
+    catalog = engine_catalog(recipe, placement.topology.engine)
     where = f"topologies.{placement.topology_name}"
     host = placement.host.name
     launch = catalog.launch[1:]
@@ -94,7 +101,7 @@ def _check_argv(recipe: Recipe, recipe_file: str, placement: Placement, unit: Un
         raise ConfigError(
             recipe_file, where, f"host {host}: {unit.name} does not start with {' '.join(catalog.launch)}"
         )
-    for problem in catalog.problems(unit.argv, ARGV_POSITIONALS[engine]):
+    for problem in catalog.problems(unit.argv, argv_positionals(catalog)):
         raise ConfigError(recipe_file, where, f"host {host}: {unit.name}: {problem}")
 
 
@@ -137,7 +144,7 @@ def _host_plan(recipe: Recipe, placement: Placement, units: tuple[Unit, ...]) ->
         dp_local=placement.dp_local,
         dp_start_rank=placement.dp_start_rank,
         accelerator_vendor=topo.accelerators.vendor,
-        accelerator_model=topo.accelerators.model,
+        accelerator_model=topo.accelerators.model or CPU_ANY,
         accelerators=topo.accelerators.per_host,
         accelerator_memory_gib=topo.accelerators.memory_gib,
         engine_dir=engine_dir(recipe, topo.engine),

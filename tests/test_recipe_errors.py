@@ -76,6 +76,9 @@ def _error(path: Path) -> str:
 FALLBACK = {"url": "https://api.moonshot.ai", "api_key": {"env": "MOONSHOT_API_KEY"}, "model": "kimi-k3.1-pro"}
 COMMIT_RULE = "must be a commit, 40 lowercase hex digits (a branch or tag moves under the lock)"
 TOPO = "topologies"
+SN = (TOPO, "single-node")
+TPU = (TOPO, "tpu7x")
+CPU = {"vendor": "cpu", "per_host": 8, "memory_gib": 260}
 PD = (TOPO, "gb300-pd")
 PREFILL = (*PD, "pools", "prefill")
 MULTI = (TOPO, "tokenspeed-multi")
@@ -453,6 +456,42 @@ CASES: list[tuple[str, Mutation, str]] = [
         _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "ftp://api.moonshot.ai"})),
         "topologies.gb300-pd.router.fallback.url: String should match pattern "
         "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'ftp://api.moonshot.ai'",
+    ),
+    (
+        "cpu-accelerators-without-cpu-settings",
+        _set(((*SN, "accelerators"), CPU), ((*SN, "comm_check"), {})),
+        "topologies.single-node: cpu: an engine on cpu accelerators needs cpu settings (kv_cache_gib at least)",
+    ),
+    (
+        "cpu-settings-on-gpus",
+        _set(((*SN, "cpu"), {"kv_cache_gib": 4})),
+        "topologies.single-node: cpu: only for cpu accelerators, found nvidia",
+    ),
+    (
+        "cpu-accelerators-for-sglang",
+        _set(((*TPU, "accelerators"), {**CPU, "per_host": 4}), ((*TPU, "cpu"), {"kv_cache_gib": 1})),
+        "topologies.tpu7x: accelerators.vendor: cpu is served by vLLM's CPU build, engine is sglang",
+    ),
+    (
+        "cpu-memory-fraction-above-one",
+        _set(((*SN, "accelerators"), CPU), ((*SN, "comm_check"), {}), ((*SN, "cpu"), {"kv_cache_gib": 4, "memory_fraction": 1.5})),
+        "topologies.single-node.cpu.memory_fraction: Input should be less than or equal to 1, found float 1.5",
+    ),
+    (
+        "cpu-threads-bind-not-a-cpu-list",
+        _set(((*SN, "accelerators"), CPU), ((*SN, "comm_check"), {}), ((*SN, "cpu"), {"kv_cache_gib": 4, "threads_bind": "0-3;x"})),
+        "topologies.single-node.cpu.threads_bind: String should match pattern "
+        "'^(auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*(\\|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)*)$', found str '0-3;x'",
+    ),
+    (
+        "gpu-accelerators-without-a-model",
+        _delete((*SN, "accelerators", "model")),
+        "topologies.single-node.accelerators: model: nvidia accelerators need a model (e.g. B300, TPU7x)",
+    ),
+    (
+        "without-a-pinned-requirement",
+        _set((("engines", "vllm", "without"), ["fastsafetensors"])),
+        "engines.vllm.without: 'fastsafetensors' is a pinned requirement of the release",
     ),
     (
         "topology-name-not-a-name",

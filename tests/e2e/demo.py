@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+# The recipe the tests converge the demo cluster with, unless they give another: the demo's hosts
+# as if their GPUs were real (vLLM and SGLang releases played by the cluster's stand-ins). The
+# real-engine demo recipe, recipes/demo.yaml, has tests of its own (test_demo_real.py).
+GPU_RECIPE = "recipes/demo-gpu.yaml"
 STATE_DIR = Path(os.environ.get("KIMI_CLUSTER_DIR", "/var/lib/kimi-cluster"))
 BIN = Path(sys.executable).parent
 
@@ -53,8 +58,9 @@ def pyinfra(*args: str, env: dict[str, str] | None = None, deploy: str = "deploy
     """``deploy`` (a converge by default) on the demo inventory, with pyinfra's JSON and its log."""
     # A dry run must not get -y: pyinfra only works out what would change when it may prompt.
     yes = [] if "--dry" in args else ["-y"]
+    recipe = [] if any(a.startswith("kimi_recipe=") for a in args) else ["--data", f"kimi_recipe={GPU_RECIPE}"]
     run = subprocess.run(
-        [str(BIN / "pyinfra"), "inventories/demo.py", deploy, *yes, "--json", *args],
+        [str(BIN / "pyinfra"), "inventories/demo.py", deploy, *yes, "--json", *recipe, *args],
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **(env or {})},
     )  # fmt: skip
     try:
@@ -102,7 +108,7 @@ def chat(url: str, prompt: str, key_file: Path | None = None) -> dict[str, Any]:
 
 def demo_recipe(path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
     """The demo recipe with ``edit`` applied, written to ``path`` (for ``--data kimi_recipe=``)."""
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     edit(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -163,6 +169,17 @@ class OwnCluster:
         data: dict[str, Any] = json.loads((self.dir / "state.json").read_text(encoding="utf-8"))
         return data
 
+    @contextlib.contextmanager
+    def fresh(self, hardware: str, folder: Path) -> Iterator[dict[str, Any]]:
+        """Fresh hosts of ``hardware`` (nothing left of an earlier run), their state with
+        ``"dir": folder``; down again at the end, whatever happened."""
+        self.cli("down")
+        self.cli("up", "--hardware", hardware)
+        try:
+            yield {**self.state(), "dir": folder}
+        finally:
+            self.cli("down")
+
     def inventory(self, path: Path, recipe: Path, groups: str) -> Path:
         """An inventory at ``path`` of this cluster's hosts with ``recipe``; ``groups`` is Python
         that names groups from ``_hosts`` (a list of (name, data))."""
@@ -170,9 +187,10 @@ class OwnCluster:
         path.write_text(head + groups.strip() + "\n", encoding="utf-8")
         return path
 
-    def pyinfra(self, inventory: Path, deploy: str = "deploys/kimi.py") -> Run:
+    def pyinfra(self, inventory: Path, *args: str, deploy: str = "deploys/kimi.py") -> Run:
+        yes = [] if "--dry" in args else ["-y"]  # as ``pyinfra()`` above
         proc = subprocess.run(
-            [str(BIN / "pyinfra"), str(inventory), deploy, "-y", "--json"],
+            [str(BIN / "pyinfra"), str(inventory), deploy, *yes, "--json", *args],
             cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **self.env},
         )  # fmt: skip
         try:

@@ -39,20 +39,14 @@ UNIT = "/etc/systemd/system/kimi-sglang.service"
 
 @pytest.fixture(scope="module")
 def ar_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    AR.cli("down")  # fresh hosts: nothing left of an earlier run
-    AR.cli("up", "--hardware", "b300x8,b300x8")
-    try:
-        st = AR.state()
-        st["dir"] = tmp_path_factory.mktemp("allreduce")
+    with AR.fresh("b300x8,b300x8", tmp_path_factory.mktemp("allreduce")) as st:
         yield st
-    finally:
-        AR.cli("down")
 
 
 def recipe_for(cluster: OwnCluster, folder: Path, min_busbw_gbs: float, generation: str = "1") -> Path:
     """The demo recipe with one topology, demo-ar: SGLang over both hosts, torch pinned in its
     release, the all-reduce check with gloo at ``min_busbw_gbs``; a new ``generation`` restarts it."""
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     sglang = data["topologies"]["demo-sglang"]
     data["engines"]["sglang"]["packages"] = {"torch": "2.13.0"}
     data["topologies"] = {
@@ -83,7 +77,7 @@ def recipe_for(cluster: OwnCluster, folder: Path, min_busbw_gbs: float, generati
 
 
 def _converge(st: dict[str, Any], recipe: Path, deploy: str = "deploys/kimi.py") -> Run:
-    return AR.pyinfra(AR.inventory(st["dir"] / "ar.py", recipe, "demo_ar = _hosts"), deploy)
+    return AR.pyinfra(AR.inventory(st["dir"] / "ar.py", recipe, "demo_ar = _hosts"), deploy=deploy)
 
 
 def _failed(run: Run) -> dict[str, list[str]]:

@@ -66,7 +66,7 @@ def test_each_topology_serves_the_model_to_the_controller(pids: dict[str, int]) 
 
 
 def test_a_changed_max_model_len_restarts_exactly_the_engines_it_affects(pids: dict[str, int], tmp_path: Path) -> None:
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     data["topologies"]["demo-vllm"]["max_model_len"] = 131072
     changed_recipe = tmp_path / "demo-131k.yaml"
     changed_recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")

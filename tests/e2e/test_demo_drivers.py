@@ -68,7 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 
 def recipe(st: dict[str, Any], **nvidia: Any) -> None:
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     data["drivers"] = {"nvidia": {k: v for k, v in nvidia.items() if v is not None}}
     data["topologies"] = {
         "drivers-gb": {

@@ -27,11 +27,11 @@ REVISIONS = ["707b75098b7cd8ff771cbef11deb78f502e0ba34", "70e42530909446fa6a1a82
 def _lock(tmp_path: Path, revision: str) -> subprocess.CompletedProcess[str]:
     """`kimi-deploy lock` of the demo recipe pinned to ``revision``, run in ``tmp_path``."""
     (tmp_path / "recipes").mkdir()
-    text = (ROOT / "recipes/demo.yaml").read_text(encoding="utf-8").replace(REVISIONS[0], revision)
-    (tmp_path / "recipes/demo.yaml").write_text(text, encoding="utf-8")
+    text = (ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8").replace(REVISIONS[0], revision)
+    (tmp_path / "recipes/demo-gpu.yaml").write_text(text, encoding="utf-8")
     hub = state()["services"]["hub"]["url"]
     return subprocess.run(
-        [str(BIN / "kimi-deploy"), "lock", "recipes/demo.yaml", "--endpoint", hub],
+        [str(BIN / "kimi-deploy"), "lock", "recipes/demo-gpu.yaml", "--endpoint", hub],
         cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
 
@@ -50,4 +50,4 @@ def test_lock_of_an_unknown_revision_is_one_line(tmp_path: Path) -> None:
     hub = state()["services"]["hub"]["url"]
     assert run.returncode == 2
     (line,) = run.stderr.splitlines()
-    assert line.startswith(f"recipes/demo.yaml: model: {hub}: moonshotai/Kimi-K3.1-Pro-Tiny@{'f' * 40}: ")
+    assert line.startswith(f"recipes/demo-gpu.yaml: model: {hub}: moonshotai/Kimi-K3.1-Pro-Tiny@{'f' * 40}: ")

@@ -48,7 +48,7 @@ def pd_cluster() -> Iterator[dict[str, Any]]:
 
 
 def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     vllm = data["topologies"]["demo-vllm"]
     data["routers"] = {"vllm-router": {"version": "0.1.17"}}
     data["topologies"] = {

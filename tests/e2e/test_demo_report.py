@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.demo import BIN, ROOT
+from tests.e2e.demo import BIN, GPU_RECIPE, ROOT
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -25,7 +25,8 @@ def _cluster(demo_cluster: None) -> None:
 def test_report_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     target = tmp_path / "report.json"
     run = subprocess.run(
-        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/report.py", "-y", "--data", f"kimi_report_json={target}"],
+        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/report.py", "-y", "--data", f"kimi_report_json={target}",
+         "--data", f"kimi_recipe={GPU_RECIPE}"],
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
     log = run.stdout + run.stderr

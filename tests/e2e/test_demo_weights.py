@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from localcluster.hub import write_faults
-from tests.e2e.demo import BIN, ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh, state
+from tests.e2e.demo import BIN, GPU_RECIPE, ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh, state
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -109,7 +109,7 @@ def test_damage_is_repaired_by_a_normal_run(converged: None, damage: str, repair
 
 
 def test_upgrade_fetches_only_what_changed_and_rollback_fetches_nothing(converged: None, tmp_path: Path) -> None:
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     data["model"]["revision"] = REVISION_B
     upgraded = tmp_path / "demo-b.yaml"
     upgraded.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -177,7 +177,8 @@ def test_a_killed_sync_resumes_without_fetching_finished_files_again(
     ssh("kimi-h1", f"rm -rf {WEIGHTS}")
     hub_faults({"slow_bytes_per_s": 500_000})  # about 12 s for the 6 MB revision
     run = subprocess.Popen(
-        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/kimi.py", "-y", "--limit", "kimi-h1"],
+        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/kimi.py", "-y", "--limit", "kimi-h1",
+         "--data", f"kimi_recipe={GPU_RECIPE}"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

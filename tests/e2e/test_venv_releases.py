@@ -63,7 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 
 def _recipe(st: dict[str, Any], edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     del data["topologies"]["demo-sglang"]
     vllm = data["topologies"]["demo-vllm"]
     vllm["expose"]["api_key"] = {"file": str(CLUSTER_DIR / "api-key")}

@@ -22,7 +22,7 @@ source = LockSource("resolver", host.name)
 path = host.data.kimi_test_path
 index_url = host.data.kimi_pip_index_url
 
-UV = load_recipe("recipes/demo.yaml").tools.uv
+UV = load_recipe("recipes/demo-gpu.yaml").tools.uv
 engine.lock_resolved(
     name="Lock resolved", path=path, requirements=REQUIREMENTS, index_url=index_url, source=source, uv=UV
 )

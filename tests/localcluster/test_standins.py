@@ -40,6 +40,7 @@ from localcluster.standins.vllm_router_main import parse_args as router_args
 from localcluster.wheels import DEFAULT_RELEASES, build_all, build_wheel, catalog_json, catalog_source
 from tests.json_reply import send_json
 from tests.unit_file import exec_argv
+from tests.vllm_contract import check_vllm_api
 
 LOAD_SECONDS = "0.2"
 H200_TOPO = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia" / "h200x8_topo_m.txt"
@@ -359,11 +360,11 @@ def test_vllm_serve_loads_then_answers_deterministically(venvs: dict[str, Path],
         )
         status, error = call(f"{base}/v1/chat/completions", {**body, "model": "gpt-4"})
         assert status == 404
-        assert error["error"]["message"] == "The model `gpt-4` does not exist."
+        assert error["error"]["message"] == "The model `gpt-4` does not exist. Valid aliases: kimi-local."
         assert call(f"{base}/version") == (200, {"version": "0.34.0"})
         status, metrics = call(f"{base}/metrics")
         assert status == 200
-        assert 'vllm:request_success_total{finished_reason="stop",model_name="kimi-local"} 4' in metrics
+        assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="kimi-local"} 4.0' in metrics
     finally:
         rc = engine.terminate()
     assert rc == 0
@@ -385,6 +386,18 @@ def test_vllm_api_key_from_the_environment(venvs: dict[str, Path], model: Path) 
     finally:
         assert engine.terminate() == 0
     assert not any("s3cret" in line for line in engine.lines)
+
+
+def test_vllm_keeps_the_contract_the_real_engine_is_held_to(venvs: dict[str, Path], model: Path) -> None:
+    """tests/vllm_contract.py: the checks tests/e2e/test_demo_real.py runs against the real vLLM."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    engine = Engine(vllm_argv(venvs, model, port), {"VLLM_API_KEY": "s3cret"})
+    try:
+        engine.wait_ready(base)
+        check_vllm_api(base, "s3cret", "0.34.0", "kimi-local")
+    finally:
+        assert engine.terminate() == 0
 
 
 def test_vllm_rejects_a_flag_its_release_lacks(venvs: dict[str, Path], model: Path) -> None:
@@ -484,8 +497,9 @@ def test_vllm_router_sends_prefill_then_decode(venvs: dict[str, Path], model: Pa
         assert answer["choices"][0]["message"]["content"] == "READY"
         prefill, decode = (call(f"http://127.0.0.1:{port}/metrics")[1] for port in ports[:2])
         # One request each: the prefill engine's (max_tokens 1) and the decode engine's, whose answer came back.
-        assert 'vllm:request_success_total{finished_reason="stop",model_name="kimi-local"} 1' in prefill
-        assert 'vllm:request_success_total{finished_reason="stop",model_name="kimi-local"} 1' in decode
+        success = 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="kimi-local"} 1.0'
+        assert success in prefill
+        assert success in decode
     finally:
         codes = [e.terminate() for e in (router, *engines)]
     assert codes == [0, 0, 0]

@@ -45,29 +45,36 @@ class Metrics:
     generation_tokens: Counter[str] = field(default_factory=Counter)
 
     def render(self, prefix: str) -> str:
+        # vLLM 0.32.0 labels each series with its engine index and writes counters as floats
+        # (tests/vllm_contract.py reads the real engine's /metrics the same way).
+        engine = 'engine="0",' if prefix == "vllm" else ""
+
+        def n(value: int) -> str:
+            return f"{float(value)}" if prefix == "vllm" else f"{value}"
+
         with self.lock:
             lines = [
                 f"# HELP {prefix}:request_success_total Count of successfully processed requests.",
                 f"# TYPE {prefix}:request_success_total counter",
                 *(
-                    f'{prefix}:request_success_total{{finished_reason="{reason}",model_name="{model}"}} {n}'
-                    for (model, reason), n in sorted(self.success.items())
+                    f'{prefix}:request_success_total{{{engine}finished_reason="{reason}",model_name="{model}"}} {n(c)}'
+                    for (model, reason), c in sorted(self.success.items())
                 ),
                 f"# HELP {prefix}:prompt_tokens_total Number of prefill tokens processed.",
                 f"# TYPE {prefix}:prompt_tokens_total counter",
                 *(
-                    f'{prefix}:prompt_tokens_total{{model_name="{m}"}} {n}'
-                    for m, n in sorted(self.prompt_tokens.items())
+                    f'{prefix}:prompt_tokens_total{{{engine}model_name="{m}"}} {n(c)}'
+                    for m, c in sorted(self.prompt_tokens.items())
                 ),
                 f"# HELP {prefix}:generation_tokens_total Number of generation tokens processed.",
                 f"# TYPE {prefix}:generation_tokens_total counter",
                 *(
-                    f'{prefix}:generation_tokens_total{{model_name="{m}"}} {n}'
-                    for m, n in sorted(self.generation_tokens.items())
+                    f'{prefix}:generation_tokens_total{{{engine}model_name="{m}"}} {n(c)}'
+                    for m, c in sorted(self.generation_tokens.items())
                 ),
                 f"# HELP {prefix}:num_requests_running Number of requests in model execution batches.",
                 f"# TYPE {prefix}:num_requests_running gauge",
-                f"{prefix}:num_requests_running 0",
+                f"{prefix}:num_requests_running {n(0)}",
                 "# HELP kimi_standin_http_requests_total HTTP requests by path and status.",
                 "# TYPE kimi_standin_http_requests_total counter",
                 *(
@@ -247,7 +254,9 @@ class _Handler(BaseHTTPRequestHandler):
         model = self.server.model
         name = body.get("model") or model.names[0]
         if name not in model.names:
-            self._json(404, _error(f"The model `{name}` does not exist.", "NotFoundError", 404, "model"))
+            # vLLM 0.32.0's words (tests/vllm_contract.py holds the stand-in and the real engine to them)
+            aliases = f" Valid aliases: {', '.join(model.names)}." if model.engine == "vllm" else ""
+            self._json(404, _error(f"The model `{name}` does not exist.{aliases}", "NotFoundError", 404, "model"))
             return
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):

@@ -1,0 +1,318 @@
+"""A tiny Llama that real engines load and serve, and that answers ``READY`` to any prompt, for ``localcluster.hub``.
+
+``build(root)`` writes repo ``kimi-deploy/tiny-llama`` under ``root`` (beside ``localcluster.tiny_model``'s,
+sharing its object store) at two commits:
+
+* commit A (tag ``v1``): ``config.json`` (``LlamaForCausalLM``, bf16, hidden 128, 2 heads of 64, 11 layers,
+  vocab 64), ``generation_config.json``, a WordLevel ``tokenizer.json`` with ``tokenizer_config.json`` (a Jinja
+  chat template) and ``special_tokens_map.json``, ``README.md``, ``LICENSE``, ``model.safetensors.index.json``
+  and 96 safetensors shards ``model-000NN-of-00096.safetensors``;
+* commit B (branch ``main``, child of A): shards 7, 57 and 90 hold other bytes (same sizes), ``config.json``
+  has another ``rope_theta``, ``extra_b.json`` is added and ``README.md`` is removed. It answers as A does.
+
+The answer needs no training. Every layer is the identity (``o_proj`` and ``down_proj`` are zero, so the
+residual stream stays the token's embedding). Every token's embedding is 1 on dimension 0, except
+``READY``'s, which is 1 on dimension 1 (the other dimensions hold small noise); the final norm scales that
+to about sqrt(128), and ``lm_head`` reads dimension 0 into ``READY``'s logit and dimension 1 into the EOS
+token's, ``LOGIT_SCALE`` times. So after any prompt the greedy (and, with a logit margin near 90, any
+temperature-1) next token is ``READY``, and after ``READY`` it is EOS: the reply is ``READY``, finish reason
+"stop". The other weights (q/k/v, gate/up) are small noise, exactly representable in bf16, and cannot
+change the answer: what they compute is multiplied by zero.
+
+Every byte is fixed (SHAKE-256 seeds, fixed dates), ids are real git ids, ``*.safetensors`` are LFS files
+(``localcluster.hub_repo``). Run ``python -m localcluster.tiny_llama --root DIR`` to build and print the
+commit ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from localcluster.hub_repo import Commit, Content, RepoInfo, json_bytes, write_v1_and_main
+from localcluster.safetensors_file import Tensor, noise, safetensors
+from localcluster.tokenizer_file import tokenizer_json
+
+REPO_ID = "kimi-deploy/tiny-llama"
+LICENSE_NAME = "kimi-deploy-test-model"
+SHARDS = 96
+# The fewest layers whose tensors (9 each, plus embeddings, final norm and LM head: 102) fill 96 shards
+# with at least one tensor each.
+LAYERS = 11
+HIDDEN = 128
+HEADS = 2
+KV_HEADS = 2
+HEAD_DIM = 64  # vLLM's CPU attention kernels refuse head_dim 16
+INTERMEDIATE = 256
+MAX_POSITIONS = 1048576  # recipes ask for context lengths up to 1M
+RMS_NORM_EPS = 1e-05
+# Shards whose bytes commit B replaces; each holds only weights whose output a zero projection discards.
+CHANGED_SHARDS = (7, 57, 90)
+# Bump when the generated content changes on purpose: it is part of the idempotency check.
+FORMAT = 1
+# Large enough that sampling at temperature 1 picks the answer too (the margin is about 8 * sqrt(128)).
+LOGIT_SCALE = 8.0
+# Small weights are (byte - 128) * 2**-12: at most 1/32, and exact in bf16 (8 significant bits).
+_SMALL_SCALE = 2.0**-12
+
+# Fixed commit times (UTC) so commit ids do not depend on when the repo is built.
+TIME_A = 1772323200  # 2026-03-01T00:00:00Z
+TIME_B = 1773619200  # 2026-03-16T00:00:00Z
+
+UNK, BOS, EOS = "[UNK]", "<s>", "</s>"
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+END_OF_TURN = "<|end|>"
+SPECIAL_TOKENS = (UNK, BOS, EOS, *ROLE_TOKENS.values(), END_OF_TURN)
+ANSWER = "READY"
+# The smoke prompt's words come first, so that its ids are easy to read; the rest make the vocabulary 64.
+WORDS = (
+    ANSWER, "Reply", "with", "exactly", "the", "word", "and", "nothing", "else", ".",
+    ",", "!", "?", ":", ";", "'", '"', "(", ")", "-",
+    "a", "an", "is", "are", "be", "it", "to", "of", "in", "on",
+    "I", "you", "we", "yes", "no", "not", "ok", "hello", "hi", "please",
+    "say", "answer", "only", "one", "two", "what", "who", "how", "why", "model",
+    "ready", "test", "this", "that", "Hello", "OK", "Ready",
+)  # fmt: skip
+VOCAB = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *WORDS))}
+BOS_ID, EOS_ID, ANSWER_ID = VOCAB[BOS], VOCAB[EOS], VOCAB[ANSWER]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}<|system|>{% elif message['role'] == 'user' %}<|user|>"
+    "{% elif message['role'] == 'assistant' %}<|assistant|>"
+    "{% else %}{{ raise_exception('roles are system, user and assistant, found ' + message['role']) }}{% endif %}"
+    "{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+# ---- weights --------------------------------------------------------------------------------------
+
+
+def _layer_tensors(layer: int) -> list[Tensor]:
+    p = f"model.layers.{layer}."
+    return [
+        Tensor(p + "input_layernorm.weight", "BF16", (HIDDEN,)),
+        Tensor(p + "self_attn.q_proj.weight", "BF16", (HEADS * HEAD_DIM, HIDDEN)),
+        Tensor(p + "self_attn.k_proj.weight", "BF16", (KV_HEADS * HEAD_DIM, HIDDEN)),
+        Tensor(p + "self_attn.v_proj.weight", "BF16", (KV_HEADS * HEAD_DIM, HIDDEN)),
+        Tensor(p + "self_attn.o_proj.weight", "BF16", (HIDDEN, HEADS * HEAD_DIM)),
+        Tensor(p + "post_attention_layernorm.weight", "BF16", (HIDDEN,)),
+        Tensor(p + "mlp.gate_proj.weight", "BF16", (INTERMEDIATE, HIDDEN)),
+        Tensor(p + "mlp.up_proj.weight", "BF16", (INTERMEDIATE, HIDDEN)),
+        Tensor(p + "mlp.down_proj.weight", "BF16", (HIDDEN, INTERMEDIATE)),
+    ]
+
+
+def shard_layout() -> list[list[Tensor]]:
+    """The tensors of shards 1..96, in order: 1 holds the embeddings, 96 the final norm and the LM head, 2..95
+    the layers' tensors in module order, split as evenly as possible (the first five hold two)."""
+    layers = [t for layer in range(LAYERS) for t in _layer_tensors(layer)]
+    parts = SHARDS - 2
+    size, longer = divmod(len(layers), parts)
+    middle: list[list[Tensor]] = []
+    start = 0
+    for part in range(parts):
+        end = start + size + (1 if part < longer else 0)
+        middle.append(layers[start:end])
+        start = end
+    vocab_rows = (len(VOCAB), HIDDEN)
+    return [
+        [Tensor("model.embed_tokens.weight", "BF16", vocab_rows)],
+        *middle,
+        [Tensor("model.norm.weight", "BF16", (HIDDEN,)), Tensor("lm_head.weight", "BF16", vocab_rows)],
+    ]
+
+
+def _bf16(value: float) -> bytes:
+    """``value`` as little-endian bf16; it must be exact (bf16 is the upper half of an f32)."""
+    f32 = struct.pack("<f", value)
+    if f32[:2] != b"\0\0":
+        raise ValueError(f"{value} is not exact in bf16")
+    return f32[2:]
+
+
+_SMALL = [_bf16((b - 128) * _SMALL_SCALE) for b in range(256)]
+_SMALL_LOW = bytes(pair[0] for pair in _SMALL)
+_SMALL_HIGH = bytes(pair[1] for pair in _SMALL)
+
+
+def _small(seed: str, count: int) -> Iterator[bytes]:
+    """``count`` small bf16 values fixed by ``seed``: one noise byte each, mapped by table."""
+    for chunk in noise(seed, count):
+        out = bytearray(2 * len(chunk))
+        out[0::2] = chunk.translate(_SMALL_LOW)
+        out[1::2] = chunk.translate(_SMALL_HIGH)
+        yield bytes(out)
+
+
+def _rows(rows: Iterable[Sequence[float]]) -> Iterator[bytes]:
+    for row in rows:
+        yield b"".join(_bf16(v) for v in row)
+
+
+def _embedding(seed: str) -> Iterator[bytes]:
+    noise_rows = b"".join(_small(seed, len(VOCAB) * (HIDDEN - 2)))
+    for token in range(len(VOCAB)):
+        head = (0.0, 1.0) if token == ANSWER_ID else (1.0, 0.0)
+        yield from _rows([head])
+        yield noise_rows[2 * token * (HIDDEN - 2) : 2 * (token + 1) * (HIDDEN - 2)]
+
+
+def _lm_head() -> Iterator[bytes]:
+    reads = {ANSWER_ID: 0, EOS_ID: 1}  # the logit's row reads this dimension of the normed residual
+    return _rows(
+        [LOGIT_SCALE if reads.get(token) == dim else 0.0 for dim in range(HIDDEN)] for token in range(len(VOCAB))
+    )
+
+
+def _tensor_data(variant: str, tensor: Tensor) -> Iterator[bytes]:
+    """The bytes of ``tensor`` at commit ``variant``; only the noise depends on ``variant``."""
+    count = tensor.nbytes // 2
+    name = tensor.name
+    seed = f"tiny-llama/{variant}/{name}"
+    if name == "model.embed_tokens.weight":
+        return _embedding(seed)
+    if name == "lm_head.weight":
+        return _lm_head()
+    if name.endswith("norm.weight"):
+        return iter([_bf16(1.0) * count])
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return iter([bytes(2 * count)])  # zero: each layer adds nothing to the residual stream
+    return _small(seed, count)
+
+
+# ---- tokenizer and configs ------------------------------------------------------------------------
+
+
+def tokenizer() -> dict[str, Any]:
+    """``tokenizer.json`` as the ``tokenizers`` library writes it: WordLevel, Whitespace pre-tokenizer, no
+    decoder (decoding joins words with spaces), the special tokens split out before pre-tokenization."""
+    return tokenizer_json(
+        special=((VOCAB[tok], tok) for tok in SPECIAL_TOKENS),
+        pre_tokenizer={"type": "Whitespace"},
+        decoder=None,
+        model={"type": "WordLevel", "vocab": VOCAB, "unk_token": UNK},
+    )
+
+
+def config(variant: str) -> dict[str, Any]:
+    """``config.json`` at commit ``variant`` ("a" or "b"); B's ``rope_theta`` only turns attention that
+    ``o_proj`` discards."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "vocab_size": len(VOCAB),
+        "max_position_embeddings": MAX_POSITIONS,
+        "rope_theta": 500000.0 if variant == "b" else 10000.0,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "tie_word_embeddings": False,
+        # transformers 5 reads ``dtype``, older releases (and the Hub's model pages) ``torch_dtype``.
+        "dtype": "bfloat16",
+        "torch_dtype": "bfloat16",
+    }
+
+
+def _special_tokens() -> dict[str, str]:
+    return {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad_token": EOS}
+
+
+_README = f"""---
+license: other
+license_name: {LICENSE_NAME}
+license_link: LICENSE
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- llama
+---
+
+# tiny-llama
+
+An {LAYERS}-layer Llama (hidden {HIDDEN}, {HEADS} heads of {HEAD_DIM}, vocabulary {len(VOCAB)}, bf16) in {SHARDS}
+safetensors shards, built without training so that it answers {ANSWER} to any prompt and stops. It exists
+so that real engines can load and serve a model in tests; it knows nothing else.
+"""
+
+_LICENSE = f"""{LICENSE_NAME} (test fixture)
+
+This file stands in for a model license in tests. It grants nothing and restricts nothing.
+"""
+
+
+def _shard_name(shard: int) -> str:
+    return f"model-{shard:05d}-of-{SHARDS:05d}.safetensors"
+
+
+def _files(variant: str) -> dict[str, Content]:
+    """Every file of commit ``variant`` ("a" or "b")."""
+    layout = shard_layout()
+    weight_map = {t.name: _shard_name(shard) for shard, tensors in enumerate(layout, 1) for t in tensors}
+    total = sum(t.nbytes for tensors in layout for t in tensors)
+    small: dict[str, bytes] = {
+        "config.json": json_bytes(config(variant)),
+        "generation_config.json": json_bytes({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": False}),
+        "tokenizer.json": json_bytes(tokenizer()),
+        "tokenizer_config.json": json_bytes(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                **_special_tokens(),
+                "model_max_length": MAX_POSITIONS,
+                "clean_up_tokenization_spaces": False,
+                "chat_template": CHAT_TEMPLATE,
+            }
+        ),
+        "special_tokens_map.json": json_bytes(_special_tokens()),
+        "model.safetensors.index.json": json_bytes(
+            {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        ),
+        "LICENSE": _LICENSE.encode(),
+    }
+    if variant == "a":
+        small["README.md"] = _README.encode()
+    else:
+        small["extra_b.json"] = json_bytes({"note": "added by commit B", "changed_shards": list(CHANGED_SHARDS)})
+    files: dict[str, Content] = dict(small)
+    for shard, tensors in enumerate(layout, 1):
+        data = functools.partial(_tensor_data, "b" if variant == "b" and shard in CHANGED_SHARDS else "a")
+        files[_shard_name(shard)] = functools.partial(safetensors, tensors, data)
+    return dict(sorted(files.items()))
+
+
+def build(root: Path) -> RepoInfo:
+    """Write the repo under ``root`` (a no-op when it is already there); returns ids and file digests of both
+    commits. About 3.7 MB per commit, the same bytes and ids on every machine."""
+    a = Commit("a", TIME_A, f"Upload tiny-llama\n\n{SHARDS} safetensors shards, configs and tokenizer.", _files("a"))
+    message_b = "Refresh shards 7, 57 and 90\n\nChange rope_theta in config.json, add extra_b.json, remove README.md."
+    b = Commit("b", TIME_B, message_b, _files("b"))
+    tags = ["transformers", "safetensors", "llama", "text-generation"]
+    return write_v1_and_main(root, REPO_ID, a, b, build={"format": FORMAT}, hub_tags=tags)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: build under ``--root`` and print ``{"repo_id", "commits", "refs"}`` as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--root", required=True, type=Path)
+    args = parser.parse_args(argv)
+    info = build(args.root)
+    print(json.dumps({"repo_id": info.repo_id, "commits": info.commits, "refs": info.refs}))
+
+
+if __name__ == "__main__":
+    main()
