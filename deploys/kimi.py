@@ -231,12 +231,13 @@ def my_checks(batch: int) -> list[dict[str, Any]]:
     for u in todo.units:
         if u.smoke is None:
             continue
-        state = unit_state(u, found) or {}
-        starts = units.needs_start(u.release, state or None)
+        state = unit_state(u, found)
+        starts = units.needs_start(u.release, state)
+        seen = state or {}
         # systemd restarted it on its own (it crashed) since a smoke test last found it serving:
         # this converge checks it again, without a restart
-        restarts = 0 if starts else int(state.get("restarts") or 0)
-        crashed = restarts > int(state.get("restarts_verified") or 0)
+        restarts = 0 if starts else int(seen.get("restarts") or 0)
+        crashed = restarts > int(seen.get("restarts_verified") or 0)
         checks.append({
             "unit": u.name,
             "url": u.smoke.url,

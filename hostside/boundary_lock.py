@@ -34,6 +34,11 @@ _PRINTABLE = re.compile(r"[\x20-\x7e]*")
 _RULE = "a lock holds only name==version lines, each with --hash=sha256:<64 hex>"
 
 
+def is_name(value: object) -> bool:
+    """Whether ``value`` is a package name as a lock line spells it (PEP 508)."""
+    return isinstance(value, str) and len(value) <= 100 and re.fullmatch(_NAME, value) is not None
+
+
 def normalize(name: str) -> str:
     """A project name as PEP 503 compares it (``Fast_SafeTensors`` -> ``fast-safetensors``)."""
     return re.sub(r"[-_.]+", "-", name).lower()

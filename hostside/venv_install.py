@@ -45,13 +45,12 @@ import zlib
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
-from hostside.boundary_lock import check_lock, freeze_pins
+from hostside.boundary_lock import check_lock, freeze_pins, is_name
 from hostside.boundary_text import shown
 
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
 # Names in the index's file links: "name-1.2.3-py3-none-any.whl", "name-1.2.3.tar.gz".
 _FILE = re.compile(r'href="(?:[^"]*/)?([^/"#]+?)(?:\.whl|\.tar\.gz|\.zip)[#"]')
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _DOWN = (
     r"503|502|504|Connection refused|tcp connect error|error sending request|timed out|"
     r"Network is unreachable|dns error|Max retries exceeded|Could not fetch URL"
@@ -188,7 +187,7 @@ def _resolve(uv: str, requirements: list[str], index_url: str, without: list[str
     ``without`` in it."""
     argv = [uv, "pip", "compile", "--no-config", "--no-cache", "--no-build", "--python", sys.executable]
     argv += ["--generate-hashes", "--no-header", "--no-annotate", "--index-url", index_url]
-    bad = [name for name in without if not isinstance(name, str) or not _NAME.fullmatch(name)]
+    bad = [name for name in without if not is_name(name)]
     if bad:
         _fail(f"without: {shown(bad[0])} is not a package name", *remove)
     with tempfile.TemporaryDirectory(prefix="kimi-uv-") as folder:

@@ -11,7 +11,10 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kimi_deploy.recipe import EngineName, Recipe
 
 CATALOG_DIR = Path(__file__).parent / "catalogs"
 
@@ -117,3 +120,9 @@ def load_catalog(engine: str, version: str) -> Catalog:
         aliases=aliases,
         registries={k: tuple(v) for k, v in (data.get("registries") or {}).items()},
     )
+
+
+def engine_catalog(recipe: Recipe, engine: EngineName) -> Catalog:
+    """The flag catalog of the pinned release of ``engine``, by the distribution it installs."""
+    release = recipe.engines[engine]
+    return load_catalog(release.distribution(engine), release.version)

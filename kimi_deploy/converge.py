@@ -225,7 +225,6 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     secrets = _secrets(deploy)
     files = render_host(recipe, spec, secrets)
     gateway = any(u.kind == "gateway" for u in spec.units)
-    engine_packages = host_packages(recipe.topologies[spec.topology]) if spec.engine == "vllm" else ()
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
         files += scrub_files(
@@ -310,7 +309,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         units=units,
         release=host_release,
         timers=timers,
-        packages=(list(GATEWAY_PACKAGES) if gateway else []) + list(engine_packages),
+        packages=(list(GATEWAY_PACKAGES) if gateway else []) + list(host_packages(recipe.topologies[spec.topology])),
         masked=list(GATEWAY_MASKED) if gateway else [],
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from kimi_deploy.catalog import load_catalog
+from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.engine_unit import engine_unit_for, model_flags
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
@@ -28,8 +28,8 @@ COMPILER_PACKAGES = ("g++",)
 
 def host_packages(topology: Topology) -> tuple[str, ...]:
     """The Debian packages a host needs to serve ``topology``'s vLLM beside the release."""
-    cpu = topology.cpu
-    if cpu is None or topology.accelerators.vendor != "cpu":
+    cpu = topology.cpu  # set on cpu accelerators only, for vLLM only (recipe rules)
+    if cpu is None:
         return ()
     return CPU_PACKAGES + (COMPILER_PACKAGES if cpu.torch_compile else ())
 
@@ -42,8 +42,7 @@ def launch_argv(recipe: Recipe) -> list[str]:
     --model MODEL``, because its ``vllm`` script asks ``importlib.metadata`` for a distribution
     named ``vllm`` and exits with PackageNotFoundError.
     """
-    release = recipe.engines["vllm"]
-    launch = load_catalog(release.distribution("vllm"), release.version).launch
+    launch = engine_catalog(recipe, "vllm").launch
     head = f"{engine_dir(recipe, 'vllm')}/bin/{launch[0]}"
     if launch[1:] == ("serve",):
         return [head, "serve", model_dir(recipe)]

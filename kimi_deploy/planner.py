@@ -10,22 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kimi_deploy import engine_sglang, engine_tokenspeed, engine_vllm
-from kimi_deploy.catalog import Catalog, CatalogMissing, load_catalog
+from kimi_deploy.catalog import Catalog, CatalogMissing, engine_catalog
 from kimi_deploy.engine_unit import node_role
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.gateway import gateway_unit
 from kimi_deploy.host_paths import engine_dir, model_dir, router_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
-from kimi_deploy.recipe import EngineName, Recipe, Topology
+from kimi_deploy.recipe import Recipe, Topology
 from kimi_deploy.router_units import mooncake_master_unit, router_unit
 from kimi_deploy.servespec import CPU_ANY, HostPlan, Plan, Unit
-
-
-def engine_catalog(recipe: Recipe, engine: EngineName) -> Catalog:
-    """The flag catalog of the pinned release of ``engine``, by the distribution it installs."""
-    release = recipe.engines[engine]
-    return load_catalog(release.distribution(engine), release.version)
 
 
 def argv_positionals(catalog: Catalog) -> int:

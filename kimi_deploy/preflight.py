@@ -48,9 +48,7 @@ def _cpu(spec: HostPlan, profile: dict[str, Any]) -> str | None:
     each = f"{spec.accelerator_memory_gib} GiB of RAM"
     want = f"pool {spec.pool} needs {spec.accelerators} x {model or 'CPU'} rank with {each}"
     found = f"{cpu.get('count') or '?'} x {cpu.get('model') or 'unknown CPU'} with {_gib(ram)} of RAM"
-    if model is not None and not matches_model(str(cpu.get("model") or ""), model):
-        return f"accelerators: {want}, found {found}"
-    if ram < need:
+    if (model is not None and not matches_model(str(cpu.get("model") or ""), model)) or ram < need:
         return f"accelerators: {want}, found {found}"
     return None
 

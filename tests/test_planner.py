@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from kimi_deploy import catalog as catalog_module
-from kimi_deploy.catalog import Catalog, load_catalog
+from kimi_deploy.catalog import Catalog, engine_catalog, load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory, InventoryHost
 from kimi_deploy.planner import plan
-from kimi_deploy.recipe import Ports, Recipe
+from kimi_deploy.recipe import EngineName, Ports, Recipe
 from kimi_deploy.servespec import Plan
 from tests.conftest import RECIPE
 
@@ -166,10 +166,10 @@ def test_flag_missing_from_the_release_catalog_is_refused(
     real = load_catalog("vllm", "0.34.0")
     older = dataclasses.replace(real, flags={k: v for k, v in real.flags.items() if k != "--headless"})
 
-    def fake(engine: str, version: str) -> Catalog:
-        return older if engine == "vllm" else load_catalog(engine, version)
+    def fake(pinned: Recipe, engine: EngineName) -> Catalog:
+        return older if engine == "vllm" else engine_catalog(pinned, engine)
 
-    monkeypatch.setattr("kimi_deploy.planner.load_catalog", fake)
+    monkeypatch.setattr("kimi_deploy.planner.engine_catalog", fake)
     with pytest.raises(ConfigError) as err:
         plan(recipe, RECIPE, prod, "gb300-pd")
     assert str(err.value) == (
