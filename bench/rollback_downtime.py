@@ -11,13 +11,15 @@ kimi-h4 worker), so the latest converge switched all 4 hosts; ``deploys/rollback
 them back, installing nothing. While it runs, a poller per endpoint (the two vLLM APIs and the
 SGLang instance's API on its leader) asks ``/v1/models`` every 20 ms; an endpoint's downtime is
 the longest gap between two good answers (last good response before, first good response
-after), and with ``--real`` that is a real engine's stop and start. Printed with the upgrade's
+after), and with ``--real`` that is a real engine's stop and start; the vLLM topology's is the
+longest time when neither of its instances answered. Printed with the upgrade's
 and the rollback's wall times. The base recipe is converged again at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -64,7 +66,11 @@ class Poller(threading.Thread):
             time.sleep(0.02)
 
     def longest_gap(self) -> float:
-        return max((b - a for a, b in zip(self.good, self.good[1:], strict=False)), default=float("nan"))
+        return longest_gap(self.good)
+
+
+def longest_gap(good: list[float]) -> float:
+    return max((b - a for a, b in itertools.pairwise(good)), default=float("nan"))
 
 
 def main() -> None:
@@ -109,6 +115,10 @@ def main() -> None:
     print(f"{'endpoint':22} {'downtime s':>10}")
     for name, p in pollers.items():
         print(f"{name:22} {p.longest_gap():10.2f}")
+    # The topology's service: a time when neither vLLM instance answered (the rollback restarts
+    # them in two batches, the second once the first answers).
+    either = sorted(pollers["kimi-h1 (vLLM)"].good + pollers["kimi-h2 (vLLM)"].good)
+    print(f"{'demo-vllm (either)':22} {longest_gap(either):10.2f}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from the Hub once and fanned out between hosts when the recipe says ``weights.fa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pyinfra import local, logger
@@ -34,12 +35,12 @@ from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.run_id import run_id
-from kimi_deploy.start_batches import batch_of
+from kimi_deploy.start_batches import BATCHES, batch_of
 from kimi_deploy.venv_lock import lock_source
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
 from operations import commcheck, engine, packages, preflight, releases, units, users, weights
-from operations.start_order import start_batch
+from operations.start_order import SUFFIXES, start_batch
 
 
 def probe_request(h: Host) -> dict[str, Any]:
@@ -209,13 +210,13 @@ commcheck.all_reduce_passed(
 )
 
 my_batch = batch_of(spec, deploy.topology)
-first_batch = [p.host for p in deploy.topology if batch_of(p, deploy.topology) == 0]
 
 
-def first_batch_ok() -> bool:
-    """At execute time: no host of this topology's first batch failed (else the second batch
-    keeps serving the release it runs)."""
-    return not any(inventory.get_host(name, None) in state.failed_hosts for name in first_batch)
+def earlier_batches_ok(batch: int) -> Callable[[], bool]:
+    """At execute time: no host of this topology in a batch before ``batch`` failed (else this
+    batch keeps serving the release it runs)."""
+    earlier = [p.host for p in deploy.topology if batch_of(p, deploy.topology) < batch]
+    return lambda: not any(inventory.get_host(name, None) in state.failed_hosts for name in earlier)
 
 
 def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
@@ -254,7 +255,7 @@ def put_in_place(batch: int, go: Any = None) -> None:
     engine they describe, until the first batch serves."""
     if batch != my_batch:
         return
-    suffix = "" if batch == 0 else " (second batch)"
+    suffix = SUFFIXES[batch]
     units.rendered(
         name=f"Rendered units and configs{suffix}", files=todo.files, group=todo.user, current=found["files"], _if=go
     )
@@ -274,12 +275,12 @@ def put_in_place(batch: int, go: Any = None) -> None:
 
 # Every host takes every step of the start order (the steps are barriers across hosts): the first
 # batch's release is put in place, started and answers its smoke tests on every host before the
-# second batch changes anything anywhere; the second batch goes only if no host of the first
-# batch of this topology failed.
-put_in_place(0)
-start_batch(0, my_units(0), my_checks(0))
-put_in_place(1, first_batch_ok)
-start_batch(1, my_units(1), my_checks(1), first_batch_ok)
+# second batch changes anything anywhere, and the routers come last; a batch goes only if no host
+# of an earlier batch of this topology failed.
+for batch in host.loop(range(BATCHES)):  # type: ignore[no-untyped-call]
+    go = earlier_batches_ok(batch) if batch else None
+    put_in_place(batch, go)
+    start_batch(batch, my_units(batch), my_checks(batch), go)
 
 releases.serving(
     name="Release recorded serving", release_dir=todo.release.dir, last=found.get("last_release"), run=run_id()

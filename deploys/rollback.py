@@ -3,7 +3,8 @@
 Every host whose release the latest converge switched goes back to the release it last served
 before: its files put back from the release's copies, the ``current`` link switched, its units
 restarted in the planner's order across hosts (stores, leaders, workers, routers) and smoke
-tested. Nothing is installed or downloaded: the engine release and the weights revision it names
+tested, in the two batches the converge of that release used (the second keeps serving until the
+first answers). Nothing is installed or downloaded: the engine release and the weights revision it names
 must still be on the host (converges keep the previous ones), or that host stops with one line
 saying what is gone. Each host prints the recipe pins to commit so that the next converge keeps
 the release it went back to; hosts the latest converge did not change are left alone.
@@ -23,8 +24,9 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.run_id import run_id
+from kimi_deploy.start_batches import BATCHES
 from operations import preflight, releases, units
-from operations.start_order import start_batch
+from operations.start_order import SUFFIXES, start_batch
 
 
 def paths_of(h: Host) -> Paths:
@@ -51,38 +53,68 @@ except RollbackError as exc:
     plan, failures = Rollback(None, {}), [str(exc)]
 
 preflight.passed(name="Rollback target", failures=failures, what="rollback")
-
 if plan.target is None and not failures:
     logger.info(plan.why)
 elif plan.target is not None:
-    record = plan.record
     logger.info(pins_line(host.name, plan))
-    releases.restored(name="Files of the release", release_dir=plan.target, files=record.get("files", []))
-    paths = paths_of(host)
+
+# The batch this host's units restart in: the one the converge of that release used (an older
+# record has none: the first). A batch keeps serving what it serves until the ones before it
+# answer their smoke tests, and goes only if no host failed.
+record = plan.record
+my_batch = int(record.get("batch") or 0) if plan.target is not None else 0
+
+
+def nothing_failed() -> bool:
+    return not state.failed_hosts
+
+
+def put_back(batch: int, go: Any = None) -> None:
+    """This host's files and ``current`` link back to the target release, in its own batch."""
+    if plan.target is None or batch != my_batch:
+        return
+    suffix = SUFFIXES[batch]
+    releases.restored(
+        name=f"Files of the release{suffix}", release_dir=plan.target, files=record.get("files", []), _if=go
+    )
     releases.current(
-        name="Current release",
-        link=paths.current,
+        name=f"Current release{suffix}",
+        link=paths_of(host).current,
         release_dir=plan.target,
         record=record,
         links={},
         found=found["current"],
         run=run_id(),
         outcome="rolled-back",
+        _if=go,
     )
+
+
+def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
+    if batch != my_batch:
+        return []
+    stages = sorted(record.get("stages", {}).items())
+    return [(stage, name, record["units"][name], found["units"].get(name)) for name, stage in stages]
+
+
+def my_checks(batch: int) -> list[dict[str, Any]]:
+    if batch != my_batch:
+        return []
+    return [
+        {
+            "unit": name,
+            "url": smoke["url"],
+            "request": smoke["request"],
+            "restarted": units.needs_start(record["units"][name], found["units"].get(name)),
+        }
+        for name, smoke in sorted(record.get("smoke", {}).items())
+    ]
+
+
 # Every host takes every step of the start order, whether it goes back or not (see start_order).
-mine = [
-    (stage, name, plan.record["units"][name], found["units"].get(name))
-    for name, stage in sorted(plan.record.get("stages", {}).items())
-]
-checks = [
-    {
-        "unit": name,
-        "url": smoke["url"],
-        "request": smoke["request"],
-        "restarted": units.needs_start(plan.record["units"][name], found["units"].get(name)),
-    }
-    for name, smoke in sorted(plan.record.get("smoke", {}).items())
-]
-start_batch(0, mine, checks)
+for batch in host.loop(range(BATCHES)):  # type: ignore[no-untyped-call]
+    go = nothing_failed if batch else None
+    put_back(batch, go)
+    start_batch(batch, my_units(batch), my_checks(batch), go)
 if plan.target is not None:
     releases.serving(name="Release recorded serving", release_dir=plan.target, last=None, run=run_id())

@@ -3,7 +3,8 @@
 Input: one argument, base64 of zlib-compressed JSON: {"unit", "url", "served_name", "prompt",
 "expect", "timeout_s", "max_tokens" (64 when absent: releases recorded before it), "key_file",
 "key_var", "restarts" (systemd's restarts of the unit already seen, 0 when absent),
-"restarts_file" (where to record them once it answers, none when absent)}. Exit 0 when /health
+"restarts_file" (where to record them once it answers, none when absent), "verify_cache" (the
+weights' verification cache, removed when the engine exits before it is ready)}. Exit 0 when /health
 is up, /v1/models lists the served name, and a chat completion answered by the served name has
 ``expect`` in its content with a finish_reason; exit 1 otherwise, with the reason and the unit's
 journal tail. An engine that exited names the first exception its last run logged
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -103,6 +105,14 @@ def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> None:
     cause = _first_exception(lines, req["unit"]) if exited else None
     if cause:
         reason = f"{reason}: {cause}"
+    if exited and req.get("verify_cache"):
+        # An engine that failed before it served may have read a file gone bad since it was
+        # verified (the cache trusts size, mtime and inode): the next converge hashes them all.
+        try:
+            os.remove(req["verify_cache"])
+            reason += "; the next converge verifies its weights again"
+        except FileNotFoundError:
+            pass
     print(json.dumps({"ok": False, "reason": reason, "journal": tail}))
     # One line that says what failed, then the unit's own last words.
     print(f"kimi-deploy: {req['unit']}: {reason}; journal tail:", file=sys.stderr)

@@ -110,7 +110,10 @@ def _weights(spec: dict[str, Any]) -> dict[str, Any]:
         except OSError:
             missing.append(rel)
             continue
-        if cache.get(rel) != [st.st_size, st.st_mtime_ns, st.st_ino, sha] or st.st_size != size:
+        # a file the engines (their own user) cannot read counts as unverified: the sync gives it
+        # its mode back (hostside/weights_sync.py)
+        readable = stat.S_IMODE(st.st_mode) & 0o444 == 0o444
+        if cache.get(rel) != [st.st_size, st.st_mtime_ns, st.st_ino, sha] or st.st_size != size or not readable:
             unverified.append(rel)
     extra = []
     # Partial downloads a killed run left behind: the sync removes them.

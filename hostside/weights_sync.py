@@ -15,9 +15,9 @@ Files come from ``peers`` first (a local mirror folder such as a network mount, 
 same run serving what they verified, see weights_peer.py), each hashed while it streams in;
 whatever no source could give comes from the Hub.
 Verification results are cached in DIR/.kimi/verify-cache.json by (size, mtime_ns, inode), so an
-unchanged file is never hashed twice. A scrub re-hashes every file whatever the cache says. Syncs
-and scrubs of one revision take turns (a lock file), and progress (bytes, rate, ETA) is appended to
-``progress_log`` every few seconds.
+unchanged file is never hashed twice; a verified file not readable by all gets mode 0644 back. A
+scrub re-hashes every file whatever the cache says. Syncs and scrubs of one revision take turns (a
+lock file), and progress (bytes, rate, ETA) is appended to ``progress_log`` every few seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -46,6 +47,9 @@ from hostside.boundary_names import BadName, check_names, inside
 from hostside.boundary_text import shown
 
 META = ".kimi"
+# Every file of a revision is readable by all (the engines run as a user of their own), written by root.
+FILE_MODE = 0o644
+READABLE = 0o444
 PARTIAL = os.path.join(META, "partial")
 PROGRESS_EVERY_S = 5.0
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|gitblob:[0-9a-f]{40})$")
@@ -128,6 +132,10 @@ def _verify(root: str, lock: dict[str, list[Any]], cache: dict[str, list[Any]], 
             kind = sha.split(":", 1)[0]
             found = _hash(path, kind, size) if st.st_size == size else f"size:{st.st_size}"
             cache[rel] = [*key, found]
+        if found == sha and stat.S_IMODE(st.st_mode) & READABLE != READABLE:
+            # The engines read the files as their own user: a verified file they cannot read gets
+            # its mode back (a change of ctime alone: the cache's key stays).
+            os.chmod(path, FILE_MODE)
         return None if found == sha else rel
 
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -26,6 +26,8 @@ from kimi_deploy.preflight import Needs
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
 from kimi_deploy.secrets import read_secret
+from kimi_deploy.start_batches import batch_of
+from kimi_deploy.weights_fanout import needs_files
 
 PYPI = "https://pypi.org/simple"
 
@@ -91,6 +93,8 @@ class UnitTarget:
     # sha256 of each secret file the unit reads, by path: compared with the host's copy, never
     # recorded nor printed (``release`` leaves secret contents out)
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # an engine, which reads the host's weights: restarted when the sync repairs them
+    reads_weights: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,12 +151,18 @@ def digest(files: list[RenderedFile]) -> str:
 def unit_state(unit: UnitTarget, state: dict[str, Any]) -> dict[str, Any] | None:
     """``unit``'s state as the host probe found it (``state``: the probe's result), with
     ``secrets_changed`` set when a secret file it reads differs on the host from the one this
-    converge puts there (content, owner or mode): ``operations.units.needs_start`` restarts it then.
-    The probe sets it too when such a file changed after the unit's last start."""
+    converge puts there (content, owner or mode), and ``weights_changed`` when it is an engine and
+    the sync repairs the weights it reads: ``operations.units.needs_start`` restarts it then.
+    The probe sets ``secrets_changed`` too when such a file changed after the unit's last start."""
     current: dict[str, Any] | None = state["units"].get(unit.name)
     found = state.get("files") or {}
     if current is not None and any(found.get(path) != sha for path, sha in unit.secrets.items()):
         return {**current, "secrets_changed": True}
+    weights = state.get("weights") or {}
+    if current is not None and unit.reads_weights and weights.get("exists") and needs_files(weights):
+        # files of the revision it serves are missing, changed or unreadable: the engine may hold
+        # what it read of them, or have failed on them; it restarts once the sync has repaired them
+        return {**current, "weights_changed": True}
     return current
 
 
@@ -264,9 +274,12 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             )
         ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
         secrets = {f.path: f.sha256 for f in mine if f.secret}
-        units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets))
+        engine = unit.kind == "engine" and weights is not None
+        if smoke is not None and engine and weights is not None:
+            smoke.request["verify_cache"] = f"{weights.path}/.kimi/verify-cache.json"
+        units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets, reads_weights=engine))
     record: dict[str, Any] = {
-        # 2: the release folder holds what a rollback needs (files, stages, smoke checks, pins)
+        # 2: the release folder holds what a rollback needs (files, stages, batch, smoke checks, pins)
         "format": 2,
         "topology": spec.topology,
         "pool": spec.pool,
@@ -293,6 +306,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     record |= {
         "files": sorted(f.path for f in files if not f.secret),
         "stages": {u.name: u.stage for u in units},
+        # the batch its units (re)start in, which a rollback to this release keeps
+        "batch": batch_of(spec, deploy.topology),
         "smoke": {u.name: {"url": u.smoke.url, "request": u.smoke.request} for u in units if u.smoke},
         "pins": pins,
     }

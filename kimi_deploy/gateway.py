@@ -1,9 +1,10 @@
-"""The gateway of a prefill/decode topology: Debian's nginx in front of the router.
+"""The gateway of a topology with a router: Debian's nginx in front of the router.
 
 The routers (vllm-router, sglang-router) check no client key, so nginx takes the router's address
 and port and the router listens on loopback behind it. It answers clients that bear the
 topology's key, through the router, and with ``router.fallback``, when the router cannot answer (no
-connection, or 502/503/504), through the hosted API with the hosted key and the hosted model's name
+connection, or 500/502/503/504: vllm-router 0.1.17 answers 500 when it cannot reach its engines),
+through the hosted API with the hosted key and the hosted model's name
 (``templates/gateway.nginx.conf.j2``, ``templates/gateway.js.j2``). Both keys reach nginx as one
 systemd credential: a root-only file of ``map`` blocks (``templates/gateway-keys.nginx.j2``) that
 systemd copies into the unit's credentials directory at each start, for nginx, run as a user of its

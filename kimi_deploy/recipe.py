@@ -436,13 +436,11 @@ class Topology(Strict):
             raise ValueError("prefill/decode pools need kv_transfer (connectors and transport)")
         if disaggregated and self.router is None:
             raise ValueError("prefill/decode pools need a router in front")
-        if disaggregated and self.expose is None:
+        if self.router is not None and self.expose is None:
+            what = "prefill/decode engines" if disaggregated else "engines behind a router"
             raise ValueError(
-                "prefill/decode engines are reached by the router over the network: "
-                "set expose (bind: address) with an api_key"
+                f"{what} are reached by the router over the network: set expose (bind: address) with an api_key"
             )
-        if not disaggregated and self.router is not None:
-            raise ValueError("a router is only for prefill/decode pools")
         own = [p.group for p in self.pools.values()] + ([self.router.group] if self.router else [])
         if len(set(own)) != len(own):
             raise ValueError(f"pools and router need a group each, found {shown(own)}")

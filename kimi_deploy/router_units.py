@@ -1,5 +1,6 @@
-"""Units of the router host of a prefill/decode topology: the router and the Mooncake master (the
-gateway in front of a router with a fallback is ``kimi_deploy.gateway``)."""
+"""Units of a topology's router host: the router (over prefill/decode pools, or over the
+independent instances of a serve pool) and the Mooncake master (the gateway in front of every
+router is ``kimi_deploy.gateway``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,14 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     bind, port = LOOPBACK, topo.ports.router_backend
     upstream = api_port(topo)
     argv: list[str] = [f"{router_dir(recipe, package)}/bin/{package}"]
-    if package == "vllm-router":
+    serve = tp.leaders("serve")
+    if serve:
+        # Regular routing over independent instances: both routers spell it --worker-urls
+        # (vllm-router 0.1.17's --help: "Regular mode: vllm-router --worker-urls http://worker1:8000
+        # http://worker2:8000"; SGLang's router guide, docs.sglang.io/advanced_features/router.html,
+        # launches sglang_router.launch_router with the same flag).
+        argv += ["--worker-urls", *(f"http://{leader.host.address}:{upstream}" for leader in serve)]
+    elif package == "vllm-router":
         argv += ["--vllm-pd-disaggregation"]
         kv = topo.kv_transfer
         if kv is not None:
@@ -52,9 +60,9 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         env={},
         listens={"router_backend": port},
         bind=bind,
-        # vllm-router 0.1.17 sends the prefill and decode engines "Bearer $OPENAI_API_KEY" from its
-        # own environment, not the client's key (tests/localcluster/test_router_contract.py): the
-        # topology's key, from its secret file, never in argv.
+        # vllm-router 0.1.17 sends the engines "Bearer $OPENAI_API_KEY" from its own environment,
+        # not the client's key (tests/localcluster/test_standins.py::test_vllm_router_keys_contract,
+        # run against the real router): the topology's key, from its secret file, never in argv.
         secret_env=("OPENAI_API_KEY",) if topo.expose is not None else (),
     )
 

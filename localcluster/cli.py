@@ -76,7 +76,13 @@ def up(settings: Settings, hardware: list[str], with_services: bool = True) -> C
     """Bring the cluster to ``len(hardware)`` running hosts (and the services) and return its state."""
     _need_root("up")
     started = time.monotonic()
-    with locked(settings):
+    early = ThreadPoolExecutor(max_workers=1)
+    with locked(settings), contextlib.ExitStack() as stack:
+        stack.callback(early.shutdown)
+        # What the services download (PyPI's wheels, into the cache) comes in while the base image
+        # is made; done, its thread ended, before any host is launched (a fork copies only the
+        # forking thread).
+        fetched = early.submit(services.prefetch) if with_services else None
         image.ensure_tools()
         base = image.ensure_base(settings)
         hosts.ensure_ssh_key(settings)
@@ -122,6 +128,9 @@ def up(settings: Settings, hardware: list[str], with_services: bool = True) -> C
             hosts.write_identity(settings, host, wanted)
         known = [line for host in wanted for line in hosts.known_hosts_lines(host)]
         write_atomic(settings.known_hosts, "\n".join(known) + "\n")
+        if fetched is not None:
+            fetched.result()
+        early.shutdown()
         # Launched with no other thread running: launch forks, and a fork copies only this thread.
         for host in to_boot:
             host.pid, host.state = hosts.launch(settings, host), "starting"

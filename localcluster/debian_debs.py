@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kimi_deploy.engine_vllm import CPU_PACKAGES
 from localcluster import log, run
-from localcluster.image import cache_lock
+from localcluster.image import APT_LOCK, cache_lock
 from localcluster.state import ClusterError
 
 # What the deploy installs on a router host: nginx with its njs (JavaScript) module. Their other
@@ -52,12 +52,13 @@ def _fetch(cache: Path, packages: tuple[str, ...]) -> list[str]:
     """Download ``packages`` into ``cache``; return the file names, one per package."""
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         where = Path(tmp)
-        got = _download(where, packages)
-        if got.returncode != 0:
-            # A controller whose package lists were never fetched knows no candidates yet.
-            log.info("debian debs: apt-get download failed, running apt-get update once")
-            run(["apt-get", "update", "-q"], timeout=DOWNLOAD_TIMEOUT_S)
+        with cache_lock(APT_LOCK):
             got = _download(where, packages)
+            if got.returncode != 0:
+                # A controller whose package lists were never fetched knows no candidates yet.
+                log.info("debian debs: apt-get download failed, running apt-get update once")
+                run(["apt-get", "update", "-q"], timeout=DOWNLOAD_TIMEOUT_S)
+                got = _download(where, packages)
         if got.returncode != 0:
             lines = (got.stderr.strip() or got.stdout.strip()).splitlines()
             raise ClusterError(

@@ -76,17 +76,23 @@ MASKED_UNITS = (
 BUILD_TIMEOUT_S = 900
 
 
+# apt on the controller, one user at a time across clusters coming up at once (``apt-get update``
+# and ``install`` each take apt's own locks and fail, not wait, when another holds them).
+APT_LOCK = Path("/run/lock/kimi-cluster-apt")
+
+
 def ensure_tools() -> None:
     """Install the controller's packages that are missing (apt-get update once, then install)."""
-    missing = sorted({pkg for cmd, pkg in CONTROLLER_TOOLS.items() if shutil.which(cmd) is None})
-    if not missing:
-        return
-    if shutil.which("apt-get") is None:
-        raise ClusterError(f"controller: needs the Debian packages {', '.join(missing)} and has no apt-get")
-    log.info("controller: installing %s", " ".join(missing))
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    run(["apt-get", "update", "-q"], env=env, timeout=600)
-    run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env, timeout=900)
+    with cache_lock(APT_LOCK):
+        missing = sorted({pkg for cmd, pkg in CONTROLLER_TOOLS.items() if shutil.which(cmd) is None})
+        if not missing:
+            return
+        if shutil.which("apt-get") is None:
+            raise ClusterError(f"controller: needs the Debian packages {', '.join(missing)} and has no apt-get")
+        log.info("controller: installing %s", " ".join(missing))
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        run(["apt-get", "update", "-q"], env=env, timeout=600)
+        run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env, timeout=900)
 
 
 def _one_line_entries(text: str) -> Iterator[tuple[str, str]]:

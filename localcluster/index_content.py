@@ -1,5 +1,5 @@
-"""What the cluster's package index serves: stand-in engine wheels, the demo's real tools and real
-engine releases, and any more real packages a test asks for.
+"""What the cluster's package index serves: stand-in engine wheels, the demo's real tools, real
+engine releases and real routers, and any more real packages a test asks for.
 
 ``KIMI_CLUSTER_PACKAGES`` (pip requirements, space or comma separated, e.g. ``torch==2.13.0``) adds
 real packages and their dependencies, downloaded once on the controller with pip (which also takes
@@ -20,14 +20,24 @@ def extra_packages(environ: dict[str, str] | None = None) -> list[str]:
     return list(dict.fromkeys(r for r in raw.replace(",", " ").split() if r))
 
 
+def _real_sets() -> list[list[str]]:
+    """The sets of real packages the index serves, each downloaded (and cached) as one: a new
+    router pin leaves the engines' cache as it is."""
+    sets = [pypi_mirror.requirements(), pypi_mirror.real_engines(set(wheels.PROJECTS)), pypi_mirror.real_routers()]
+    return [wanted for wanted in (*sets, extra_packages()) if wanted]
+
+
+def download() -> None:
+    """Fetch what the index will serve from PyPI into the cache, ahead of ``build`` (``cluster up``
+    runs it while the hosts' base image is made)."""
+    for wanted in _real_sets():
+        pypi_mirror.download(wanted)
+
+
 def build(root: Path) -> list[Path]:
-    """Stand-in engines (built here), the demo recipe's pinned tools and its real engine releases
-    (from PyPI, cached)."""
-    files = [*wheels.build_all(root), *pypi_mirror.mirror(root / "files")]
-    real = pypi_mirror.real_engines(set(wheels.PROJECTS))
-    if real:
-        files += pypi_mirror.mirror(root / "files", wanted=real)
-    extra = extra_packages()
-    if extra:
-        files += pypi_mirror.mirror(root / "files", wanted=extra)
+    """Stand-in engines (built here), the demo recipe's pinned tools, its real engine releases and
+    its routers (from PyPI, cached)."""
+    files = wheels.build_all(root)
+    for wanted in _real_sets():
+        files += pypi_mirror.mirror(root / "files", wanted=wanted)
     return files

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from kimi_deploy.recipe import load_recipe
+from localcluster.image import cache_lock
 
 CACHE = Path("/var/cache/kimi-cluster/pypi")
 DEMO_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "demo.yaml"
@@ -43,26 +44,36 @@ def real_engines(stand_ins: set[str], recipe_file: Path = DEMO_RECIPE) -> list[s
     return out
 
 
-def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None) -> list[Path]:
-    """Put the wheels of ``wanted`` (default: the demo recipe's tools) and their dependencies in
-    ``files_dir``; pip downloads only what the cache lacks."""
-    wanted = requirements() if wanted is None else wanted
+def real_routers(recipe_file: Path = DEMO_RECIPE) -> list[str]:
+    """The routers the demo recipe pins, as pip requirements: the real wheels (they run on CPU)."""
+    return [f"{name}=={release.version}" for name, release in sorted(load_recipe(recipe_file).routers.items())]
+
+
+def download(wanted: list[str], cache: Path = CACHE) -> tuple[Path, list[str]]:
+    """The cache folder of ``wanted`` and the wheels in it: ``wanted`` and their dependencies, which
+    pip downloads the first time only."""
     # One folder per set of requirements: a set's stamp lists the wheels pip fetched for it alone.
     key = hashlib.sha256("\n".join(sorted(wanted)).encode()).hexdigest()[:16]
     dest = cache / key
-    dest.mkdir(parents=True, exist_ok=True)
     stamp = dest / ".done"
-    if not stamp.exists():
-        run = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
-             "--only-binary=:all:", "--dest", str(dest), *wanted],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if run.returncode != 0:
-            tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"pip download {' '.join(wanted)} failed: {tail[0]}")
-        stamp.write_text("\n".join(sorted(p.name for p in dest.glob("*.whl"))) + "\n", encoding="utf-8")
-    names = stamp.read_text(encoding="utf-8").split()
+    with cache_lock(dest):  # two clusters coming up at once download a set once
+        if not stamp.exists():
+            run = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
+                 "--only-binary=:all:", "--dest", str(dest), *wanted],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if run.returncode != 0:
+                tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+                raise RuntimeError(f"pip download {' '.join(wanted)} failed: {tail[0]}")
+            stamp.write_text("\n".join(sorted(p.name for p in dest.glob("*.whl"))) + "\n", encoding="utf-8")
+    return dest, stamp.read_text(encoding="utf-8").split()
+
+
+def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None) -> list[Path]:
+    """Put the wheels of ``wanted`` (default: the demo recipe's tools) and their dependencies in
+    ``files_dir``; pip downloads only what the cache lacks."""
+    dest, names = download(requirements() if wanted is None else wanted, cache)
     files_dir.mkdir(parents=True, exist_ok=True)
     out = []
     for name in names:

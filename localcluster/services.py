@@ -39,11 +39,21 @@ class Service:
     prepare: str | None = None
     # Also hand ``prepare`` the service's URL, for content that names where it is served from.
     prepare_with_url: bool = False
+    # "module:function" fetching what ``prepare`` needs from outside into the cluster's cache, run
+    # by ``cluster up`` beside the work that comes before the services (the hosts' base image)
+    prefetch: str | None = None
 
 
 SERVICES = (
     Service("hub", "localcluster.hub", 8765, prepare="localcluster.hub_content:build"),
-    Service("index", "localcluster.pkgindex", 8766, path="/simple", prepare="localcluster.index_content:build"),
+    Service(
+        "index",
+        "localcluster.pkgindex",
+        8766,
+        path="/simple",
+        prepare="localcluster.index_content:build",
+        prefetch="localcluster.index_content:download",
+    ),
     # NVIDIA's stand-in repository at the recorded URL, the Debian mirror at /debian beside it.
     Service(
         APT_SERVICE,
@@ -57,6 +67,18 @@ SERVICES = (
 
 # Started services stay referenced so that Python never warns about, or reaps, a running child.
 _started: list[subprocess.Popen[bytes]] = []
+
+
+def prefetch() -> None:
+    """Every service's ``prefetch``: downloads into the cache, nothing started."""
+    for service in SERVICES:
+        if service.prefetch is not None:
+            module, _, function = service.prefetch.partition(":")
+            fetch = hook(module, function)
+            if fetch is not None:
+                started = time.monotonic()
+                fetch()
+                log.info("service %s: %s took %.1f s", service.name, service.prefetch, time.monotonic() - started)
 
 
 def root_dir(settings: Settings, service: Service) -> Path:

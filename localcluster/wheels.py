@@ -3,7 +3,8 @@
 ``build_all(index_root)`` writes ``index_root/files/*.whl`` (what ``localcluster.pkgindex`` serves):
 ``vllm``, ``sglang`` and ``tokenspeed`` with their real console scripts and module paths running the
 stand-in engine of ``standins/kimi_standin`` (shipped in each) with the flag catalog of the release
-they stand in for; ``fastsafetensors`` (empty module) and ``vllm-router`` (``standins/vllm_router_main.py``).
+they stand in for, and ``fastsafetensors`` (an empty module). The routers are the real wheels from
+PyPI (``localcluster.pypi_mirror``): they run on CPU.
 Wheels are byte-for-byte reproducible (fixed timestamps and order): rebuilding changes no file.
 """
 
@@ -31,7 +32,6 @@ DEFAULT_RELEASES: dict[str, list[str]] = {
     "sglang": ["0.5.23"],
     "tokenspeed": ["0.1.1"],
     "fastsafetensors": ["0.5.0"],
-    "vllm-router": ["0.1.17"],
 }
 # The earliest time a zip entry can carry: a wheel's bytes must not depend on when it was built.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -65,11 +65,6 @@ PROJECTS: dict[str, Project] = {
         engine="tokenspeed",
     ),
     "fastsafetensors": Project("fastsafetensors"),
-    "vllm-router": Project(
-        "vllm_router",
-        {"vllm_router/launch_router.py": "vllm_router_main.py"},
-        {"vllm-router": "vllm_router.launch_router:main"},
-    ),
 }
 
 

@@ -17,6 +17,8 @@ from pyinfra.context import host
 from operations import serving, units
 
 STAGES = ("stores", "leaders", "workers", "routers")  # kimi_deploy.servespec.Unit.stage
+# The batches' names in operation names (kimi_deploy.start_batches): the first, the second, the routers'.
+SUFFIXES = ("", " (second batch)", " (last batch)")
 
 
 def start_batch(
@@ -27,13 +29,14 @@ def start_batch(
 ) -> None:
     """Start this host's units of ``batch`` in stage order, then smoke test them.
 
-    + batch: 0 for the first batch, 1 for the second
+    + batch: 0 for the first batch, 1 for the second, 2 for the routers'
+
     + mine: this host's units in this batch, ``(stage, unit, release, current)`` (empty for a host
       of the other batch: it still takes every step)
     + checks: the smoke checks of those units (``serving.verified``)
-    + go: evaluated when the step runs; False skips it (the first batch failed somewhere)
+    + go: evaluated when the step runs; False skips it (an earlier batch failed somewhere)
     """
-    suffix = "" if batch == 0 else " (second batch)"
+    suffix = SUFFIXES[batch]
     for stage in host.loop(range(len(STAGES))):  # type: ignore[no-untyped-call]
         steps = [(unit, release, current) for s, unit, release, current in mine if s == stage]
         units.started(name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)

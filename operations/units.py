@@ -65,13 +65,15 @@ def rendered(
 
 
 def needs_start(release: str, current: dict[str, Any] | None) -> bool:
-    """Whether a unit must be (re)started: not running, running another release, or running with
-    a secret it read before it changed (``secrets_changed``, see ``kimi_deploy.converge.unit_state``)."""
+    """Whether a unit must be (re)started: not running, running another release, running with
+    a secret it read before it changed (``secrets_changed``), or an engine whose weights the sync
+    repairs (``weights_changed``; see ``kimi_deploy.converge.unit_state``)."""
     return not (
         current is not None
         and current.get("active") == "active"
         and current.get("applied") == release
         and not current.get("secrets_changed")
+        and not current.get("weights_changed")
     )
 
 

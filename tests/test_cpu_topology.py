@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kimi_deploy.catalog import load_catalog
 from kimi_deploy.converge import plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.engine_vllm import host_packages
+from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.planner import argv_positionals, plan
 from kimi_deploy.preflight import GIB, Needs, accelerators
@@ -120,3 +122,44 @@ def test_torch_compile_brings_the_compiler_and_eager_mode_does_without(demo: tup
     assert host_packages(compiled) == ("libnuma1", "g++")
     # GPU topologies need neither
     assert host_packages(recipe.topologies["demo-sglang"]) == ()
+
+
+def test_a_router_over_a_serve_pool_routes_to_each_instance_behind_the_gateway(tmp_path: Path) -> None:
+    data = yaml.safe_load(Path(DEMO).read_text(encoding="utf-8"))
+    # the topology's group holds its pool's hosts and the router's
+    data["topologies"]["demo-vllm"] |= {"group": "demo_routed", "router": {"group": "demo_router", "package": "vllm-router"}}
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(data), encoding="utf-8")
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        INVENTORY.replace('"recipes/demo.yaml"', repr(str(recipe_file)))
+        + 'demo_router = [("kimi-h5", {"ssh_hostname": "10.213.7.15", **_c})]\ndemo_routed = demo_vllm + demo_router\n',
+        encoding="utf-8",
+    )
+    recipe = load_recipe(recipe_file)
+    full = plan(recipe, str(recipe_file), load_inventory(inventory))
+    units = {u.name: u for u in _host(full, "kimi-h5").units}
+    assert sorted(units) == ["kimi-gateway", "kimi-router"]
+    router = units["kimi-router"]
+    # regular routing over the instances' leaders, on loopback; the gateway takes the router's port
+    assert list(router.argv[1:]) == [
+        "--worker-urls", "http://10.213.7.11:8000", "http://10.213.7.12:8000",
+        "--host", "127.0.0.1", "--port", "8009", "--policy", "round_robin",
+    ]  # fmt: skip
+    assert router.secret_env == ("OPENAI_API_KEY",)
+    assert (units["kimi-gateway"].bind, units["kimi-gateway"].listens) == ("10.213.7.15", {"router": 8000})
+
+
+def test_a_router_needs_the_engines_exposed_to_reach_them(tmp_path: Path) -> None:
+    data = yaml.safe_load(Path(DEMO).read_text(encoding="utf-8"))
+    topology = data["topologies"]["demo-vllm"]
+    topology["router"] = {"group": "demo_router", "package": "vllm-router"}
+    del topology["expose"]
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_recipe(recipe_file)
+    assert refused.value.field == "topologies.demo-vllm"
+    assert refused.value.message == (
+        "engines behind a router are reached by the router over the network: set expose (bind: address) with an api_key"
+    )

@@ -48,8 +48,13 @@ class FakeUpstream:
     """An OpenAI-compatible server: the local router or the hosted API."""
 
     name: str
-    # A router with no healthy engine answers every request 503 (its /health too).
+    # A router whose engines are gone, as the real vllm-router 0.1.17 is (held to it by
+    # tests/localcluster/test_standins.py::test_the_real_router_with_its_engines_gone): its /health
+    # still 200 "All servers healthy", every request 500 "Request failed: error sending request
+    # for url (...)"; once its health checks open the engines' circuits (about 40 s here), 503
+    # "No workers are currently available" (``circuits_open``).
     down: bool = False
+    circuits_open: bool = False
     seen: list[Seen] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
     url: str = ""
@@ -68,6 +73,14 @@ def _handler(fake: FakeUpstream) -> type[BaseHTTPRequestHandler]:
         def _json(self, code: int, doc: object) -> None:
             send_json(self, doc, code)
 
+        def _text(self, code: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self) -> None:
             self._serve()
 
@@ -82,8 +95,11 @@ def _handler(fake: FakeUpstream) -> type[BaseHTTPRequestHandler]:
             except (ValueError, RecursionError):
                 request = {}  # the hosted API's business: here, answered as any other
             request = request if isinstance(request, dict) else {}
-            if fake.down:
-                self._json(503, {"error": {"message": "no healthy worker"}})
+            if fake.down and self.path != "/health":
+                if fake.circuits_open:
+                    self._text(503, "No workers are currently available")
+                else:
+                    self._text(500, f"Request failed: error sending request for url (http://10.0.0.9:8000{self.path})")
             elif self.path == "/health":
                 self._json(200, {})
             elif self.path.endswith("/v1/models"):
@@ -247,10 +263,12 @@ def test_a_healthy_backend_gets_the_request_unchanged(backend: FakeUpstream, sta
     assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend":true,"fallback":false}')
 
 
+@pytest.mark.parametrize("circuits_open", [False, True], ids=["engines-unreachable", "circuits-open"])
 def test_an_unavailable_backend_sends_requests_to_the_hosted_api_with_its_key(
-    backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start, journal: Journal
+    circuits_open: bool, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start, journal: Journal
 ) -> None:
-    backend.down = True
+    backend.down, backend.circuits_open = True, circuits_open
+    answered = 503 if circuits_open else 500
     gateway = start_gateway(backend.url, hosted)
     request = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "temperature": 0.6}
     status, _, body = call(gateway, "POST", "/v1/chat/completions", request)
@@ -263,19 +281,20 @@ def test_an_unavailable_backend_sends_requests_to_the_hosted_api_with_its_key(
     call(gateway, "POST", "/v1/chat/completions", {"model": "kimi-k3.1-lite", "messages": []})
     assert json.loads(hosted.api_calls()[-1].body)["model"] == "kimi-k3.1-lite"
     assert json.loads(call(gateway, "GET", "/v1/models")[2]) == {"object": "list", "data": [{"id": "hosted-api"}]}
-    # The service still answers, so its health says 200 and why.
-    assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend":false,"fallback":true}')
+    # The service still answers, and so does the router's /health (it does not tell its engines gone).
+    assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend":true,"fallback":true}')
     host = hosted.url.removeprefix("http://")
     lines = journal.lines()
-    assert f"fallback: POST /v1/chat/completions -> {host} (backend answered 503)" in lines
-    assert f"fallback: GET /v1/models -> {host} (backend answered 503)" in lines
+    assert f"fallback: POST /v1/chat/completions -> {host} (backend answered {answered})" in lines
+    assert f"fallback: GET /v1/models -> {host} (backend answered {answered})" in lines
     # The backend back: the next request goes to it again.
     backend.down = False
     assert json.loads(call(gateway, "POST", "/v1/chat/completions", request)[2])["answered_by"] == "local-router"
     assert backend.api_calls()[-1].headers["Authorization"] == f"Bearer {CLIENT_KEY}"
-    # Not listening at all is the same as unavailable.
+    # Not listening at all is the same as unavailable, and the health says so.
     stopped = start_gateway(f"http://127.0.0.1:{_free_port()}", hosted)
     assert json.loads(call(stopped, "POST", "/v1/completions", request)[2])["answered_by"] == "hosted-api"
+    assert call(stopped, "GET", "/health", key=None)[::2] == (200, b'{"backend":false,"fallback":true}')
 
 
 H = HOSTED_MODEL.encode()
@@ -339,13 +358,15 @@ def test_a_request_without_the_client_key_is_refused_and_reaches_no_upstream(
 
 def test_no_fallback_and_the_backend_down_answers_503(backend: FakeUpstream, start_gateway: Start) -> None:
     backend.down = True
-    for url in (backend.url, f"http://127.0.0.1:{_free_port()}"):  # unavailable, then not listening at all
+    # its engines gone (the router's /health still 200), then the router not listening at all
+    for url, health in ((backend.url, b'{"backend":true,"fallback":false}'),
+                        (f"http://127.0.0.1:{_free_port()}", b'{"backend":false,"fallback":false}')):  # fmt: skip
         gateway = start_gateway(url, None)
         status, headers, body = call(gateway, "POST", "/v1/chat/completions", {"model": SERVED})
         assert status == 503
         assert headers["Content-Type"] == "application/json"
         assert json.loads(body)["error"]["message"] == "the local backend is unavailable and no fallback is configured"
-        assert call(gateway, "GET", "/health", key=None)[::2] == (503, b'{"backend":false,"fallback":false}')
+        assert call(gateway, "GET", "/health", key=None)[::2] == ((200 if health.startswith(b'{"backend":true') else 503), health)
 
 
 def test_a_streamed_answer_passes_through_as_it_comes(backend: FakeUpstream, start_gateway: Start) -> None:

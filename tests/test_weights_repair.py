@@ -1,0 +1,95 @@
+"""Weights the engines cannot use: a file they cannot read is found by the host's probe and given
+its mode back by the sync (nothing hashed again), and an engine whose weights a converge repairs
+restarts on the repaired files, while the units that read no weights stay."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hostside import state_probe, weights_sync
+from kimi_deploy import converge
+from kimi_deploy.converge import plan_converge, unit_state
+from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Recipe
+from operations import units
+from tests.conftest import RECIPE
+
+SHARD = "model-00001-of-00002.safetensors"
+
+
+def _revision(root: Path) -> dict[str, list[object]]:
+    """Two files, verified by a sync: their lock."""
+    lock: dict[str, list[object]] = {}
+    for name, data in ((SHARD, b"weights" * 100), ("config.json", b"{}")):
+        (root / name).write_bytes(data)
+        lock[name] = [len(data), f"sha256:{hashlib.sha256(data).hexdigest()}"]
+    cache: dict[str, list[object]] = {}
+    assert weights_sync._verify(str(root), lock, cache, 2) == []
+    (root / ".kimi").mkdir()
+    (root / ".kimi" / "verify-cache.json").write_text(json.dumps(cache), encoding="utf-8")
+    return lock
+
+
+def test_a_file_the_engines_cannot_read_is_unverified_and_gets_its_mode_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = _revision(tmp_path)
+    assert state_probe._weights({"dir": str(tmp_path), "lock": lock})["unverified"] == []
+    (tmp_path / SHARD).chmod(0o600)
+    found = state_probe._weights({"dir": str(tmp_path), "lock": lock})
+    assert (found["missing"], found["unverified"]) == ([], [SHARD])
+    cache = weights_sync._load_cache(str(tmp_path))
+
+    def no_hashing(*args: object) -> str:
+        raise AssertionError("a file the cache vouches for is not hashed again")
+
+    monkeypatch.setattr(weights_sync, "_hash", no_hashing)
+    assert weights_sync._verify(str(tmp_path), lock, cache, 2) == []
+    assert (tmp_path / SHARD).stat().st_mode & 0o777 == 0o644
+    assert state_probe._weights({"dir": str(tmp_path), "lock": lock})["unverified"] == []
+
+
+def test_a_corrupted_file_keeps_its_mode_and_is_named(tmp_path: Path) -> None:
+    lock = _revision(tmp_path)
+    (tmp_path / SHARD).chmod(0o600)
+    os.truncate(tmp_path / SHARD, 10)
+    assert weights_sync._verify(str(tmp_path), lock, {}, 2) == [SHARD]
+    assert (tmp_path / SHARD).stat().st_mode & 0o777 == 0o600
+
+
+def test_an_engine_restarts_when_its_weights_are_repaired_and_nothing_else_does(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the example recipe's revision has no lock file: one of two files stands in
+    lock = {SHARD: [10, "sha256:" + "0" * 64], "config.json": [2, "sha256:" + "1" * 64]}
+    monkeypatch.setattr(converge, "read_lock", lambda recipe: SimpleNamespace(compact=lambda: lock))
+    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
+    full = plan(recipe, RECIPE, prod)
+    for name in ("b300-01", "gb300-rt01"):
+        spec = full.for_host(name)
+        todo = plan_converge(DeployPlan(recipe, RECIPE, spec, prod.host(name), full.topology(spec.topology)))
+        running = {u.name: {"active": "active", "applied": u.release} for u in todo.units}
+        for weights, engines_restart in (
+            ({"exists": True, "missing": [], "unverified": [], "extra": ["stray.bin"]}, False),
+            ({"exists": True, "missing": [SHARD], "unverified": [], "extra": []}, True),
+            ({"exists": True, "missing": [], "unverified": [SHARD], "extra": []}, True),
+        ):
+            state = {"units": running, "files": {f.path: f.sha256 for f in todo.files}, "weights": weights}
+            restarts = {u.name for u in todo.units if units.needs_start(u.release, unit_state(u, state))}
+            engines = {u.name for u in todo.units if u.reads_weights}
+            assert restarts == (engines if engines_restart else set()), (name, weights)
+        assert bool(engines) == (name == "b300-01")
+        # the engine's smoke test drops the verification cache of the revision it serves if the
+        # engine exits before it is ready (hostside/smoke.py)
+        for unit in todo.units:
+            if unit.reads_weights:
+                assert unit.smoke is not None
+                assert unit.smoke.request["verify_cache"] == f"{todo.weights.path}/.kimi/verify-cache.json"  # type: ignore[union-attr]
