@@ -249,8 +249,11 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     for unit in sorted(spec.units, key=lambda u: u.stage):
         mine = [f for f in files if f"/{unit.name}." in f.path or f.path in unit.files or f.path in unit.secret_files]
         smoke = None
-        # An engine's API, or the router in front of prefill/decode engines (whose smoke test
-        # goes through the router to the engines and back).
+        # An engine reads the host's weights: its smoke test, should it exit before it is ready,
+        # drops their verification cache (the next converge hashes them again).
+        verify_cache = f"{weights.path}/.kimi/verify-cache.json" if unit.kind == "engine" and weights else None
+        # An engine's API, or the gateway in front of a router (whose smoke test goes through the
+        # router to the engines and back).
         api = unit.listens.get("api") if unit.kind == "engine" else unit.listens.get("router")
         if api is not None and unit.kind in ("engine", "router", "gateway"):
             # A unit bound to every address is reached on loopback by the on-host check.
@@ -270,13 +273,12 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                     "max_tokens": smoke_budget(recipe.smoke.max_tokens, recipe.topologies[spec.topology].max_model_len),
                     "key_file": key_file,
                     "key_var": key_var,
+                    **({"verify_cache": verify_cache} if verify_cache else {}),
                 },
             )
         ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
         secrets = {f.path: f.sha256 for f in mine if f.secret}
-        engine = unit.kind == "engine" and weights is not None
-        if smoke is not None and engine and weights is not None:
-            smoke.request["verify_cache"] = f"{weights.path}/.kimi/verify-cache.json"
+        engine = verify_cache is not None
         units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets, reads_weights=engine))
     record: dict[str, Any] = {
         # 2: the release folder holds what a rollback needs (files, stages, batch, smoke checks, pins)
