@@ -35,7 +35,7 @@ from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.run_id import run_id
-from kimi_deploy.start_batches import BATCHES, batch_of
+from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
 from kimi_deploy.venv_lock import lock_source
 from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
 from kimi_deploy.weights_gc import collectable
@@ -210,27 +210,25 @@ commcheck.all_reduce_passed(
 )
 
 my_batch = batch_of(spec, deploy.topology)
+place_batch = first_batch_of(spec, deploy.topology)
 
 
 def earlier_batches_ok(batch: int) -> Callable[[], bool]:
-    """At execute time: no host of this topology in a batch before ``batch`` failed (else this
-    batch keeps serving the release it runs)."""
-    earlier = [p.host for p in deploy.topology if batch_of(p, deploy.topology) < batch]
+    """At execute time: no host of this topology that (re)started units in a batch before
+    ``batch`` failed (else this batch keeps serving the release it runs)."""
+    earlier = [p.host for p in deploy.topology if first_batch_of(p, deploy.topology) < batch]
     return lambda: not any(inventory.get_host(name, None) in state.failed_hosts for name in earlier)
 
 
 def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
-    if batch != my_batch:
-        return []
-    return [(u.stage, u.name, u.release, unit_state(u, found)) for u in todo.units]
+    return [(u.stage, u.name, u.release, unit_state(u, found)) for u in todo.units
+            if unit_batch(u.stage, my_batch) == batch]  # fmt: skip
 
 
 def my_checks(batch: int) -> list[dict[str, Any]]:
-    if batch != my_batch:
-        return []
     checks = []
     for u in todo.units:
-        if u.smoke is None:
+        if u.smoke is None or unit_batch(u.stage, my_batch) != batch:
             continue
         state = unit_state(u, found)
         starts = units.needs_start(u.release, state)
@@ -253,7 +251,7 @@ def put_in_place(batch: int, go: Any = None) -> None:
     """This host's new release in place, in its own batch: its rendered files, its timers and the
     ``current`` link. A host of the second batch keeps its files and link as they are, and the
     engine they describe, until the first batch serves."""
-    if batch != my_batch:
+    if batch != place_batch:
         return
     suffix = SUFFIXES[batch]
     units.rendered(

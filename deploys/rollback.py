@@ -24,7 +24,7 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.run_id import run_id
-from kimi_deploy.start_batches import BATCHES
+from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
 from operations import preflight, releases, units
 from operations.start_order import SUFFIXES, start_batch
 
@@ -63,6 +63,7 @@ elif plan.target is not None:
 # answer their smoke tests, and goes only if no host failed.
 record = plan.record
 my_batch = int(record.get("batch") or 0) if plan.target is not None else 0
+place_batch = first_batch(record.get("stages", {}).values(), my_batch)
 
 
 def nothing_failed() -> bool:
@@ -71,7 +72,7 @@ def nothing_failed() -> bool:
 
 def put_back(batch: int, go: Any = None) -> None:
     """This host's files and ``current`` link back to the target release, in its own batch."""
-    if plan.target is None or batch != my_batch:
+    if plan.target is None or batch != place_batch:
         return
     suffix = SUFFIXES[batch]
     releases.restored(
@@ -91,15 +92,17 @@ def put_back(batch: int, go: Any = None) -> None:
 
 
 def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
-    if batch != my_batch:
+    if plan.target is None:
         return []
     stages = sorted(record.get("stages", {}).items())
-    return [(stage, name, record["units"][name], found["units"].get(name)) for name, stage in stages]
+    return [(stage, name, record["units"][name], found["units"].get(name)) for name, stage in stages
+            if unit_batch(stage, my_batch) == batch]  # fmt: skip
 
 
 def my_checks(batch: int) -> list[dict[str, Any]]:
-    if batch != my_batch:
+    if plan.target is None:
         return []
+    stages = record.get("stages", {})
     return [
         {
             "unit": name,
@@ -108,6 +111,7 @@ def my_checks(batch: int) -> list[dict[str, Any]]:
             "restarted": units.needs_start(record["units"][name], found["units"].get(name)),
         }
         for name, smoke in sorted(record.get("smoke", {}).items())
+        if (unit_batch(stages[name], my_batch) if name in stages else my_batch) == batch
     ]
 
 

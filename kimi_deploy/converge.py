@@ -24,6 +24,7 @@ from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
 from kimi_deploy.render import RenderedFile, render_host
+from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
 from kimi_deploy.secrets import read_secret
 from kimi_deploy.start_batches import batch_of
@@ -201,9 +202,11 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     venvs: list[VenvRelease] = []
     weights = None
     if spec.role == "router":
-        version = recipe.routers[spec.engine].version  # type: ignore[index]
+        router_release = recipe.routers[spec.engine]  # type: ignore[index]
+        requirements = [f"{spec.engine}=={router_release.version}"]
+        requirements += [f"{name}=={version}" for name, version in sorted(router_release.packages.items())]
         venvs.append(
-            VenvRelease(spec.engine, version, router_dir(recipe, spec.engine), [f"{spec.engine}=={version}"])  # type: ignore[arg-type]
+            VenvRelease(spec.engine, router_release.version, router_dir(recipe, spec.engine), requirements)  # type: ignore[arg-type]
         )
     else:
         release = recipe.engines[spec.engine]  # type: ignore[index]
@@ -276,7 +279,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                     **({"verify_cache": verify_cache} if verify_cache else {}),
                 },
             )
-        ports = {port: f"{unit.name} {label}" for label, port in unit.listens.items()}
+        ports = {port: f"{unit.name} {label}" for label, port in unit.every_port().items()}
         secrets = {f.path: f.sha256 for f in mine if f.secret}
         engine = verify_cache is not None
         units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets, reads_weights=engine))
@@ -298,6 +301,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     pins = {f"engines.{spec.engine}.version": spec.engine_version}
     if spec.role == "router":
         pins = {f"routers.{spec.engine}.version": spec.engine_version}
+        extra = recipe.routers[spec.engine].packages  # type: ignore[index]
+        pins |= {f"routers.{spec.engine}.packages.{k}": v for k, v in sorted(extra.items())}
     else:
         engine_release = recipe.engines[spec.engine]  # type: ignore[index]
         pins |= {f"engines.{spec.engine}.packages.{k}": v for k, v in sorted(engine_release.packages.items())}
@@ -317,6 +322,12 @@ def plan_converge(deploy: DeployPlan) -> Converge:
     if weights is not None:
         links["model"] = weights.path
     host_release = Release(recipe.paths.current, f"{recipe.paths.releases}/{release_id}", record, links)
+    master = any(u.kind == "mooncake-master" for u in spec.units)
+    debs = [
+        *(GATEWAY_PACKAGES if gateway else ()),
+        *(MOONCAKE_HOST_PACKAGES if master else ()),
+        *host_packages(recipe.topologies[spec.topology]),
+    ]
     return Converge(
         user=recipe.paths.user,
         index_url=host_vars.kimi_pip_index_url or PYPI,
@@ -326,7 +337,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         units=units,
         release=host_release,
         timers=timers,
-        packages=(list(GATEWAY_PACKAGES) if gateway else []) + list(host_packages(recipe.topologies[spec.topology])),
+        packages=list(dict.fromkeys(debs)),
         masked=list(GATEWAY_MASKED) if gateway else [],
     )
 

@@ -21,7 +21,9 @@ def engine_dir(recipe: Recipe, engine: EngineName) -> str:
 
 
 def router_dir(recipe: Recipe, package: RouterName) -> str:
-    return release_dir(recipe.paths.engines, package, recipe.routers[package].version)
+    """The virtual environment of the pinned router release (with its pinned extra packages)."""
+    release = recipe.routers[package]
+    return release_dir(recipe.paths.engines, package, release.version, release.packages)
 
 
 def tool_dir(recipe: Recipe, package: str, version: str) -> str:

@@ -15,7 +15,7 @@ from kimi_deploy.servespec import HostPlan, Plan
 def _ports(host: HostPlan) -> str:
     parts: list[str] = []
     for unit in host.units:
-        for label, port in unit.listens.items():
+        for label, port in unit.every_port().items():
             parts.append(f"{label}={port}")
     return " ".join(parts) or "-"
 

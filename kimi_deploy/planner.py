@@ -19,12 +19,14 @@ from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
 from kimi_deploy.recipe import Recipe, Topology
 from kimi_deploy.router_units import mooncake_master_unit, router_unit
+from kimi_deploy.safe_text import is_ip_address
 from kimi_deploy.servespec import CPU_ANY, HostPlan, Plan, Unit
 
 
 def argv_positionals(catalog: Catalog) -> int:
     """Arguments before the first flag: the launch prefix and, for ``vllm serve``, the model path."""
     return len(catalog.launch) + (1 if catalog.launch[-1:] == ("serve",) and catalog.engine == "vllm" else 0)
+
 
 # Recipe fields whose values must be names the engine release registers.
 _REGISTRY_FIELDS: tuple[tuple[str, str, Callable[[Topology], list[str]]], ...] = (
@@ -65,7 +67,18 @@ def _check_names(recipe: Recipe, recipe_file: str, name: str, topo: Topology) ->
 
 def _check_hosts(inventory: Inventory, tp: TopologyPlacement) -> None:
     kv = tp.topology.kv_transfer
-    if kv is None or kv.transport != "rdma":
+    if kv is None:
+        return
+    if "MooncakeStoreConnector" in kv.connectors:
+        for p in tp.engines:
+            if not is_ip_address(p.host.address):
+                raise ConfigError(
+                    f"{inventory.source}: host {p.host.name}",
+                    "kimi_address",
+                    f"topology {tp.name}'s Mooncake master lets in its hosts by IP address "
+                    f"(systemd's IPAddressAllow=): set the host's IP address, found {p.host.address!r}",
+                )
+    if kv.transport != "rdma":
         return
     for p in tp.engines:
         if not p.host.vars.kimi_rdma_devices:
@@ -102,7 +115,7 @@ def _check_argv(recipe: Recipe, recipe_file: str, placement: Placement, unit: Un
 def _check_ports(recipe_file: str, plan: HostPlan) -> None:
     seen: dict[int, str] = {}
     for unit in plan.units:
-        for label, port in unit.listens.items():
+        for label, port in unit.every_port().items():
             who = f"{unit.name} {label}"
             if port in seen:
                 raise ConfigError(

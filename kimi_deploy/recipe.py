@@ -36,6 +36,8 @@ Positive = Annotated[int, Field(ge=1)]
 
 # Weights must fit an instance's accelerator memory with room left for activations and KV cache.
 _HEADROOM_PERCENT = 110
+# The distribution of the Mooncake store's master (``mooncake_master``) and client.
+MOONCAKE_PACKAGE = "mooncake-transfer-engine"
 
 
 class Strict(BaseModel):
@@ -110,7 +112,11 @@ class EngineRelease(Strict):
 
 
 class RouterRelease(Strict):
+    """One pinned router release, with pinned extra ``packages`` installed beside it (the Mooncake
+    master of a topology's router host comes from ``mooncake-transfer-engine``)."""
+
     version: Version
+    packages: dict[PackageName, Version] = {}
 
 
 class NvidiaDriver(Strict):
@@ -359,6 +365,8 @@ class Ports(Strict):
     nixl_side_channel: Port = 5600
     mooncake_master: Port = 50051
     mooncake_metadata: Port = 8080
+    # the Mooncake master's metrics and health (/metrics, /health), on loopback
+    mooncake_metrics: Port = 9003
     bootstrap: Port = 8998
     router: Port = 8000
     # the router of a prefill/decode topology, on loopback behind the gateway that takes ``router``
@@ -520,6 +528,14 @@ class Recipe(Strict):
                 raise ValueError(f"{where}.max_model_len: {topo.max_model_len} is not a context_ladder step {ladder}")
             if topo.router is not None and topo.router.package not in self.routers:
                 raise ValueError(f"{where}.router.package: {topo.router.package!r} has no pinned release under routers")
+            kv = topo.kv_transfer
+            if kv is not None and "MooncakeStoreConnector" in kv.connectors and topo.router is not None:
+                package = topo.router.package
+                if MOONCAKE_PACKAGE not in self.routers[package].packages:
+                    raise ValueError(
+                        f"{where}.kv_transfer.connectors: MooncakeStoreConnector's master runs on the router "
+                        f"host from {MOONCAKE_PACKAGE}: pin it under routers.{package}.packages"
+                    )
             acc = topo.accelerators
             for pool_name, pool in topo.pools.items():
                 devices = pool.parallel.replica_devices

@@ -4,7 +4,7 @@ router is ``kimi_deploy.gateway``)."""
 
 from __future__ import annotations
 
-from kimi_deploy.host_paths import engine_dir, router_dir
+from kimi_deploy.host_paths import router_dir
 from kimi_deploy.listen import LOOPBACK, api_port
 from kimi_deploy.placement import TopologyPlacement
 from kimi_deploy.recipe import Recipe
@@ -12,6 +12,9 @@ from kimi_deploy.servespec import Unit
 
 ROUTER_UNIT = "kimi-router"
 MOONCAKE_UNIT = "kimi-mooncake-master"
+# mooncake_master links libibverbs.so.1 and libnuma.so.1 (ldd, mooncake-transfer-engine
+# 0.3.13.post1), on a host without RDMA too: Debian's packages, from the host's own archive.
+MOONCAKE_HOST_PACKAGES = ("libibverbs1", "libnuma1")
 
 
 def _needs_mooncake_master(tp: TopologyPlacement) -> bool:
@@ -68,20 +71,28 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
 
 
 def mooncake_master_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
-    """The Mooncake store's master, from the engine's own release (mooncake-transfer-engine)."""
+    """The Mooncake store's master, from the router's release (its pinned mooncake-transfer-engine).
+
+    mooncake_master 0.3.13.post1 binds its HTTP metadata server to every address whatever
+    ``--http_metadata_server_host`` says (measured: ``ss -ltn`` shows 0.0.0.0:8080; its RPC and
+    metrics ports follow their flags), and neither checks a key: the unit lets in loopback and the
+    topology's own hosts alone (systemd's IPAddressAllow=), and its metrics stay on loopback."""
     if not _needs_mooncake_master(tp):
         return None
     topo = tp.topology
+    assert topo.router is not None
     assert tp.router is not None
     address = tp.router.address
     ports = topo.ports
     argv = (
-        f"{engine_dir(recipe, topo.engine)}/bin/mooncake_master",
-        f"--port={ports.mooncake_master}",
+        f"{router_dir(recipe, topo.router.package)}/bin/mooncake_master",
+        f"--rpc_port={ports.mooncake_master}",
         f"--rpc_address={address}",
         "--enable_http_metadata_server=true",
         f"--http_metadata_server_host={address}",
         f"--http_metadata_server_port={ports.mooncake_metadata}",
+        f"--metrics_host={LOOPBACK}",
+        f"--metrics_port={ports.mooncake_metrics}",
     )
     return Unit(
         name=MOONCAKE_UNIT,
@@ -91,5 +102,8 @@ def mooncake_master_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
         argv=argv,
         env={},
         listens={"mooncake_master": ports.mooncake_master, "mooncake_metadata": ports.mooncake_metadata},
+        local_listens={"mooncake_metrics": ports.mooncake_metrics},
         bind=address,
+        # its own host's address too: a packet from the host to its own address is not loopback's
+        peers=tuple(dict.fromkeys([address, *(p.host.address for p in tp.engines)])),
     )

@@ -51,14 +51,21 @@ def _first_control(value: Any, where: str) -> tuple[str, str, str] | None:
 def is_address(value: str) -> bool:
     """Whether ``value`` is an IP address (without an IPv6 zone) or a DNS hostname: RFC 1123
     labels, the last one not all digits (``10.0.0.256`` is a mistyped address, not a name)."""
-    if "%" not in value:  # an IPv6 zone (fe80::1%eth0) is free text to ipaddress
-        try:
-            ipaddress.ip_address(value)
-            return True
-        except ValueError:
-            pass
+    if is_ip_address(value):
+        return True
     labels = value.split(".")
     return len(value) <= 253 and all(_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit()
+
+
+def is_ip_address(value: str) -> bool:
+    """Whether ``value`` is an IP address (v4 or v6, without a zone), not a DNS hostname."""
+    if "%" in value:  # an IPv6 zone (fe80::1%eth0) is free text to ipaddress
+        return False
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def check_address(value: str) -> str:

@@ -30,7 +30,10 @@ class Unit:
     written only by a deploy, never by ``plan --render``. ``listens`` maps a label to each
     port the unit binds; ``bind`` is the address of its HTTP API. ``stage`` orders starts across
     the topology: 0 stores (Mooncake master), 1 engine leaders, 2 engine workers, 3 routers.
-    ``files`` are the other config files the unit reads, by absolute path.
+    ``local_listens`` are ports it binds on loopback alone, whatever ``bind`` is.
+    ``files`` are the other config files the unit reads, by absolute path. ``peers``, when
+    given, are the only addresses besides loopback the unit exchanges packets with (systemd's
+    IPAddressAllow=): for a service that checks no key and binds more than it is told.
     """
 
     name: str
@@ -44,6 +47,12 @@ class Unit:
     secret_env: tuple[str, ...] = ()
     secret_files: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, ConfigFile] = field(default_factory=dict)
+    peers: tuple[str, ...] = ()
+    local_listens: Mapping[str, int] = field(default_factory=dict)
+
+    def every_port(self) -> dict[str, int]:
+        """Every port the unit binds, on any address, by label."""
+        return {**self.listens, **self.local_listens}
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,20 @@ hosts moves as one. A pool of one instance has nothing to keep serving and goes 
 batch. Routers go in a last batch of their own, once every engine of both batches answers: the
 real vllm-router serves as soon as one of its engines is healthy, and started beside an engine
 still loading it answered requests with 500 (vllm-router 0.1.17 before two real vLLM instances),
-so it (re)starts, and is smoke tested, only after all of them.
+so it (re)starts, and is smoke tested, only after all of them. A store (the Mooncake master, on
+the router host) is the exception: the engines connect to it as they start, so it (re)starts in
+the first batch, and its host's release is put in place then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from kimi_deploy.servespec import HostPlan
 
 BATCHES = 3
 ROUTERS = 2
+STORES = 0  # kimi_deploy.servespec.Unit.stage of a topology's stores
 
 
 def batch_of(host: HostPlan, topology: Sequence[HostPlan]) -> int:
@@ -25,3 +28,19 @@ def batch_of(host: HostPlan, topology: Sequence[HostPlan]) -> int:
         return ROUTERS
     instances = {h.instance for h in topology if h.pool == host.pool}
     return host.instance % 2 if len(instances) > 1 else 0
+
+
+def unit_batch(stage: int, batch: int) -> int:
+    """The batch a unit of ``stage`` (re)starts in on a host of ``batch``: a store in the first,
+    every other unit in its host's."""
+    return 0 if stage == STORES else batch
+
+
+def first_batch(stages: Iterable[int], batch: int) -> int:
+    """The batch a host of ``batch`` whose units have ``stages`` puts its release in place in:
+    that of the first of its units to (re)start."""
+    return min((unit_batch(stage, batch) for stage in stages), default=batch)
+
+
+def first_batch_of(host: HostPlan, topology: Sequence[HostPlan]) -> int:
+    return first_batch((u.stage for u in host.units), batch_of(host, topology))

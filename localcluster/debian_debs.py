@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from kimi_deploy.engine_vllm import CPU_PACKAGES
+from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from localcluster import log, run
 from localcluster.image import APT_LOCK, cache_lock
 from localcluster.state import ClusterError
@@ -27,7 +28,10 @@ from localcluster.state import ClusterError
 NGINX_PACKAGES = ("nginx", "nginx-common", "libnginx-mod-http-js")
 # What a host serving vLLM's CPU build gets (libnuma1: it needs only libc6, in the base image).
 CPU_ENGINE_PACKAGES = CPU_PACKAGES
-DEBIAN_PACKAGES = NGINX_PACKAGES + CPU_ENGINE_PACKAGES
+# What a router host running a Mooncake master gets: libibverbs1 with the two libnl libraries it
+# depends on (its other dependencies, adduser and libc6, are in the base image), and libnuma1.
+MOONCAKE_PACKAGES = (*MOONCAKE_HOST_PACKAGES, "libnl-3-200", "libnl-route-3-200")
+DEBIAN_PACKAGES = tuple(dict.fromkeys(NGINX_PACKAGES + CPU_ENGINE_PACKAGES + MOONCAKE_PACKAGES))
 CACHE_NAME = "debian-debs"
 STAMP = ".done"
 DOWNLOAD_TIMEOUT_S = 600

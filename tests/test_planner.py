@@ -193,6 +193,40 @@ def test_rdma_topology_needs_rdma_devices_on_every_engine_host(recipe: Recipe, p
     )
 
 
+def test_a_mooncake_topology_names_its_hosts_by_ip_address(recipe: Recipe, prod: Inventory) -> None:
+    hosts = tuple(
+        dataclasses.replace(h, address="gb300-p04.cluster.example") if h.name == "gb300-p04" else h for h in prod.hosts
+    )
+    with pytest.raises(ConfigError) as err:
+        plan(recipe, RECIPE, dataclasses.replace(prod, hosts=hosts), "gb300-pd")
+    assert str(err.value) == (
+        "inventories/prod.py: host gb300-p04: kimi_address: topology gb300-pd's Mooncake master lets in its "
+        "hosts by IP address (systemd's IPAddressAllow=): set the host's IP address, found 'gb300-p04.cluster.example'"
+    )
+
+
+def test_the_mooncake_master_comes_from_the_routers_release_and_lets_in_its_topology_alone(full: Plan) -> None:
+    master = full.for_host("gb300-rt01").units[0]
+    argv = dict(a.removeprefix("--").split("=", 1) for a in master.argv[1:])
+    assert (
+        master.argv[0]
+        == "/opt/kimi/engines/vllm-router-0.1.17+mooncake-transfer-engine-0.3.13.post1/bin/mooncake_master"
+    )
+    assert argv["rpc_address"] == argv["http_metadata_server_host"] == "10.41.0.50"
+    assert (argv["rpc_port"], argv["http_metadata_server_port"]) == ("50051", "8080")
+    # Its metrics and admin server would bind every address by default: loopback, told so.
+    assert (argv["metrics_host"], argv["metrics_port"]) == ("127.0.0.1", "9003")
+    assert dict(master.local_listens) == {"mooncake_metrics": 9003}
+    # Every engine host of the topology and the router host itself, nobody else.
+    engines = [h.address for h in full.topology("gb300-pd") if h.role != "router"]
+    assert master.peers == ("10.41.0.50", *engines)
+    assert len(engines) == 10
+    # The engines read the master's address from their own config, the one the master binds.
+    config = full.for_host("gb300-d01").units[0].files["/etc/kimi/mooncake.json"].data["mooncake"]
+    assert config["master_server_address"] == "10.41.0.50:50051"
+    assert config["metadata_server"] == "http://10.41.0.50:8080/metadata"
+
+
 def test_vllm_expert_parallel_must_span_the_instance(recipe: Recipe, prod: Inventory) -> None:
     pools = dict(recipe.topologies["gb300-pd"].pools)
     pools["decode"] = pools["decode"].model_copy(

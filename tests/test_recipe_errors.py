@@ -86,6 +86,12 @@ MULTI = (TOPO, "tokenspeed-multi")
 # (id, mutation, the error line after "FILE: ")
 CASES: list[tuple[str, Mutation, str]] = [
     (
+        "mooncake-master-without-its-package",
+        _set((("routers", "vllm-router", "packages"), {})),
+        "topologies.gb300-pd.kv_transfer.connectors: MooncakeStoreConnector's master runs on the router "
+        "host from mooncake-transfer-engine: pin it under routers.vllm-router.packages",
+    ),
+    (
         "typo-max_model_len",
         _rename((*PD, "max_model_len"), "max_modl_len"),
         "topologies.gb300-pd.max_modl_len: unknown key (did you mean 'max_model_len'?)",
@@ -475,12 +481,20 @@ CASES: list[tuple[str, Mutation, str]] = [
     ),
     (
         "cpu-memory-fraction-above-one",
-        _set(((*SN, "accelerators"), CPU), ((*SN, "comm_check"), {}), ((*SN, "cpu"), {"kv_cache_gib": 4, "memory_fraction": 1.5})),
+        _set(
+            ((*SN, "accelerators"), CPU),
+            ((*SN, "comm_check"), {}),
+            ((*SN, "cpu"), {"kv_cache_gib": 4, "memory_fraction": 1.5}),
+        ),
         "topologies.single-node.cpu.memory_fraction: Input should be less than or equal to 1, found float 1.5",
     ),
     (
         "cpu-threads-bind-not-a-cpu-list",
-        _set(((*SN, "accelerators"), CPU), ((*SN, "comm_check"), {}), ((*SN, "cpu"), {"kv_cache_gib": 4, "threads_bind": "0-3;x"})),
+        _set(
+            ((*SN, "accelerators"), CPU),
+            ((*SN, "comm_check"), {}),
+            ((*SN, "cpu"), {"kv_cache_gib": 4, "threads_bind": "0-3;x"}),
+        ),
         "topologies.single-node.cpu.threads_bind: String should match pattern "
         "'^(auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*(\\|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)*)$', found str '0-3;x'",
     ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.start_batches import batch_of
+from kimi_deploy.start_batches import batch_of, first_batch_of, unit_batch
 
 
 def test_instances_alternate_and_a_spanning_instance_moves_as_one(recipe: Recipe, prod: Inventory) -> None:
@@ -23,3 +23,16 @@ def test_a_single_instance_pool_is_one_batch(recipe: Recipe, prod: Inventory) ->
     full = plan(recipe, "recipes/kimi-k3.1-pro.yaml", prod)
     tpu = full.topology("tpu7x")
     assert {batch_of(h, tpu) for h in tpu} == {0}
+
+
+def test_the_mooncake_master_starts_before_the_engines_that_connect_to_it(recipe: Recipe, prod: Inventory) -> None:
+    full = plan(recipe, "recipes/kimi-k3.1-pro.yaml", prod)
+    pd = full.topology("gb300-pd")
+    router = full.for_host("gb300-rt01")
+    batch = batch_of(router, pd)
+    assert {u.name: unit_batch(u.stage, batch) for u in router.units} == {
+        "kimi-mooncake-master": 0, "kimi-router": 2, "kimi-gateway": 2,
+    }  # fmt: skip
+    # Its host's new release is in place from the first batch on; every engine host's in its own.
+    assert first_batch_of(router, pd) == 0
+    assert all(first_batch_of(h, pd) == batch_of(h, pd) for h in pd if h.role != "router")

@@ -27,7 +27,12 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
 )
 
-PD = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-pd", "KIMI_CLUSTER_SUBNET": "10.213.13.0/24"})
+# The Mooncake master is the real one: mooncake-transfer-engine from PyPI, in the router's release.
+MOONCAKE = "0.3.13.post1"
+PD = OwnCluster({
+    "KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-pd", "KIMI_CLUSTER_SUBNET": "10.213.13.0/24",
+    "KIMI_CLUSTER_PACKAGES": f"mooncake-transfer-engine=={MOONCAKE}",
+})  # fmt: skip
 PD_DIR = PD.dir
 HOSTS = ("kimi-h1", "kimi-h2", "kimi-h3", "kimi-h4")
 
@@ -51,7 +56,7 @@ def pd_cluster() -> Iterator[dict[str, Any]]:
 def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
     data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
     vllm = data["topologies"]["demo-vllm"]
-    data["routers"] = {"vllm-router": {"version": "0.1.17"}}
+    data["routers"] = {"vllm-router": {"version": "0.1.17", "packages": {"mooncake-transfer-engine": MOONCAKE}}}
     data["topologies"] = {
         "demo-pd": {
             "engine": "vllm",
@@ -61,7 +66,7 @@ def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
             "load_format": "fastsafetensors",
             "parsers": vllm["parsers"],
             # The transport is explicit: the test hosts have no RDMA, so TCP, named as such.
-            "kv_transfer": {"connectors": ["NixlConnector"], "transport": "tcp"},
+            "kv_transfer": {"connectors": ["NixlConnector", "MooncakeStoreConnector"], "transport": "tcp"},
             "router": {"group": "demo_pd_router", "package": "vllm-router", "policy": "round_robin",
                        **({"fallback": fallback} if fallback else {})},
             "expose": {"bind": "address", "api_key": {"file": str(PD_DIR / "api-key")}},
@@ -121,12 +126,47 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
                 cluster_state=pd_cluster)  # fmt: skip
     assert reach.strip() in ("000", "")
     assert "127.0.0.1:8009" in ssh("kimi-h4", "ss -ltnH", cluster_state=pd_cluster)
+    _the_real_mooncake_master_serves_the_engines_config(pd_cluster, router)
     # No NVIDIA driver on the router's CPU host.
     assert ssh("kimi-h4", "dpkg-query -W -f '${Status}' nvidia-driver-cuda 2>/dev/null || true",
                cluster_state=pd_cluster) != "install ok installed"  # fmt: skip
     again, _ = _converge(inventory)
     assert again.code == 0
     assert again.changed() == {}
+
+
+def _the_real_mooncake_master_serves_the_engines_config(pd_cluster: dict[str, Any], router: str) -> None:
+    """The router host's Mooncake master (the real mooncake_master of mooncake-transfer-engine
+    0.3.13.post1, from the router's release) runs under the unit's hardening, binds where the
+    unit says, and answers at the addresses an engine's rendered mooncake.json names."""
+    assert ssh("kimi-h4", "systemctl is-active kimi-mooncake-master", cluster_state=pd_cluster) == "active"
+    pid = ssh("kimi-h4", "systemctl show -p MainPID --value kimi-mooncake-master", cluster_state=pd_cluster)
+    assert ssh("kimi-h4", f"cat /proc/{pid}/comm", cluster_state=pd_cluster) == "mooncake_master"
+    assert ssh("kimi-h4", f"ps -o user= -p {pid}", cluster_state=pd_cluster) == "kimi"
+    listening = ssh("kimi-h4", f"ss -ltnpH | grep 'pid={pid},' | awk '{{print $4}}' | sort", cluster_state=pd_cluster)
+    # The RPC port and the metrics follow their flags; the HTTP metadata server binds every address
+    # whatever --http_metadata_server_host says, which is why the unit lets in its topology alone.
+    assert sorted(listening.split()) == sorted([f"{router}:50051", "0.0.0.0:8080", "127.0.0.1:9003"])
+    health = json.loads(ssh("kimi-h4", "curl -sf http://127.0.0.1:9003/health", cluster_state=pd_cluster))
+    assert (health["status"], health["service_ready"]) == ("ok", True)
+    unit = ssh("kimi-h4", "systemctl cat kimi-mooncake-master", cluster_state=pd_cluster)
+    addresses = sorted(h["address"] for h in pd_cluster["hosts"])
+    allow = next(line for line in unit.splitlines() if line.startswith("IPAddressAllow="))
+    assert sorted(allow.removeprefix("IPAddressAllow=").split()) == sorted(["localhost", *addresses])
+    # An engine host reaches the master at its config's addresses: the metadata server at its URL
+    # (the real server's answers: 404 "metadata not found", PUT 200, then the value back).
+    config = json.loads(ssh("kimi-h1", "cat /etc/kimi/mooncake.json", cluster_state=pd_cluster))
+    assert config["master_server_address"] == f"{router}:50051"
+    url = f"{config['metadata_server']}?key=kimi-e2e"
+    curl = "curl -s -m 5 -w ' %{http_code}'"
+    assert ssh("kimi-h1", f"{curl} '{url}'", cluster_state=pd_cluster) == "metadata not found 404"
+    assert ssh("kimi-h1", f"{curl} -X PUT --data-binary ready '{url}'", cluster_state=pd_cluster).endswith(" 200")
+    assert ssh("kimi-h1", f"{curl} '{url}'", cluster_state=pd_cluster) == "ready 200"
+    assert ssh("kimi-h1", f"{curl} -X DELETE '{url}'", cluster_state=pd_cluster).endswith(" 200")
+    host, port = config["master_server_address"].rsplit(":", 1)
+    assert (
+        ssh("kimi-h1", f"timeout 5 bash -c '</dev/tcp/{host}/{port}' && echo open", cluster_state=pd_cluster) == "open"
+    )
 
 
 class _Hosted(BaseHTTPRequestHandler):
@@ -181,7 +221,9 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
             assert all(line.endswith(expected["weights-transfer-key " in line]) for line in modes), (host, modes)
         # Debian's nginx, from the host's archive, serves as the gateway alone: the package's own
         # service is masked and nothing listens on port 80.
-        assert ssh("kimi-h4", "systemctl is-enabled nginx.service || true", cluster_state=pd_cluster).strip() == "masked"
+        assert (
+            ssh("kimi-h4", "systemctl is-enabled nginx.service || true", cluster_state=pd_cluster).strip() == "masked"
+        )
         assert ":80 " not in ssh("kimi-h4", "ss -ltnH", cluster_state=pd_cluster)
         assert ssh("kimi-h4", "cat /proc/$(systemctl show -p MainPID --value kimi-gateway)/comm",
                    cluster_state=pd_cluster).strip() == "nginx"  # fmt: skip
