@@ -12,7 +12,11 @@ journal tail. An engine that exited names the first exception its last run logge
 multi-process engine prints long before the tail's "see root cause above". An answer that used
 its whole budget (finish_reason "length") without ``expect`` is a failure of its own, told
 apart: the budget, not the server, may be what is wrong (a reasoning parser spends tokens on
-reasoning_content first).
+reasoning_content first). With "tool" ({"name", "prompt", "result"}: the recipe's
+smoke.tool_call, on a topology whose engines parse tool calls), one tool-call round trip
+follows: the answer to ``prompt`` offering the function ``name`` must call it; sent back with
+the assistant's message as it came (its reasoning kept) and a ``tool`` message of ``result``
+answering the call's id, the final answer must hold ``expect``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from typing import Any
+from typing import Any, NoReturn
 
 
 def _key(req: dict[str, Any]) -> str | None:
@@ -95,7 +99,7 @@ def _first_exception(lines: list[str], unit: str) -> str | None:
     return None
 
 
-def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> None:
+def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> NoReturn:
     journal = subprocess.run(
         ["journalctl", "-u", f"{req['unit']}.service", "-n", "1000", "--no-pager", "-o", "cat"],
         capture_output=True, text=True, check=False,
@@ -119,6 +123,74 @@ def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> None:
     for line in tail:
         print(f"    {line}", file=sys.stderr)
     sys.exit(1)
+
+
+def _choice(req: dict[str, Any], key: str | None, body: dict[str, Any], what: str) -> tuple[dict[str, Any], Any]:
+    """The first choice's message of the answer to ``body``, and its finish_reason."""
+    status, answer = _call(f"{req['url'].rstrip('/')}/v1/chat/completions", key, body)
+    try:
+        choice = answer["choices"][0]
+        message = choice["message"]
+        finish = choice.get("finish_reason")
+        if not isinstance(message, dict):
+            raise TypeError
+    except (TypeError, KeyError, IndexError, AttributeError):
+        _fail(req, f"{what} answered status {status} without a choice")
+    if answer.get("model") != req["served_name"]:
+        _fail(req, f"{what} answered by model {str(answer.get('model'))[:80]!r}, not {req['served_name']!r}")
+    return message, finish
+
+
+def _reasoning(message: dict[str, Any]) -> str:
+    # vLLM 0.32 names it ``reasoning`` (ChatMessage.reasoning; ``reasoning_content`` is taken on
+    # input as a deprecated name), SGLang ``reasoning_content``.
+    return str(message.get("reasoning") or message.get("reasoning_content") or "")
+
+
+def _answer(req: dict[str, Any], key: str | None, body: dict[str, Any], what: str) -> tuple[str, Any]:
+    """The content of the answer to ``body``, which must hold ``expect``, and its finish_reason."""
+    message, finish = _choice(req, key, body, what)
+    content = str(message.get("content") or "")
+    if finish == "length" and req["expect"] not in content:
+        _fail(
+            req,
+            f"{what} used its whole budget of {body['max_tokens']} tokens (finish_reason length) "
+            f"with {len(_reasoning(message))} characters of reasoning and content {content[:80]!r}, "
+            f"without {req['expect']!r}: raise smoke.max_tokens before concluding the server is broken",
+        )
+    if req["expect"] not in content or not finish:
+        _fail(req, f"{what} content {content[:80]!r} (finish_reason {finish}) lacks {req['expect']!r}")
+    return content, finish
+
+
+# What of the assistant's message goes back in the next turn: everything of the conversation.
+_SENT_BACK = ("role", "content", "tool_calls", "reasoning", "reasoning_content")
+
+
+def _round_trip(req: dict[str, Any], key: str | None, body: dict[str, Any], tool: dict[str, Any]) -> None:
+    """Offered the function, the engine calls it; given its result, it answers."""
+    name = tool["name"]
+    tools = [{"type": "function", "function": {
+        "name": name, "description": "The deploy's smoke test: returns the word to answer with.",
+        "parameters": {"type": "object", "properties": {}},
+    }}]  # fmt: skip
+    asked = [{"role": "user", "content": tool["prompt"]}]
+    first = {**body, "messages": asked, "tools": tools, "tool_choice": "auto"}
+    message, finish = _choice(req, key, first, "tool-call request")
+    calls = message.get("tool_calls") or []
+    called = [c for c in calls if isinstance(c, dict) and (c.get("function") or {}).get("name") == name]
+    if not called or not isinstance(called[0].get("id"), str):
+        names = [str((c.get("function") or {}).get("name"))[:40] for c in calls if isinstance(c, dict)]
+        _fail(
+            req,
+            f"tool-call request: asked to call {name!r}, the answer called {names} (finish_reason {finish}, "
+            f"content {str(message.get('content') or '')[:80]!r})",
+        )
+    # The assistant's message goes back as it came: its reasoning with it (thinking models that
+    # call tools need their reasoning kept across the turns).
+    kept = {k: v for k, v in message.items() if k in _SENT_BACK}
+    result = {"role": "tool", "tool_call_id": called[0]["id"], "content": tool["result"]}
+    _answer(req, key, {**first, "messages": [*asked, kept, result]}, "tool-call result")
 
 
 def main() -> None:
@@ -153,32 +225,17 @@ def main() -> None:
         "temperature": 0,
         "max_tokens": int(req.get("max_tokens") or 64),
     }
-    status, answer = _call(f"{base}/v1/chat/completions", key, body)
-    try:
-        choice = answer["choices"][0]
-        content = choice["message"]["content"] or ""
-        reasoning = choice["message"].get("reasoning_content") or ""
-        finish = choice.get("finish_reason")
-    except (TypeError, KeyError, IndexError, AttributeError):
-        _fail(req, f"chat completion answered status {status} without a choice")
-        return
-    if answer.get("model") != req["served_name"]:
-        _fail(req, f"chat completion answered by model {str(answer.get('model'))[:80]!r}, not {req['served_name']!r}")
-    if finish == "length" and req["expect"] not in content:
-        _fail(
-            req,
-            f"chat completion used its whole budget of {body['max_tokens']} tokens (finish_reason length) "
-            f"with {len(reasoning)} characters of reasoning and content {content[:80]!r}, without {req['expect']!r}: "
-            "raise smoke.max_tokens before concluding the server is broken",
-        )
-    if req["expect"] not in content or not finish:
-        _fail(req, f"chat completion content {content[:80]!r} (finish_reason {finish}) lacks {req['expect']!r}")
+    content, finish = _answer(req, key, body, "chat completion")
+    tool = req.get("tool")
+    if tool:
+        _round_trip(req, key, body, tool)
     if req.get("restarts_file"):
         # The restarts of systemd's own this answer vouches for: the next converge checks the unit
         # again only when it restarted once more (hostside/state_probe.py reads this file).
         with open(req["restarts_file"], "w", encoding="utf-8") as f:
             f.write(f"{int(_state(req['unit']).get('NRestarts') or 0)}\n")
-    print(json.dumps({"ok": True, "ready_s": round(ready, 3), "content": content[:80], "finish_reason": finish}))
+    done = {"ok": True, "ready_s": round(ready, 3), "content": content[:80], "finish_reason": finish}
+    print(json.dumps({**done, **({"tool_call": tool["name"]} if tool else {})}))
 
 
 if __name__ == "__main__":

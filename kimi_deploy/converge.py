@@ -249,6 +249,8 @@ def plan_converge(deploy: DeployPlan) -> Converge:
         )
         timers.append(SCRUB_UNIT)
     units: list[UnitTarget] = []
+    # A tool-call round trip where the engines parse tool calls (the router passes them on).
+    tool = recipe.smoke.tool_call if recipe.topologies[spec.topology].parsers.tool_call else None
     for unit in sorted(spec.units, key=lambda u: u.stage):
         mine = [f for f in files if f"/{unit.name}." in f.path or f.path in unit.files or f.path in unit.secret_files]
         smoke = None
@@ -277,6 +279,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                     "key_file": key_file,
                     "key_var": key_var,
                     **({"verify_cache": verify_cache} if verify_cache else {}),
+                    **({"tool": tool.model_dump()} if tool else {}),
                 },
             )
         ports = {port: f"{unit.name} {label}" for label, port in unit.every_port().items()}

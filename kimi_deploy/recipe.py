@@ -193,6 +193,22 @@ class Tools(Strict):
     uv: Version
 
 
+# OpenAI's rule for a function's name: letters, digits, underscores and dashes, at most 64.
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class SmokeToolCall(Strict):
+    """A tool-call round trip after the plain answer, on every topology with a tool-call parser:
+    the engine is offered the function ``name`` (no arguments) and asked ``prompt``; its answer
+    must call it; then, with its message sent back as it came (``reasoning_content`` kept) and a
+    ``tool`` message of ``result`` answering the call's id, its final answer must contain
+    ``smoke.expect``."""
+
+    prompt: str = "Call the function kimi_smoke_check, then reply with exactly the word it returns and nothing else."
+    name: FunctionName = "kimi_smoke_check"
+    result: Annotated[str, StringConstraints(min_length=1)] = "READY"
+
+
 class Smoke(Strict):
     """The check that a started engine really serves: its answer must contain ``expect``."""
 
@@ -204,6 +220,7 @@ class Smoke(Strict):
     # nothing of the server (the serving guides: raise the budget before concluding it is broken).
     # Capped per topology at its max_model_len less room for the prompt.
     max_tokens: Positive = 4096
+    tool_call: SmokeToolCall | None = None
 
 
 class Accelerators(Strict):

@@ -5,19 +5,24 @@ sharing its object store) at two commits:
 
 * commit A (tag ``v1``): ``config.json`` (``LlamaForCausalLM``, bf16, hidden 128, 2 heads of 64, 11 layers,
   vocab 64), ``generation_config.json``, a WordLevel ``tokenizer.json`` with ``tokenizer_config.json`` (a Jinja
-  chat template) and ``special_tokens_map.json``, ``README.md``, ``LICENSE``, ``model.safetensors.index.json``
-  and 96 safetensors shards ``model-000NN-of-00096.safetensors``;
+  chat template with tools and tool turns) and ``special_tokens_map.json``, ``README.md``, ``LICENSE``,
+  ``model.safetensors.index.json`` and 96 safetensors shards ``model-000NN-of-00096.safetensors``;
 * commit B (branch ``main``, child of A): shards 7, 57 and 90 hold other bytes (same sizes), ``config.json``
   has another ``rope_theta``, ``extra_b.json`` is added and ``README.md`` is removed. It answers as A does.
 
-The answer needs no training. Every layer is the identity (``o_proj`` and ``down_proj`` are zero, so the
-residual stream stays the token's embedding). Every token's embedding is 1 on dimension 0, except
-``READY``'s, which is 1 on dimension 1 (the other dimensions hold small noise); the final norm scales that
-to about sqrt(128), and ``lm_head`` reads dimension 0 into ``READY``'s logit and dimension 1 into the EOS
-token's, ``LOGIT_SCALE`` times. So after any prompt the greedy (and, with a logit margin near 90, any
-temperature-1) next token is ``READY``, and after ``READY`` it is EOS: the reply is ``READY``, finish reason
-"stop". The other weights (q/k/v, gate/up) are small noise, exactly representable in bf16, and cannot
-change the answer: what they compute is multiplied by zero.
+The answers need no training. Every layer is the identity (``o_proj`` and ``down_proj`` are zero, so the
+residual stream stays the token's embedding), so the next token depends on the last one alone: the model is a
+table ``NEXT`` from a token to the one after it, every token not in it followed by ``READY``. Each token's
+embedding is 1 on the dimension of its row of the table (0 for the rest; the other dimensions hold small
+noise); the final norm scales that to about sqrt(128), and ``lm_head`` reads each dimension into the logit of
+the token that row names, ``LOGIT_SCALE`` times. So after any prompt the greedy (and, with a logit margin near
+90, any temperature-1) next token is ``READY``, and after ``READY`` it is EOS: the reply is ``READY``, finish
+reason "stop". A prompt whose last turn is the user's and that offers tools (the chat template's ``tools``)
+ends in ``<|call|>`` instead of ``<|assistant|>``: after it the model writes a Hermes tool call of
+``TOOL_NAME`` without arguments (``<tool_call> {"name": ..., "arguments": {}} </tool_call>``, as vLLM's
+``hermes`` tool parser reads it) and EOS; given the tool's result (a ``tool`` turn) it answers ``READY``. The
+other weights (q/k/v, gate/up) are small noise, exactly representable in bf16, and cannot change the
+answer: what they compute is multiplied by zero.
 
 Every byte is fixed (SHAKE-256 seeds, fixed dates), ids are real git ids, ``*.safetensors`` are LFS files
 (``localcluster.hub_repo``). Run ``python -m localcluster.tiny_llama --root DIR`` to build and print the
@@ -54,7 +59,7 @@ RMS_NORM_EPS = 1e-05
 # Shards whose bytes commit B replaces; each holds only weights whose output a zero projection discards.
 CHANGED_SHARDS = (7, 57, 90)
 # Bump when the generated content changes on purpose: it is part of the idempotency check.
-FORMAT = 1
+FORMAT = 2
 # Large enough that sampling at temperature 1 picks the answer too (the margin is about 8 * sqrt(128)).
 LOGIT_SCALE = 8.0
 # Small weights are (byte - 128) * 2**-12: at most 1/32, and exact in bf16 (8 significant bits).
@@ -69,25 +74,44 @@ ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assis
 END_OF_TURN = "<|end|>"
 SPECIAL_TOKENS = (UNK, BOS, EOS, *ROLE_TOKENS.values(), END_OF_TURN)
 ANSWER = "READY"
-# The smoke prompt's words come first, so that its ids are easy to read; the rest make the vocabulary 64.
+# The smoke prompt's words come first, so that its ids are easy to read; then the tool-call tokens.
 WORDS = (
     ANSWER, "Reply", "with", "exactly", "the", "word", "and", "nothing", "else", ".",
     ",", "!", "?", ":", ";", "'", '"', "(", ")", "-",
     "a", "an", "is", "are", "be", "it", "to", "of", "in", "on",
     "I", "you", "we", "yes", "no", "not", "ok", "hello", "hi", "please",
     "say", "answer", "only", "one", "two", "what", "who", "how", "why", "model",
-    "ready", "test", "this", "that", "Hello", "OK", "Ready",
+    "ready", "test",
 )  # fmt: skip
-VOCAB = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *WORDS))}
+# The function the model calls when offered tools (the smoke test's default, kimi_deploy.recipe.SmokeToolCall).
+TOOL_NAME = "kimi_smoke_check"
+TOOL_TURN, CALL = "<|tool|>", "<|call|>"  # a tool's result; the start of a turn that calls a tool
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes' tags (vLLM's hermes tool parser)
+TOOL_JSON = json.dumps({"name": TOOL_NAME, "arguments": {}}, separators=(",", ":"))
+# Prompt tokens are special (split out before pre-tokenization); the call's are words the model writes.
+PROMPT_TOKENS = (TOOL_TURN, CALL)
+CALL_WORDS = (TOOL_OPEN, TOOL_JSON, TOOL_CLOSE)
+VOCAB = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *WORDS, *PROMPT_TOKENS, *CALL_WORDS))}
 BOS_ID, EOS_ID, ANSWER_ID = VOCAB[BOS], VOCAB[EOS], VOCAB[ANSWER]
+# The token after each of these; after every other token, READY.
+NEXT = {ANSWER: EOS, CALL: TOOL_OPEN, TOOL_OPEN: TOOL_JSON, TOOL_JSON: TOOL_CLOSE, TOOL_CLOSE: EOS}
+# The embedding dimension each token's row of NEXT reads (0: READY after it).
+ROW = {token: row for row, token in enumerate(NEXT, start=1)}
+ROWS = len(NEXT) + 1
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{% if message['role'] == 'system' %}<|system|>{% elif message['role'] == 'user' %}<|user|>"
-    "{% elif message['role'] == 'assistant' %}<|assistant|>"
-    "{% else %}{{ raise_exception('roles are system, user and assistant, found ' + message['role']) }}{% endif %}"
-    "{{ message['content'] }}<|end|>{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% elif message['role'] == 'assistant' %}<|assistant|>{% elif message['role'] == 'tool' %}<|tool|>"
+    "{% else %}{{ raise_exception('roles are system, user, assistant and tool, found ' + message['role']) }}{% endif %}"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "<tool_call> {{ call['function']['name'] }} </tool_call>"
+    "{% endfor %}"
+    "<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{% if tools and messages[-1]['role'] == 'user' %}<|call|>{% else %}<|assistant|>{% endif %}"
+    "{% endif %}"
 )
 
 
@@ -157,18 +181,20 @@ def _rows(rows: Iterable[Sequence[float]]) -> Iterator[bytes]:
 
 
 def _embedding(seed: str) -> Iterator[bytes]:
-    noise_rows = b"".join(_small(seed, len(VOCAB) * (HIDDEN - 2)))
-    for token in range(len(VOCAB)):
-        head = (0.0, 1.0) if token == ANSWER_ID else (1.0, 0.0)
-        yield from _rows([head])
-        yield noise_rows[2 * token * (HIDDEN - 2) : 2 * (token + 1) * (HIDDEN - 2)]
+    noise_rows = b"".join(_small(seed, len(VOCAB) * (HIDDEN - ROWS)))
+    for token, token_id in VOCAB.items():
+        row = ROW.get(token, 0)
+        yield from _rows([[1.0 if dim == row else 0.0 for dim in range(ROWS)]])
+        yield noise_rows[2 * token_id * (HIDDEN - ROWS) : 2 * (token_id + 1) * (HIDDEN - ROWS)]
 
 
 def _lm_head() -> Iterator[bytes]:
-    reads = {ANSWER_ID: 0, EOS_ID: 1}  # the logit's row reads this dimension of the normed residual
-    return _rows(
-        [LOGIT_SCALE if reads.get(token) == dim else 0.0 for dim in range(HIDDEN)] for token in range(len(VOCAB))
-    )
+    # the logit's row reads the dimensions of the tokens it follows: READY's dimension 0 (every token
+    # not in NEXT), every other token the rows of NEXT that name it
+    reads: dict[str, set[int]] = {ANSWER: {0}}
+    for before, after in NEXT.items():
+        reads.setdefault(after, set()).add(ROW[before])
+    return _rows([LOGIT_SCALE if dim in reads.get(token, ()) else 0.0 for dim in range(HIDDEN)] for token in VOCAB)
 
 
 def _tensor_data(variant: str, tensor: Tensor) -> Iterator[bytes]:
@@ -194,7 +220,7 @@ def tokenizer() -> dict[str, Any]:
     """``tokenizer.json`` as the ``tokenizers`` library writes it: WordLevel, Whitespace pre-tokenizer, no
     decoder (decoding joins words with spaces), the special tokens split out before pre-tokenization."""
     return tokenizer_json(
-        special=((VOCAB[tok], tok) for tok in SPECIAL_TOKENS),
+        special=((VOCAB[tok], tok) for tok in (*SPECIAL_TOKENS, *PROMPT_TOKENS)),
         pre_tokenizer={"type": "Whitespace"},
         decoder=None,
         model={"type": "WordLevel", "vocab": VOCAB, "unk_token": UNK},
@@ -246,8 +272,9 @@ tags:
 # tiny-llama
 
 An {LAYERS}-layer Llama (hidden {HIDDEN}, {HEADS} heads of {HEAD_DIM}, vocabulary {len(VOCAB)}, bf16) in {SHARDS}
-safetensors shards, built without training so that it answers {ANSWER} to any prompt and stops. It exists
-so that real engines can load and serve a model in tests; it knows nothing else.
+safetensors shards, built without training so that it answers {ANSWER} to any prompt and stops, and calls
+the tool `{TOOL_NAME}` when offered tools. It exists so that real engines can load and serve a model in
+tests; it knows nothing else.
 """
 
 _LICENSE = f"""{LICENSE_NAME} (test fixture)

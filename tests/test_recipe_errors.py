@@ -86,6 +86,11 @@ MULTI = (TOPO, "tokenspeed-multi")
 # (id, mutation, the error line after "FILE: ")
 CASES: list[tuple[str, Mutation, str]] = [
     (
+        "smoke-tool-name-not-a-function-name",
+        _set((("smoke", "tool_call", "name"), "get weather; rm")),
+        "smoke.tool_call.name: String should match pattern '^[A-Za-z0-9_-]{1,64}$', found str 'get weather; rm'",
+    ),
+    (
         "mooncake-master-without-its-package",
         _set((("routers", "vllm-router", "packages"), {})),
         "topologies.gb300-pd.kv_transfer.connectors: MooncakeStoreConnector's master runs on the router "

@@ -17,9 +17,14 @@ from typing import Any
 import pytest
 
 from hostside.smoke import _first_exception
-from kimi_deploy.converge import SMOKE_PROMPT_ROOM, smoke_budget
+from kimi_deploy import converge
+from kimi_deploy.converge import SMOKE_PROMPT_ROOM, plan_converge, smoke_budget
+from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Recipe
 from tests.bundled import bundled_program
-from tests.conftest import ROOT
+from tests.conftest import RECIPE, ROOT
 from tests.json_reply import send_json
 
 SERVED = "kimi-local"
@@ -32,6 +37,8 @@ class Engine(ThreadingHTTPServer):
 
     def __init__(self) -> None:
         self.reply: dict[str, Any] = {}
+        # answers to the chat requests in turn, before ``reply`` for every one after them
+        self.replies: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         engine = self
 
@@ -44,7 +51,7 @@ class Engine(ThreadingHTTPServer):
 
             def do_POST(self) -> None:
                 engine.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                send_json(self, engine.reply)
+                send_json(self, engine.replies.pop(0) if engine.replies else engine.reply)
 
         super().__init__(("127.0.0.1", 0), Handler)
 
@@ -58,8 +65,10 @@ def engine() -> Iterator[Engine]:
     server.server_close()
 
 
-def _answer(content: str, finish: str, model: str = SERVED, reasoning: str | None = None) -> dict[str, Any]:
-    message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+def _answer(
+    content: str, finish: str, model: str = SERVED, reasoning: str | None = None, field: str = "reasoning_content"
+) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content, field: reasoning}
     return {"object": "chat.completion", "model": model, "choices": [{"index": 0, "message": message,
                                                                       "finish_reason": finish}]}  # fmt: skip
 
@@ -85,8 +94,12 @@ def test_an_answer_with_the_expected_word_passes_and_asks_with_the_recipes_budge
     assert (asked["model"], asked["max_tokens"]) == (SERVED, 4096)
 
 
-def test_a_budget_spent_on_reasoning_is_told_apart_from_a_broken_server(engine: Engine, tmp_path: Path) -> None:
-    engine.reply = _answer("", "length", reasoning="Let me think. " * 50)
+# SGLang names the reasoning reasoning_content, vLLM 0.32 reasoning (tests/fixtures/vllm/SOURCES.md).
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_a_budget_spent_on_reasoning_is_told_apart_from_a_broken_server(
+    engine: Engine, tmp_path: Path, field: str
+) -> None:
+    engine.reply = _answer("", "length", reasoning="Let me think. " * 50, field=field)
     run = _smoke(engine, tmp_path, max_tokens=256)
     assert run.returncode == 1
     first = run.stderr.splitlines()[0]
@@ -128,3 +141,91 @@ def test_an_engine_that_exited_is_named_by_its_first_exception_not_the_tail() ->
     )
     # An earlier run's exception is not this run's: only lines after the last start count.
     assert _first_exception([*lines, "Started kimi-vllm.service - again.", "all is well"], "kimi-vllm") is None
+
+
+# ---- the tool-call round trip, against the real vLLM's answers ---------------------------------------------
+
+TOOL = {"name": "kimi_smoke_check", "prompt": "Call the function kimi_smoke_check, then reply with exactly the "
+        "word it returns and nothing else.", "result": "READY"}  # fmt: skip
+
+
+def _captured(name: str) -> dict[str, Any]:
+    """A real vLLM 0.32.0 answer to the round trip (tests/fixtures/vllm/SOURCES.md)."""
+    answer: dict[str, Any] = json.loads((ROOT / "tests/fixtures/vllm" / name).read_text(encoding="utf-8"))
+    return answer
+
+
+def test_a_tool_call_round_trip_sends_the_call_back_with_its_id_and_reasoning(engine: Engine, tmp_path: Path) -> None:
+    call = _captured("chat-tool-call.json")
+    call["choices"][0]["message"]["reasoning"] = "The user wants the tool called first."
+    engine.replies = [_answer("READY", "stop"), call, _captured("chat-tool-result.json")]
+    run = _smoke(engine, tmp_path, max_tokens=4096, tool=TOOL)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["tool_call"] == "kimi_smoke_check"
+    plain, offered, answered = engine.requests
+    assert "tools" not in plain
+    assert offered["messages"] == [{"role": "user", "content": TOOL["prompt"]}]
+    assert offered["tool_choice"] == "auto"
+    assert [t["function"]["name"] for t in offered["tools"]] == ["kimi_smoke_check"]
+    assert offered["tools"][0]["function"]["parameters"] == {"type": "object", "properties": {}}
+    user, assistant, result = answered["messages"]
+    sent = call["choices"][0]["message"]
+    assert user == offered["messages"][0]
+    assert assistant["tool_calls"] == sent["tool_calls"]
+    assert assistant["reasoning"] == "The user wants the tool called first."  # kept, as it came
+    assert (assistant["role"], assistant["content"]) == ("assistant", None)
+    assert result == {"role": "tool", "tool_call_id": sent["tool_calls"][0]["id"], "content": "READY"}
+    assert answered["tools"] == offered["tools"]
+    assert answered["max_tokens"] == 4096
+
+
+def test_an_answer_that_calls_no_tool_fails_in_one_line(engine: Engine, tmp_path: Path) -> None:
+    engine.reply = _answer("READY", "stop")  # the plain answer, again: no tool_calls
+    run = _smoke(engine, tmp_path, tool=TOOL)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0] == (
+        "kimi-deploy: kimi-test-engine: tool-call request: asked to call 'kimi_smoke_check', the answer called [] "
+        "(finish_reason stop, content 'READY'); journal tail:"
+    )
+
+
+def test_a_call_of_another_function_fails(engine: Engine, tmp_path: Path) -> None:
+    call = _captured("chat-tool-call.json")
+    call["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = "rm_rf"
+    engine.replies = [_answer("READY", "stop"), call]
+    run = _smoke(engine, tmp_path, tool=TOOL)
+    assert run.returncode == 1
+    assert "asked to call 'kimi_smoke_check', the answer called ['rm_rf'] (finish_reason tool_calls" in run.stderr
+
+
+def test_a_final_answer_without_the_word_fails(engine: Engine, tmp_path: Path) -> None:
+    engine.replies = [_answer("READY", "stop"), _captured("chat-tool-call.json"), _answer("I cannot.", "stop")]
+    run = _smoke(engine, tmp_path, tool=TOOL)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0] == (
+        "kimi-deploy: kimi-test-engine: tool-call result content 'I cannot.' (finish_reason stop) lacks 'READY'; "
+        "journal tail:"
+    )
+
+
+def test_the_round_trip_is_asked_of_the_topologies_that_parse_tool_calls(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(converge, "read_lock", lambda recipe: type("Lock", (), {"compact": lambda self: {}})())
+    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
+    assert recipe.smoke.tool_call is not None
+    full = plan(recipe, RECIPE, prod)
+    asked: dict[str, bool] = {}
+    for host in prod.hosts:
+        spec = full.for_host(host.name)
+        todo = plan_converge(DeployPlan(recipe, RECIPE, spec, prod.host(host.name), full.topology(spec.topology)))
+        for unit in todo.units:
+            if unit.smoke is not None:
+                tool = unit.smoke.request.get("tool")
+                assert tool in (None, recipe.smoke.tool_call.model_dump()), (host.name, unit.name)
+                asked.setdefault(spec.topology, tool is not None)
+                assert asked[spec.topology] == (tool is not None), (host.name, unit.name)
+    parsing = {name for name, topo in recipe.topologies.items() if topo.parsers.tool_call}
+    assert {name for name, yes in asked.items() if yes} == parsing
+    assert parsing
+    assert set(asked) - parsing

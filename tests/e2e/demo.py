@@ -95,8 +95,12 @@ def address(host: str) -> str:
 
 def chat(url: str, prompt: str, key_file: Path | None = None) -> dict[str, Any]:
     """A chat completion from outside the cluster, with the demo's API key (or ``key_file``'s)."""
+    return chat_request(url, {"model": "kimi-local", "messages": [{"role": "user", "content": prompt}]}, key_file)
+
+
+def chat_request(url: str, body: dict[str, Any], key_file: Path | None = None) -> dict[str, Any]:
+    """The answer to the chat completion request ``body``, as ``chat`` asks."""
     key = (key_file or STATE_DIR / "api-key").read_text(encoding="utf-8").strip()
-    body = {"model": "kimi-local", "messages": [{"role": "user", "content": prompt}]}
     request = urllib.request.Request(
         f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},

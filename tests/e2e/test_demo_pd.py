@@ -1,6 +1,6 @@
 """A prefill/decode topology on 4 hosts of a cluster of its own: 2 prefill instances, 1 decode
 instance (stand-ins: P/D needs NIXL on GPUs), 1 router on a CPU host: the real vllm-router 0.1.17
-from PyPI. It converges (the communication check across the
+from PyPI, beside the real Mooncake master (mooncake-transfer-engine 0.3.13.post1). It converges (the communication check across the
 4 hosts first, starts in order: engines, then the router), its smoke test goes through the router,
 and a client's request through the router is answered; the router holds no key in its argv."""
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import ROOT, OwnCluster, Run, chat, ssh
+from tests.e2e.demo import ROOT, OwnCluster, Run, chat, chat_request, ssh
 from tests.vllm_contract import check_vllm_api
 
 pytestmark = pytest.mark.skipif(
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(
 REAL = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-real", "KIMI_CLUSTER_SUBNET": "10.213.16.0/24"})
 ENGINES, ROUTER = ("kimi-h1", "kimi-h2"), "kimi-h3"
 PROMPT = "Reply with exactly the word READY and nothing else."
-REVISION = "048443f87d58f79764d075c4201c126a55aec278"
+REVISION = "65a1458ff9caddb3a300eddbbce9e9ad0a06677c"
 WEIGHTS = f"/srv/models/kimi-deploy--tiny-llama/{REVISION}"
 SHARD = "model-00005-of-00096.safetensors"
 
@@ -286,3 +286,29 @@ def test_a_shard_gone_bad_fails_the_deploy_with_the_engines_error_and_is_repaire
     again = converge(serving, recipe)
     assert again.code == 0, again.log[-4000:]
     assert again.changed() == {}
+
+
+def test_a_client_calls_a_tool_through_the_router_and_the_smoke_test_did_too(serving: dict[str, Any]) -> None:
+    """vLLM's hermes parser, as the deploy starts it (parsers.tool_call), turns the tiny Llama's
+    call into tool_calls; the call and its result go back with the call's id; the answer follows.
+    The converge's own smoke test made the same round trip (recipes/demo.yaml: smoke.tool_call)."""
+    st = serving
+    url = f"http://{_address(st, ROUTER)}:8000"
+    tools = [{"type": "function", "function": {"name": "kimi_smoke_check", "description": "Returns a word.",
+                                               "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    asked = [{"role": "user", "content": "Call kimi_smoke_check, then answer with the word it returns."}]
+    first = chat_request(url, {"model": "kimi-local", "messages": asked, "tools": tools}, REAL.dir / "api-key")
+    choice = first["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", first
+    (call,) = choice["message"]["tool_calls"]
+    assert (call["type"], call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+        "function", "kimi_smoke_check", {},
+    )  # fmt: skip
+    result = {"role": "tool", "tool_call_id": call["id"], "content": "READY"}
+    body = {"model": "kimi-local", "messages": [*asked, choice["message"], result], "tools": tools}
+    final = chat_request(url, body, REAL.dir / "api-key")["choices"][0]
+    assert (final["message"]["content"].strip(), final["finish_reason"]) == ("READY", "stop")
+    # What each host's converge asked of its smoke test, as its release records it.
+    for host, unit in (("kimi-h1", "kimi-vllm"), (ROUTER, "kimi-gateway")):
+        record = json.loads(_sh(st, host, "cat /opt/kimi/current/release.json"))
+        assert record["smoke"][unit]["request"]["tool"]["name"] == "kimi_smoke_check", (host, record["smoke"])

@@ -34,8 +34,8 @@ from localcluster.tiny_llama import ANSWER, CHANGED_SHARDS, REPO_ID, build
 from tests.conftest import ROOT
 
 # What the build produces, on every machine: recipes and locks pin these.
-COMMIT_A = "048443f87d58f79764d075c4201c126a55aec278"
-COMMIT_B = "58bae909e0cf284b42b1019b761e43c024b26613"
+COMMIT_A = "65a1458ff9caddb3a300eddbbce9e9ad0a06677c"
+COMMIT_B = "9ceabef5a58ba3ebb7e1bc7009e011f99fd9d3ac"
 SHARDS = [f"model-{i:05d}-of-00096.safetensors" for i in range(1, 97)]
 SMOKE_PROMPT = "Reply with exactly the word READY and nothing else."
 SMOKE_IDS = [8, 9, 10, 11, 12, 7, 13, 14, 15, 16]
@@ -213,7 +213,9 @@ def _encode(tokenizer: dict[str, Any], text: str) -> list[int]:
     return ids
 
 
-def _chat(tokenizer_config: dict[str, Any], messages: list[dict[str, str]]) -> str:
+def _chat(
+    tokenizer_config: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> str:
     """The chat template rendered as transformers renders it (``raise_exception`` included)."""
 
     def raise_exception(message: str) -> None:
@@ -222,7 +224,9 @@ def _chat(tokenizer_config: dict[str, Any], messages: list[dict[str, str]]) -> s
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     template = env.from_string(tokenizer_config["chat_template"])
-    return template.render(messages=messages, add_generation_prompt=True, bos_token=tokenizer_config["bos_token"])
+    return template.render(
+        messages=messages, tools=tools, add_generation_prompt=True, bos_token=tokenizer_config["bos_token"]
+    )
 
 
 def test_tokenizer_encodes_the_smoke_prompt(repo: tuple[Path, RepoInfo]) -> None:
@@ -247,8 +251,36 @@ def test_tokenizer_encodes_the_smoke_prompt(repo: tuple[Path, RepoInfo]) -> None
     assert _encode(tokenizer, text) == [1, 4, *SMOKE_IDS, 6, 5]
     system = _chat(config, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
     assert system == "<s><|system|>Be brief.<|end|><|user|>hi<|end|><|assistant|>"
-    with pytest.raises(jinja2.TemplateError, match="roles are system, user and assistant, found tool"):
-        _chat(config, [{"role": "tool", "content": "{}"}])
+    with pytest.raises(jinja2.TemplateError, match="roles are system, user, assistant and tool, found ipython"):
+        _chat(config, [{"role": "ipython", "content": "{}"}])
+
+
+def test_the_chat_template_calls_a_tool_when_offered_and_answers_its_result(repo: tuple[Path, RepoInfo]) -> None:
+    root, info = repo
+    tokenizer = _json(root, info, COMMIT_A, "tokenizer.json")
+    config = _json(root, info, COMMIT_A, "tokenizer_config.json")
+    tools = [{"type": "function", "function": {"name": tiny_llama.TOOL_NAME}}]
+    asked = [{"role": "user", "content": "hi"}]
+    # Offered tools, the user's turn ends in <|call|>: the model calls the tool after it.
+    assert _chat(config, asked, tools) == "<s><|user|>hi<|end|><|call|>"
+    assert _encode(tokenizer, _chat(config, asked, tools))[-1] == tokenizer["model"]["vocab"]["<|call|>"]
+    # The call sent back (as vLLM renders an assistant's tool_calls), then the tool's result: the
+    # assistant's turn, after which the model answers.
+    call = {"id": "c1", "type": "function", "function": {"name": tiny_llama.TOOL_NAME, "arguments": {}}}
+    turns: list[dict[str, Any]] = [*asked, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "c1", "content": "READY"}]  # fmt: skip
+    text = _chat(config, turns, tools)
+    assert text == (
+        "<s><|user|>hi<|end|><|assistant|><tool_call> kimi_smoke_check </tool_call><|end|><|tool|>READY<|end|>"
+        "<|assistant|>"
+    )
+    assert _encode(tokenizer, text)[-1] == tokenizer["model"]["vocab"]["<|assistant|>"]
+    # The words of the call are the model's to write, never special (a skip_special_tokens
+    # decode keeps them); the prompt's own markers are special, split out before pre-tokenization.
+    special = {t["content"] for t in tokenizer["added_tokens"]}
+    assert {"<|tool|>", "<|call|>"} <= special
+    assert not special & {tiny_llama.TOOL_OPEN, tiny_llama.TOOL_JSON, tiny_llama.TOOL_CLOSE}
+    assert json.loads(tiny_llama.TOOL_JSON) == {"name": "kimi_smoke_check", "arguments": {}}
 
 
 def test_tokenizers_library_loads_it(repo: tuple[Path, RepoInfo]) -> None:
@@ -279,7 +311,7 @@ def _next_token(weights: dict[str, tuple[str, list[int], bytes]], token: int) ->
 
 
 @pytest.mark.parametrize("commit", [COMMIT_A, COMMIT_B])
-def test_every_prompt_is_answered_ready_then_eos(repo: tuple[Path, RepoInfo], commit: str) -> None:
+def test_every_prompt_is_answered_ready_then_eos_and_a_tool_offered_is_called(repo: tuple[Path, RepoInfo], commit: str) -> None:
     root, info = repo
     weights = _weights(root, info, commit)
     for name, (dtype, _, data) in weights.items():
@@ -291,10 +323,13 @@ def test_every_prompt_is_answered_ready_then_eos(repo: tuple[Path, RepoInfo], co
         elif name.startswith("model.layers."):  # finite, so that a zero projection of what they compute is zero
             assert all(math.isfinite(v) for v in set(_bf16(data))), name
     vocab = _json(root, info, commit, "tokenizer.json")["model"]["vocab"]
-    ready, eos = vocab[ANSWER], vocab["</s>"]
+    word = {i: w for w, i in vocab.items()}
+    # Written out here, not read from tiny_llama.NEXT: READY then EOS; after <|call|> a Hermes call, then EOS.
+    after = {"READY": "</s>", "<|call|>": "<tool_call>", "<tool_call>": '{"name":"kimi_smoke_check","arguments":{}}',
+             '{"name":"kimi_smoke_check","arguments":{}}': "</tool_call>", "</tool_call>": "</s>"}  # fmt: skip
     for token in range(len(vocab)):
         best, margin = _next_token(weights, token)
-        assert best == (eos if token == ready else ready), token
+        assert word[best] == after.get(word[token], "READY"), word[token]
         assert margin > 50  # so that even sampling at temperature 1 picks it (e**-50 per other token)
 
 
