@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import logger
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
 from facts.hardware import HostHardware
+from kimi_deploy.deploy_plan import inventory_label
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.inventory import make_host
 from kimi_deploy.report_table import format_report
 
 # pyinfra runs this file once per host, concurrently and with fresh globals: the profiles
@@ -24,7 +28,12 @@ if not hasattr(_run, "kimi_profiles"):
     _run.kimi_profiles = {}
 _profiles: dict[str, dict[str, Any]] = _run.kimi_profiles
 
-models = host.data.get("kimi_models_dir") or "/srv/models"
+# The host's data as every deploy reads it: checked against the inventory schema (one line on a fault).
+try:
+    me = make_host(inventory_label(), host.name, tuple(host.groups), host.data.dict()).vars  # type: ignore[no-untyped-call]
+except ConfigError as exc:
+    raise PyinfraError(str(exc)) from None
+models = me.kimi_models_dir or "/srv/models"
 _profiles[host.name] = host.get_fact(HostHardware, request={"weights_dir": models, "measure": True})
 
 active = set(inventory.iter_activated_hosts())
@@ -33,6 +42,6 @@ hosts = [h.name for h in inventory if h in active]
 if all(name in _profiles for name in hosts):
     ordered = {name: _profiles[name] for name in hosts if name in _profiles}
     logger.info("\n" + format_report(ordered))
-    target = Path(host.data.get("kimi_report_json") or "kimi-report.json")
+    target = Path(me.kimi_report_json or "kimi-report.json")
     target.write_text(json.dumps(ordered, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     logger.info(f"--> Wrote {target} ({len(ordered)} hosts)")

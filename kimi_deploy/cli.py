@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -144,7 +145,19 @@ def _cluster(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = _run(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()  # what is still buffered goes now, inside the try
+        return code
+    except BrokenPipeError:
+        # The reader went away (``kimi-deploy plan ... | head``): as other command-line tools, stop
+        # quietly. Python's own flush at exit would raise again: stdout goes to /dev/null first
+        # (the signal module's documentation, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool that SIGPIPE ended
+
+
+def _run(words: list[str]) -> int:
     if words[:1] == ["cluster"]:
         # Everything after "cluster" is the cluster's own (its -h too), which argparse would not pass on.
         return _cluster(words[1:])

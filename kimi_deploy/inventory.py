@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from hostside.boundary_text import control_char, shown
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.recipe import AbsPath
 from kimi_deploy.safe_text import check_address, is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line
 
@@ -43,6 +44,10 @@ class HostVars(BaseModel):
     kimi_nvidia_repo_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     # ``allowed``: a host whose installed NVIDIA driver is not the loaded one is rebooted (one at a time).
     kimi_reboot: Literal["allowed"] | None = None
+    # deploys/report.py: the host's folder whose filesystem it measures (default /srv/models), and
+    # the controller's file it writes the report to as JSON (default kimi-report.json).
+    kimi_models_dir: AbsPath | None = None
+    kimi_report_json: Annotated[str, StringConstraints(min_length=1)] | None = None
 
     @field_validator("*")
     @classmethod

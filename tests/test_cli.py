@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cli_run import kimi
-from tests.conftest import PROD, RECIPE
+from tests.conftest import PROD, RECIPE, ROOT
 
 
 def test_plan_gb300_pd_prints_every_host_with_pool_rank_ports_and_argv() -> None:
@@ -108,3 +110,18 @@ def test_plan_says_what_gates_an_engine_start() -> None:
         "tokenspeed-multi": "communication check (every port between hosts, >= 1000 Mbit/s); "
         "then all-reduce per instance (nccl, 16 ranks), busbw >= 300 GB/s at 1 GiB",
     }
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """``kimi-deploy plan ... | head``: no traceback, the exit status a shell gives a tool SIGPIPE ended."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kimi_deploy.cli", "plan", RECIPE, PROD, "--json"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()  # the plan (about 70 KB) outgrows the pipe: the command's next write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert err == ""

@@ -110,6 +110,16 @@ def _write_inventory(tmp_path: Path, body: str, group_data: Mapping[str, str] | 
     return str(path)
 
 
+def test_the_reports_host_data_is_part_of_the_schema(tmp_path: Path) -> None:
+    # deploys/report.py reads both; an inventory that sets them plans like any other.
+    path = _write_inventory(
+        tmp_path, 'web = [("w1", {"kimi_models_dir": "/data/models", "kimi_report_json": "out/report.json"})]\n'
+    )
+    ours = _assert_agrees_with_pyinfra(path)
+    assert ours.host("w1").vars.kimi_models_dir == "/data/models"
+    assert ours.host("w1").vars.kimi_report_json == "out/report.json"
+
+
 def test_address_fallbacks_agree_with_pyinfra(tmp_path: Path) -> None:
     path = _write_inventory(
         tmp_path,
@@ -209,6 +219,11 @@ def _inventory_error(path: str) -> str:
             '{"kimi_address": "fe80::1%eth0"}',
             "kimi_address: must be an IP address or a DNS hostname, found 'fe80::1%eth0'",
             id="address-with-an-ipv6-zone",
+        ),
+        pytest.param(
+            '{"kimi_models_dir": "models"}',
+            "kimi_models_dir: String should match pattern '^/[A-Za-z0-9._+@=,:~/-]*$', found str 'models'",
+            id="report-models-dir-relative",
         ),
         pytest.param(
             '{"kimi_address": "-gpu07"}',

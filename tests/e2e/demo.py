@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,9 +21,28 @@ ROOT = Path(__file__).resolve().parents[2]
 # The recipe the tests converge the demo cluster with, unless they give another: the demo's hosts
 # as if their GPUs were real (vLLM and SGLang releases played by the cluster's stand-ins). The
 # real-engine demo recipe, recipes/demo.yaml, has tests of its own (test_demo_real.py).
-GPU_RECIPE = "recipes/demo-gpu.yaml"
-STATE_DIR = Path(os.environ.get("KIMI_CLUSTER_DIR", "/var/lib/kimi-cluster"))
+# The tests' own cluster (tests/conftest.py names it), never the user's demo cluster.
+STATE_DIR = Path(os.environ["KIMI_CLUSTER_DIR"])
 BIN = Path(sys.executable).parent
+# The key file the demo recipes name: the demo cluster's; the tests' recipes name their cluster's.
+DEMO_KEY = "/var/lib/kimi-cluster/api-key"
+
+
+def gpu_recipe_data() -> dict[str, Any]:
+    """recipes/demo-gpu.yaml, with the API key of the tests' cluster."""
+    text = (ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8")
+    data: dict[str, Any] = yaml.safe_load(text.replace(DEMO_KEY, str(STATE_DIR / "api-key")))
+    return data
+
+
+def _written(data: dict[str, Any]) -> str:
+    folder = Path(tempfile.mkdtemp(prefix="kimi-e2e-recipe-"))
+    path = folder / "demo-gpu.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+GPU_RECIPE = _written(gpu_recipe_data())
 
 
 @dataclass(frozen=True)
@@ -50,7 +70,14 @@ def state() -> dict[str, Any]:
     return data
 
 
+# Whether this process started (or found running) the tests' cluster: the session then takes it down.
+UP: list[bool] = []
+
+
 def cluster(*args: str) -> None:
+    """``kimi-deploy cluster ARGS`` on the tests' cluster."""
+    if args[:1] == ("up",):
+        UP.append(True)
     subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900)
 
 
@@ -112,7 +139,7 @@ def chat_request(url: str, body: dict[str, Any], key_file: Path | None = None) -
 
 def demo_recipe(path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
     """The demo recipe with ``edit`` applied, written to ``path`` (for ``--data kimi_recipe=``)."""
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     edit(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import ROOT, OwnCluster, Run, chat, host_lines, ssh
+from tests.e2e.demo import OwnCluster, Run, chat, gpu_recipe_data, host_lines, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -46,7 +46,7 @@ def ar_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
 def recipe_for(cluster: OwnCluster, folder: Path, min_busbw_gbs: float, generation: str = "1") -> Path:
     """The demo recipe with one topology, demo-ar: SGLang over both hosts, torch pinned in its
     release, the all-reduce check with gloo at ``min_busbw_gbs``; a new ``generation`` restarts it."""
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     sglang = data["topologies"]["demo-sglang"]
     data["engines"]["sglang"]["packages"] = {"torch": "2.13.0"}
     data["topologies"] = {

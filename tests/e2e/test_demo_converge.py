@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.demo import ROOT, address, chat, cluster, main_pid, pyinfra
+from tests.e2e.demo import address, chat, cluster, gpu_recipe_data, main_pid, pyinfra
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -66,7 +66,7 @@ def test_each_topology_serves_the_model_to_the_controller(pids: dict[str, int]) 
 
 
 def test_a_changed_max_model_len_restarts_exactly_the_engines_it_affects(pids: dict[str, int], tmp_path: Path) -> None:
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     data["topologies"]["demo-vllm"]["max_model_len"] = 131072
     changed_recipe = tmp_path / "demo-131k.yaml"
     changed_recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import BIN, ROOT, Run, host_lines, install_fabric_manager, ssh
+from tests.e2e.demo import BIN, ROOT, Run, gpu_recipe_data, host_lines, install_fabric_manager, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -68,7 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 
 def recipe(st: dict[str, Any], **nvidia: Any) -> None:
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     data["drivers"] = {"nvidia": {k: v for k, v in nvidia.items() if v is not None}}
     data["topologies"] = {
         "drivers-gb": {

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import BIN, ROOT, Run, ssh
+from tests.e2e.demo import BIN, ROOT, Run, gpu_recipe_data, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -59,7 +59,7 @@ demo_sglang = _hosts[2:3]
 
 
 def test_each_gate_stops_its_host_with_one_line(gates_cluster: dict[str, Any], tmp_path: Path) -> None:
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     for topo in data["topologies"].values():
         topo["expose"]["api_key"] = {"file": str(HW_DIR / "api-key")}
     data["topologies"]["demo-sglang"]["pools"]["serve"].update(hosts=1, parallel={"tp": 8})

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from tests.e2e.demo import ROOT, OwnCluster, Run, chat, ssh
+from tests.e2e.demo import OwnCluster, Run, chat, gpu_recipe_data, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -54,7 +54,7 @@ def pd_cluster() -> Iterator[dict[str, Any]]:
 
 
 def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     vllm = data["topologies"]["demo-vllm"]
     data["routers"] = {"vllm-router": {"version": "0.1.17", "packages": {"mooncake-transfer-engine": MOONCAKE}}}
     data["topologies"] = {

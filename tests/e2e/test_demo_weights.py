@@ -21,7 +21,19 @@ import pytest
 import yaml
 
 from localcluster.hub import write_faults
-from tests.e2e.demo import BIN, GPU_RECIPE, ROOT, STATE_DIR, address, chat, main_pid, pyinfra, ssh, state
+from tests.e2e.demo import (
+    BIN,
+    GPU_RECIPE,
+    ROOT,
+    STATE_DIR,
+    address,
+    chat,
+    gpu_recipe_data,
+    main_pid,
+    pyinfra,
+    ssh,
+    state,
+)
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -123,7 +135,7 @@ def test_damage_is_repaired_by_a_normal_run(
 
 
 def test_upgrade_fetches_only_what_changed_and_rollback_fetches_nothing(converged: None, tmp_path: Path) -> None:
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     data["model"]["revision"] = REVISION_B
     upgraded = tmp_path / "demo-b.yaml"
     upgraded.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")

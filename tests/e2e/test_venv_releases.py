@@ -27,7 +27,7 @@ import yaml
 
 from hostside.boundary_lock import freeze_pins, lock_pins
 from localcluster.hub import write_faults
-from tests.e2e.demo import BIN, ROOT, Run, ssh
+from tests.e2e.demo import BIN, ROOT, Run, gpu_recipe_data, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the test cluster needs root and iproute2"
@@ -63,7 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 
 def _recipe(st: dict[str, Any], edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    data = yaml.safe_load((ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8"))
+    data = gpu_recipe_data()
     del data["topologies"]["demo-sglang"]
     vllm = data["topologies"]["demo-vllm"]
     vllm["expose"]["api_key"] = {"file": str(CLUSTER_DIR / "api-key")}

@@ -29,10 +29,13 @@ def names(cluster: Cluster) -> list[str]:
 
 def test_state_describes_four_hosts(cluster: Cluster) -> None:
     state = cluster.state
+    settings = cluster.settings  # the tests' own cluster (tests/conftest.py), laid out as the default one
     assert state["version"] == 1
-    assert (state["bridge"], state["subnet"], state["gateway"]) == ("kimibr0", "10.213.7.0/24", "10.213.7.1")
+    assert (state["bridge"], state["subnet"], state["gateway"]) == (
+        settings.bridge, str(settings.subnet), settings.gateway,
+    )  # fmt: skip
     assert [(h["name"], h["address"]) for h in state["hosts"]] == [
-        (f"kimi-h{i}", f"10.213.7.{10 + i}") for i in range(1, HOSTS + 1)
+        (f"kimi-h{i}", settings.host_address(i)) for i in range(1, HOSTS + 1)
     ]
     assert {h["state"] for h in state["hosts"]} == {"running"}
     assert {h["hardware"] for h in state["hosts"]} == {"b300x8"}
@@ -103,7 +106,7 @@ def test_hosts_have_no_route_off_the_cluster(cluster: Cluster) -> None:
     # Checked on the routing table only: nothing is ever sent off the cluster, not even by tests.
     routes = cluster.ssh("kimi-h1", "ip -4 route show").stdout
     assert "default" not in routes
-    assert "10.213.7.0/24 dev eth0" in routes
+    assert f"{cluster.settings.subnet} dev eth0" in routes
 
 
 def test_services_listen_on_the_gateway(cluster: Cluster) -> None:
