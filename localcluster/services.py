@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib.util
 import os
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from localcluster import hook, launch_detached, log, process_argv
@@ -124,12 +126,33 @@ def _accepts(address: str, port: int) -> bool:
         return False
 
 
-def _start(settings: Settings, service: Service) -> int:
-    address = settings.gateway
-    if _accepts(address, service.port):
-        raise ClusterError(
-            f"service {service.name}: {address}:{service.port} is taken by a process this cluster did not start"
-        )
+# What the services' content is built from: this checkout's code, its catalogs and recipes (a
+# recipe's pins name the real packages the index serves), and the packages a test asks for.
+INPUTS = (
+    (PACKAGE_PARENT / "localcluster", ("*.py", "*.sh")),
+    (PACKAGE_PARENT / "kimi_deploy", ("*.py", "*.json")),
+    (PACKAGE_PARENT / "recipes", ("*.yaml",)),
+)
+INPUT_ENV = ("KIMI_CLUSTER_PACKAGES",)
+
+
+def checkout_stamp(inputs: Sequence[tuple[Path, Sequence[str]]] | None = None) -> str:
+    """A digest of what the services' content is built from (``INPUTS``, the environment's
+    ``INPUT_ENV``): when it is the one a running service was started with, that service serves
+    what this checkout would build."""
+    digest = hashlib.sha256()
+    for top, patterns in INPUTS if inputs is None else inputs:
+        files = sorted({p for pattern in patterns for p in top.rglob(pattern) if p.is_file()})
+        for path in files:
+            digest.update(f"{path.relative_to(top.parent)}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    for name in INPUT_ENV:
+        digest.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _prepare(settings: Settings, service: Service) -> None:
+    """Build the service's content (each ``prepare`` writes only what is missing)."""
     if service.prepare is not None:
         module, _, function = service.prepare.partition(":")
         build = hook(module, function)
@@ -139,6 +162,15 @@ def _start(settings: Settings, service: Service) -> int:
             build(root_dir(settings, service), *args)
             log.info("service %s: %s took %.1f s", service.name, service.prepare, time.monotonic() - started)
     root_dir(settings, service).mkdir(parents=True, exist_ok=True)
+
+
+def _start(settings: Settings, service: Service) -> int:
+    address = settings.gateway
+    if _accepts(address, service.port):
+        raise ClusterError(
+            f"service {service.name}: {address}:{service.port} is taken by a process this cluster did not start"
+        )
+    _prepare(settings, service)
     path = log_file(settings, service)
     # `python -m` finds this package from its parent directory even when it is not installed.
     proc = launch_detached(argv(settings, service), path, f"starting {service.name}", cwd=PACKAGE_PARENT)
@@ -170,12 +202,15 @@ def _start(settings: Settings, service: Service) -> int:
 
 
 def ensure(settings: Settings, recorded: dict[str, ServiceRecord]) -> None:
-    """Every service runs: recorded ones still alive are kept, the others started.
+    """Every service runs: recorded ones still alive and started from what this checkout builds
+    (``checkout_stamp``) are kept; the others are started, after one started by another checkout
+    or older code (another model commit, another pinned release) is stopped.
 
     ``recorded`` is updated in place as each one starts, so a failure part way leaves every service
     that did start recorded (and ``down`` able to stop it). A service whose module is not
     installed is skipped with a log line.
     """
+    stamp = checkout_stamp()
     for service in SERVICES:
         old = recorded.get(service.name)
         if importlib.util.find_spec(service.module) is None:
@@ -185,8 +220,11 @@ def ensure(settings: Settings, recorded: dict[str, ServiceRecord]) -> None:
                 del recorded[service.name]
             continue
         if old is not None and is_running(settings, service, old.pid):
-            continue
-        recorded[service.name] = ServiceRecord(url=url(settings, service), pid=_start(settings, service))
+            if old.content == stamp:
+                continue
+            log.info("service %s: started by another checkout or code, restarting it", service.name)
+            stop(settings, {service.name: old})
+        recorded[service.name] = ServiceRecord(url=url(settings, service), pid=_start(settings, service), content=stamp)
 
 
 def stop(settings: Settings, recorded: dict[str, ServiceRecord]) -> None:

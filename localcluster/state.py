@@ -150,6 +150,8 @@ class HostRecord:
 class ServiceRecord:
     url: str
     pid: int
+    # what its content was built from when it started (``localcluster.services.checkout_stamp``)
+    content: str = ""
 
 
 @dataclasses.dataclass
