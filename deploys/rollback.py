@@ -63,7 +63,13 @@ elif plan.target is not None:
 # answer their smoke tests, and goes only if no host failed.
 record = plan.record
 my_batch = int(record.get("batch") or 0) if plan.target is not None else 0
-place_batch = first_batch(record.get("stages", {}).values(), my_batch)
+stages: dict[str, int] = record.get("stages", {})
+place_batch = first_batch(stages.values(), my_batch)
+
+
+def batch_of_unit(name: str) -> int:
+    """The batch the unit ``name`` restarts in (a unit of a record without stages: its host's)."""
+    return unit_batch(stages[name], my_batch) if name in stages else my_batch
 
 
 def nothing_failed() -> bool:
@@ -94,15 +100,13 @@ def put_back(batch: int, go: Any = None) -> None:
 def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
     if plan.target is None:
         return []
-    stages = sorted(record.get("stages", {}).items())
-    return [(stage, name, record["units"][name], found["units"].get(name)) for name, stage in stages
-            if unit_batch(stage, my_batch) == batch]  # fmt: skip
+    return [(stage, name, record["units"][name], found["units"].get(name)) for name, stage in sorted(stages.items())
+            if batch_of_unit(name) == batch]  # fmt: skip
 
 
 def my_checks(batch: int) -> list[dict[str, Any]]:
     if plan.target is None:
         return []
-    stages = record.get("stages", {})
     return [
         {
             "unit": name,
@@ -111,7 +115,7 @@ def my_checks(batch: int) -> list[dict[str, Any]]:
             "restarted": units.needs_start(record["units"][name], found["units"].get(name)),
         }
         for name, smoke in sorted(record.get("smoke", {}).items())
-        if (unit_batch(stages[name], my_batch) if name in stages else my_batch) == batch
+        if batch_of_unit(name) == batch
     ]
 
 

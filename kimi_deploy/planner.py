@@ -69,7 +69,7 @@ def _check_hosts(inventory: Inventory, tp: TopologyPlacement) -> None:
     kv = tp.topology.kv_transfer
     if kv is None:
         return
-    if "MooncakeStoreConnector" in kv.connectors:
+    if tp.topology.mooncake_master:
         for p in tp.engines:
             if not is_ip_address(p.host.address):
                 raise ConfigError(

@@ -449,6 +449,13 @@ class Topology(Strict):
     comm_check: CommCheck = CommCheck()
     env: dict[EnvName, str] = {}
 
+    @property
+    def mooncake_master(self) -> bool:
+        """Whether its router host runs a Mooncake master: its KV cache goes through the Mooncake
+        store (MooncakeStoreConnector), whose master that host keeps."""
+        kv = self.kv_transfer
+        return self.router is not None and kv is not None and "MooncakeStoreConnector" in kv.connectors
+
     @model_validator(mode="after")
     def _shape(self) -> Topology:
         roles = sorted({p.role for p in self.pools.values()})
@@ -545,8 +552,8 @@ class Recipe(Strict):
                 raise ValueError(f"{where}.max_model_len: {topo.max_model_len} is not a context_ladder step {ladder}")
             if topo.router is not None and topo.router.package not in self.routers:
                 raise ValueError(f"{where}.router.package: {topo.router.package!r} has no pinned release under routers")
-            kv = topo.kv_transfer
-            if kv is not None and "MooncakeStoreConnector" in kv.connectors and topo.router is not None:
+            if topo.mooncake_master:
+                assert topo.router is not None
                 package = topo.router.package
                 if MOONCAKE_PACKAGE not in self.routers[package].packages:
                     raise ValueError(

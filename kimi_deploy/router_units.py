@@ -17,11 +17,6 @@ MOONCAKE_UNIT = "kimi-mooncake-master"
 MOONCAKE_HOST_PACKAGES = ("libibverbs1", "libnuma1")
 
 
-def _needs_mooncake_master(tp: TopologyPlacement) -> bool:
-    kv = tp.topology.kv_transfer
-    return kv is not None and "MooncakeStoreConnector" in kv.connectors
-
-
 def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     topo = tp.topology
     assert topo.router is not None
@@ -77,7 +72,7 @@ def mooncake_master_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
     ``--http_metadata_server_host`` says (measured: ``ss -ltn`` shows 0.0.0.0:8080; its RPC and
     metrics ports follow their flags), and neither checks a key: the unit lets in loopback and the
     topology's own hosts alone (systemd's IPAddressAllow=), and its metrics stay on loopback."""
-    if not _needs_mooncake_master(tp):
+    if not tp.topology.mooncake_master:
         return None
     topo = tp.topology
     assert topo.router is not None

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from localcluster import hook, launch_detached, log, process_argv
@@ -71,16 +70,22 @@ SERVICES = (
 _started: list[subprocess.Popen[bytes]] = []
 
 
+def _run_hook(service: Service, spec: str | None, *args: object) -> None:
+    """Call the service's "module:function" ``spec`` (a ``prefetch`` or ``prepare``), timed."""
+    if spec is None:
+        return
+    module, _, function = spec.partition(":")
+    call = hook(module, function)
+    if call is not None:
+        started = time.monotonic()
+        call(*args)
+        log.info("service %s: %s took %.1f s", service.name, spec, time.monotonic() - started)
+
+
 def prefetch() -> None:
     """Every service's ``prefetch``: downloads into the cache, nothing started."""
     for service in SERVICES:
-        if service.prefetch is not None:
-            module, _, function = service.prefetch.partition(":")
-            fetch = hook(module, function)
-            if fetch is not None:
-                started = time.monotonic()
-                fetch()
-                log.info("service %s: %s took %.1f s", service.name, service.prefetch, time.monotonic() - started)
+        _run_hook(service, service.prefetch)
 
 
 def root_dir(settings: Settings, service: Service) -> Path:
@@ -136,12 +141,12 @@ INPUTS = (
 INPUT_ENV = ("KIMI_CLUSTER_PACKAGES",)
 
 
-def checkout_stamp(inputs: Sequence[tuple[Path, Sequence[str]]] | None = None) -> str:
+def checkout_stamp() -> str:
     """A digest of what the services' content is built from (``INPUTS``, the environment's
     ``INPUT_ENV``): when it is the one a running service was started with, that service serves
     what this checkout would build."""
     digest = hashlib.sha256()
-    for top, patterns in INPUTS if inputs is None else inputs:
+    for top, patterns in INPUTS:
         files = sorted({p for pattern in patterns for p in top.rglob(pattern) if p.is_file()})
         for path in files:
             digest.update(f"{path.relative_to(top.parent)}\0".encode())
@@ -153,14 +158,8 @@ def checkout_stamp(inputs: Sequence[tuple[Path, Sequence[str]]] | None = None) -
 
 def _prepare(settings: Settings, service: Service) -> None:
     """Build the service's content (each ``prepare`` writes only what is missing)."""
-    if service.prepare is not None:
-        module, _, function = service.prepare.partition(":")
-        build = hook(module, function)
-        if build is not None:
-            started = time.monotonic()
-            args = (url(settings, service),) if service.prepare_with_url else ()
-            build(root_dir(settings, service), *args)
-            log.info("service %s: %s took %.1f s", service.name, service.prepare, time.monotonic() - started)
+    args = (url(settings, service),) if service.prepare_with_url else ()
+    _run_hook(service, service.prepare, root_dir(settings, service), *args)
     root_dir(settings, service).mkdir(parents=True, exist_ok=True)
 
 

@@ -11,14 +11,10 @@ import pytest
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.recipe import Recipe, load_recipe
+from tests.cluster_env import use_tests_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-# The tests' local cluster is one of their own, never the user's demo cluster (/var/lib/kimi-cluster,
-# 10.213.7.0/24): its state directory and subnet, for every `kimi-deploy cluster` and pyinfra run
-# the tests start (inventories/demo.py reads KIMI_CLUSTER_DIR). The session that starts it takes
-# it down (tests/e2e/conftest.py, tests/localcluster/conftest.py).
-os.environ.setdefault("KIMI_CLUSTER_DIR", "/var/lib/kimi-cluster-e2e")
-os.environ.setdefault("KIMI_CLUSTER_SUBNET", "10.213.17.0/24")
+use_tests_cluster()
 RECIPE = "recipes/kimi-k3.1-pro.yaml"
 PROD = "inventories/prod.py"
 

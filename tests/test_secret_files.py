@@ -22,14 +22,14 @@ from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import write_stdin
 
 from hostside import state_probe
-from kimi_deploy.converge import Converge, converge_request, plan_converge, unit_state
-from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.converge import Converge, converge_request, unit_state
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
 from kimi_deploy.render import RenderedFile, render_host
 from operations import units
 from tests.conftest import RECIPE, ROOT
+from tests.host_converge import host_converge
 
 KEY = "sk-kimi-d41c9a0e77b2"
 SECRETS = {"VLLM_API_KEY": KEY, "api-key": KEY, "KIMI_API_KEY": KEY, "OPENAI_API_KEY": KEY}
@@ -231,9 +231,7 @@ def test_pyinfra_writes_each_file_from_the_standard_input_it_is_given(tmp_path: 
 
 def _router_converge(recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch, key: str) -> Converge:
     monkeypatch.setenv("KIMI_API_KEY", key)
-    full = plan(recipe, RECIPE, prod)
-    spec = full.for_host(ROUTER)
-    return plan_converge(DeployPlan(recipe, RECIPE, spec, prod.host(ROUTER), full.topology(spec.topology)))
+    return host_converge(recipe, prod, ROUTER)
 
 
 def test_what_a_host_records_confirms_no_guessed_key(

@@ -17,14 +17,12 @@ from typing import Any
 import pytest
 
 from hostside.smoke import _first_exception
-from kimi_deploy import converge
-from kimi_deploy.converge import SMOKE_PROMPT_ROOM, plan_converge, smoke_budget
-from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.converge import SMOKE_PROMPT_ROOM, smoke_budget
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
 from tests.bundled import bundled_program
-from tests.conftest import RECIPE, ROOT
+from tests.conftest import ROOT
+from tests.host_converge import host_converge, lock_stands_in
 from tests.json_reply import send_json
 
 SERVED = "kimi-local"
@@ -211,20 +209,19 @@ def test_a_final_answer_without_the_word_fails(engine: Engine, tmp_path: Path) -
 def test_the_round_trip_is_asked_of_the_topologies_that_parse_tool_calls(
     recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(converge, "read_lock", lambda recipe: type("Lock", (), {"compact": lambda self: {}})())
+    lock_stands_in(monkeypatch, {})
     monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
     assert recipe.smoke.tool_call is not None
-    full = plan(recipe, RECIPE, prod)
     asked: dict[str, bool] = {}
     for host in prod.hosts:
-        spec = full.for_host(host.name)
-        todo = plan_converge(DeployPlan(recipe, RECIPE, spec, prod.host(host.name), full.topology(spec.topology)))
+        todo = host_converge(recipe, prod, host.name)
+        topology = todo.release.record["topology"]
         for unit in todo.units:
             if unit.smoke is not None:
                 tool = unit.smoke.request.get("tool")
                 assert tool in (None, recipe.smoke.tool_call.model_dump()), (host.name, unit.name)
-                asked.setdefault(spec.topology, tool is not None)
-                assert asked[spec.topology] == (tool is not None), (host.name, unit.name)
+                asked.setdefault(topology, tool is not None)
+                assert asked[topology] == (tool is not None), (host.name, unit.name)
     parsing = {name for name, topo in recipe.topologies.items() if topo.parsers.tool_call}
     assert {name for name, yes in asked.items() if yes} == parsing
     assert parsing

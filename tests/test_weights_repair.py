@@ -8,19 +8,15 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from hostside import state_probe, weights_sync
-from kimi_deploy import converge
-from kimi_deploy.converge import plan_converge, unit_state
-from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.converge import unit_state
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
 from operations import units
-from tests.conftest import RECIPE
+from tests.host_converge import host_converge, lock_stands_in
 
 SHARD = "model-00001-of-00002.safetensors"
 
@@ -68,14 +64,11 @@ def test_a_corrupted_file_keeps_its_mode_and_is_named(tmp_path: Path) -> None:
 def test_an_engine_restarts_when_its_weights_are_repaired_and_nothing_else_does(
     recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the example recipe's revision has no lock file: one of two files stands in
-    lock = {SHARD: [10, "sha256:" + "0" * 64], "config.json": [2, "sha256:" + "1" * 64]}
-    monkeypatch.setattr(converge, "read_lock", lambda recipe: SimpleNamespace(compact=lambda: lock))
+    # a lock of two files stands in for the example recipe's
+    lock_stands_in(monkeypatch, {SHARD: [10, "sha256:" + "0" * 64], "config.json": [2, "sha256:" + "1" * 64]})
     monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
-    full = plan(recipe, RECIPE, prod)
     for name in ("b300-01", "gb300-rt01"):
-        spec = full.for_host(name)
-        todo = plan_converge(DeployPlan(recipe, RECIPE, spec, prod.host(name), full.topology(spec.topology)))
+        todo = host_converge(recipe, prod, name)
         running = {u.name: {"active": "active", "applied": u.release} for u in todo.units}
         for weights, engines_restart in (
             ({"exists": True, "missing": [], "unverified": [], "extra": ["stray.bin"]}, False),

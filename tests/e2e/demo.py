@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,11 +19,15 @@ from typing import Any
 
 import yaml
 
+from tests.cluster_env import use_tests_cluster
+
 ROOT = Path(__file__).resolve().parents[2]
 # The recipe the tests converge the demo cluster with, unless they give another: the demo's hosts
 # as if their GPUs were real (vLLM and SGLang releases played by the cluster's stand-ins). The
 # real-engine demo recipe, recipes/demo.yaml, has tests of its own (test_demo_real.py).
-# The tests' own cluster (tests/conftest.py names it), never the user's demo cluster.
+# The tests' own cluster (tests/cluster_env.py), never the user's demo cluster: also for the
+# bench scripts that import this module.
+use_tests_cluster()
 STATE_DIR = Path(os.environ["KIMI_CLUSTER_DIR"])
 BIN = Path(sys.executable).parent
 # The key file the demo recipes name: the demo cluster's; the tests' recipes name their cluster's.
@@ -37,6 +43,7 @@ def gpu_recipe_data() -> dict[str, Any]:
 
 def _written(data: dict[str, Any]) -> str:
     folder = Path(tempfile.mkdtemp(prefix="kimi-e2e-recipe-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = folder / "demo-gpu.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return str(path)
