@@ -70,13 +70,14 @@ def _check_hosts(inventory: Inventory, tp: TopologyPlacement) -> None:
     if kv is None:
         return
     if tp.topology.mooncake_master:
-        for p in tp.engines:
-            if not is_ip_address(p.host.address):
+        # every address the master's unit lets in: the engine hosts' and its own host's
+        for h in [*(p.host for p in tp.engines), *([tp.router] if tp.router else [])]:
+            if not is_ip_address(h.address):
                 raise ConfigError(
-                    f"{inventory.source}: host {p.host.name}",
+                    f"{inventory.source}: host {h.name}",
                     "kimi_address",
                     f"topology {tp.name}'s Mooncake master lets in its hosts by IP address "
-                    f"(systemd's IPAddressAllow=): set the host's IP address, found {p.host.address!r}",
+                    f"(systemd's IPAddressAllow=): set the host's IP address, found {h.address!r}",
                 )
     if kv.transport != "rdma":
         return

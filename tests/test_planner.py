@@ -193,15 +193,16 @@ def test_rdma_topology_needs_rdma_devices_on_every_engine_host(recipe: Recipe, p
     )
 
 
-def test_a_mooncake_topology_names_its_hosts_by_ip_address(recipe: Recipe, prod: Inventory) -> None:
+@pytest.mark.parametrize("name", ["gb300-p04", "gb300-rt01"], ids=["engine-host", "the-masters-own-host"])
+def test_a_mooncake_topology_names_its_hosts_by_ip_address(recipe: Recipe, prod: Inventory, name: str) -> None:
     hosts = tuple(
-        dataclasses.replace(h, address="gb300-p04.cluster.example") if h.name == "gb300-p04" else h for h in prod.hosts
+        dataclasses.replace(h, address=f"{name}.cluster.example") if h.name == name else h for h in prod.hosts
     )
     with pytest.raises(ConfigError) as err:
         plan(recipe, RECIPE, dataclasses.replace(prod, hosts=hosts), "gb300-pd")
     assert str(err.value) == (
-        "inventories/prod.py: host gb300-p04: kimi_address: topology gb300-pd's Mooncake master lets in its "
-        "hosts by IP address (systemd's IPAddressAllow=): set the host's IP address, found 'gb300-p04.cluster.example'"
+        f"inventories/prod.py: host {name}: kimi_address: topology gb300-pd's Mooncake master lets in its "
+        f"hosts by IP address (systemd's IPAddressAllow=): set the host's IP address, found '{name}.cluster.example'"
     )
 
 
