@@ -16,9 +16,9 @@ from pyinfra.context import host, inventory, state
 
 from kimi_deploy.allreduce_plan import all_reduce_request, why_not
 from kimi_deploy.commcheck_plan import check_request, needs_check
-from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.run_id import run_id
+from kimi_pyinfra.host_plan import plan_for
+from kimi_pyinfra.run_context import run_context
 from operations import commcheck
 
 try:
@@ -26,15 +26,16 @@ try:
 except ConfigError as exc:
     raise PyinfraError(str(exc)) from None
 
+run_id = run_context().run_id
 in_run = [p for p in deploy.topology if state.is_host_in_limit(inventory.get_host(p.host))]
 if needs_check(deploy.topology):
-    commcheck.passed(name="Communication check", request=check_request(deploy.recipe, deploy.spec, in_run, run_id()))
+    commcheck.passed(name="Communication check", request=check_request(deploy.recipe, deploy.spec, in_run, run_id))
 else:
     logger.info(f"{host.name}: topology {deploy.spec.topology} has no traffic between hosts to check")
 why = why_not(deploy.recipe, deploy.spec, in_run)
 commcheck.all_reduce_passed(
     name="All-reduce check",
-    request=None if why else all_reduce_request(deploy.recipe, deploy.spec, in_run, run_id()),
+    request=None if why else all_reduce_request(deploy.recipe, deploy.spec, in_run, run_id),
     python=f"{deploy.spec.engine_dir}/bin/python",
     user=deploy.recipe.paths.user,
     why_not=why or "",

@@ -19,10 +19,11 @@ import dataclasses
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
-from facts.drivers import DriversState, recalled
-from kimi_deploy.deploy_plan import plan_for
+from facts.drivers import DriversState
 from kimi_deploy.driver_plan import plan_drivers, probe_request
 from kimi_deploy.errors import ConfigError
+from kimi_pyinfra.host_plan import plan_for
+from kimi_pyinfra.run_context import run_context
 from operations import nvidia, preflight, sysctl, units
 
 try:
@@ -32,7 +33,7 @@ except ConfigError as exc:
 
 request = probe_request(deploy.recipe, deploy.spec)
 # Within deploys/kimi.py the host probe has read this already, in the same round-trip.
-found = (recalled(host.name) or host.get_fact(DriversState, request=request)) if request else {}
+found = (run_context().drivers.get(host.name) or host.get_fact(DriversState, request=request)) if request else {}
 todo = plan_drivers(
     deploy.recipe,
     deploy.spec,

@@ -21,7 +21,6 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
-from facts.drivers import remember
 from facts.inventory_probe import active_hosts, probe_all, probe_of
 from kimi_deploy.allreduce_plan import all_reduce_request, members
 from kimi_deploy.allreduce_plan import label as instance_label
@@ -31,14 +30,14 @@ from kimi_deploy.converge import converge_request, port_conflicts, preflight_nee
 from kimi_deploy.driver_plan import probe_request as drivers_request
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import tool_dir
-from kimi_deploy.host_todo import todo_for
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
-from kimi_deploy.run_id import run_id
 from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
 from kimi_deploy.venv_lock import lock_source
-from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out, transfer_key
+from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out
 from kimi_deploy.weights_gc import collectable
+from kimi_pyinfra.host_plan import todo_for
+from kimi_pyinfra.run_context import run_context
 from operations import commcheck, engine, packages, preflight, releases, units, users, weights
 from operations.start_order import SUFFIXES, start_batch
 
@@ -62,6 +61,7 @@ def weights_host(h: Host, probed: Any) -> WeightsHost:
     return WeightsHost(h.name, plan.host.address, wants, target.fan_out_port, probed["weights"], target.full_verify)
 
 
+context = run_context()
 try:
     deploy, todo = todo_for(inventory, host)
     # The first host's deploy probes every host of the run at once; the others read their result.
@@ -86,7 +86,7 @@ preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo
 # Pinned NVIDIA driver (fabric manager, IMEX) or TPU host settings, before any engine; it reads
 # what the probe above found, no round-trip of its own.
 if found.get("drivers") is not None:
-    remember(host.name, found["drivers"])
+    context.drivers[host.name] = found["drivers"]
 local.include("deploys/drivers.py")
 
 users.system_user(name="Engine user", user=todo.user, exists=found["user"])
@@ -141,7 +141,7 @@ mirror = [{"host": "mirror", "path": target.mirror}] if target is not None and t
 if target is not None and fan_out.sync != "peers":
     weights.revision(name="Weights at the pinned revision", full_verify=target.full_verify, peers=mirror, **sync)
 if target is not None and (fan_out.serves or fan_out.sync == "peers"):
-    key = RenderedFile(target.peer_key_file, transfer_key() + "\n", 0o440, "root", secret=True)
+    key = RenderedFile(target.peer_key_file, context.transfer_key + "\n", 0o440, "root", secret=True)
     units.rendered(name="Weights transfer key", files=[key], group=todo.user, current=found["files"])
 if target is not None and target.fan_out_port is not None and fan_out.serves:
     weights.peer_server(
@@ -192,7 +192,7 @@ restarting_hosts = restarts_in_topology()
 if needs_check(deploy.topology):
     commcheck.passed(
         name="Communication check",
-        request=check_request(deploy.recipe, spec, in_topology, run_id()) if restarting_hosts else None,
+        request=check_request(deploy.recipe, spec, in_topology, context.run_id) if restarting_hosts else None,
         why_not=f"no engine of topology {spec.topology} starts or restarts",
     )
 
@@ -203,7 +203,7 @@ if all_reduce_why is None and not any(h.host in restarting_hosts for h in member
     all_reduce_why = f"no engine of instance {instance_label(spec)} starts or restarts"
 commcheck.all_reduce_passed(
     name="All-reduce check",
-    request=None if all_reduce_why else all_reduce_request(deploy.recipe, spec, in_topology, run_id()),
+    request=None if all_reduce_why else all_reduce_request(deploy.recipe, spec, in_topology, context.run_id),
     python=f"{spec.engine_dir}/bin/python",
     user=todo.user,
     why_not=all_reduce_why or "",
@@ -264,7 +264,7 @@ def put_in_place(batch: int, go: Any = None) -> None:
         record=todo.release.record,
         links=todo.release.links,
         found=found["current"],
-        run=run_id(),
+        run=context.run_id,
         _if=go,
     )
     for timer in todo.timers:
@@ -281,7 +281,7 @@ for batch in host.loop(range(BATCHES)):  # type: ignore[no-untyped-call]
     start_batch(batch, my_units(batch), my_checks(batch), go)
 
 releases.serving(
-    name="Release recorded serving", release_dir=todo.release.dir, last=found.get("last_release"), run=run_id()
+    name="Release recorded serving", release_dir=todo.release.dir, last=found.get("last_release"), run=context.run_id
 )
 
 # Only now that the planned revision is verified and serving: all but it and the rollback copy go.

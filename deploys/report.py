@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.context import host, inventory, state
+from pyinfra.context import host, inventory
 
 from facts.hardware import HostHardware
-from kimi_deploy.deploy_plan import inventory_label
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import make_host
 from kimi_deploy.report_table import format_report
+from kimi_pyinfra.host_plan import inventory_label
+from kimi_pyinfra.run_context import run_context
 
 # pyinfra runs this file once per host, concurrently and with fresh globals: the profiles
-# gathered so far live on the run's state object (set before the probe's I/O lets others run).
-_run: Any = state
-if not hasattr(_run, "kimi_profiles"):
-    _run.kimi_profiles = {}
-_profiles: dict[str, dict[str, Any]] = _run.kimi_profiles
+# gathered so far live in the run's context.
+_profiles = run_context().profiles
 
 # The host's data as every deploy reads it: checked against the inventory schema (one line on a fault).
 try:

@@ -19,12 +19,12 @@ from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
 from facts.inventory_probe import probe_all, probe_of
-from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
-from kimi_deploy.run_id import run_id
 from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
+from kimi_pyinfra.host_plan import plan_for
+from kimi_pyinfra.run_context import run_context
 from operations import preflight, releases, units
 from operations.start_order import SUFFIXES, start_batch
 
@@ -91,7 +91,7 @@ def put_back(batch: int, go: Any = None) -> None:
         record=record,
         links={},
         found=found["current"],
-        run=run_id(),
+        run=run_context().run_id,
         outcome="rolled-back",
         _if=go,
     )
@@ -125,4 +125,4 @@ for batch in host.loop(range(BATCHES)):  # type: ignore[no-untyped-call]
     put_back(batch, go)
     start_batch(batch, my_units(batch), my_checks(batch), go)
 if plan.target is not None:
-    releases.serving(name="Release recorded serving", release_dir=plan.target, last=None, run=run_id())
+    releases.serving(name="Release recorded serving", release_dir=plan.target, last=None, run=run_context().run_id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra.api.facts import FactBase
-from pyinfra.context import ctx_state
 
 from hostside.boundary_json import loads
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
@@ -47,20 +46,3 @@ def parse(line: str) -> dict[str, Any]:
     if "error" in result:
         raise ValueError(f"drivers probe: {result['error']}")
     return result
-
-
-# What a run's host probe already read (deploys/kimi.py probes drivers with everything else):
-# (the run's State, host name) -> result; deploys/drivers.py reads it instead of a round-trip.
-_known: dict[tuple[int, str], dict[str, Any]] = {}
-
-
-def _run() -> int:
-    return id(ctx_state.get())  # type: ignore[no-untyped-call]  # the run's State, not a proxy
-
-
-def remember(host: str, found: dict[str, Any]) -> None:
-    _known[(_run(), host)] = found
-
-
-def recalled(host: str) -> dict[str, Any] | None:
-    return _known.get((_run(), host))

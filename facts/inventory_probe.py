@@ -12,16 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gevent.event import Event  # type: ignore[import-untyped]
 from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
 from facts.host_state import KimiHostState
-
-# Per fact class, one entry for the current run: (state, done, {host name: result or exception}).
-_last: dict[type[FactBase[Any]], tuple[State, Any, dict[str, Any]]] = {}
+from kimi_pyinfra.run_context import Probe, run_context
 
 
 def active_hosts(state: State) -> list[Host]:
@@ -35,12 +32,14 @@ def probe_all(
     """Every active host's ``fact`` (called with ``request_of(host)`` as its arguments), or the
     exception its probe raised; probed once per run, all hosts in parallel."""
     run = ctx_state.get() or state  # type: ignore[no-untyped-call]  # the run's State, not a proxy
-    last = _last.get(fact)
-    if last is not None and last[0] is run:
-        last[1].wait()
-        return last[2]
-    done, results = Event(), dict[str, Any]()
-    _last[fact] = (run, done, results)
+    with ctx_state.use(run):
+        probes = run_context().probes
+    key = f"{fact.__module__}.{fact.__name__}"
+    if key in probes:
+        probes[key].done.wait()
+        return probes[key].results
+    probe = probes[key] = Probe()
+    results = probe.results
 
     def one(host: Host) -> Any:
         with ctx_state.use(run), ctx_host.use(host):
@@ -54,7 +53,7 @@ def probe_all(
         greenlets = {host.name: run.fact_pool.spawn(one, host) for host in active_hosts(run)}
         results.update({name: greenlet.get() for name, greenlet in greenlets.items()})
     finally:
-        done.set()
+        probe.done.set()
     return results
 
 

@@ -27,8 +27,10 @@ import sys
 import zlib
 from typing import Any
 
+from hostside.host_dirs import STATE_DIR
+
 META_DIRS = (".kimi", ".cache")
-APPLIED = "/var/lib/kimi/applied"
+APPLIED = f"{STATE_DIR}/applied"
 
 
 def _marker(path: str) -> Any:
@@ -196,7 +198,7 @@ def _units(names: list[str], secrets: dict[str, list[str]] | None = None) -> dic
     return out
 
 
-def _release_log(path: str = "/var/lib/kimi/releases.log", last: int = 200) -> list[list[str]]:
+def _release_log(path: str = f"{STATE_DIR}/releases.log", last: int = 200) -> list[list[str]]:
     """The release log's last entries, oldest first: [time, release dir, outcome, run id] (outcome
     and run id "" in entries written before they were recorded)."""
     try:

@@ -1,6 +1,7 @@
 """What a converge must make true on one host, decided on the controller before any change.
 
-Pure apart from reading local files (the lock, secrets named by the recipe): from a host's plan it
+Pure apart from reading local files (the lock, secrets named by the recipe); the controller's
+environment (secrets named by variable, the Hub token) is passed in. From a host's plan it
 derives the releases to install, the weights to hold, the files to render, and for each unit the
 digest of everything it reads (a changed digest is what restarts it).
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,12 +167,13 @@ def unit_state(unit: UnitTarget, state: dict[str, Any]) -> dict[str, Any] | None
     return current
 
 
-def _hub_token(config_dir: str) -> RenderedFile | None:
+def _hub_token(config_dir: str, environ: Mapping[str, str]) -> RenderedFile | None:
     """The controller's Hub token (``HF_TOKEN``, else huggingface_hub's token file) as a host file
     only root reads; None when the controller has none (public repositories need none)."""
-    token = os.environ.get("HF_TOKEN", "").strip()
+    token = environ.get("HF_TOKEN", "").strip()
     if not token:
-        path = Path(os.environ.get("HF_TOKEN_PATH") or Path.home() / ".cache/huggingface/token")
+        home = Path(environ.get("HOME") or Path.home())
+        path = Path(environ.get("HF_TOKEN_PATH") or home / ".cache/huggingface/token")
         try:
             token = path.read_text(encoding="utf-8").strip()
         except OSError:
@@ -182,21 +183,22 @@ def _hub_token(config_dir: str) -> RenderedFile | None:
     return RenderedFile(f"{config_dir}/secrets/hf-token", token + "\n", 0o600, "root", secret=True)
 
 
-def _secrets(deploy: DeployPlan) -> dict[str, str] | None:
+def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] | None:
     expose = deploy.recipe.topologies[deploy.spec.topology].expose
     if expose is None:
         return None
     field = f"topologies.{deploy.spec.topology}.expose.api_key"
-    key = read_secret(expose.api_key, deploy.recipe_file, field)
+    key = read_secret(expose.api_key, deploy.recipe_file, field, environ)
     secrets = {"VLLM_API_KEY": key, "api-key": key, "KIMI_API_KEY": key, "OPENAI_API_KEY": key}
     router = deploy.recipe.topologies[deploy.spec.topology].router
     if deploy.spec.role == "router" and router is not None and router.fallback is not None:
         where = f"topologies.{deploy.spec.topology}.router.fallback.api_key"
-        secrets["KIMI_FALLBACK_API_KEY"] = read_secret(router.fallback.api_key, deploy.recipe_file, where)
+        secrets["KIMI_FALLBACK_API_KEY"] = read_secret(router.fallback.api_key, deploy.recipe_file, where, environ)
     return secrets
 
 
-def plan_converge(deploy: DeployPlan) -> Converge:
+def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
+    """What the converge makes true on ``deploy``'s host; ``environ``: the controller's environment."""
     recipe, spec = deploy.recipe, deploy.spec
     host_vars = deploy.host.vars
     venvs: list[VenvRelease] = []
@@ -226,7 +228,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
             python=f"{tools}/bin/python",
             endpoint=host_vars.kimi_hf_endpoint,
             full_verify=host_vars.kimi_verify == "full",
-            token=_hub_token(recipe.paths.config),
+            token=_hub_token(recipe.paths.config, environ),
             peer_key_file=f"{recipe.paths.config}/secrets/weights-transfer-key",
             fan_out_port=recipe.weights.fan_out.port if recipe.weights.fan_out else None,
             mirror=(
@@ -235,7 +237,7 @@ def plan_converge(deploy: DeployPlan) -> Converge:
                 else None
             ),
         )
-    secrets = _secrets(deploy)
+    secrets = _secrets(deploy, environ)
     files = render_host(recipe, spec, secrets)
     gateway = any(u.kind == "gateway" for u in spec.units)
     timers: list[str] = []

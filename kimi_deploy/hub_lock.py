@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from hostside.boundary_names import BadName, check_name
@@ -18,13 +17,12 @@ def make_lock(recipe: Recipe, recipe_file: str, endpoint: str | None = None) -> 
 
     Every name of the listing is checked by ``hostside.boundary_names.check_name``: a listing with
     a name that could leave the revision folder (``..``, ``/etc/passwd``, ...) makes no lock.
-    The token, if any, comes from the environment or huggingface_hub's token file, never argv.
+    The token, if any, comes from the environment or huggingface_hub's token file, never argv
+    (huggingface_hub reads them; the command line turns its telemetry and Xet off before).
     """
     model = recipe.model
     if not _COMMIT.match(model.revision):
         raise ConfigError(recipe_file, "model.revision", f"a lock needs a 40-hex commit, found {model.revision!r}")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     from huggingface_hub import HfApi  # noqa: PLC0415 - heavy import, only for this command
     from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415

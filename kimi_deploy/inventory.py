@@ -1,6 +1,6 @@
 """The inventory as the planner sees it: hosts in order, their groups and their kimi_* data.
 
-Pure: built from a pyinfra inventory by ``kimi_deploy.inventory_file``; nothing here talks to hosts.
+Pure: built from a pyinfra inventory by ``kimi_pyinfra.inventory_file``; nothing here talks to hosts.
 A host's address (``kimi_address``, else ``ssh_hostname``, else its name) is an IP address or a DNS
 hostname, and no host name or ``kimi_*`` string holds a control character: all of them reach the
 host's unit files (``kimi_deploy.safe_text``).

@@ -23,6 +23,7 @@ import jinja2
 from markupsafe import Markup
 
 from hostside.boundary_text import control_char, shown
+from hostside.host_dirs import STATE_DIR
 from kimi_deploy.credentials import CredentialPath
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.nginx_quote import nginx_string
@@ -178,7 +179,7 @@ def environment() -> jinja2.Environment:
 
 
 def _unit_env(unit: Unit) -> list[tuple[str, str]]:
-    state = f"/var/lib/kimi/{unit.name}"
+    state = f"{STATE_DIR}/{unit.name}"
     env = {"HOME": state, "XDG_CACHE_HOME": f"/var/cache/kimi/{unit.name}", **unit.env}
     return [(k, env_value(v)) for k, v in sorted(env.items())]
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hostside.host_dirs import LOG_DIR
 from kimi_deploy.hostside_command import bundle
 from kimi_deploy.recipe import Scrub
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 
 SCRUB_UNIT = "kimi-weights-scrub"
-PROGRESS_LOG = "/var/log/kimi/weights.log"
+PROGRESS_LOG = f"{LOG_DIR}/weights.log"
 
 
 def scrub_files(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from kimi_deploy.errors import ConfigError
@@ -13,20 +13,21 @@ from kimi_deploy.recipe import SecretRef
 BEARER_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 
 
-def read_secret(ref: SecretRef, recipe_file: str, field: str) -> str:
+def read_secret(ref: SecretRef, recipe_file: str, field: str, environ: Mapping[str, str]) -> str:
     """The secret's value; ``ConfigError`` naming the field and source when it is not there.
 
-    The value itself never appears in an error. It must be an RFC 6750 bearer token (letters,
-    digits, ``-._~+/``, then ``=`` padding): what a client sends, and what the gateway's nginx
-    configuration and the engines' secret files hold without quoting.
+    ``environ`` is the controller's environment. The value itself never appears in an error. It
+    must be an RFC 6750 bearer token (letters, digits, ``-._~+/``, then ``=`` padding): what a
+    client sends, and what the gateway's nginx configuration and the engines' secret files hold
+    without quoting.
     """
     if ref.env is not None:
-        value = os.environ.get(ref.env, "")
+        value = environ.get(ref.env, "")
         if not value:
             raise ConfigError(recipe_file, field, f"environment variable {ref.env} is not set on the controller")
         return _bearer_token(value, recipe_file, field, f"environment variable {ref.env}")
     assert ref.file is not None
-    path = Path(ref.file).expanduser()
+    path = _expand_home(ref.file, environ)
     try:
         value = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
@@ -43,3 +44,10 @@ def _bearer_token(value: str, recipe_file: str, field: str, source: str) -> str:
         rule = "an API key is an RFC 6750 bearer token: letters, digits, '-._~+/' then '=' padding"
         raise ConfigError(recipe_file, field, f"{source}: character {end + 1} of {len(value)} breaks the rule ({rule})")
     return value
+
+
+def _expand_home(path: str, environ: Mapping[str, str]) -> Path:
+    """``path`` with a leading ``~`` read as the controller's home directory."""
+    if path == "~" or path.startswith("~/"):
+        return Path(environ.get("HOME") or Path.home()) / path[2:]
+    return Path(path)

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hostside.boundary_lock import check_lock
+from hostside.host_dirs import STATE_DIR
 
 LOCK_FILE = ".kimi-lock.txt"
 # Locks a resolver host resolved for the other hosts of a run: ``LOCKS_DIR/<release folder>@<run>.txt``.
-LOCKS_DIR = "/var/lib/kimi/locks"
+LOCKS_DIR = f"{STATE_DIR}/locks"
 
 
 def staged_lock(path: str, run: str) -> str:

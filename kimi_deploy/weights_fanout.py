@@ -11,7 +11,6 @@ source: its cached verdicts are what it distrusts.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -92,14 +91,3 @@ def plan_fan_out(hosts: Sequence[WeightsHost]) -> dict[str, FanOutPart]:
             for h in ready:
                 parts[h.name] = FanOutPart(parts[h.name].sync, (), allowed)
     return parts
-
-
-_KEY: list[str] = []
-
-
-def transfer_key() -> str:
-    """The key of this run's transfers between hosts: random, the same for every host of the run,
-    and worth nothing once the run's peer servers have stopped."""
-    if not _KEY:
-        _KEY.append(secrets.token_urlsafe(32))
-    return _KEY[0]

@@ -9,9 +9,10 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.host_dirs import LOG_DIR
 from kimi_deploy.hostside_command import hostside_command
 
-ALL_REDUCE_LOG = "/var/log/kimi/all-reduce.log"
+ALL_REDUCE_LOG = f"{LOG_DIR}/all-reduce.log"
 
 
 @operation()
@@ -56,6 +57,6 @@ def all_reduce_passed(
     drop = f"setpriv --reuid={shlex.quote(user)} --regid={shlex.quote(user)} --init-groups --reset-env"
     # The result line (bus bandwidth per size, torch and NCCL versions) is kept on the host.
     yield (
-        f"install -d -m 0755 /var/log/kimi && out=$({drop} {hostside_command(python, 'allreduce.py', request)}); "
+        f"install -d -m 0755 {LOG_DIR} && out=$({drop} {hostside_command(python, 'allreduce.py', request)}); "
         f'rc=$?; printf \'%s %s\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$out" >> {ALL_REDUCE_LOG}; exit $rc'
     )

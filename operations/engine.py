@@ -16,13 +16,8 @@ from facts.engine import LockFile
 from kimi_deploy.host_paths import release_dir
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.recipe import Paths
-from kimi_deploy.run_id import run_id
 from kimi_deploy.venv_lock import LOCK_FILE, LockSource, damage_line, lock_refusal, staged_lock
-
-# Lock texts read from other hosts in this run: (run id, host, file) -> text or None.
-_read: dict[tuple[str, str, str], str | None] = {}
-# Damaged releases already reported in this run: (run id, host, path).
-_said: set[tuple[str, str, str]] = set()
+from kimi_pyinfra.run_context import run_context
 
 
 def release_marker(
@@ -44,12 +39,12 @@ def _uv(version: str, folder: str | None) -> dict[str, str]:
 
 def _lock_of(name: str, file: str) -> str | None:
     """The text of ``file`` on host ``name`` of this run, read once per run."""
-    key = (run_id(), name, file)
-    if key not in _read:
+    read = run_context().locks
+    if (name, file) not in read:
         other = state.inventory.get_host(name)
         with ctx_host.use(other):
-            _read[key] = other.get_fact(LockFile, path=file)
-    return _read[key]
+            read[(name, file)] = other.get_fact(LockFile, path=file)
+    return read[(name, file)]
 
 
 @operation()
@@ -85,7 +80,7 @@ def lock_resolved(
         return
     request = {"path": path, "requirements": requirements, "index_url": index_url, "uv": _uv(uv, uv_dir)}
     request["without"] = without or []
-    yield hostside_command("python3", "venv_install.py", {**request, "stage": staged_lock(path, run_id())})
+    yield hostside_command("python3", "venv_install.py", {**request, "stage": staged_lock(path, run_context().run_id)})
 
 
 def _lock_request(source: LockSource, path: str, requirements: list[str]) -> dict[str, str] | None:
@@ -100,7 +95,7 @@ def _lock_request(source: LockSource, path: str, requirements: list[str]) -> dic
             raise OperationError(f"{path}: the lock {source.host} holds could not be read intact")
     elif source.kind == "resolver" and source.host and state.is_executing:
         # Absent when the resolver failed: then this host resolves, and fails for the same reason.
-        text = _lock_of(source.host, staged_lock(path, run_id()))
+        text = _lock_of(source.host, staged_lock(path, run_context().run_id))
     if not text or not source.host:
         return None
     refused = lock_refusal(path, source.host, text, requirements)
@@ -170,9 +165,10 @@ def venv(
         own = (current or {}).get("lock") or {}
         intact = bool(damaged and damaged.get("lock_intact") and own.get("sha256"))
         lock = LockSource("own", host.name, own["sha256"]) if intact else LockSource("here")
-    if damaged and (run_id(), host.name, path) not in _said:
+    said = run_context().damage_said
+    if damaged and (host.name, path) not in said:
         # Once per run: pyinfra runs this at change detection and again when it executes.
-        _said.add((run_id(), host.name, path))
+        said.add((host.name, path))
         how = {"own": "from its lock", "peer": f"from the lock {lock.host} holds"}.get(lock.kind, "from a new lock")
         host.log(f"kimi-deploy: {damage_line(path, damaged)}: rebuilding it {how}, beside it", logger.warning)
     request = {

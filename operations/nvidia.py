@@ -20,6 +20,7 @@ from pyinfra.api.state import State
 from pyinfra.context import host
 
 from facts.drivers import DriversState
+from hostside.host_dirs import LOG_DIR
 from kimi_deploy.driver_plan import Reboot, loaded_driver, reboot_reason, reboot_refusal, upstream
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
@@ -28,7 +29,7 @@ APT_INSTALL = (
     "apt-get -q -y --allow-downgrades --allow-change-held-packages "
     "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold install"
 )
-DRIVERS_LOG = "/var/log/kimi/drivers.log"
+DRIVERS_LOG = f"{LOG_DIR}/drivers.log"
 # A fetch that fails prints one line, not a traceback; python3 is on every host (the probe needs it).
 _FETCH = (
     "import sys, urllib.request\n"
@@ -140,7 +141,7 @@ def packages(
 
 def _log(line: str) -> str:
     stamped = f"printf '%s %s\\n' \"$(date -Ins)\" {shlex.quote(line)} >> {DRIVERS_LOG}"
-    return f"install -d -m 0755 /var/log/kimi && {stamped}"
+    return f"install -d -m 0755 {LOG_DIR} && {stamped}"
 
 
 @operation()

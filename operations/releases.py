@@ -10,6 +10,8 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.host_dirs import STATE_DIR
+
 
 @operation()
 def current(
@@ -53,13 +55,13 @@ def current(
         f"printf '%s\\n' {q(text)} > {q(release_dir)}/release.json",
         f"ln -sfn {q(release_dir)} {q(link)}.new",
         f"mv -T {q(link)}.new {q(link)}",
-        "install -d -m 0755 /var/lib/kimi",
+        f"install -d -m 0755 {STATE_DIR}",
         _log(release_dir, outcome, run),
     ]
     yield " && ".join(steps)
 
 
-LOG = "/var/lib/kimi/releases.log"
+LOG = f"{STATE_DIR}/releases.log"
 
 
 def _log(release_dir: str, outcome: str, run: str) -> str:
@@ -84,7 +86,7 @@ def serving(*, release_dir: str, last: list[str] | None, run: str) -> Generator[
     if last is not None and last[1:] == [release_dir, "serving"]:
         host.noop(f"{release_dir} is recorded serving")
         return
-    yield "install -d -m 0755 /var/lib/kimi && " + _log(release_dir, "serving", run)
+    yield f"install -d -m 0755 {STATE_DIR} && " + _log(release_dir, "serving", run)
 
 
 @operation()

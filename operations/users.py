@@ -8,11 +8,13 @@ from collections.abc import Generator
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.host_dirs import STATE_DIR
+
 
 @operation()
 def system_user(user: str, exists: bool) -> Generator[str, None, None]:
     """
-    Ensure a system user with no login shell and no home outside /var/lib/kimi.
+    Ensure a system user with no login shell and no home outside the deploy's state folder (``/var/lib/kimi``).
 
     + user: the user (and its group)
     + exists: whether the probe found it
@@ -21,4 +23,4 @@ def system_user(user: str, exists: bool) -> Generator[str, None, None]:
         host.noop(f"user {user} exists")
         return
     q = shlex.quote
-    yield f"useradd --system --user-group --home-dir /var/lib/kimi --no-create-home --shell /usr/sbin/nologin {q(user)}"
+    yield f"useradd --system --user-group --home-dir {STATE_DIR} --no-create-home --shell /usr/sbin/nologin {q(user)}"

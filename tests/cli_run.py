@@ -17,7 +17,7 @@ def kimi(*args: str, memory_bytes: int | None = None) -> subprocess.CompletedPro
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
     return subprocess.run(
-        [sys.executable, "-m", "kimi_deploy.cli", *args],
+        [sys.executable, "-m", "kimi_pyinfra.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_pyinfra.inventory_file import load_inventory
 from tests.cluster_env import use_tests_cluster
 
 ROOT = Path(__file__).resolve().parent.parent

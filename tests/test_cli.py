@@ -115,7 +115,7 @@ def test_plan_says_what_gates_an_engine_start() -> None:
 def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     """``kimi-deploy plan ... | head``: no traceback, the exit status a shell gives a tool SIGPIPE ended."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kimi_deploy.cli", "plan", RECIPE, PROD, "--json"],
+        [sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None

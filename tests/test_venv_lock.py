@@ -23,6 +23,7 @@ from facts.engine import LockFile
 from hostside import state_probe, venv_install
 from hostside.boundary_lock import lock_pins
 from kimi_deploy.venv_lock import LockSource, damage_line, lock_source, staged_lock
+from kimi_pyinfra.run_context import RunContext
 from operations import engine
 
 PATH = "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0"
@@ -100,7 +101,8 @@ def _install(monkeypatch: pytest.MonkeyPatch, lock: LockSource, texts: dict[tupl
     """The commands ``engine.venv`` yields for a new release on this host, with ``texts`` as the
     lock files other hosts hold; raises what the operation raises."""
     monkeypatch.setattr(engine, "_lock_of", lambda name, file: texts.get((name, file)))
-    monkeypatch.setattr(engine, "run_id", lambda: "20250101T000000Z-ab12")
+    run = RunContext(run_id="20250101T000000Z-ab12", transfer_key="", environ={})
+    monkeypatch.setattr(engine, "run_context", lambda: run)
     monkeypatch.setattr(engine, "state", SimpleNamespace(is_executing=True))
     return list(
         engine.venv._inner(

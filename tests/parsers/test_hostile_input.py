@@ -60,7 +60,7 @@ def test_the_facts_cli_answers_a_5000_digit_number_with_one_line(tmp_path: Any) 
     capture = tmp_path / "ibstat.txt"
     capture.write_text(f"CA 'mlx5_0'\n\tPort 1:\n\t\tBase lid: {BIG}\n", encoding="utf-8")
     run = subprocess.run(
-        [sys.executable, "-m", "kimi_deploy.cli", "facts", "parse", "--kind", "ibstat", str(capture)],
+        [sys.executable, "-m", "kimi_pyinfra.cli", "facts", "parse", "--kind", "ibstat", str(capture)],
         cwd=ROOT,
         capture_output=True,
         text=True,

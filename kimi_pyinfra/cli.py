@@ -13,7 +13,6 @@ from typing import Any
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hub_lock import make_lock
-from kimi_deploy.inventory_file import load_inventory
 from kimi_deploy.lockfile import lock_path
 from kimi_deploy.parsers import ParseError, ibstat, ibv_devinfo, nccl_tests, nvidia_smi_query, nvidia_smi_topo, tpu_pci
 from kimi_deploy.plan_table import format_plan
@@ -21,6 +20,7 @@ from kimi_deploy.planner import plan
 from kimi_deploy.recipe import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servespec import Plan
+from kimi_pyinfra.inventory_file import load_inventory
 
 
 def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
@@ -71,6 +71,9 @@ def _show_plan(args: argparse.Namespace) -> int:
 
 def _lock(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
+    # before huggingface_hub is imported: it reads these once
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     lock = make_lock(recipe, args.recipe, args.endpoint)
     path = lock_path(recipe)
     path.parent.mkdir(parents=True, exist_ok=True)

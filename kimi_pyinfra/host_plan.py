@@ -1,0 +1,53 @@
+"""The plan as a deploy sees it: the recipe named by host data, the whole inventory, this host."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from kimi_deploy.converge import Converge, plan_converge
+from kimi_deploy.deploy_plan import DEFAULT_RECIPE, DeployPlan, part_of
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import load_recipe
+from kimi_pyinfra.inventory_file import from_pyinfra
+from kimi_pyinfra.run_context import run_context
+
+
+def inventory_label(argv: list[str] | None = None) -> str:
+    """The inventory file pyinfra was given (its first argument), for error messages."""
+    args = sys.argv if argv is None else argv
+    if len(args) > 1 and Path(args[1]).is_file():
+        return args[1]
+    return "inventory"
+
+
+def plan_for(inventory: Any, host: Any, label: str | None = None) -> DeployPlan:
+    """Plan the whole inventory exactly as ``kimi-deploy plan`` does and return ``host``'s part.
+
+    ``inventory`` and ``host`` are pyinfra's objects; the recipe is the host's ``kimi_recipe``
+    data (relative to the directory pyinfra runs in) or the default recipe. The whole inventory
+    is planned once per run and recipe, not once per host (which grows with the square of the
+    hosts).
+    """
+    recipe_file = host.data.get("kimi_recipe") or DEFAULT_RECIPE
+    label = label or inventory_label()
+    plans = run_context().plans
+    if (recipe_file, label) not in plans:
+        recipe = load_recipe(recipe_file)
+        ours = from_pyinfra(inventory, label)
+        plans[(recipe_file, label)] = (recipe, ours, plan(recipe, recipe_file, ours))
+    recipe, ours, whole = plans[(recipe_file, label)]
+    return part_of(recipe, recipe_file, ours.host(host.name), whole)
+
+
+def todo_for(inventory: Any, host: Any) -> tuple[DeployPlan, Converge]:
+    """``host``'s plan and converge (pyinfra objects in), once per run for every host: some
+    decisions span hosts (the parallel probe needs every host's request, the weights fan-out every
+    host's target). ``ConfigError`` as ``plan_for`` raises it."""
+    context = run_context()
+    if host.name not in context.todos:
+        deploy = plan_for(inventory, host)
+        context.todos[host.name] = (deploy, plan_converge(deploy, context.environ))
+    return context.todos[host.name]
+

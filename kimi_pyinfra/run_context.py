@@ -1,0 +1,76 @@
+"""What one pyinfra run knows beyond a single host: created once per run, reached one way.
+
+pyinfra runs a deploy file once per host, each with fresh globals, concurrently (one greenlet per
+host), and runs operations again when it executes them. Decisions that span hosts (the whole
+inventory's plan, every host's probe, who fetches weights from whom, the lock a host resolves for
+the others) and what must be the same on every host (the run's id, the weights transfer key) live
+here, on pyinfra's ``State`` of the run: a new run, in the same process or not, starts empty.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gevent.event import Event  # type: ignore[import-untyped]
+from pyinfra.context import ctx_state
+
+from kimi_deploy.converge import Converge
+from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import Plan
+
+
+@dataclass
+class Probe:
+    """One fact read on every host of the run at once: set once every host has answered."""
+
+    done: Any = field(default_factory=Event)
+    # host name -> the fact, or the exception its probe raised
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunContext:
+    # When the run started (UTC) and a random part: release log entries carry it, so a rollback
+    # knows which hosts the latest converge switched; the communication check trusts only
+    # listeners of its own run. Ids sort by start time.
+    run_id: str
+    # The key of this run's weights transfers between hosts, worth nothing once its peer servers stop.
+    transfer_key: str
+    # The controller's environment as the run found it: the secrets the recipe names by variable.
+    environ: Mapping[str, str]
+    # (recipe file, inventory label) -> the whole inventory's plan, planned once per run and recipe
+    plans: dict[tuple[str, str], tuple[Recipe, Inventory, Plan]] = field(default_factory=dict)
+    # host name -> its part of the plan and its converge
+    todos: dict[str, tuple[DeployPlan, Converge]] = field(default_factory=dict)
+    # fact name -> every host's answer (``kimi_pyinfra.probe``)
+    probes: dict[str, Probe] = field(default_factory=dict)
+    # host name -> the drivers state its host probe read (deploys/drivers.py reads it from here)
+    drivers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (host, file) -> a lock's text read from another host, or None
+    locks: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    # (host, path) of damaged releases already reported
+    damage_said: set[tuple[str, str]] = field(default_factory=set)
+    # host name -> its hardware profile (deploys/report.py)
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def run_context() -> RunContext:
+    """This run's context, created by the first caller of the run. Greenlets switch only on I/O,
+    so the check and the creation happen as one step."""
+    state = ctx_state.get()  # type: ignore[no-untyped-call]  # the run's State, not a proxy
+    context: RunContext | None = getattr(state, "kimi_run", None)
+    if context is None:
+        context = RunContext(new_run_id(), secrets.token_urlsafe(32), dict(os.environ))
+        state.kimi_run = context
+    return context
