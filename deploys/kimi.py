@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyinfra import local, logger
+from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
@@ -38,6 +38,7 @@ from kimi_deploy.weights_fanout import WeightsHost, plan_fan_out
 from kimi_deploy.weights_gc import collectable
 from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.shipped import include_deploy
 from operations import commcheck, engine, packages, preflight, releases, units, users, weights
 from operations.start_order import SUFFIXES, start_batch
 
@@ -87,7 +88,7 @@ preflight.passed(name="Preflight", failures=preflight_check(preflight_needs(todo
 # what the probe above found, no round-trip of its own.
 if found.get("drivers") is not None:
     context.drivers[host.name] = found["drivers"]
-local.include("deploys/drivers.py")
+include_deploy("drivers.py")
 
 users.system_user(name="Engine user", user=todo.user, exists=found["user"])
 if todo.packages:

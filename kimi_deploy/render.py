@@ -30,7 +30,9 @@ from kimi_deploy.nginx_quote import nginx_string
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan, Unit
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# templates/ of a checkout; an installed package carries them as kimi_deploy/templates
+_HERE = Path(__file__).resolve().parent
+TEMPLATES = _HERE / "templates" if (_HERE / "templates").is_dir() else _HERE.parent / "templates"
 UNIT_DIR = "/etc/systemd/system"
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")

@@ -21,6 +21,7 @@ from kimi_deploy.recipe import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servespec import Plan
 from kimi_pyinfra.inventory_file import load_inventory
+from kimi_pyinfra.starter import init
 
 
 def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
@@ -109,6 +110,15 @@ def _facts_parse(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init(args: argparse.Namespace) -> int:
+    target = Path(args.dir)
+    written = init(target)
+    print(f"{target}: wrote {len(written)} files (deploys/, recipes/, inventories/); from there:")
+    print("    kimi-deploy plan recipes/kimi-k3.1-pro.yaml inventories/prod.py")
+    print("    pyinfra inventories/prod.py deploys/kimi.py")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-deploy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -134,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--fields", help="nvidia-smi-query without a header: the --query-gpu field list")
     parse.add_argument("file", metavar="FILE")
     parse.set_defaults(func=_facts_parse)
+    start = sub.add_parser("init", help="a folder of one's own to run the installed deploys from")
+    start.add_argument("dir", metavar="DIR", help="written into; no file in it is overwritten")
+    start.set_defaults(func=_init)
     cluster = sub.add_parser("cluster", add_help=False, help="local test cluster of real hosts: up, status, down")
     cluster.add_argument("args", nargs=argparse.REMAINDER)
     cluster.set_defaults(func=lambda args: _cluster(args.args))

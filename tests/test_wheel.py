@@ -1,0 +1,112 @@
+"""The built wheel runs without a checkout: ``kimi-deploy init`` writes a folder of one's own, and
+from there ``kimi-deploy plan`` and the deploys run from the installed package alone.
+
+The wheel is built from this checkout (``pip wheel``) and installed, without its dependencies,
+into a folder of its own; every command then runs in the folder ``init`` wrote, with that install
+first on the path and the checkout nowhere on it (the modules' own paths are checked).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROD, RECIPE, ROOT
+
+PACKAGES = ("kimi_deploy", "kimi_pyinfra", "facts", "operations", "hostside")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", str(ROOT), "-w", str(out)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    (built,) = out.glob("kimi_deploy-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def site(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The wheel installed in a folder of its own, and a folder ``kimi-deploy init`` wrote."""
+    target = tmp_path_factory.mktemp("installed")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", "--target", str(target), str(wheel)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(target), "PYTHONDONTWRITEBYTECODE": "1"}
+    folder = tmp_path_factory.mktemp("mysite")
+    run = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "init", str(folder)], cwd=folder, env=env,
+                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return folder, env
+
+
+def test_the_wheel_carries_the_deploys_host_programs_templates_and_examples(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {
+        "deploys": sorted(p.name for p in (ROOT / "deploys").glob("*.py")),
+        "hostside": sorted(p.name for p in (ROOT / "hostside").glob("*.py")),
+        "templates": sorted(p.name for p in (ROOT / "templates").glob("*.j2")),
+        "recipes": sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")),
+    }
+    inside = {"deploys": "kimi_pyinfra/deploys", "hostside": "hostside", "templates": "kimi_deploy/templates",
+              "recipes": "kimi_pyinfra/recipes"}  # fmt: skip
+    for folder, files in shipped.items():
+        missing = [f for f in files if f"{inside[folder]}/{f}" not in names]
+        assert not missing, f"the wheel lacks {folder}/ {missing}"
+    assert any(n.startswith("kimi_deploy/catalogs/vllm-cpu-") for n in names)
+    # every module of the packages (a new subpackage must be listed in pyproject.toml's packages)
+    modules = [str(p.relative_to(ROOT)) for folder in (*PACKAGES, "localcluster") for p in (ROOT / folder).rglob("*.py")]
+    assert not [m for m in modules if m not in names], "modules missing from the wheel"
+
+
+def test_the_installed_package_runs_alone(site: tuple[Path, dict[str, str]]) -> None:
+    folder, env = site
+    code = f"import importlib; print('\\n'.join(importlib.import_module(p).__file__ for p in {PACKAGES!r}))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True, check=True)
+    paths = run.stdout.split()
+    assert len(paths) == len(PACKAGES)
+    assert not [p for p in paths if p.startswith(str(ROOT))], f"imported from the checkout: {paths}"
+
+
+def test_plan_from_a_folder_of_ones_own_is_the_checkouts_plan(site: tuple[Path, dict[str, str]]) -> None:
+    folder, env = site
+    assert (folder / RECIPE).is_file()
+    assert (folder / PROD).is_file()
+    here = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"], cwd=folder,
+                          env=env, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    there = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"], cwd=ROOT,
+                           capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    assert here.stdout == there.stdout
+
+
+def test_the_deploy_runs_from_the_installed_package_and_stops_on_bad_input(site: tuple[Path, dict[str, str]]) -> None:
+    """``pyinfra INVENTORY deploys/kimi.py`` in the folder ``init`` wrote: the installed deploy
+    plans (its facts, operations and core imported from the install) and refuses the example
+    recipe's revision, which has no lock there either, in one line, before any change."""
+    folder, env = site
+    inventory = folder / "local.py"
+    inventory.write_text('b300 = [("@local", {"kimi_recipe": "recipes/kimi-k3.1-pro.yaml"})]\n', encoding="utf-8")
+    run = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploys/kimi.py", "-y"], cwd=folder,
+                         env=env, capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    assert run.returncode != 0
+    errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
+    assert len(errors) == 1, run.stdout + run.stderr
+    assert errors[0].endswith("run `kimi-deploy lock RECIPE`")
+
+
+def test_init_writes_only_new_files(site: tuple[Path, dict[str, str]]) -> None:
+    folder, env = site
+    before = (folder / "deploys/kimi.py").read_text(encoding="utf-8")
+    run = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "init", str(folder)], cwd=folder, env=env,
+                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip().endswith("already exists: kimi-deploy init writes only new files")
+    assert (folder / "deploys/kimi.py").read_text(encoding="utf-8") == before
