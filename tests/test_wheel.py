@@ -9,6 +9,7 @@ first on the path and the checkout nowhere on it (the modules' own paths are che
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,8 +25,17 @@ PACKAGES = ("kimi_deploy", "kimi_pyinfra", "facts", "operations", "hostside")
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the checkout's files: setuptools builds in the source tree (build/),
+    # where files of an earlier build would go into this one.
+    source = tmp_path_factory.mktemp("source") / "kimi-deploy"
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    for name in listed:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", str(ROOT), "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", str(source), "-w", str(out)],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     (built,) = out.glob("kimi_deploy-*.whl")
