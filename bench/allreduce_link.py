@@ -27,9 +27,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.demo_recipes import recipe_for  # noqa: E402
+from harness.own_cluster import OwnCluster  # noqa: E402
 from kimi_deploy.hostside_command import hostside_command  # noqa: E402 - after the path is set
-from tests.e2e.demo import OwnCluster  # noqa: E402
-from tests.e2e.test_demo_allreduce import recipe_for  # noqa: E402
 
 BENCH = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-bench-ar", "KIMI_CLUSTER_SUBNET": "10.213.15.0/24",
                     "KIMI_CLUSTER_PACKAGES": "torch==2.13.0+cpu"})  # fmt: skip

@@ -3,7 +3,7 @@
     python bench/gateway_limits.py [--idle 2000] [--big 60]
 
 Starts the gateway as the deploy configures it (Debian's nginx with the deploy's templates, rendered
-by tests/gateway_local.py with the production limits and a fallback) on 127.0.0.1, and measures on
+by harness/gateway_local.py with the production limits and a fallback) on 127.0.0.1, and measures on
 its worker process, one after the other:
 - ``--idle`` connections that send nothing: the worker's peak thread count while they open and a
   second later, how many were answered 503 at once, and how many are still open 8 s later;
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from client_load import big_headers, connect, free_port, half_sent, measure, proc_status  # noqa: E402 - beside this file
 
-from tests.gateway_local import nginx, render  # noqa: E402 - after the path is set
+from harness.gateway_local import nginx, render  # noqa: E402 - after the path is set
 
 
 def _state(s: socket.socket) -> str:

@@ -1,6 +1,6 @@
 """The router host's gateway, run locally on loopback: a client, the gateway, the backend, the hosted API.
 
-Real processes and sockets: Debian's nginx runs the deploy's own templates (tests/gateway_local.py), as
+Real processes and sockets: Debian's nginx runs the deploy's own templates (harness/gateway_local.py), as
 systemd starts it; the local router and the hosted API are small HTTP servers in this process that
 record what reaches them, and the fallback's log lines arrive on a syslog socket, as at /dev/log.
 """
@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import pytest
 
-from tests.gateway_local import LocalGateway, nginx
-from tests.gateway_local import start as start_local
+from harness.gateway_local import LocalGateway, nginx
+from harness.gateway_local import start as start_local
 from tests.json_reply import send_json
 
 ROOT = Path(__file__).resolve().parents[1]

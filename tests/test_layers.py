@@ -112,3 +112,9 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert module_state("_last = None\ndef f():\n    global _last\n    _last = 1\n") == ["global _last"]
     assert module_state("TABLE = {'a': 1}\ndef f(k):\n    return TABLE[k]\n") == []
     assert _imports(ast.parse("from pyinfra.api import host\n")) == ["pyinfra.api"]
+
+
+@pytest.mark.parametrize("path", _sources("bench", "harness"), ids=_rel)
+def test_benchmarks_and_their_harness_import_nothing_from_the_tests(path: Path) -> None:
+    bad = [n for n in _imports(ast.parse(path.read_text(encoding="utf-8"))) if n.split(".")[0] == "tests"]
+    assert not bad, f"{_rel(path)} imports {', '.join(bad)}: what bench/ shares with tests/ lives in harness/"

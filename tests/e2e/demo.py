@@ -3,42 +3,35 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from harness.demo_recipes import demo_gpu_data
+from harness.own_cluster import BIN, ROOT, Run
 from tests.cluster_env import use_tests_cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 # The recipe the tests converge the demo cluster with, unless they give another: the demo's hosts
 # as if their GPUs were real (vLLM and SGLang releases played by the cluster's stand-ins). The
 # real-engine demo recipe, recipes/demo.yaml, has tests of its own (test_demo_real.py).
-# The tests' own cluster (tests/cluster_env.py), never the user's demo cluster: also for the
-# bench scripts that import this module.
+# The tests' own cluster (tests/cluster_env.py), never the user's demo cluster.
 use_tests_cluster()
 STATE_DIR = Path(os.environ["KIMI_CLUSTER_DIR"])
-BIN = Path(sys.executable).parent
-# The key file the demo recipes name: the demo cluster's; the tests' recipes name their cluster's.
-DEMO_KEY = "/var/lib/kimi-cluster/api-key"
 
 
 def gpu_recipe_data() -> dict[str, Any]:
-    """recipes/demo-gpu.yaml, with the API key of the tests' cluster."""
-    text = (ROOT / "recipes/demo-gpu.yaml").read_text(encoding="utf-8")
-    data: dict[str, Any] = yaml.safe_load(text.replace(DEMO_KEY, str(STATE_DIR / "api-key")))
-    return data
+    """recipes/demo-gpu.yaml, with the API key of the tests' cluster (the demo recipes name the
+    demo cluster's)."""
+    return demo_gpu_data(STATE_DIR / "api-key")
 
 
 def _written(data: dict[str, Any]) -> str:
@@ -50,26 +43,6 @@ def _written(data: dict[str, Any]) -> str:
 
 
 GPU_RECIPE = _written(gpu_recipe_data())
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    payload: dict[str, Any] | None
-    log: str
-
-    def changed(self) -> dict[str, list[str]]:
-        """Operation name -> hosts where it changed (or, in a dry run, would change)."""
-        assert self.payload is not None, self.log[-3000:]
-        if self.payload.get("results") is None:
-            return {op["name"]: op["hosts_with_change"] for op in self.payload["plan"] if op["hosts_with_change"]}
-        ops = self.payload["results"]["operations"] if isinstance(self.payload["results"], dict) else []
-        return {op["name"]: op["success"] for op in ops if op["success"]}
-
-    def errors(self) -> dict[str, list[str]]:
-        assert self.payload is not None, self.log[-3000:]
-        assert self.payload.get("results") is not None, self.log[-3000:]
-        return {op["name"]: op["error"] for op in self.payload["results"]["operations"] if op["error"]}
 
 
 def state() -> dict[str, Any]:
@@ -173,69 +146,6 @@ def install_fabric_manager(st: dict[str, Any], host: str, tmp_path: Path) -> Non
     subprocess.run(["dpkg-deb", "--build", str(root), str(tmp_path / "fm.deb")], check=True, capture_output=True)
     ssh(host, "cat > /tmp/fm.deb && dpkg -i /tmp/fm.deb && rm /tmp/fm.deb", cluster_state=st,
         stdin=(tmp_path / "fm.deb").read_bytes())  # fmt: skip
-
-
-# The head of an inventory for a cluster of a test's own: every host with the cluster's SSH key,
-# package index, Hub and apt repository; the test appends its groups of ``_hosts``.
-OWN_INVENTORY = """
-import json
-_state = json.load(open({state!r}))
-_common = {{"ssh_user": "root", "ssh_key": _state["ssh_key"], "ssh_known_hosts_file": _state["known_hosts"],
-           "ssh_strict_host_key_checking": "yes", "kimi_recipe": {recipe!r},
-           "kimi_pip_index_url": _state["services"]["index"]["url"],
-           "kimi_hf_endpoint": _state["services"]["hub"]["url"],
-           "kimi_nvidia_repo_url": _state["services"]["apt"]["url"]}}
-_hosts = [(h["name"], {{"ssh_hostname": h["address"], **_common}}) for h in _state["hosts"]]
-"""
-
-
-@dataclass(frozen=True)
-class OwnCluster:
-    """A cluster of a test module's own: its state directory and ``kimi-deploy cluster`` environment."""
-
-    env: dict[str, str]
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.env["KIMI_CLUSTER_DIR"])
-
-    def cli(self, *args: str) -> None:
-        subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
-                       env={**os.environ, **self.env})  # fmt: skip
-
-    def state(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.dir / "state.json").read_text(encoding="utf-8"))
-        return data
-
-    @contextlib.contextmanager
-    def fresh(self, hardware: str, folder: Path) -> Iterator[dict[str, Any]]:
-        """Fresh hosts of ``hardware`` (nothing left of an earlier run), their state with
-        ``"dir": folder``; down again at the end, whatever happened."""
-        self.cli("down")
-        self.cli("up", "--hardware", hardware)
-        try:
-            yield {**self.state(), "dir": folder}
-        finally:
-            self.cli("down")
-
-    def inventory(self, path: Path, recipe: Path, groups: str) -> Path:
-        """An inventory at ``path`` of this cluster's hosts with ``recipe``; ``groups`` is Python
-        that names groups from ``_hosts`` (a list of (name, data))."""
-        head = OWN_INVENTORY.format(state=str(self.dir / "state.json"), recipe=str(recipe))
-        path.write_text(head + groups.strip() + "\n", encoding="utf-8")
-        return path
-
-    def pyinfra(self, inventory: Path, *args: str, deploy: str = "deploys/kimi.py") -> Run:
-        yes = [] if "--dry" in args else ["-y"]  # as ``pyinfra()`` above
-        proc = subprocess.run(
-            [str(BIN / "pyinfra"), str(inventory), deploy, *yes, "--json", *args],
-            cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **self.env},
-        )  # fmt: skip
-        try:
-            payload = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
-        except ValueError:
-            payload = None
-        return Run(proc.returncode, payload, proc.stdout + proc.stderr)
 
 
 def host_lines(log: str, marker: str, hosts: Sequence[str]) -> dict[str, list[str]]:

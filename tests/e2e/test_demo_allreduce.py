@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.e2e.demo import OwnCluster, Run, chat, gpu_recipe_data, host_lines, ssh
+from harness.demo_recipes import recipe_for
+from harness.own_cluster import OwnCluster, Run
+from tests.e2e.demo import chat, host_lines, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -41,39 +42,6 @@ UNIT = "/etc/systemd/system/kimi-sglang.service"
 def ar_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with AR.fresh("b300x8,b300x8", tmp_path_factory.mktemp("allreduce")) as st:
         yield st
-
-
-def recipe_for(cluster: OwnCluster, folder: Path, min_busbw_gbs: float, generation: str = "1") -> Path:
-    """The demo recipe with one topology, demo-ar: SGLang over both hosts, torch pinned in its
-    release, the all-reduce check with gloo at ``min_busbw_gbs``; a new ``generation`` restarts it."""
-    data = gpu_recipe_data()
-    sglang = data["topologies"]["demo-sglang"]
-    data["engines"]["sglang"]["packages"] = {"torch": "2.13.0"}
-    data["topologies"] = {
-        "demo-ar": {
-            **sglang,
-            "group": "demo_ar",
-            "expose": {"bind": "address", "api_key": {"file": str(cluster.dir / "api-key")}},
-            "comm_check": {
-                "min_mbit_s": 100,
-                "deadline_s": 15,
-                "all_reduce": {
-                    "backend": "gloo",
-                    "min_busbw_gbs": min_busbw_gbs,
-                    "min_bytes": 2**20,
-                    "max_bytes": 8 * 2**20,
-                    "iters": 10,
-                    "deadline_s": 60,
-                },
-            },
-            # a new value restarts both engines
-            "env": {"KIMI_DEMO_GENERATION": generation},
-            "pools": {"serve": {"group": "demo_ar", "role": "serve", "hosts": 2, "parallel": {"tp": 16, "ep": 8}}},
-        }
-    }
-    path = folder / f"recipe-{generation}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
 
 
 def _converge(st: dict[str, Any], recipe: Path, deploy: str = "deploys/kimi.py") -> Run:

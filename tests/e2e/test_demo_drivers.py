@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import BIN, ROOT, Run, gpu_recipe_data, host_lines, install_fabric_manager, ssh
+from harness.own_cluster import BIN, ROOT, Run
+from tests.e2e.demo import gpu_recipe_data, host_lines, install_fabric_manager, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"

@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from tests.e2e.demo import OwnCluster, Run, chat, gpu_recipe_data, ssh
+from harness.own_cluster import OwnCluster, Run
+from tests.e2e.demo import chat, gpu_recipe_data, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.demo import ROOT, OwnCluster, Run, chat, chat_request, ssh
+from harness.own_cluster import ROOT, OwnCluster, Run
+from tests.e2e.demo import chat, chat_request, ssh
 from tests.vllm_contract import check_vllm_api
 
 pytestmark = pytest.mark.skipif(

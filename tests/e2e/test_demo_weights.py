@@ -20,20 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.own_cluster import BIN, ROOT
 from localcluster.hub import write_faults
-from tests.e2e.demo import (
-    BIN,
-    GPU_RECIPE,
-    ROOT,
-    STATE_DIR,
-    address,
-    chat,
-    gpu_recipe_data,
-    main_pid,
-    pyinfra,
-    ssh,
-    state,
-)
+from tests.e2e.demo import GPU_RECIPE, STATE_DIR, address, chat, gpu_recipe_data, main_pid, pyinfra, ssh, state
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"

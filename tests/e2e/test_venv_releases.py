@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.own_cluster import BIN, ROOT, Run
 from hostside.boundary_lock import freeze_pins, lock_pins
 from localcluster.hub import write_faults
-from tests.e2e.demo import BIN, ROOT, Run, gpu_recipe_data, ssh
+from tests.e2e.demo import gpu_recipe_data, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the test cluster needs root and iproute2"

@@ -1,7 +1,7 @@
 """The gateway's nginx, run on loopback outside systemd: the deploy's own templates, rendered with
 the keys and paths of a folder, started as systemd would start it (``nginx -c CONF -e stderr``).
 
-Used by the gateway's tests and by bench/gateway_limits.py.
+Used by the gateway's tests (tests/test_gateway.py) and by bench/gateway_limits.py.
 """
 
 from __future__ import annotations
