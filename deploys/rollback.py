@@ -19,13 +19,14 @@ from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
 from facts.inventory_probe import probe_all, probe_of
+from kimi_deploy.converge import needs_start
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.run_context import run_context
-from operations import preflight, releases, units
+from operations import preflight, releases
 from operations.start_order import SUFFIXES, start_batch
 
 
@@ -112,7 +113,7 @@ def my_checks(batch: int) -> list[dict[str, Any]]:
             "unit": name,
             "url": smoke["url"],
             "request": smoke["request"],
-            "restarted": units.needs_start(record["units"][name], found["units"].get(name)),
+            "restarted": needs_start(record["units"][name], found["units"].get(name)),
         }
         for name, smoke in sorted(record.get("smoke", {}).items())
         if batch_of_unit(name) == batch

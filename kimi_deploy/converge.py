@@ -149,11 +149,24 @@ def digest(files: list[RenderedFile]) -> str:
     return h.hexdigest()
 
 
+def needs_start(release: str, current: dict[str, Any] | None) -> bool:
+    """Whether a unit must be (re)started: not running, running another release, running with
+    a secret it read before it changed (``secrets_changed``), or an engine whose weights the sync
+    repairs (``weights_changed``; see ``unit_state``)."""
+    return not (
+        current is not None
+        and current.get("active") == "active"
+        and current.get("applied") == release
+        and not current.get("secrets_changed")
+        and not current.get("weights_changed")
+    )
+
+
 def unit_state(unit: UnitTarget, state: dict[str, Any]) -> dict[str, Any] | None:
     """``unit``'s state as the host probe found it (``state``: the probe's result), with
     ``secrets_changed`` set when a secret file it reads differs on the host from the one this
     converge puts there (content, owner or mode), and ``weights_changed`` when it is an engine and
-    the sync repairs the weights it reads: ``operations.units.needs_start`` restarts it then.
+    the sync repairs the weights it reads: ``needs_start`` restarts it then.
     The probe sets ``secrets_changed`` too when such a file changed after the unit's last start."""
     current: dict[str, Any] | None = state["units"].get(unit.name)
     found = state.get("files") or {}

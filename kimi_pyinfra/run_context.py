@@ -24,6 +24,7 @@ from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Plan
+from kimi_deploy.weights_fanout import FanOutPart
 
 
 @dataclass
@@ -49,6 +50,8 @@ class RunContext:
     plans: dict[tuple[str, str], tuple[Recipe, Inventory, Plan]] = field(default_factory=dict)
     # host name -> its part of the plan and its converge
     todos: dict[str, tuple[DeployPlan, Converge]] = field(default_factory=dict)
+    # host name -> its part of the weights fan-out, planned once every host answered
+    fan_out: dict[str, FanOutPart] | None = None
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
     # host name -> the drivers state its host probe read (deploys/drivers.py reads it from here)

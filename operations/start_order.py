@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyinfra.context import host
+from pyinfra.context import host, state
 
 from operations import serving, units
 
@@ -41,3 +41,9 @@ def start_batch(
         steps = [(unit, release, current) for s, unit, release, current in mine if s == stage]
         units.started(name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)
     serving.verified(name=f"Smoke test{suffix}", checks=checks, _if=go)
+
+
+def unless_failed(hosts: tuple[str, ...]) -> Callable[[], bool]:
+    """A step's condition, evaluated when it runs: none of ``hosts`` failed (an earlier batch
+    that failed keeps the next one serving the release it runs)."""
+    return lambda: not any(state.inventory.get_host(name, None) in state.failed_hosts for name in hosts)

@@ -11,6 +11,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from hostside.state_probe import APPLIED
+from kimi_deploy.converge import needs_start
 from kimi_deploy.render import RenderedFile
 
 
@@ -62,19 +63,6 @@ def rendered(
     if any(f.path.endswith((".service", ".timer")) for f in changed):
         after.append("systemctl daemon-reload")
     yield " && ".join(after)
-
-
-def needs_start(release: str, current: dict[str, Any] | None) -> bool:
-    """Whether a unit must be (re)started: not running, running another release, running with
-    a secret it read before it changed (``secrets_changed``), or an engine whose weights the sync
-    repairs (``weights_changed``; see ``kimi_deploy.converge.unit_state``)."""
-    return not (
-        current is not None
-        and current.get("active") == "active"
-        and current.get("applied") == release
-        and not current.get("secrets_changed")
-        and not current.get("weights_changed")
-    )
 
 
 @operation()

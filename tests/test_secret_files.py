@@ -22,7 +22,7 @@ from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import write_stdin
 
 from hostside import state_probe
-from kimi_deploy.converge import Converge, converge_request, unit_state
+from kimi_deploy.converge import Converge, converge_request, needs_start, unit_state
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
@@ -258,12 +258,12 @@ def test_a_changed_key_still_restarts_the_units_that_read_it(
     on_host = {f.path: f.sha256 for f in old.files}  # the host as the last converge left it
     running = {u.name: {"active": "active", "applied": u.release, "secrets_changed": False} for u in old.units}
     state = {"units": running, "files": on_host}
-    restarts = {u.name for u in new.units if units.needs_start(u.release, unit_state(u, state))}
+    restarts = {u.name for u in new.units if needs_start(u.release, unit_state(u, state))}
     assert restarts == {"kimi-router", "kimi-gateway"}  # they read the key; the Mooncake master does not
-    assert not any(units.needs_start(u.release, unit_state(u, state)) for u in old.units)
+    assert not any(needs_start(u.release, unit_state(u, state)) for u in old.units)
     # A secret another deploy left to the engine user reads as differing (the probe's null).
     router = next(u for u in old.units if u.name == "kimi-router")
-    assert units.needs_start(router.release, unit_state(router, {**state, "files": {}}))
+    assert needs_start(router.release, unit_state(router, {**state, "files": {}}))
 
 
 def test_the_probe_finds_a_secret_written_after_the_units_last_start(
@@ -284,7 +284,7 @@ def test_the_probe_finds_a_secret_written_after_the_units_last_start(
     found = state_probe._units(["kimi-router", "kimi-mooncake-master"], secrets)
     assert found["kimi-router"]["secrets_changed"] is True
     assert found["kimi-mooncake-master"]["secrets_changed"] is False
-    assert units.needs_start("digest", found["kimi-router"])
+    assert needs_start("digest", found["kimi-router"])
 
 
 def test_the_probe_reads_a_secret_of_another_owner_or_mode_as_differing(tmp_path: Path) -> None:

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from hostside import state_probe, weights_sync
-from kimi_deploy.converge import unit_state
+from kimi_deploy.converge import needs_start, unit_state
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
-from operations import units
 from tests.host_converge import host_converge, lock_stands_in
 
 SHARD = "model-00001-of-00002.safetensors"
@@ -76,7 +75,7 @@ def test_an_engine_restarts_when_its_weights_are_repaired_and_nothing_else_does(
             ({"exists": True, "missing": [], "unverified": [SHARD], "extra": []}, True),
         ):
             state = {"units": running, "files": {f.path: f.sha256 for f in todo.files}, "weights": weights}
-            restarts = {u.name for u in todo.units if units.needs_start(u.release, unit_state(u, state))}
+            restarts = {u.name for u in todo.units if needs_start(u.release, unit_state(u, state))}
             engines = {u.name for u in todo.units if u.reads_weights}
             assert restarts == (engines if engines_restart else set()), (name, weights)
         assert bool(engines) == (name == "b300-01")

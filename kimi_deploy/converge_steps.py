@@ -1,0 +1,315 @@
+"""A host's converge as the steps it takes, decided from its plan and what the probes found.
+
+Pure: ``converge_steps`` reads this host's converge (``converge.plan_converge``), its probe's
+answer, and what the run knows of the other hosts (their converges and answers, who fetches
+weights from whom, where each release's lock comes from), and returns every step's arguments.
+``deploys/kimi.py`` turns the steps into pyinfra operations, in this order: the refusal that stops
+the host before any change, preflight, engine user and packages, releases (locks first), the Hub
+token, weights (from the Hub, served to and fetched from peers), the communication and all-reduce
+checks, then per batch the release put in place, units (re)started and smoke tested, the release
+recorded serving, and old weights revisions collected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kimi_deploy.allreduce_plan import all_reduce_request, members
+from kimi_deploy.allreduce_plan import label as instance_label
+from kimi_deploy.allreduce_plan import why_not as all_reduce_why_not
+from kimi_deploy.commcheck_plan import check_request, needs_check
+from kimi_deploy.converge import (
+    Converge,
+    UnitTarget,
+    VenvRelease,
+    needs_start,
+    port_conflicts,
+    preflight_needs,
+    sync_request,
+    unit_state,
+)
+from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.host_paths import tool_dir
+from kimi_deploy.preflight import check as preflight_check
+from kimi_deploy.render import RenderedFile
+from kimi_deploy.servespec import HostPlan
+from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
+from kimi_deploy.venv_lock import LockSource, lock_source
+from kimi_deploy.weights_fanout import FanOutPart, WeightsHost
+from kimi_deploy.weights_gc import collectable
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the run knows beyond this host, as the deploy computed it once for every host."""
+
+    run_id: str
+    transfer_key: str
+    # the hosts of this host's topology that the run covers, whether or not they answered
+    in_topology: tuple[HostPlan, ...]
+    # each of them (this one too): its converge and its probe's answer (None: it did not answer)
+    peers: Mapping[str, tuple[Converge, Mapping[str, Any] | None]]
+    # this host's part of the weights fan-out (``weights_fanout.plan_fan_out``)
+    fan_out: FanOutPart
+    # where each release of this host takes its lock from, by folder (``venv_lock.lock_source``)
+    locks: Mapping[str, LockSource | None]
+
+
+@dataclass(frozen=True)
+class ReleaseStep:
+    release: VenvRelease
+    lock: LockSource | None
+    # the release marker the probe found (None: absent or incomplete)
+    current: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class WeightsSteps:
+    """The weights' steps. This host syncs from the Hub (``from_hub``) or from peers
+    (``from_peers``), after a local mirror either way; it may serve its files to others."""
+
+    # ``hostside/weights_sync.py``'s request, the python of the Hub client, and what the probe
+    # found of the folder
+    sync: dict[str, Any]
+    python: str
+    current: dict[str, Any] | None
+    mirror: list[dict[str, str]]
+    from_hub: bool
+    # every file re-hashed, not only those the verification cache does not vouch for
+    full_verify: bool
+    # the run's transfer key, written where this host serves or fetches from peers
+    key: RenderedFile | None
+    key_file: str
+    # serving the files to ``serves`` (addresses) on ``port``; ``stop_serving`` once the run's
+    # fetches are done
+    serve: bool
+    serves: tuple[str, ...]
+    port: int | None
+    path: str
+    lock: dict[str, list[Any]]
+    stop_serving: bool
+    # from these peers, each ``{"host", "url"}``
+    from_peers: bool
+    peers: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class CollectStep:
+    """Once the planned revision serves: the revision folders under ``parent`` to keep (it and
+    the rollback copy) and to remove."""
+
+    parent: str
+    keep: list[str]
+    remove: list[str]
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    batch: int
+    # this host puts its release in place (rendered files, timers, ``current``) in this batch
+    place: bool
+    # hosts of the topology whose failure skips this batch (those of earlier batches)
+    unless_failed: tuple[str, ...]
+    # this host's units of this batch: (stage, unit, release, current state)
+    units: list[tuple[int, str, str, dict[str, Any] | None]]
+    # their smoke checks (``operations.serving.verified``)
+    checks: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Steps:
+    # why this host must not change anything (a port another process holds), or None
+    refusal: str | None
+    preflight_failures: list[str]
+    releases: list[ReleaseStep]
+    # uv, which installs them, and its folder
+    uv: str
+    uv_dir: str
+    hub_token: RenderedFile | None
+    weights: WeightsSteps | None
+    # the communication check of a topology whose hosts talk to each other: its request (None:
+    # nothing of the topology (re)starts, ``comm_check_why`` says so); absent for other topologies
+    comm_check: bool
+    comm_check_request: dict[str, Any] | None
+    comm_check_why: str
+    all_reduce_request: dict[str, Any] | None
+    all_reduce_why: str
+    batches: list[BatchStep]
+    collect: CollectStep | None
+    # the units this converge (re)starts on this host
+    restarting: frozenset[str]
+
+
+def weights_host(deploy: DeployPlan, todo: Converge, probed: Any) -> WeightsHost:
+    """A host of the run as the weights fan-out sees it (``probed``: its probe's answer, or the
+    exception its probe raised)."""
+    target = todo.weights
+    if target is None or not isinstance(probed, Mapping):
+        return WeightsHost(deploy.spec.host, deploy.host.address, None, None, None)
+    wants = (target.repo, target.revision, target.path)
+    return WeightsHost(
+        deploy.spec.host, deploy.host.address, wants, target.fan_out_port, probed["weights"], target.full_verify
+    )
+
+
+def run_view(
+    me: str,
+    todos: Mapping[str, tuple[DeployPlan, Converge]],
+    probed: Mapping[str, Any],
+    *,
+    order: Sequence[str],
+    in_topology: Sequence[HostPlan],
+    fan_out: Mapping[str, FanOutPart],
+    run_id: str,
+    transfer_key: str,
+) -> RunView:
+    """Host ``me``'s view of the run: ``todos`` and ``probed`` (an answer, or the exception a
+    probe raised) of every host of the run, in ``order``; ``in_topology``, the hosts of its
+    topology the run covers; ``fan_out``, ``plan_fan_out`` of every host's ``weights_host``."""
+    peers: dict[str, tuple[Converge, Mapping[str, Any] | None]] = {}
+    for p in in_topology:
+        found = probed.get(p.host)
+        peers[p.host] = (todos[p.host][1], found if isinstance(found, Mapping) else None)
+    mine = todos[me][1]
+    return RunView(
+        run_id=run_id,
+        transfer_key=transfer_key,
+        in_topology=tuple(in_topology),
+        peers=peers,
+        fan_out=fan_out[me],
+        # Every host installing a release installs the same lock: its own (a damaged copy is
+        # rebuilt from it), that of a host holding the release, or the one the first installer
+        # resolves before the rest.
+        locks={r.path: lock_source(me, r.path, r.requirements, dict(probed), list(order)) for r in mine.venvs},
+    )
+
+
+def restarts(todo: Converge, found: Mapping[str, Any]) -> frozenset[str]:
+    """The units of ``todo`` that (re)start on a host whose probe found ``found``."""
+    return frozenset(u.name for u in todo.units if needs_start(u.release, unit_state(u, dict(found))))
+
+
+def restarting_hosts(run: RunView) -> list[str]:
+    """Hosts of this topology in the run where some unit will (re)start, or that could not be
+    probed (down, unreachable): the communication check is needed then."""
+    out = []
+    for peer in run.in_topology:
+        todo, found = run.peers.get(peer.host, (None, None))
+        if todo is None or found is None or restarts(todo, found):
+            out.append(peer.host)
+    return out
+
+
+def _weights(todo: Converge, found: Mapping[str, Any], run: RunView) -> WeightsSteps | None:
+    target = todo.weights
+    if target is None:
+        return None
+    fan_out, port = run.fan_out, target.fan_out_port
+    key = None
+    if fan_out.serves or fan_out.sync == "peers":
+        key = RenderedFile(target.peer_key_file, run.transfer_key + "\n", 0o440, "root", secret=True)
+    return WeightsSteps(
+        sync=sync_request(target),
+        python=target.python,
+        current=found["weights"],
+        mirror=[{"host": "mirror", "path": target.mirror}] if target.mirror else [],
+        from_hub=fan_out.sync != "peers",
+        full_verify=target.full_verify,
+        key=key,
+        key_file=target.peer_key_file,
+        serve=port is not None and bool(fan_out.serves),
+        serves=fan_out.serves,
+        port=port,
+        path=target.path,
+        lock=target.lock,
+        stop_serving=bool(fan_out.serves),
+        from_peers=port is not None and fan_out.sync == "peers",
+        peers=[{"host": p.host, "url": f"http://{p.address}:{port}"} for p in fan_out.peers],
+    )
+
+
+def _collect(todo: Converge, found: Mapping[str, Any]) -> CollectStep | None:
+    revisions = found.get("revisions")
+    if todo.weights is None or revisions is None:
+        return None
+    planned = todo.weights.revision
+    remove = collectable(revisions["present"], revisions["history"], planned)
+    keep = [r for r in revisions["present"] if r not in remove] or [planned]
+    return CollectStep(todo.weights.path.rsplit("/", 1)[0], keep, remove)
+
+
+def _smoke_checks(units: Sequence[UnitTarget], found: Mapping[str, Any]) -> list[dict[str, Any]]:
+    checks = []
+    for u in units:
+        if u.smoke is None:
+            continue
+        state = unit_state(u, dict(found))
+        starts = needs_start(u.release, state)
+        seen = state or {}
+        # systemd restarted it on its own (it crashed) since a smoke test last found it serving:
+        # this converge checks it again, without a restart
+        restarted = 0 if starts else int(seen.get("restarts") or 0)
+        crashed = restarted > int(seen.get("restarts_verified") or 0)
+        checks.append({
+            "unit": u.name,
+            "url": u.smoke.url,
+            "request": u.smoke.request,
+            "restarted": starts or crashed,
+            "restarts": restarted,
+        })  # fmt: skip
+    return checks
+
+
+def _batches(deploy: DeployPlan, todo: Converge, found: Mapping[str, Any]) -> list[BatchStep]:
+    """Every batch of the start order (each host takes every one: they are barriers across hosts)."""
+    spec, topology = deploy.spec, deploy.topology
+    mine, place = batch_of(spec, topology), first_batch_of(spec, topology)
+    out = []
+    for batch in range(BATCHES):
+        units = [u for u in todo.units if unit_batch(u.stage, mine) == batch]
+        earlier = tuple(p.host for p in topology if first_batch_of(p, topology) < batch) if batch else ()
+        out.append(
+            BatchStep(
+                batch=batch,
+                place=batch == place,
+                unless_failed=earlier,
+                units=[(u.stage, u.name, u.release, unit_state(u, dict(found))) for u in units],
+                checks=_smoke_checks(units, found),
+            )
+        )
+    return out
+
+
+def converge_steps(deploy: DeployPlan, todo: Converge, found: Mapping[str, Any], run: RunView) -> Steps:
+    """Every step of ``deploy``'s host's converge, from its probe's answer ``found``."""
+    spec, recipe = deploy.spec, deploy.recipe
+    restarting = restarts(todo, found)
+    conflicts = port_conflicts(todo, found["listeners"], restarting)
+    comm_check = needs_check(deploy.topology)
+    hosts = restarting_hosts(run)
+    all_reduce_why = all_reduce_why_not(recipe, spec, run.in_topology)
+    if all_reduce_why is None and not any(h.host in hosts for h in members(spec, run.in_topology)):
+        all_reduce_why = f"no engine of instance {instance_label(spec)} starts or restarts"
+    return Steps(
+        # Before any change on any host: starting would fail, and the running release must stay.
+        refusal=f"{spec.host}: {conflicts[0]}" if conflicts else None,
+        preflight_failures=preflight_check(preflight_needs(todo, deploy, dict(found)), found["hardware"]),
+        releases=[ReleaseStep(r, run.locks.get(r.path), found["venvs"].get(r.path)) for r in todo.venvs],
+        uv=recipe.tools.uv,
+        uv_dir=tool_dir(recipe, "uv", recipe.tools.uv),
+        hub_token=todo.weights.token if todo.weights is not None else None,
+        weights=_weights(todo, found, run),
+        # Before anything of the new release is put in place: a failed check leaves every host of
+        # the topology exactly as it was (files, current release, running engines).
+        comm_check=comm_check,
+        comm_check_request=check_request(recipe, spec, run.in_topology, run.run_id) if comm_check and hosts else None,
+        comm_check_why=f"no engine of topology {spec.topology} starts or restarts",
+        # Then each engine instance's own communicator, when an engine of the instance (re)starts.
+        all_reduce_request=None if all_reduce_why else all_reduce_request(recipe, spec, run.in_topology, run.run_id),
+        all_reduce_why=all_reduce_why or "",
+        batches=_batches(deploy, todo, found),
+        collect=_collect(todo, found),
+        restarting=restarting,
+    )

@@ -1,0 +1,52 @@
+"""What ``deploys/kimi.py`` reads of the whole run before it decides a host's steps: every host's
+probe request, and the run as the pure step function sees it (``kimi_deploy.converge_steps``).
+
+pyinfra runs the deploy file once per host; the first one to ask probes every host at once
+(``facts.inventory_probe``), and each host's view is built from those answers and the plans, the
+same on every host, so all hosts agree on who fetches weights from whom and who resolves a lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+from pyinfra.context import inventory
+
+from facts.inventory_probe import active_hosts, probe_all
+from kimi_deploy.converge import converge_request
+from kimi_deploy.converge_steps import RunView, run_view, weights_host
+from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.driver_plan import probe_request as drivers_request
+from kimi_deploy.weights_fanout import plan_fan_out
+from kimi_pyinfra.host_plan import todo_for
+from kimi_pyinfra.run_context import run_context
+
+
+def probe_request(h: Host) -> dict[str, Any]:
+    """What ``h``'s probe reads: its converge's state, its hardware and its drivers."""
+    plan, work = todo_for(inventory, h)
+    return {
+        "request": converge_request(work),
+        "hardware": {"weights_dir": plan.recipe.paths.models},
+        "drivers": drivers_request(plan.recipe, plan.spec),
+    }
+
+
+def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
+    """``me``'s view of the run (every host's probe answered by now)."""
+    probed = probe_all(state, probe_request)
+    hosts = active_hosts(state)
+    todos = {h.name: todo_for(inventory, h) for h in hosts}
+    context = run_context()
+    if context.fan_out is None:  # once per run, for every host
+        answered = [h for h in hosts if h.name in probed]
+        context.fan_out = plan_fan_out([weights_host(*todos[h.name], probed[h.name]) for h in answered])
+    # The hosts of this topology that this run covers (whether or not they answered).
+    in_topology = [
+        p for p in deploy.topology if (h := inventory.get_host(p.host, None)) is not None and state.is_host_in_limit(h)
+    ]
+    todos |= {p.host: todo_for(inventory, inventory.get_host(p.host)) for p in in_topology}
+    return run_view(me.name, todos, probed, order=[h.name for h in hosts], in_topology=in_topology,
+                    fan_out=context.fan_out, run_id=context.run_id, transfer_key=context.transfer_key)  # fmt: skip

@@ -1,0 +1,251 @@
+"""The steps of a converge, decided without pyinfra (``kimi_deploy.converge_steps``): for the cases
+the end-to-end tests run on real hosts (a new host, a no-op, an engine change, a revision change,
+going back to earlier pins, a host of the second batch), on the example recipe's prefill/decode
+topology (gb300-pd: three prefill instances over two hosts each, one decode instance over four,
+a router host with the Mooncake master and the gateway).
+
+Each host's probe answer is written as ``hostside/state_probe.py`` gives it for a host in that
+state (``probe``); every host of the run is planned as ``deploys/kimi.py`` plans it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from kimi_deploy.converge import Converge
+from kimi_deploy.converge_steps import Steps, converge_steps, run_view, weights_host
+from kimi_deploy.deploy_plan import DeployPlan, part_of
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.planner import plan
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.weights_fanout import plan_fan_out
+from tests.conftest import RECIPE
+from tests.host_converge import host_converge, lock_stands_in
+from tests.test_preflight import B300, GB300
+
+TOPOLOGY = "gb300-pd"
+LOCK = {"model-00001-of-00002.safetensors": [10, "sha256:" + "0" * 64], "config.json": [2, "sha256:" + "1" * 64]}
+RUN = "20261202T000000Z-ab12cd34"
+
+
+@pytest.fixture(autouse=True)
+def _secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    lock_stands_in(monkeypatch, LOCK)
+    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_TOKEN_PATH", "/nonexistent/token")
+
+
+def probe(todo: Converge, *, installed: bool = True, running: bool = True, revisions: list[str] | None = None) -> dict[str, Any]:
+    """The probe's answer, in ``hostside/state_probe.py``'s shape (every path, unit and timer it is
+    asked about is in it), on a host where ``todo``'s releases are installed, its weights verified
+    and its units running as planned (``running``), or on a new host (neither)."""
+    files = todo.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
+    hardware = GB300 if any(u.reads_weights for u in todo.units) else B300
+    weights = {"exists": installed, "missing": [] if installed else list(LOCK), "unverified": [], "extra": []}
+    present = revisions if revisions is not None else ([todo.weights.revision] if todo.weights and installed else [])
+    marker = {"lock": {"sha256": "a" * 64}}
+
+    def unit(release: str) -> dict[str, Any]:
+        if not running:
+            return {"active": "inactive", "sub": "dead", "pid": 0, "enabled": "", "applied": None,
+                    "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+        return {"active": "active", "sub": "running", "pid": 4100, "enabled": "enabled", "applied": release,
+                "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+
+    return {
+        "user": installed,
+        "venvs": {
+            v.path: {"requirements": v.requirements, "without": v.without, **marker} if installed else None
+            for v in todo.venvs
+        },
+        "weights": weights if todo.weights else None,
+        "files": {f.path: f.sha256 if running else None for f in files},
+        "units": {u.name: unit(u.release) for u in todo.units},
+        "timers": {t: {"active": "active" if running else "inactive"} for t in todo.timers},
+        "revisions": {"present": present, "history": present} if todo.weights else None,
+        "listeners": {},
+        "packages": dict.fromkeys(todo.packages, "1" if installed else None),
+        "current": todo.release.dir if running else None,
+        "last_release": None,
+        "hardware": hardware,
+    }
+
+
+def _plans(recipe: Recipe, prod: Inventory) -> dict[str, tuple[DeployPlan, Converge]]:
+    whole = plan(recipe, RECIPE, prod)
+    out = {}
+    for spec in whole.topology(TOPOLOGY):
+        deploy = part_of(recipe, RECIPE, prod.host(spec.host), whole)
+        out[spec.host] = (deploy, host_converge(recipe, prod, spec.host))
+    return out
+
+
+def steps_of(me: str, plans: Mapping[str, tuple[DeployPlan, Converge]], probed: Mapping[str, Any]) -> Steps:
+    """``me``'s steps in a run of every host of the topology, as the deploy decides them."""
+    deploy, todo = plans[me]
+    order = list(plans)
+    fan_out = plan_fan_out([weights_host(*plans[h], probed[h]) for h in order])
+    view = run_view(me, plans, probed, order=order, in_topology=deploy.topology, fan_out=fan_out, run_id=RUN,
+                    transfer_key="k" * 43)  # fmt: skip
+    return converge_steps(deploy, todo, probed[me], view)
+
+
+def _started(steps: Steps) -> dict[int, list[str]]:
+    """Batch -> the units it (re)starts (as ``operations.units.started`` decides from the states)."""
+    out: dict[int, list[str]] = {}
+    for batch in steps.batches:
+        for _, name, release, current in batch.units:
+            if current is None or current.get("applied") != release:
+                out.setdefault(batch.batch, []).append(name)
+    return out
+
+
+def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe, prod: Inventory) -> None:
+    plans = _plans(recipe, prod)
+    probed = {h: probe(todo, installed=False, running=False) for h, (_, todo) in plans.items()}
+    steps = steps_of("gb300-p01", plans, probed)
+    assert steps.refusal is None
+    assert steps.preflight_failures == []
+    assert [s.current for s in steps.releases] == [None, None]
+    # no host holds a release: the first installer resolves each lock for the others
+    assert [(s.lock.kind, s.lock.host) if s.lock else None for s in steps.releases] == [("resolver", "gb300-p01")] * 2
+    # the first host of the group fetches from the Hub and serves the others
+    weights = steps.weights
+    assert weights is not None
+    assert (weights.from_hub, weights.from_peers, weights.serve) == (True, False, True)
+    assert weights.key is not None
+    assert weights.key.secret
+    other = steps_of("gb300-d02", plans, probed).weights
+    assert other is not None
+    assert (other.from_hub, other.from_peers, other.serve) == (False, True, False)
+    assert [p["host"] for p in other.peers] == ["gb300-p01"]
+    # nothing of the topology runs yet: every host (re)starts, so both checks run
+    assert steps.comm_check
+    assert steps.comm_check_request is not None
+    assert (steps.all_reduce_request is None) == bool(steps.all_reduce_why)
+    assert _started(steps) == {0: ["kimi-vllm"]}
+    assert steps.restarting == {"kimi-vllm"}
+    assert [b.place for b in steps.batches] == [True, False, False]
+
+
+def test_a_converged_topology_is_a_no_op(recipe: Recipe, prod: Inventory) -> None:
+    plans = _plans(recipe, prod)
+    probed = {h: probe(todo) for h, (_, todo) in plans.items()}
+    for host in plans:
+        steps = steps_of(host, plans, probed)
+        assert steps.refusal is None
+        assert steps.restarting == frozenset(), host
+        assert _started(steps) == {}, host
+        assert steps.comm_check_request is None
+        assert steps.comm_check_why == f"no engine of topology {TOPOLOGY} starts or restarts"
+        assert steps.all_reduce_request is None
+        assert [s.lock for s in steps.releases] == [None] * len(steps.releases)
+        if steps.weights is not None:
+            assert (steps.weights.from_peers, steps.weights.serve, steps.weights.key) == (False, False, None)
+        # nothing to collect: only the planned revision is present
+        assert steps.collect is None or steps.collect.remove == []
+        assert not any(c["restarted"] for b in steps.batches for c in b.checks)
+
+
+def _with(recipe: Recipe, **changes: Any) -> Recipe:
+    """``recipe`` with ``engines.vllm.version`` or ``model.revision`` changed."""
+    if "vllm" in changes:
+        release = recipe.engines["vllm"].model_copy(update={"version": changes["vllm"]})
+        return recipe.model_copy(update={"engines": {**recipe.engines, "vllm": release}})
+    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"revision": changes["revision"]})})
+
+
+def test_an_engine_change_installs_the_release_and_restarts_every_engine_in_its_batch(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    before = _plans(recipe, prod)
+    after = _plans(_with(recipe, vllm="0.34.1"), prod)
+    probed = {h: probe(todo) for h, (_, todo) in before.items()}
+    first, second, router = (steps_of(h, after, probed) for h in ("gb300-p01", "gb300-p03", "gb300-rt01"))
+    assert first.releases[0].release.path.endswith("/vllm-0.34.1+fastsafetensors-0.5.0")
+    assert first.releases[0].current is None  # a new release folder: installed beside the old one
+    assert first.releases[0].lock is not None
+    assert first.restarting == {"kimi-vllm"}
+    assert first.comm_check_request is not None
+    assert _started(first) == {0: ["kimi-vllm"]}
+    assert _started(second) == {1: ["kimi-vllm"]}
+    # the router's units read no engine release: they stay
+    assert router.restarting == frozenset()
+    assert _started(router) == {}
+
+
+def test_a_revision_change_fetches_it_restarts_the_engines_and_keeps_the_old_one_for_a_rollback(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    old = recipe.model.revision
+    new = "1" * 40
+    after = _plans(_with(recipe, revision=new), prod)
+    before = _plans(recipe, prod)
+    probed = {}
+    for h in after:
+        was = probe(before[h][1], revisions=[old])
+        # the planned revision's folder is new: absent
+        probed[h] = {**was, "weights": {"exists": False, "missing": list(LOCK), "unverified": [], "extra": []}}
+    steps = steps_of("gb300-p01", after, probed)
+    assert steps.weights is not None
+    assert steps.weights.sync["revision"] == new
+    assert steps.weights.from_hub
+    assert steps.restarting == {"kimi-vllm"}
+    assert steps.collect is not None
+    assert (steps.collect.keep, steps.collect.remove) == ([old], [])
+    # once the next revision serves, the oldest goes and the previous one stays
+    later = {**probed["gb300-p01"], "revisions": {"present": ["0" * 40, old, new], "history": ["0" * 40, old, new]}}
+    collect = steps_of("gb300-p01", after, {**probed, "gb300-p01": later}).collect
+    assert collect is not None
+    assert (collect.keep, collect.remove) == ([old, new], ["0" * 40])
+
+
+def test_converging_back_to_earlier_pins_returns_to_the_earlier_release(recipe: Recipe, prod: Inventory) -> None:
+    """The rollback target: after a converge to other pins, the earlier pins plan the earlier
+    release again, byte for byte (its folder, its units' digests), and only its units restart."""
+    earlier = _plans(recipe, prod)
+    later = _plans(_with(recipe, vllm="0.34.1"), prod)
+    probed = {h: probe(todo) for h, (_, todo) in later.items()}
+    steps = steps_of("gb300-p01", earlier, probed)
+    todo = earlier["gb300-p01"][1]
+    assert todo.release.dir != later["gb300-p01"][1].release.dir
+    assert todo.release == _plans(recipe, prod)["gb300-p01"][1].release
+    assert steps.restarting == {"kimi-vllm"}
+    assert [b.place for b in steps.batches] == [True, False, False]
+    assert steps.releases[0].release.path.endswith("/vllm-0.34.0+fastsafetensors-0.5.0")
+    # converged back, the next run is a no-op again
+    back = {h: probe(t) for h, (_, t) in earlier.items()}
+    assert steps_of("gb300-p01", earlier, back).restarting == frozenset()
+
+
+def test_a_host_of_the_second_batch_waits_for_the_first(recipe: Recipe, prod: Inventory) -> None:
+    plans = _plans(recipe, prod)
+    probed = {h: probe(todo, running=False) for h, (_, todo) in plans.items()}
+    steps = steps_of("gb300-p03", plans, probed)  # prefill instance 1: the odd instances go second
+    assert [b.place for b in steps.batches] == [False, True, False]
+    assert steps.batches[0].units == []
+    assert [u[1] for u in steps.batches[1].units] == ["kimi-vllm"]
+    first = {p.host for p in plans["gb300-p03"][0].topology} - {"gb300-p03", "gb300-p04"}
+    # the first batch: the even prefill instances, the decode instance and the router host,
+    # whose Mooncake master (a store) starts first
+    assert set(steps.batches[1].unless_failed) == first
+    assert steps.batches[0].unless_failed == ()
+    router = steps_of("gb300-rt01", plans, probed)
+    assert [b.place for b in router.batches] == [True, False, False]
+    assert [u[1] for u in router.batches[0].units] == ["kimi-mooncake-master"]
+    assert sorted(u[1] for u in router.batches[2].units) == ["kimi-gateway", "kimi-router"]
+    # the routers' batch waits for every host of both batches (the router host's own store too)
+    assert set(router.batches[2].unless_failed) == set(plans)
+
+
+def test_a_port_held_by_another_process_stops_the_host_before_any_change(recipe: Recipe, prod: Inventory) -> None:
+    plans = _plans(recipe, prod)
+    probed = {h: probe(todo) for h, (_, todo) in plans.items()}
+    held = {"8000": {"pid": 4242, "comm": "python3", "unit": None}}
+    probed["gb300-p01"] = {**probed["gb300-p01"], "listeners": held}
+    steps = steps_of("gb300-p01", plans, probed)
+    assert steps.refusal == "gb300-p01: port 8000 (kimi-vllm api) is in use by pid 4242 (python3, no systemd unit)"
