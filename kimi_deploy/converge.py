@@ -23,10 +23,12 @@ from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
+from kimi_deploy.recipe import Recipe
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
 from kimi_deploy.secrets import read_secret
+from kimi_deploy.servespec import HostPlan, Unit
 from kimi_deploy.start_batches import batch_of
 from kimi_deploy.weights_fanout import needs_files
 
@@ -210,97 +212,126 @@ def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] |
     return secrets
 
 
-def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
-    """What the converge makes true on ``deploy``'s host; ``environ``: the controller's environment."""
-    recipe, spec = deploy.recipe, deploy.spec
-    host_vars = deploy.host.vars
-    venvs: list[VenvRelease] = []
-    weights = None
+def _releases(recipe: Recipe, spec: HostPlan) -> list[VenvRelease]:
+    """The host's releases: its router's, or its engine's and the Hub client's (weights syncs)."""
     if spec.role == "router":
         router_release = recipe.routers[spec.engine]  # type: ignore[index]
         requirements = [f"{spec.engine}=={router_release.version}"]
         requirements += [f"{name}=={version}" for name, version in sorted(router_release.packages.items())]
-        venvs.append(
-            VenvRelease(spec.engine, router_release.version, router_dir(recipe, spec.engine), requirements)  # type: ignore[arg-type]
-        )
-    else:
-        release = recipe.engines[spec.engine]  # type: ignore[index]
-        package = release.distribution(spec.engine)
-        requirements = [f"{package}=={release.version}"]
-        requirements += [f"{name}=={version}" for name, version in sorted(release.packages.items())]
-        venvs.append(VenvRelease(package, release.version, spec.engine_dir, requirements, sorted(release.without)))
-        hub = recipe.tools.huggingface_hub
-        tools = tool_dir(recipe, "huggingface_hub", hub)
-        venvs.append(VenvRelease("huggingface_hub", hub, tools, [f"huggingface_hub=={hub}"]))
-        lock = read_lock(recipe)
-        weights = WeightsTarget(
-            repo=recipe.model.repo,
-            revision=recipe.model.revision,
-            path=model_dir(recipe),
-            lock=lock.compact(),
-            python=f"{tools}/bin/python",
-            endpoint=host_vars.kimi_hf_endpoint,
-            full_verify=host_vars.kimi_verify == "full",
-            token=_hub_token(recipe.paths.config, environ),
-            peer_key_file=f"{recipe.paths.config}/secrets/weights-transfer-key",
-            fan_out_port=recipe.weights.fan_out.port if recipe.weights.fan_out else None,
-            mirror=(
-                f"{recipe.weights.mirror_path}/{recipe.model.dir_name}/{recipe.model.revision}"
-                if recipe.weights.mirror_path
-                else None
-            ),
-        )
-    secrets = _secrets(deploy, environ)
-    files = render_host(recipe, spec, secrets)
-    gateway = any(u.kind == "gateway" for u in spec.units)
-    timers: list[str] = []
-    if weights is not None and recipe.weights.scrub is not None:
-        files += scrub_files(
-            recipe.weights.scrub,
-            config_dir=recipe.paths.config,
-            tools_dir=recipe.paths.tools,
-            python=weights.python,
-            request=sync_request(weights),
-        )
-        timers.append(SCRUB_UNIT)
-    units: list[UnitTarget] = []
+        return [VenvRelease(spec.engine, router_release.version, router_dir(recipe, spec.engine), requirements)]  # type: ignore[arg-type]
+    release = recipe.engines[spec.engine]  # type: ignore[index]
+    package = release.distribution(spec.engine)
+    requirements = [f"{package}=={release.version}"]
+    requirements += [f"{name}=={version}" for name, version in sorted(release.packages.items())]
+    hub = recipe.tools.huggingface_hub
+    return [
+        VenvRelease(package, release.version, spec.engine_dir, requirements, sorted(release.without)),
+        VenvRelease("huggingface_hub", hub, tool_dir(recipe, "huggingface_hub", hub), [f"huggingface_hub=={hub}"]),
+    ]
+
+
+def _weights(deploy: DeployPlan, environ: Mapping[str, str]) -> WeightsTarget | None:
+    """The revision an engine host holds, verified against the lock; None on a router host."""
+    recipe, host_vars = deploy.recipe, deploy.host.vars
+    if deploy.spec.role == "router":
+        return None
+    tools = tool_dir(recipe, "huggingface_hub", recipe.tools.huggingface_hub)
+    return WeightsTarget(
+        repo=recipe.model.repo,
+        revision=recipe.model.revision,
+        path=model_dir(recipe),
+        lock=read_lock(recipe).compact(),
+        python=f"{tools}/bin/python",
+        endpoint=host_vars.kimi_hf_endpoint,
+        full_verify=host_vars.kimi_verify == "full",
+        token=_hub_token(recipe.paths.config, environ),
+        peer_key_file=f"{recipe.paths.config}/secrets/weights-transfer-key",
+        fan_out_port=recipe.weights.fan_out.port if recipe.weights.fan_out else None,
+        mirror=(
+            f"{recipe.weights.mirror_path}/{recipe.model.dir_name}/{recipe.model.revision}"
+            if recipe.weights.mirror_path
+            else None
+        ),
+    )
+
+
+def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | None) -> SmokeCheck | None:
+    """The on-host smoke check of an engine's API, or of the gateway in front of a router (whose
+    smoke test goes through the router to the engines and back); None for other units."""
+    api = unit.listens.get("api") if unit.kind == "engine" else unit.listens.get("router")
+    if api is None or unit.kind not in ("engine", "router", "gateway"):
+        return None
+    # An engine reads the host's weights: its smoke test, should it exit before it is ready,
+    # drops their verification cache (the next converge hashes them again).
+    verify_cache = f"{weights.path}/.kimi/verify-cache.json" if unit.kind == "engine" and weights else None
     # A tool-call round trip where the engines parse tool calls (the router passes them on).
     tool = recipe.smoke.tool_call if recipe.topologies[spec.topology].parsers.tool_call else None
+    # A unit bound to every address is reached on loopback by the on-host check.
+    host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
+    key_file, key_var = None, None
+    if unit.secret_env:
+        key_file, key_var = f"{recipe.paths.config}/secrets/{unit.name}.env", unit.secret_env[0]
+    elif unit.secret_files:
+        key_file, key_var = next(iter(unit.secret_files)), "api-key"
+    return SmokeCheck(
+        url=f"http://{host}:{api}",
+        request={
+            "served_name": recipe.model.served_name,
+            "prompt": recipe.smoke.prompt,
+            "expect": recipe.smoke.expect,
+            "timeout_s": recipe.smoke.timeout_s,
+            "max_tokens": smoke_budget(recipe.smoke.max_tokens, recipe.topologies[spec.topology].max_model_len),
+            "key_file": key_file,
+            "key_var": key_var,
+            **({"verify_cache": verify_cache} if verify_cache else {}),
+            **({"tool": tool.model_dump()} if tool else {}),
+        },
+    )
+
+
+def _units(
+    recipe: Recipe, spec: HostPlan, files: list[RenderedFile], weights: WeightsTarget | None
+) -> list[UnitTarget]:
+    """Each unit in start order, with the digest of the files it reads, its smoke check and ports."""
+    units: list[UnitTarget] = []
     for unit in sorted(spec.units, key=lambda u: u.stage):
         mine = [f for f in files if f"/{unit.name}." in f.path or f.path in unit.files or f.path in unit.secret_files]
-        smoke = None
-        # An engine reads the host's weights: its smoke test, should it exit before it is ready,
-        # drops their verification cache (the next converge hashes them again).
-        verify_cache = f"{weights.path}/.kimi/verify-cache.json" if unit.kind == "engine" and weights else None
-        # An engine's API, or the gateway in front of a router (whose smoke test goes through the
-        # router to the engines and back).
-        api = unit.listens.get("api") if unit.kind == "engine" else unit.listens.get("router")
-        if api is not None and unit.kind in ("engine", "router", "gateway"):
-            # A unit bound to every address is reached on loopback by the on-host check.
-            host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
-            key_file, key_var = None, None
-            if unit.secret_env:
-                key_file, key_var = f"{recipe.paths.config}/secrets/{unit.name}.env", unit.secret_env[0]
-            elif unit.secret_files:
-                key_file, key_var = next(iter(unit.secret_files)), "api-key"
-            smoke = SmokeCheck(
-                url=f"http://{host}:{api}",
-                request={
-                    "served_name": recipe.model.served_name,
-                    "prompt": recipe.smoke.prompt,
-                    "expect": recipe.smoke.expect,
-                    "timeout_s": recipe.smoke.timeout_s,
-                    "max_tokens": smoke_budget(recipe.smoke.max_tokens, recipe.topologies[spec.topology].max_model_len),
-                    "key_file": key_file,
-                    "key_var": key_var,
-                    **({"verify_cache": verify_cache} if verify_cache else {}),
-                    **({"tool": tool.model_dump()} if tool else {}),
-                },
-            )
         ports = {port: f"{unit.name} {label}" for label, port in unit.every_port().items()}
         secrets = {f.path: f.sha256 for f in mine if f.secret}
-        engine = verify_cache is not None
+        engine = unit.kind == "engine" and weights is not None
+        smoke = _smoke(recipe, spec, unit, weights)
         units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets, reads_weights=engine))
+    return units
+
+
+def _pins(recipe: Recipe, spec: HostPlan, weights: WeightsTarget | None) -> dict[str, str]:
+    """The recipe pins that make a converge come back to this host's release."""
+    pins = {f"engines.{spec.engine}.version": spec.engine_version}
+    if spec.role == "router":
+        pins = {f"routers.{spec.engine}.version": spec.engine_version}
+        extra = recipe.routers[spec.engine].packages  # type: ignore[index]
+        pins |= {f"routers.{spec.engine}.packages.{k}": v for k, v in sorted(extra.items())}
+    else:
+        engine_release = recipe.engines[spec.engine]  # type: ignore[index]
+        pins |= {f"engines.{spec.engine}.packages.{k}": v for k, v in sorted(engine_release.packages.items())}
+        if engine_release.package is not None:
+            pins[f"engines.{spec.engine}.package"] = engine_release.package
+    if weights is not None:
+        pins["model.revision"] = recipe.model.revision
+    return pins
+
+
+def _release(
+    deploy: DeployPlan,
+    venvs: list[VenvRelease],
+    weights: WeightsTarget | None,
+    files: list[RenderedFile],
+    units: list[UnitTarget],
+) -> Release:
+    """The host's release: named by a digest of what it runs, with what a rollback to it needs
+    besides its id: the files to put back (never a secret), the start order, the smoke checks,
+    and the recipe pins."""
+    recipe, spec = deploy.recipe, deploy.spec
     record: dict[str, Any] = {
         # 2: the release folder holds what a rollback needs (files, stages, batch, smoke checks, pins)
         "format": 2,
@@ -314,32 +345,38 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
         "units": {u.name: u.release for u in units},
     }
     release_id = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
-    # What a rollback to this release needs besides its id: the files to put back (never a secret),
-    # the start order, the smoke checks, and the recipe pins that make a converge come back to it.
-    pins = {f"engines.{spec.engine}.version": spec.engine_version}
-    if spec.role == "router":
-        pins = {f"routers.{spec.engine}.version": spec.engine_version}
-        extra = recipe.routers[spec.engine].packages  # type: ignore[index]
-        pins |= {f"routers.{spec.engine}.packages.{k}": v for k, v in sorted(extra.items())}
-    else:
-        engine_release = recipe.engines[spec.engine]  # type: ignore[index]
-        pins |= {f"engines.{spec.engine}.packages.{k}": v for k, v in sorted(engine_release.packages.items())}
-        if engine_release.package is not None:
-            pins[f"engines.{spec.engine}.package"] = engine_release.package
-    if weights is not None:
-        pins["model.revision"] = recipe.model.revision
     record |= {
         "files": sorted(f.path for f in files if not f.secret),
         "stages": {u.name: u.stage for u in units},
         # the batch its units (re)start in, which a rollback to this release keeps
         "batch": batch_of(spec, deploy.topology),
         "smoke": {u.name: {"url": u.smoke.url, "request": u.smoke.request} for u in units if u.smoke},
-        "pins": pins,
+        "pins": _pins(recipe, spec, weights),
     }
     links = {"engine": venvs[0].path}
     if weights is not None:
         links["model"] = weights.path
-    host_release = Release(recipe.paths.current, f"{recipe.paths.releases}/{release_id}", record, links)
+    return Release(recipe.paths.current, f"{recipe.paths.releases}/{release_id}", record, links)
+
+
+def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
+    """What the converge makes true on ``deploy``'s host; ``environ``: the controller's environment."""
+    recipe, spec = deploy.recipe, deploy.spec
+    venvs = _releases(recipe, spec)
+    weights = _weights(deploy, environ)
+    files = render_host(recipe, spec, _secrets(deploy, environ))
+    timers: list[str] = []
+    if weights is not None and recipe.weights.scrub is not None:
+        files += scrub_files(
+            recipe.weights.scrub,
+            config_dir=recipe.paths.config,
+            tools_dir=recipe.paths.tools,
+            python=weights.python,
+            request=sync_request(weights),
+        )
+        timers.append(SCRUB_UNIT)
+    units = _units(recipe, spec, files, weights)
+    gateway = any(u.kind == "gateway" for u in spec.units)
     master = any(u.kind == "mooncake-master" for u in spec.units)
     debs = [
         *(GATEWAY_PACKAGES if gateway else ()),
@@ -348,12 +385,12 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
     ]
     return Converge(
         user=recipe.paths.user,
-        index_url=host_vars.kimi_pip_index_url or PYPI,
+        index_url=deploy.host.vars.kimi_pip_index_url or PYPI,
         venvs=venvs,
         weights=weights,
         files=files,
         units=units,
-        release=host_release,
+        release=_release(deploy, venvs, weights, files, units),
         timers=timers,
         packages=list(dict.fromkeys(debs)),
         masked=list(GATEWAY_MASKED) if gateway else [],
