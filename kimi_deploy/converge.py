@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.engine_vllm import host_packages
+from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
 from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
@@ -204,7 +204,12 @@ def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] |
         return None
     field = f"topologies.{deploy.spec.topology}.expose.api_key"
     key = read_secret(expose.api_key, deploy.recipe_file, field, environ)
-    secrets = {"VLLM_API_KEY": key, "api-key": key, "KIMI_API_KEY": key, "OPENAI_API_KEY": key}
+    # under every name the host's units read it: their secret environment variables, and the
+    # engine's key in its secret config file
+    secrets = {name: key for u in deploy.spec.units for name in u.secret_env}
+    file_key = engine(deploy.recipe.topologies[deploy.spec.topology].engine).secret_file_key
+    if file_key is not None and any(u.kind == "engine" and u.secret_files for u in deploy.spec.units):
+        secrets[file_key] = key
     router = deploy.recipe.topologies[deploy.spec.topology].router
     if deploy.spec.role == "router" and router is not None and router.fallback is not None:
         where = f"topologies.{deploy.spec.topology}.router.fallback.api_key"
@@ -272,7 +277,8 @@ def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | 
     if unit.secret_env:
         key_file, key_var = f"{recipe.paths.config}/secrets/{unit.name}.env", unit.secret_env[0]
     elif unit.secret_files:
-        key_file, key_var = next(iter(unit.secret_files)), "api-key"
+        key_var = engine(recipe.topologies[spec.topology].engine).secret_file_key
+        key_file = next(iter(unit.secret_files))
     return SmokeCheck(
         url=f"http://{host}:{api}",
         request={
@@ -376,12 +382,13 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
         )
         timers.append(SCRUB_UNIT)
     units = _units(recipe, spec, files, weights)
+    topology = recipe.topologies[spec.topology]
     gateway = any(u.kind == "gateway" for u in spec.units)
     master = any(u.kind == "mooncake-master" for u in spec.units)
     debs = [
         *(GATEWAY_PACKAGES if gateway else ()),
         *(MOONCAKE_HOST_PACKAGES if master else ()),
-        *host_packages(recipe.topologies[spec.topology]),
+        *engine(topology.engine).host_packages(topology),
     ]
     return Converge(
         user=recipe.paths.user,

@@ -9,23 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kimi_deploy import engine_sglang, engine_tokenspeed, engine_vllm
 from kimi_deploy.catalog import Catalog, CatalogMissing, engine_catalog
-from kimi_deploy.engine_unit import node_role
+from kimi_deploy.engines import engine
+from kimi_deploy.engines.common import node_role
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.gateway import gateway_unit
 from kimi_deploy.host_paths import engine_dir, model_dir, router_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
-from kimi_deploy.recipe import Recipe, Topology
+from kimi_deploy.recipe import EngineName, Recipe, Topology
 from kimi_deploy.router_units import mooncake_master_unit, router_unit
 from kimi_deploy.safe_text import is_ip_address
 from kimi_deploy.servespec import CPU_ANY, HostPlan, Plan, Unit
 
 
-def argv_positionals(catalog: Catalog) -> int:
-    """Arguments before the first flag: the launch prefix and, for ``vllm serve``, the model path."""
-    return len(catalog.launch) + (1 if catalog.launch[-1:] == ("serve",) and catalog.engine == "vllm" else 0)
+def argv_positionals(name: EngineName, catalog: Catalog) -> int:
+    """Arguments before the first flag of engine ``name``'s command line (``catalog``: its release's)."""
+    return engine(name).positionals(catalog)
 
 
 # Recipe fields whose values must be names the engine release registers.
@@ -91,13 +91,7 @@ def _check_hosts(inventory: Inventory, tp: TopologyPlacement) -> None:
 
 
 def _engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
-    config = recipe.paths.config
-    engine = placement.topology.engine
-    if engine == "vllm":
-        return engine_vllm.engine_unit(recipe, recipe_file, placement, config)
-    if engine == "sglang":
-        return engine_sglang.engine_unit(recipe, recipe_file, placement, f"{config}/secrets")
-    return engine_tokenspeed.engine_unit(recipe, recipe_file, placement)
+    return engine(placement.topology.engine).unit(recipe, recipe_file, placement)
 
 
 def _check_argv(recipe: Recipe, recipe_file: str, placement: Placement, unit: Unit) -> None:
@@ -109,7 +103,7 @@ def _check_argv(recipe: Recipe, recipe_file: str, placement: Placement, unit: Un
         raise ConfigError(
             recipe_file, where, f"host {host}: {unit.name} does not start with {' '.join(catalog.launch)}"
         )
-    for problem in catalog.problems(unit.argv, argv_positionals(catalog)):
+    for problem in catalog.problems(unit.argv, argv_positionals(placement.topology.engine, catalog)):
         raise ConfigError(recipe_file, where, f"host {host}: {unit.name}: {problem}")
 
 

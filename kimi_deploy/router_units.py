@@ -4,8 +4,9 @@ router is ``kimi_deploy.gateway``)."""
 
 from __future__ import annotations
 
+from kimi_deploy.engines import engine
 from kimi_deploy.host_paths import router_dir
-from kimi_deploy.listen import LOOPBACK, api_port
+from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.placement import TopologyPlacement
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Unit
@@ -26,7 +27,7 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     # vllm-router and sglang-router check no client key: the router listens on loopback, behind
     # the gateway (kimi_deploy.gateway) that takes the topology's address and port and checks it.
     bind, port = LOOPBACK, topo.ports.router_backend
-    upstream = api_port(topo)
+    upstream = engine(topo.engine).api_port(topo)
     argv: list[str] = [f"{router_dir(recipe, package)}/bin/{package}"]
     serve = tp.leaders("serve")
     if serve:

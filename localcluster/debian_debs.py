@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kimi_deploy.engine_vllm import CPU_PACKAGES
+from kimi_deploy.engines.vllm import CPU_PACKAGES
 from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from localcluster import log, run
 from localcluster.image import APT_LOCK, cache_lock

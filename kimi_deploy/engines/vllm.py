@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
-from kimi_deploy.catalog import engine_catalog
-from kimi_deploy.engine_unit import engine_unit_for, model_flags
+from kimi_deploy.catalog import Catalog, engine_catalog
+from kimi_deploy.engines.common import engine_unit_for, model_flags
+from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
-from kimi_deploy.listen import api_port, bind_address
+from kimi_deploy.listen import bind_address
 from kimi_deploy.placement import Placement
 from kimi_deploy.recipe import Recipe, Topology
 from kimi_deploy.servespec import ConfigFile, Unit
@@ -162,8 +163,9 @@ def _kv_transfer(
     return ["--kv-transfer-config", _kv_transfer_config(recipe, placement)], files
 
 
-def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, config_dir: str) -> Unit:
+def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     topo = placement.topology
+    config_dir = recipe.paths.config
     p = placement.pool.parallel
     check_layout(recipe_file, placement)
     worker = placement.node_rank > 0
@@ -172,8 +174,8 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, config_d
     listens: dict[str, int] = {}
     bind = bind_address(topo, placement.host)
     if not worker:
-        argv += ["--host", bind, "--port", str(api_port(topo))]
-        listens["api"] = api_port(topo)
+        argv += ["--host", bind, "--port", str(ENGINE.api_port(topo))]
+        listens["api"] = ENGINE.api_port(topo)
     argv += ["--tensor-parallel-size", str(p.tp)]
     if p.pp > 1:
         argv += ["--pipeline-parallel-size", str(p.pp)]
@@ -202,3 +204,13 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement, config_d
         recipe, placement, name=UNIT, label="vLLM", argv=argv, listens=listens, bind=bind,
         env=env, secret_env=secret_env, files=files,
     )  # fmt: skip
+
+
+def positionals(catalog: Catalog) -> int:
+    """Arguments before the first flag: the launch prefix and, for ``vllm serve``, the model path."""
+    return len(catalog.launch) + (1 if catalog.launch[-1:] == ("serve",) else 0)
+
+
+ENGINE = Engine(
+    name="vllm", default_api_port=8000, unit=engine_unit, positionals=positionals, host_packages=host_packages
+)

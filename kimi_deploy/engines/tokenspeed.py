@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from kimi_deploy.engine_unit import dist_init_flags, engine_unit_for, model_flags
+from kimi_deploy.engines.common import dist_init_flags, engine_unit_for, model_flags
+from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
-from kimi_deploy.listen import api_port, bind_address
+from kimi_deploy.listen import bind_address
 from kimi_deploy.placement import Placement
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Unit
@@ -41,7 +42,7 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     check_layout(recipe_file, placement)
     # TokenSpeed's gateway listens on 0.0.0.0 unless told otherwise: always say where.
     bind = bind_address(topo, placement.host)
-    port = api_port(topo)
+    port = ENGINE.api_port(topo)
     argv = [f"{engine_dir(recipe, 'tokenspeed')}/bin/tokenspeed", "serve"]
     argv += ["--model", model_dir(recipe), "--served-model-name", recipe.model.served_name]
     argv += ["--host", bind, "--port", str(port), "--tensor-parallel-size", str(p.tp)]
@@ -56,3 +57,6 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     argv += ["--max-model-len", str(topo.max_model_len)]
     argv += model_flags(recipe, placement, tool_choice_flag=False)
     return engine_unit_for(recipe, placement, name=UNIT, label="TokenSpeed", argv=argv, listens=listens, bind=bind)
+
+
+ENGINE = Engine(name="tokenspeed", default_api_port=8000, unit=engine_unit)

@@ -1,0 +1,45 @@
+"""What kimi-deploy knows of a serving engine, behind one interface: one module per engine
+(``kimi_deploy/engines/<name>.py``) gives an ``Engine``, and the registry finds it by the name a
+recipe uses (``kimi_deploy.engines.engine``). A new engine, a TPU backend or a CPU build is a new
+module and a line of the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kimi_deploy.catalog import Catalog
+from kimi_deploy.placement import Placement
+from kimi_deploy.recipe import EngineName, Recipe, Topology
+from kimi_deploy.servespec import Unit
+
+
+def _no_packages(topology: Topology) -> tuple[str, ...]:
+    return ()
+
+
+def _launch_prefix(catalog: Catalog) -> int:
+    return len(catalog.launch)
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: EngineName
+    # the engine's own API port, where a recipe sets none (its documentation's default)
+    default_api_port: int
+    # the engine's unit on a host of ``placement``: its command line (checked against the release's
+    # flag catalog by the planner), environment, files, ports and the secrets it reads;
+    # ``ConfigError`` (naming the recipe field) for a layout the engine cannot serve
+    unit: Callable[[Recipe, str, Placement], Unit]
+    # arguments the command line has before its first flag: the catalog's launch prefix, and
+    # what the engine takes after it (``vllm serve MODEL``)
+    positionals: Callable[[Catalog], int] = _launch_prefix
+    # Debian packages a host needs beside the release to serve ``topology`` with this engine
+    host_packages: Callable[[Topology], tuple[str, ...]] = _no_packages
+    # the API key's name in the engine's secret config file, for an engine that reads its key
+    # from one (SGLang's ``--config`` YAML) rather than from its environment
+    secret_file_key: str | None = None
+
+    def api_port(self, topology: Topology) -> int:
+        """The port the engine's API listens on for ``topology``."""
+        return topology.ports.api if topology.ports.api is not None else self.default_api_port
