@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kimi_deploy.placement import Placement
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import Parallel, Recipe
 from kimi_deploy.servespec import ConfigFile, NodeRole, Unit
 from kimi_deploy.unit_env import common_env
 
@@ -14,6 +14,19 @@ def node_role(placement: Placement) -> NodeRole:
     if placement.node_rank:
         return "worker"
     return "leader" if placement.nodes > 1 else "single"
+
+
+def size_flags(parallel: Parallel, *, tp: str, dp: str, pp: str, ep: tuple[str, ...]) -> list[str]:
+    """The pool's parallel sizes as the engine's flags: tensor parallel always, the others above 1
+    (``ep``: the flags before the expert-parallel size)."""
+    out = [tp, str(parallel.tp)]
+    if parallel.dp > 1:
+        out += [dp, str(parallel.dp)]
+    if parallel.pp > 1:
+        out += [pp, str(parallel.pp)]
+    if parallel.ep > 1:
+        out += [*ep, str(parallel.ep)]
+    return out
 
 
 def dist_init_flags(placement: Placement, listens: dict[str, int]) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kimi_deploy.credentials import credential
-from kimi_deploy.engines.common import dist_init_flags, engine_unit_for, model_flags
+from kimi_deploy.engines.common import dist_init_flags, engine_unit_for, model_flags, size_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
@@ -36,13 +36,8 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     port = ENGINE.api_port(topo)
     argv = [f"{engine_dir(recipe, 'sglang')}/bin/sglang", "serve"]
     argv += ["--model-path", model_dir(recipe), "--served-model-name", recipe.model.served_name]
-    argv += ["--host", bind, "--port", str(port), "--tp-size", str(p.tp)]
-    if p.dp > 1:
-        argv += ["--dp-size", str(p.dp)]
-    if p.pp > 1:
-        argv += ["--pp-size", str(p.pp)]
-    if p.ep > 1:
-        argv += ["--ep-size", str(p.ep)]
+    argv += ["--host", bind, "--port", str(port)]
+    argv += size_flags(p, tp="--tp-size", dp="--dp-size", pp="--pp-size", ep=("--ep-size",))
     listens: dict[str, int] = {} if worker else {"api": port}
     argv += dist_init_flags(placement, listens)
     argv += ["--context-length", str(topo.max_model_len)]

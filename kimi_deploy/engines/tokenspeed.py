@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimi_deploy.engines.common import dist_init_flags, engine_unit_for, model_flags
+from kimi_deploy.engines.common import dist_init_flags, engine_unit_for, model_flags, size_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import engine_dir, model_dir
@@ -45,13 +45,9 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     port = ENGINE.api_port(topo)
     argv = [f"{engine_dir(recipe, 'tokenspeed')}/bin/tokenspeed", "serve"]
     argv += ["--model", model_dir(recipe), "--served-model-name", recipe.model.served_name]
-    argv += ["--host", bind, "--port", str(port), "--tensor-parallel-size", str(p.tp)]
-    if p.dp > 1:
-        argv += ["--data-parallel-size", str(p.dp)]
-    if p.pp > 1:
-        argv += ["--pipeline-parallel-size", str(p.pp)]
-    if p.ep > 1:
-        argv += ["--enable-expert-parallel", "--expert-parallel-size", str(p.ep)]
+    argv += ["--host", bind, "--port", str(port)]
+    ep = ("--enable-expert-parallel", "--expert-parallel-size")
+    argv += size_flags(p, tp="--tensor-parallel-size", dp="--data-parallel-size", pp="--pipeline-parallel-size", ep=ep)
     listens: dict[str, int] = {} if placement.node_rank else {"api": port}
     argv += dist_init_flags(placement, listens)
     argv += ["--max-model-len", str(topo.max_model_len)]
