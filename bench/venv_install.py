@@ -97,7 +97,9 @@ def _marker_seconds(path: Path, runs: int = 5) -> float:
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        assert state_probe._marker(str(path))["damaged"] is None
+        marker = state_probe._marker(str(path))
+        assert marker is not None
+        assert marker["damaged"] is None
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 

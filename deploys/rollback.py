@@ -19,6 +19,7 @@ from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
 from facts.inventory_probe import probe_all, probe_of
+from hostside.probe_types import UnitState
 from kimi_deploy.converge import needs_start
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Paths
@@ -98,7 +99,7 @@ def put_back(batch: int, go: Any = None) -> None:
     )
 
 
-def my_units(batch: int) -> list[tuple[int, str, str, dict[str, Any] | None]]:
+def my_units(batch: int) -> list[tuple[int, str, str, UnitState | None]]:
     if plan.target is None:
         return []
     return [(stage, name, record["units"][name], found["units"].get(name)) for name, stage in sorted(stages.items())

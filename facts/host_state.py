@@ -8,12 +8,13 @@ from pyinfra.api.facts import FactBase
 
 from facts.drivers import parse as parse_drivers
 from hostside.boundary_json import loads
+from hostside.probe_types import HostState
 from kimi_deploy.host_profile import parse_profile
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
 
 
-class KimiHostState(FactBase[dict[str, Any]]):
-    """Everything a converge decides on, in one round-trip.
+class KimiHostState(FactBase[HostState]):
+    """Everything a converge decides on, in one round-trip: ``hostside.probe_types.HostState``.
 
     .. code:: python
 
@@ -22,9 +23,14 @@ class KimiHostState(FactBase[dict[str, Any]]):
             "venvs": {"/opt/kimi/engines/vllm-0.34.0": {"package": "vllm", ...} | None},
             "weights": {"exists": True, "missing": [], "unverified": [], "extra": []} | None,
             "files": {"/etc/systemd/system/kimi-vllm.service": "<sha256>" | None},
-            "units": {"kimi-vllm": {"active": "active", "pid": 1234, "applied": "<digest>"}},
+            "units": {"kimi-vllm": {"active": "active", "pid": 1234, "applied": "<digest>", ...}},
+            "timers": {"kimi-weights-scrub": {"active": "active", "enabled": "enabled"}},
+            "revisions": {"present": ["<commit>"], "history": ["<commit>"]} | None,
             "listeners": {"8000": {"pid": 1234, "comm": "vllm", "unit": "kimi-vllm"}},
+            "packages": {"nginx": True},
             "current": "/opt/kimi/releases/<id>" | None,
+            "last_release": ["<time>", "/opt/kimi/releases/<id>", "serving"] | None,
+            "releases": {"entries": [...], "records": {...}} | None,
             "hardware": <HostProfile, see facts/hardware.py> | None,
             "drivers": <see facts/drivers.py> | None,
         }
@@ -47,9 +53,9 @@ class KimiHostState(FactBase[dict[str, Any]]):
             programs.insert(0, ("drivers", hostside_command("python3", "driver_probe.py", drivers)))
         return "; ".join(f"printf '%s ' {tag}; {command}" for tag, command in programs)
 
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> HostState:
         lines = dict(line.split(" ", 1) for line in output if " " in line)
-        result: dict[str, Any] = loads(lines["state"], "state probe", max_bytes=ANSWER_MAX_BYTES)
+        result: HostState = loads(lines["state"], "state probe", max_bytes=ANSWER_MAX_BYTES)
         hardware = lines.get("hardware")
         result["hardware"] = (
             parse_profile(loads(hardware, "hardware probe", max_bytes=ANSWER_MAX_BYTES)) if hardware else None

@@ -28,20 +28,33 @@ import zlib
 from typing import Any
 
 from hostside.host_dirs import STATE_DIR
+from hostside.probe_types import (
+    Listener,
+    ReleaseEntry,
+    ReleaseMarker,
+    Releases,
+    Revisions,
+    StateAnswer,
+    TimerState,
+    UnitState,
+    WeightsFound,
+)
 
 META_DIRS = (".kimi", ".cache")
 APPLIED = f"{STATE_DIR}/applied"
 
 
-def _marker(path: str) -> Any:
+def _marker(path: str) -> ReleaseMarker | None:
     """The release marker of the venv at ``path`` (None: absent or incomplete). A release installed
     with a manifest also gets ``damaged``: None, or how many of its files are missing or of another
     size now, the first three, and whether its lock is intact. Stats only, hashes nothing."""
     try:
         with open(os.path.join(path, ".kimi-release.json"), encoding="utf-8") as f:
             marker = json.load(f)
-        if not isinstance(marker, dict) or not marker.get("manifest"):
-            return marker
+        if not isinstance(marker, dict):
+            return None  # not one this deploy wrote: incomplete
+        if not marker.get("manifest"):
+            return marker  # type: ignore[return-value]  # written by venv_install.py: a ReleaseMarker
     except (OSError, ValueError):
         return None
     try:
@@ -58,7 +71,7 @@ def _marker(path: str) -> Any:
             bad.append(rel)
     lock_intact = ".kimi-lock.txt" in files and ".kimi-lock.txt" not in bad
     marker["damaged"] = {"count": len(bad), "first": bad[:3], "lock_intact": lock_intact} if bad else None
-    return marker
+    return marker  # type: ignore[return-value]  # written by venv_install.py: a ReleaseMarker
 
 
 def _owner_mode(path: str) -> str | None:
@@ -96,7 +109,7 @@ def _sha256(path: str) -> str | None:
     return digest.hexdigest()
 
 
-def _weights(spec: dict[str, Any]) -> dict[str, Any]:
+def _weights(spec: dict[str, Any]) -> WeightsFound:
     """Checks against the verification cache only: stat every file, hash nothing."""
     root = spec["dir"]
     lock: dict[str, list[Any]] = spec["lock"]
@@ -174,8 +187,8 @@ def _restarts_verified(marker: str) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def _units(names: list[str], secrets: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _units(names: list[str], secrets: dict[str, list[str]] | None = None) -> dict[str, UnitState]:
+    out: dict[str, UnitState] = {}
     for name in names:
         props = _show(f"{name}.service", "ActiveState,SubState,MainPID,UnitFileState,NRestarts")
         restarts = props.get("NRestarts", "")
@@ -218,7 +231,7 @@ def _record(folder: str) -> dict[str, Any] | None:
         return None
 
 
-def _revisions(parent: str, log: list[list[str]]) -> dict[str, Any]:
+def _revisions(parent: str, log: list[list[str]]) -> Revisions:
     """Revision folders kimi-deploy made under ``parent`` (they hold ``.kimi``), and the weights
     revision of each release the host switched to, oldest first (the release log, last 100)."""
     try:
@@ -230,15 +243,15 @@ def _revisions(parent: str, log: list[list[str]]) -> dict[str, Any]:
     return {"present": present, "history": history}
 
 
-def _timers(names: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _timers(names: list[str]) -> dict[str, TimerState]:
+    out: dict[str, TimerState] = {}
     for name in names:
         props = _show(f"{name}.timer", "ActiveState,UnitFileState")
         out[name] = {"active": props.get("ActiveState", ""), "enabled": props.get("UnitFileState", "")}
     return out
 
 
-def _listeners(ports: list[int]) -> dict[str, Any]:
+def _listeners(ports: list[int]) -> dict[str, Listener]:
     """Who listens on each of ``ports`` (TCP, any address): pid, command and systemd unit."""
     wanted = set(ports)
     inodes: dict[str, int] = {}
@@ -253,7 +266,7 @@ def _listeners(ports: list[int]) -> dict[str, Any]:
                         inodes[fields[9]] = port
         except OSError:
             continue
-    found: dict[str, Any] = {}
+    found: dict[str, Listener] = {}
     if not inodes:
         return found
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -308,11 +321,11 @@ def _unit_of(pid: str) -> str:
     return ""
 
 
-def _releases(log: list[list[str]]) -> dict[str, Any]:
+def _releases(log: list[list[str]]) -> Releases:
     """The release log's entries and, for each release named there, its record and whether what
     it links to is still whole: the engine venv (its marker, undamaged), the weights revision (its
     verification cache) and the copies of its files."""
-    records: dict[str, Any] = {}
+    records: dict[str, ReleaseEntry | None] = {}
     for _, folder, _, _ in log:
         if folder in records:
             continue
@@ -342,9 +355,9 @@ def main() -> None:
     log = _release_log()  # read once: the revisions' history, the last entry, the rollback's records
     releases = _releases(log) if request.get("releases") else None
     names = list(request.get("units", []))
-    for entry in (releases or {}).get("records", {}).values():
-        names += [n for n in ((entry or {}).get("record") or {}).get("units", {}) if n not in names]
-    result = {
+    for entry in (releases["records"] if releases else {}).values():
+        names += [n for n in (entry["record"].get("units") or {} if entry else {}) if n not in names]
+    result: StateAnswer = {
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
         "weights": _weights(weights) if weights else None,

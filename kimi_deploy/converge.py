@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hostside.probe_types import HostState, Listener, UnitState
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
@@ -151,7 +152,7 @@ def digest(files: list[RenderedFile]) -> str:
     return h.hexdigest()
 
 
-def needs_start(release: str, current: dict[str, Any] | None) -> bool:
+def needs_start(release: str, current: UnitState | None) -> bool:
     """Whether a unit must be (re)started: not running, running another release, running with
     a secret it read before it changed (``secrets_changed``), or an engine whose weights the sync
     repairs (``weights_changed``; see ``unit_state``)."""
@@ -164,21 +165,22 @@ def needs_start(release: str, current: dict[str, Any] | None) -> bool:
     )
 
 
-def unit_state(unit: UnitTarget, state: dict[str, Any]) -> dict[str, Any] | None:
+def unit_state(unit: UnitTarget, state: HostState) -> UnitState | None:
     """``unit``'s state as the host probe found it (``state``: the probe's result), with
     ``secrets_changed`` set when a secret file it reads differs on the host from the one this
     converge puts there (content, owner or mode), and ``weights_changed`` when it is an engine and
     the sync repairs the weights it reads: ``needs_start`` restarts it then.
     The probe sets ``secrets_changed`` too when such a file changed after the unit's last start."""
-    current: dict[str, Any] | None = state["units"].get(unit.name)
-    found = state.get("files") or {}
+    current = state["units"].get(unit.name)
+    found = state["files"]
     if current is not None and any(found.get(path) != sha for path, sha in unit.secrets.items()):
-        return {**current, "secrets_changed": True}
-    weights = state.get("weights") or {}
-    if current is not None and unit.reads_weights and weights.get("exists") and needs_files(weights):
+        return current | {"secrets_changed": True}
+    weights = state["weights"]
+    repaired = weights is not None and weights["exists"] and needs_files(weights)
+    if current is not None and unit.reads_weights and repaired:
         # files of the revision it serves are missing, changed or unreadable: the engine may hold
         # what it read of them, or have failed on them; it restarts once the sync has repaired them
-        return {**current, "weights_changed": True}
+        return current | {"weights_changed": True}
     return current
 
 
@@ -425,7 +427,9 @@ def converge_request(todo: Converge) -> dict[str, Any]:
     }
 
 
-def port_conflicts(todo: Converge, listeners: dict[str, Any], restarting: frozenset[str] = frozenset()) -> list[str]:
+def port_conflicts(
+    todo: Converge, listeners: Mapping[str, Listener], restarting: frozenset[str] = frozenset()
+) -> list[str]:
     """Planned ports another process already listens on. A unit may hold its own ports, and a
     unit of this host that this converge restarts (``restarting``) may hold a port it hands over:
     units of a stage start in plan order, so it lets go before the new holder starts."""
@@ -439,12 +443,12 @@ def port_conflicts(todo: Converge, listeners: dict[str, Any], restarting: frozen
     return out
 
 
-def preflight_needs(todo: Converge, deploy: DeployPlan, state: dict[str, Any]) -> Needs:
+def preflight_needs(todo: Converge, deploy: DeployPlan, state: HostState) -> Needs:
     """What the preflight gates check this host against: weights still missing count as needed space."""
     lock = todo.weights.lock if todo.weights else {}
-    found = state.get("weights") or {}
-    present = bool(found.get("exists"))
-    absent = set(found.get("missing", [])) | set(found.get("unverified", [])) if present else set(lock)
+    found = state["weights"]
+    present = found is not None and found["exists"]
+    absent = set(found["missing"]) | set(found["unverified"]) if found is not None and present else set(lock)
     missing = sum(int(lock[p][0]) for p in absent if p in lock)
     total = sum(int(size) for size, _ in lock.values())
     return Needs(deploy.recipe, deploy.spec, total, missing, list(deploy.host.vars.kimi_rdma_devices or []))

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from hostside.probe_types import HostState, ReleaseMarker, UnitState, WeightsFound
 from kimi_deploy.allreduce_plan import all_reduce_request, members
 from kimi_deploy.allreduce_plan import label as instance_label
 from kimi_deploy.allreduce_plan import why_not as all_reduce_why_not
@@ -50,7 +51,7 @@ class RunView:
     # the hosts of this host's topology that the run covers, whether or not they answered
     in_topology: tuple[HostPlan, ...]
     # each of them (this one too): its converge and its probe's answer (None: it did not answer)
-    peers: Mapping[str, tuple[Converge, Mapping[str, Any] | None]]
+    peers: Mapping[str, tuple[Converge, HostState | None]]
     # this host's part of the weights fan-out (``weights_fanout.plan_fan_out``)
     fan_out: FanOutPart
     # where each release of this host takes its lock from, by folder (``venv_lock.lock_source``)
@@ -62,7 +63,7 @@ class ReleaseStep:
     release: VenvRelease
     lock: LockSource | None
     # the release marker the probe found (None: absent or incomplete)
-    current: dict[str, Any] | None
+    current: ReleaseMarker | None
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class WeightsSteps:
     # found of the folder
     sync: dict[str, Any]
     python: str
-    current: dict[str, Any] | None
+    current: WeightsFound | None
     mirror: list[dict[str, str]]
     from_hub: bool
     # every file re-hashed, not only those the verification cache does not vouch for
@@ -113,7 +114,7 @@ class BatchStep:
     # hosts of the topology whose failure skips this batch (those of earlier batches)
     unless_failed: tuple[str, ...]
     # this host's units of this batch: (stage, unit, release, current state)
-    units: list[tuple[int, str, str, dict[str, Any] | None]]
+    units: list[tuple[int, str, str, UnitState | None]]
     # their smoke checks (``operations.serving.verified``)
     checks: list[dict[str, Any]]
 
@@ -146,7 +147,7 @@ def weights_host(deploy: DeployPlan, todo: Converge, probed: Any) -> WeightsHost
     """A host of the run as the weights fan-out sees it (``probed``: its probe's answer, or the
     exception its probe raised)."""
     target = todo.weights
-    if target is None or not isinstance(probed, Mapping):
+    if target is None or not isinstance(probed, dict):
         return WeightsHost(deploy.spec.host, deploy.host.address, None, None, None)
     wants = (target.repo, target.revision, target.path)
     return WeightsHost(
@@ -168,10 +169,10 @@ def run_view(
     """Host ``me``'s view of the run: ``todos`` and ``probed`` (an answer, or the exception a
     probe raised) of every host of the run, in ``order``; ``in_topology``, the hosts of its
     topology the run covers; ``fan_out``, ``plan_fan_out`` of every host's ``weights_host``."""
-    peers: dict[str, tuple[Converge, Mapping[str, Any] | None]] = {}
+    peers: dict[str, tuple[Converge, HostState | None]] = {}
     for p in in_topology:
         found = probed.get(p.host)
-        peers[p.host] = (todos[p.host][1], found if isinstance(found, Mapping) else None)
+        peers[p.host] = (todos[p.host][1], cast(HostState, found) if isinstance(found, dict) else None)
     mine = todos[me][1]
     return RunView(
         run_id=run_id,
@@ -186,9 +187,9 @@ def run_view(
     )
 
 
-def restarts(todo: Converge, found: Mapping[str, Any]) -> frozenset[str]:
+def restarts(todo: Converge, found: HostState) -> frozenset[str]:
     """The units of ``todo`` that (re)start on a host whose probe found ``found``."""
-    return frozenset(u.name for u in todo.units if needs_start(u.release, unit_state(u, dict(found))))
+    return frozenset(u.name for u in todo.units if needs_start(u.release, unit_state(u, found)))
 
 
 def restarting_hosts(run: RunView) -> list[str]:
@@ -202,7 +203,7 @@ def restarting_hosts(run: RunView) -> list[str]:
     return out
 
 
-def _weights(todo: Converge, found: Mapping[str, Any], run: RunView) -> WeightsSteps | None:
+def _weights(todo: Converge, found: HostState, run: RunView) -> WeightsSteps | None:
     target = todo.weights
     if target is None:
         return None
@@ -230,7 +231,7 @@ def _weights(todo: Converge, found: Mapping[str, Any], run: RunView) -> WeightsS
     )
 
 
-def _collect(todo: Converge, found: Mapping[str, Any]) -> CollectStep | None:
+def _collect(todo: Converge, found: HostState) -> CollectStep | None:
     revisions = found.get("revisions")
     if todo.weights is None or revisions is None:
         return None
@@ -240,18 +241,17 @@ def _collect(todo: Converge, found: Mapping[str, Any]) -> CollectStep | None:
     return CollectStep(todo.weights.path.rsplit("/", 1)[0], keep, remove)
 
 
-def _smoke_checks(units: Sequence[UnitTarget], found: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _smoke_checks(units: Sequence[UnitTarget], found: HostState) -> list[dict[str, Any]]:
     checks = []
     for u in units:
         if u.smoke is None:
             continue
-        state = unit_state(u, dict(found))
+        state = unit_state(u, found)
         starts = needs_start(u.release, state)
-        seen = state or {}
         # systemd restarted it on its own (it crashed) since a smoke test last found it serving:
         # this converge checks it again, without a restart
-        restarted = 0 if starts else int(seen.get("restarts") or 0)
-        crashed = restarted > int(seen.get("restarts_verified") or 0)
+        restarted = 0 if starts or state is None else state["restarts"]
+        crashed = state is not None and restarted > state["restarts_verified"]
         checks.append({
             "unit": u.name,
             "url": u.smoke.url,
@@ -262,7 +262,7 @@ def _smoke_checks(units: Sequence[UnitTarget], found: Mapping[str, Any]) -> list
     return checks
 
 
-def _batches(deploy: DeployPlan, todo: Converge, found: Mapping[str, Any]) -> list[BatchStep]:
+def _batches(deploy: DeployPlan, todo: Converge, found: HostState) -> list[BatchStep]:
     """Every batch of the start order (each host takes every one: they are barriers across hosts)."""
     spec, topology = deploy.spec, deploy.topology
     mine, place = batch_of(spec, topology), first_batch_of(spec, topology)
@@ -275,14 +275,14 @@ def _batches(deploy: DeployPlan, todo: Converge, found: Mapping[str, Any]) -> li
                 batch=batch,
                 place=batch == place,
                 unless_failed=earlier,
-                units=[(u.stage, u.name, u.release, unit_state(u, dict(found))) for u in units],
+                units=[(u.stage, u.name, u.release, unit_state(u, found)) for u in units],
                 checks=_smoke_checks(units, found),
             )
         )
     return out
 
 
-def converge_steps(deploy: DeployPlan, todo: Converge, found: Mapping[str, Any], run: RunView) -> Steps:
+def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: RunView) -> Steps:
     """Every step of ``deploy``'s host's converge, from its probe's answer ``found``."""
     spec, recipe = deploy.spec, deploy.recipe
     restarting = restarts(todo, found)
@@ -295,7 +295,7 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: Mapping[str, Any],
     return Steps(
         # Before any change on any host: starting would fail, and the running release must stay.
         refusal=f"{spec.host}: {conflicts[0]}" if conflicts else None,
-        preflight_failures=preflight_check(preflight_needs(todo, deploy, dict(found)), found["hardware"]),
+        preflight_failures=preflight_check(preflight_needs(todo, deploy, found), found["hardware"] or {}),
         releases=[ReleaseStep(r, run.locks.get(r.path), found["venvs"].get(r.path)) for r in todo.venvs],
         uv=recipe.tools.uv,
         uv_dir=tool_dir(recipe, "uv", recipe.tools.uv),

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from hostside.boundary_lock import check_lock
 from hostside.host_dirs import STATE_DIR
+from hostside.probe_types import Damage
 
 LOCK_FILE = ".kimi-lock.txt"
 # Locks a resolver host resolved for the other hosts of a run: ``LOCKS_DIR/<release folder>@<run>.txt``.
@@ -95,7 +96,7 @@ def lock_source(
     return LockSource("here")
 
 
-def damage_line(path: str, damaged: dict[str, Any]) -> str:
+def damage_line(path: str, damaged: Damage) -> str:
     """One line on a damaged release: how many files, which ones first."""
     count = int(damaged.get("count", 0))
     first = ", ".join(damaged.get("first") or [])

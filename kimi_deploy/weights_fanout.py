@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from hostside.probe_types import WeightsFound
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class WeightsHost:
     # the port its sources serve on (the recipe's weights.fan_out.port), None: Hub only
     port: int | None
     # the probe's verdict on its folder (``exists``, ``missing``, ``unverified``, ``extra``)
-    found: dict[str, Any] | None
+    found: WeightsFound | None
     full_verify: bool = False
 
 
@@ -46,11 +48,11 @@ class FanOutPart:
     serves: tuple[str, ...] = field(default=())  # addresses allowed to fetch from this host
 
 
-def needs_files(found: dict[str, Any] | None) -> bool:
+def needs_files(found: WeightsFound | None) -> bool:
     return found is None or not found.get("exists") or bool(found.get("missing") or found.get("unverified"))
 
 
-def needs_sync(found: dict[str, Any] | None) -> bool:
+def needs_sync(found: WeightsFound | None) -> bool:
     """Whether the sync has anything to do: files to fetch or verify, or extra files to remove."""
     return needs_files(found) or bool(found and found.get("extra"))
 

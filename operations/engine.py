@@ -13,6 +13,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import ctx_host, host, state
 
 from facts.engine import LockFile
+from hostside.probe_types import ReleaseMarker
 from kimi_deploy.host_paths import release_dir
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.recipe import Paths
@@ -112,7 +113,7 @@ def venv(
     version: str,
     requirements: list[str],
     index_url: str,
-    current: dict[str, Any] | None,
+    current: ReleaseMarker | None,
     lock: LockSource | None = None,
     uv: str,
     uv_dir: str | None = None,

@@ -14,6 +14,7 @@ from typing import Any
 
 from pyinfra.context import host, state
 
+from hostside.probe_types import UnitState
 from operations import serving, units
 
 STAGES = ("stores", "leaders", "workers", "routers")  # kimi_deploy.servespec.Unit.stage
@@ -23,7 +24,7 @@ SUFFIXES = ("", " (second batch)", " (last batch)")
 
 def start_batch(
     batch: int,
-    mine: list[tuple[int, str, str, dict[str, Any] | None]],
+    mine: list[tuple[int, str, str, UnitState | None]],
     checks: list[dict[str, Any]],
     go: Callable[[], bool] | None = None,
 ) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Generator
-from typing import Any
 
 from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.probe_types import TimerState, UnitState
 from hostside.state_probe import APPLIED
 from kimi_deploy.converge import needs_start
 from kimi_deploy.render import RenderedFile
@@ -66,7 +66,7 @@ def rendered(
 
 
 @operation()
-def started(units: list[tuple[str, str, dict[str, Any] | None]]) -> Generator[str, None, None]:
+def started(units: list[tuple[str, str, UnitState | None]]) -> Generator[str, None, None]:
     """
     Keep each unit enabled and running its release, (re)starting only those that changed.
 
@@ -80,11 +80,11 @@ def started(units: list[tuple[str, str, dict[str, Any] | None]]) -> Generator[st
     q = shlex.quote
     todo = [(unit, release, current) for unit, release, current in units if needs_start(release, current)]
     if not todo:
-        running = ", ".join(f"{unit} ({(current or {}).get('pid')})" for unit, _, current in units)
+        running = ", ".join(f"{unit} ({current['pid'] if current else None})" for unit, _, current in units)
         host.noop(f"running already: {running}" if units else "no unit of this host starts in this step")
         return
     for unit, release, current in todo:
-        verb = "restart" if current is not None and current.get("active") in ("active", "activating") else "start"
+        verb = "restart" if current is not None and current["active"] in ("active", "activating") else "start"
         yield " && ".join([
             f"systemctl enable --quiet {q(unit)}.service",
             f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
@@ -94,7 +94,7 @@ def started(units: list[tuple[str, str, dict[str, Any] | None]]) -> Generator[st
 
 
 @operation()
-def timer(unit: str, current: dict[str, Any] | None) -> Generator[str, None, None]:
+def timer(unit: str, current: TimerState | None) -> Generator[str, None, None]:
     """
     Keep the timer ``unit`` enabled and waiting.
 

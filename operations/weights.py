@@ -9,6 +9,7 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.probe_types import WeightsFound
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.weights_fanout import needs_sync
 
@@ -18,7 +19,7 @@ def revision(
     *,
     request: dict[str, Any],
     python: str,
-    current: dict[str, Any] | None,
+    current: WeightsFound | None,
     full_verify: bool = False,
     peers: list[dict[str, str]] | None = None,
     peer_key_file: str | None = None,

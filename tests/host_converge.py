@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
+from hostside.probe_types import HostState, ReleaseMarker, TimerState, UnitState, WeightsFound
 from kimi_deploy import converge
-from kimi_deploy.converge import Converge, plan_converge
+from kimi_deploy.converge import Converge, VenvRelease, plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
 from tests.conftest import RECIPE
+from tests.test_preflight import B300, GB300
 
 
 def host_converge(recipe: Recipe, prod: Inventory, name: str) -> Converge:
@@ -29,3 +31,45 @@ def host_converge(recipe: Recipe, prod: Inventory, name: str) -> Converge:
 def lock_stands_in(monkeypatch: pytest.MonkeyPatch, compact: dict[str, list[Any]]) -> None:
     """The example recipe's revision has no lock file: ``compact`` (file -> [size, digest]) is its lock."""
     monkeypatch.setattr(converge, "read_lock", lambda recipe: SimpleNamespace(compact=lambda: compact))
+
+
+# A lock of two files, for a converge of the example recipe (``lock_stands_in``).
+LOCK: dict[str, list[Any]] = {"model-00001-of-00002.safetensors": [10, "sha256:" + "0" * 64], "config.json": [2, "sha256:" + "1" * 64]}
+
+
+def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True, revisions: list[str] | None = None) -> HostState:
+    """``KimiHostState``'s answer, in ``hostside/state_probe.py``'s shape (every path, unit and timer it is
+    asked about is in it), on a host where ``todo``'s releases are installed, its weights verified
+    and its units running as planned (``running``), or on a new host (neither)."""
+    files = todo.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
+    hardware = GB300 if any(u.reads_weights for u in todo.units) else B300
+    weights: WeightsFound = {"exists": installed, "missing": [] if installed else list(LOCK), "unverified": [], "extra": []}
+    present = revisions if revisions is not None else ([todo.weights.revision] if todo.weights and installed else [])
+
+    def marker(v: VenvRelease) -> ReleaseMarker | None:
+        return {"requirements": v.requirements, "without": v.without, "lock": {"sha256": "a" * 64}} if installed else None
+
+    def unit(release: str) -> UnitState:
+        if not running:
+            return {"active": "inactive", "sub": "dead", "pid": 0, "enabled": "", "applied": None,
+                    "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+        return {"active": "active", "sub": "running", "pid": 4100, "enabled": "enabled", "applied": release,
+                "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+
+    timer: TimerState = {"active": "active", "enabled": "enabled"} if running else {"active": "inactive", "enabled": ""}
+    return {
+        "user": installed,
+        "venvs": {v.path: marker(v) for v in todo.venvs},
+        "weights": weights if todo.weights else None,
+        "files": {f.path: f.sha256 if running else None for f in files},
+        "units": {u.name: unit(u.release) for u in todo.units},
+        "timers": dict.fromkeys(todo.timers, timer),
+        "revisions": {"present": present, "history": present} if todo.weights else None,
+        "listeners": {},
+        "packages": dict.fromkeys(todo.packages, installed),
+        "current": todo.release.dir if running else None,
+        "last_release": None,
+        "releases": None,
+        "hardware": hardware,
+        "drivers": None,
+    }

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from hostside.probe_types import Listener
 from kimi_deploy.converge import Converge
 from kimi_deploy.converge_steps import Steps, converge_steps, run_view, weights_host
 from kimi_deploy.deploy_plan import DeployPlan, part_of
@@ -23,11 +24,10 @@ from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.weights_fanout import plan_fan_out
 from tests.conftest import RECIPE
-from tests.host_converge import host_converge, lock_stands_in
-from tests.test_preflight import B300, GB300
+from tests.host_converge import LOCK, host_converge, lock_stands_in
+from tests.host_converge import probe_answer as probe
 
 TOPOLOGY = "gb300-pd"
-LOCK = {"model-00001-of-00002.safetensors": [10, "sha256:" + "0" * 64], "config.json": [2, "sha256:" + "1" * 64]}
 RUN = "20261202T000000Z-ab12cd34"
 
 
@@ -37,42 +37,6 @@ def _secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_TOKEN_PATH", "/nonexistent/token")
-
-
-def probe(todo: Converge, *, installed: bool = True, running: bool = True, revisions: list[str] | None = None) -> dict[str, Any]:
-    """The probe's answer, in ``hostside/state_probe.py``'s shape (every path, unit and timer it is
-    asked about is in it), on a host where ``todo``'s releases are installed, its weights verified
-    and its units running as planned (``running``), or on a new host (neither)."""
-    files = todo.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
-    hardware = GB300 if any(u.reads_weights for u in todo.units) else B300
-    weights = {"exists": installed, "missing": [] if installed else list(LOCK), "unverified": [], "extra": []}
-    present = revisions if revisions is not None else ([todo.weights.revision] if todo.weights and installed else [])
-    marker = {"lock": {"sha256": "a" * 64}}
-
-    def unit(release: str) -> dict[str, Any]:
-        if not running:
-            return {"active": "inactive", "sub": "dead", "pid": 0, "enabled": "", "applied": None,
-                    "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
-        return {"active": "active", "sub": "running", "pid": 4100, "enabled": "enabled", "applied": release,
-                "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
-
-    return {
-        "user": installed,
-        "venvs": {
-            v.path: {"requirements": v.requirements, "without": v.without, **marker} if installed else None
-            for v in todo.venvs
-        },
-        "weights": weights if todo.weights else None,
-        "files": {f.path: f.sha256 if running else None for f in files},
-        "units": {u.name: unit(u.release) for u in todo.units},
-        "timers": {t: {"active": "active" if running else "inactive"} for t in todo.timers},
-        "revisions": {"present": present, "history": present} if todo.weights else None,
-        "listeners": {},
-        "packages": dict.fromkeys(todo.packages, "1" if installed else None),
-        "current": todo.release.dir if running else None,
-        "last_release": None,
-        "hardware": hardware,
-    }
 
 
 def _plans(recipe: Recipe, prod: Inventory) -> dict[str, tuple[DeployPlan, Converge]]:
@@ -245,7 +209,7 @@ def test_a_host_of_the_second_batch_waits_for_the_first(recipe: Recipe, prod: In
 def test_a_port_held_by_another_process_stops_the_host_before_any_change(recipe: Recipe, prod: Inventory) -> None:
     plans = _plans(recipe, prod)
     probed = {h: probe(todo) for h, (_, todo) in plans.items()}
-    held = {"8000": {"pid": 4242, "comm": "python3", "unit": None}}
-    probed["gb300-p01"] = {**probed["gb300-p01"], "listeners": held}
+    held: dict[str, Listener] = {"8000": {"pid": 4242, "comm": "python3", "unit": ""}}
+    probed["gb300-p01"] = probed["gb300-p01"] | {"listeners": held}
     steps = steps_of("gb300-p01", plans, probed)
     assert steps.refusal == "gb300-p01: port 8000 (kimi-vllm api) is in use by pid 4242 (python3, no systemd unit)"

@@ -29,7 +29,7 @@ from kimi_deploy.recipe import Expose, Recipe, SecretRef
 from kimi_deploy.render import RenderedFile, render_host
 from operations import units
 from tests.conftest import RECIPE, ROOT
-from tests.host_converge import host_converge
+from tests.host_converge import host_converge, probe_answer
 
 KEY = "sk-kimi-d41c9a0e77b2"
 SECRETS = {"VLLM_API_KEY": KEY, "api-key": KEY, "KIMI_API_KEY": KEY, "OPENAI_API_KEY": KEY}
@@ -255,15 +255,13 @@ def test_a_changed_key_still_restarts_the_units_that_read_it(
 ) -> None:
     old = _router_converge(recipe, prod, monkeypatch, "sk-kimi-old-key")
     new = _router_converge(recipe, prod, monkeypatch, KEY)
-    on_host = {f.path: f.sha256 for f in old.files}  # the host as the last converge left it
-    running = {u.name: {"active": "active", "applied": u.release, "secrets_changed": False} for u in old.units}
-    state = {"units": running, "files": on_host}
+    state = probe_answer(old)  # the host as the last converge left it
     restarts = {u.name for u in new.units if needs_start(u.release, unit_state(u, state))}
     assert restarts == {"kimi-router", "kimi-gateway"}  # they read the key; the Mooncake master does not
     assert not any(needs_start(u.release, unit_state(u, state)) for u in old.units)
     # A secret another deploy left to the engine user reads as differing (the probe's null).
     router = next(u for u in old.units if u.name == "kimi-router")
-    assert needs_start(router.release, unit_state(router, {**state, "files": {}}))
+    assert needs_start(router.release, unit_state(router, state | {"files": {}}))
 
 
 def test_the_probe_finds_a_secret_written_after_the_units_last_start(

@@ -22,6 +22,7 @@ from pyinfra.api.exceptions import OperationError
 from facts.engine import LockFile
 from hostside import state_probe, venv_install
 from hostside.boundary_lock import lock_pins
+from hostside.probe_types import ReleaseMarker
 from kimi_deploy.venv_lock import LockSource, damage_line, lock_source, staged_lock
 from kimi_pyinfra.run_context import RunContext
 from operations import engine
@@ -270,8 +271,13 @@ def test_the_manifest_holds_every_file_and_link_with_its_size(tmp_path: Path) ->
     }
 
 
+def _whole(marker: ReleaseMarker | None) -> ReleaseMarker:
+    assert marker is not None, "the release has a marker"
+    return marker
+
+
 def test_the_probe_finds_a_release_whole(tmp_path: Path) -> None:
-    found = state_probe._marker(str(_release(tmp_path)))
+    found = _whole(state_probe._marker(str(_release(tmp_path))))
     assert found["damaged"] is None
     assert found["lock"] == {"sha256": "a" * 64}
 
@@ -280,7 +286,7 @@ def test_the_probe_finds_a_deleted_or_truncated_file(tmp_path: Path) -> None:
     root = _release(tmp_path)
     os.remove(root / "lib/python3.11/site-packages/vllm/__init__.py")
     (root / ".kimi-lock.txt").write_text("")
-    assert state_probe._marker(str(root))["damaged"] == {
+    assert _whole(state_probe._marker(str(root)))["damaged"] == {
         "count": 2,
         "first": [".kimi-lock.txt", "lib/python3.11/site-packages/vllm/__init__.py"],
         "lock_intact": False,
@@ -290,7 +296,7 @@ def test_the_probe_finds_a_deleted_or_truncated_file(tmp_path: Path) -> None:
 def test_the_probe_reads_a_release_without_its_manifest_as_damaged(tmp_path: Path) -> None:
     root = _release(tmp_path)
     os.remove(root / venv_install.MANIFEST)
-    assert state_probe._marker(str(root))["damaged"] == {
+    assert _whole(state_probe._marker(str(root)))["damaged"] == {
         "count": 1,
         "first": [venv_install.MANIFEST],
         "lock_intact": False,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from hostside.probe_types import WeightsFound
 from kimi_deploy.weights_fanout import FanOutPart, Source, WeightsHost, plan_fan_out
 
 WANTS = ("moonshotai/Kimi-K3.1-Pro", "a" * 40, "/srv/models/moonshotai--Kimi-K3.1-Pro/" + "a" * 40)
-READY: dict[str, Any] = {"exists": True, "missing": [], "unverified": [], "extra": []}
-EMPTY: dict[str, Any] = {"exists": False, "missing": [], "unverified": [], "extra": []}
-DAMAGED: dict[str, Any] = {
+READY: WeightsFound = {"exists": True, "missing": [], "unverified": [], "extra": []}
+EMPTY: WeightsFound = {"exists": False, "missing": [], "unverified": [], "extra": []}
+DAMAGED: WeightsFound = {
     "exists": True,
     "missing": ["model-00057-of-00096.safetensors"],
     "unverified": [],
@@ -17,7 +18,7 @@ DAMAGED: dict[str, Any] = {
 }
 
 
-def host(i: int, found: dict[str, Any] | None, port: int | None = 8479, **kw: Any) -> WeightsHost:
+def host(i: int, found: WeightsFound | None, port: int | None = 8479, **kw: Any) -> WeightsHost:
     return WeightsHost(f"h{i}", f"10.0.0.{i}", kw.pop("wants", WANTS), port, found, **kw)
 
 
@@ -57,7 +58,7 @@ def test_a_full_verify_uses_the_hub_and_is_no_source() -> None:
 
 
 def test_a_host_with_only_stray_files_cleans_up_and_still_serves() -> None:
-    stray = {**READY, "extra": ["extra.bin"]}
+    stray: WeightsFound = READY | {"extra": ["extra.bin"]}
     parts = plan_fan_out([host(1, stray), host(2, EMPTY)])
     assert parts["h1"] == FanOutPart("hub", (), ("10.0.0.2",))
     assert parts["h2"] == FanOutPart("peers", (Source("h1", "10.0.0.1"),))

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from hostside import state_probe, weights_sync
+from hostside.probe_types import WeightsFound
 from kimi_deploy.converge import needs_start, unit_state
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
-from tests.host_converge import host_converge, lock_stands_in
+from tests.host_converge import host_converge, lock_stands_in, probe_answer
 
 SHARD = "model-00001-of-00002.safetensors"
 
@@ -68,13 +69,13 @@ def test_an_engine_restarts_when_its_weights_are_repaired_and_nothing_else_does(
     monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
     for name in ("b300-01", "gb300-rt01"):
         todo = host_converge(recipe, prod, name)
-        running = {u.name: {"active": "active", "applied": u.release} for u in todo.units}
-        for weights, engines_restart in (
+        weights_cases: tuple[tuple[WeightsFound, bool], ...] = (
             ({"exists": True, "missing": [], "unverified": [], "extra": ["stray.bin"]}, False),
             ({"exists": True, "missing": [SHARD], "unverified": [], "extra": []}, True),
             ({"exists": True, "missing": [], "unverified": [SHARD], "extra": []}, True),
-        ):
-            state = {"units": running, "files": {f.path: f.sha256 for f in todo.files}, "weights": weights}
+        )
+        for weights, engines_restart in weights_cases:
+            state = probe_answer(todo) | {"weights": weights}
             restarts = {u.name for u in todo.units if needs_start(u.release, unit_state(u, state))}
             engines = {u.name for u in todo.units if u.reads_weights}
             assert restarts == (engines if engines_restart else set()), (name, weights)

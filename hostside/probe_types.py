@@ -1,0 +1,129 @@
+"""The state probe's answer (``hostside/state_probe.py``), as types the host program and the
+controller share: the probe builds it, ``facts.host_state.KimiHostState`` returns it, and the
+converge decides on it. ``tests/test_probe_contract.py`` runs the probe for real and holds every
+answer to these types, key for key.
+"""
+
+# Evaluated as written (no ``from __future__ import annotations``): Python 3.11's TypedDict reads
+# NotRequired only from an evaluated annotation.
+from typing import Any, NotRequired, TypedDict
+
+
+class Damage(TypedDict):
+    """A release's files missing or of another size since install."""
+
+    count: int
+    first: list[str]
+    lock_intact: bool
+
+
+class ReleaseMarker(TypedDict, total=False):
+    """``.kimi-release.json`` of an installed release (``hostside/venv_install.py`` writes it;
+    an older release's has fewer keys), with the probe's ``damaged`` verdict."""
+
+    package: str
+    version: str
+    requirements: list[str]
+    index_url: str
+    without: list[str]
+    # the lock's sha256, the platform it was resolved on and its number of packages
+    lock: dict[str, Any]
+    uv: str
+    manifest: str
+    damaged: Damage | None
+
+
+class WeightsFound(TypedDict):
+    """A revision's folder checked against its lock and the verification cache (stats only)."""
+
+    exists: bool
+    missing: list[str]
+    unverified: list[str]
+    extra: list[str]
+
+
+class UnitState(TypedDict):
+    """A unit as systemd and the deploy's applied marker know it."""
+
+    active: str
+    sub: str
+    pid: int
+    enabled: str
+    # the digest of the release the deploy last (re)started it with, None: never
+    applied: str | None
+    # a secret file it reads was written after that start
+    secrets_changed: bool
+    # systemd's restarts of it, and those a smoke test found serving since
+    restarts: int
+    restarts_verified: int
+    # never from the probe: set by the converge (``kimi_deploy.converge.unit_state``) when the
+    # weights an engine reads are repaired by this converge
+    weights_changed: NotRequired[bool]
+
+
+class TimerState(TypedDict):
+    active: str
+    enabled: str
+
+
+class Listener(TypedDict):
+    """Who listens on a port: its pid, command and systemd unit ("" when none)."""
+
+    pid: int
+    comm: str
+    unit: str
+
+
+class Revisions(TypedDict):
+    """The revision folders of a model, and the revisions the release log served, oldest first."""
+
+    present: list[str]
+    history: list[str]
+
+
+class ReleaseEntry(TypedDict):
+    """A release named by the release log: its record, and whether what it links to is whole."""
+
+    record: dict[str, Any]
+    engine: bool
+    model: bool | None
+    files: bool
+
+
+class Releases(TypedDict):
+    """The release log's entries ([time, release dir, outcome, run id]) and every release it names."""
+
+    entries: list[list[str]]
+    records: dict[str, ReleaseEntry | None]
+
+
+class StateAnswer(TypedDict):
+    """What ``hostside/state_probe.py`` prints."""
+
+    user: bool
+    venvs: dict[str, ReleaseMarker | None]
+    weights: WeightsFound | None
+    # sha256, None: absent, or not of the owner and mode asked for
+    files: dict[str, str | None]
+    units: dict[str, UnitState]
+    timers: dict[str, TimerState]
+    revisions: Revisions | None
+    # by port, as a string
+    listeners: dict[str, Listener]
+    # installed or not, by Debian package
+    packages: dict[str, bool]
+    # where the ``current`` link points, None: no link
+    current: str | None
+    # [time, release dir, outcome] of the release log's last entry
+    last_release: list[str] | None
+    # with ``releases`` in the request (a rollback)
+    releases: Releases | None
+
+
+class HostState(StateAnswer):
+    """``KimiHostState``: the state probe's answer with the hardware and drivers probes' of the
+    same round-trip (``kimi_deploy.host_profile.parse_profile``, ``facts.drivers.parse``), None
+    when the request did not ask for them."""
+
+    hardware: dict[str, Any] | None
+    drivers: dict[str, Any] | None

@@ -1,0 +1,143 @@
+"""The state probe's answer is what ``hostside.probe_types`` says, key for key: the real program,
+bundled and run as a deploy runs it on a host (``hostside_command``), on this machine, for a
+request that finds each section in each of its states, and ``KimiHostState`` reading it.
+
+On a converged host of the local cluster the same answer is read by every end-to-end converge
+(``tests/e2e``); here each section is made to hold something: a release installed and one absent,
+weights verified, missing, changed and stray, files present, absent and of another mode, a unit
+and a timer systemd does not know, a port something listens on, packages installed and not, the
+``current`` link, and the release log with its records (for a rollback's request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from facts.host_state import KimiHostState
+from hostside import state_probe, venv_install
+from hostside.probe_types import HostState, StateAnswer
+from kimi_deploy.hostside_command import hostside_command, pack
+from tests.typed_check import problems
+
+
+def _release(root: Path) -> Path:
+    """A release folder as the install leaves it: a file, its lock, manifest and marker."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin/python").symlink_to("/usr/bin/python3")
+    (root / venv_install.LOCK).write_text("vllm==0.34.0 --hash=sha256:" + "0" * 64 + "\n")
+    (root / venv_install.MANIFEST).write_text(json.dumps({"files": venv_install._manifest(str(root))}))
+    marker = {"package": "vllm", "version": "0.34.0", "requirements": ["vllm==0.34.0"], "index_url": "http://i/simple",
+              "lock": {"sha256": "a" * 64, "platform": "x86_64", "packages": 1}, "uv": "0.13.9",
+              "manifest": venv_install.MANIFEST}  # fmt: skip
+    (root / venv_install.MARKER).write_text(json.dumps(marker))
+    return root
+
+
+def _request(tmp_path: Path, port: int) -> dict[str, Any]:
+    release = _release(tmp_path / "engines/vllm-0.34.0")
+    models = tmp_path / "models"
+    revision = models / ("a" * 40)
+    # revision folders the deploy made hold .kimi (the verification cache's folder)
+    (revision / ".kimi").mkdir(parents=True)
+    (revision / "config.json").write_text("{}")
+    (revision / "stray.bin").write_text("x")
+    (models / ("b" * 40) / ".kimi").mkdir(parents=True)
+    secret = tmp_path / "secret.env"
+    secret.write_text("KEY=1\n")
+    secret.chmod(0o640)
+    (tmp_path / "current").symlink_to(release)
+    return {
+        "user": "root",
+        "venvs": [str(release), str(tmp_path / "engines/absent")],
+        "weights": {"dir": str(revision), "lock": {"config.json": [2, "sha256:" + "1" * 64], "gone.bin": [1, "x"]}},
+        "files": [str(secret), str(tmp_path / "absent.conf")],
+        "modes": {str(secret): "root:root:600"},
+        "units": ["kimi-contract-no-such-unit"],
+        "unit_secrets": {"kimi-contract-no-such-unit": [str(secret)]},
+        "timers": ["kimi-contract-no-such-timer"],
+        "ports": [port],
+        "models": str(models),
+        "link": str(tmp_path / "current"),
+        "packages": ["bash", "kimi-contract-no-such-package"],
+        "releases": True,
+    }
+
+
+@pytest.fixture
+def listener() -> Any:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_the_state_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path, listener: int) -> None:
+    command = hostside_command("python3", "state_probe.py", _request(tmp_path, listener))
+    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
+    answer = json.loads(run.stdout.splitlines()[-1])
+    assert problems(answer, StateAnswer) == []
+    # each section holds what the request made it hold, so the check above covered it
+    assert answer["user"] is True
+    assert answer["venvs"][str(tmp_path / "engines/absent")] is None
+    assert answer["venvs"][str(tmp_path / "engines/vllm-0.34.0")]["damaged"] is None
+    assert (answer["weights"]["missing"], answer["weights"]["unverified"]) == (["gone.bin"], ["config.json"])
+    assert answer["weights"]["extra"] == ["stray.bin"]
+    assert list(answer["files"].values()) == [None, None]  # of another mode, and absent
+    assert answer["packages"] == {"bash": True, "kimi-contract-no-such-package": False}
+    assert answer["listeners"][str(listener)]["pid"] == os.getpid()
+    assert sorted(answer["revisions"]["present"]) == ["a" * 40, "b" * 40]
+    assert answer["current"] == str(tmp_path / "engines/vllm-0.34.0")
+    assert set(answer["units"]) == {"kimi-contract-no-such-unit"}
+    # and the fact reads it into the converge's type
+    found = KimiHostState().process([f"state {run.stdout.splitlines()[-1]}"])
+    assert problems(found, HostState) == []
+
+
+def test_the_release_log_and_its_records_answer_in_their_types(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rollback's part of the answer: the release log (at its own path here) and each release
+    it names, whole, gone or without a record."""
+    release = tmp_path / "releases/r1"
+    (release / "files").mkdir(parents=True)
+    (release / "engine").symlink_to(_release(tmp_path / "engines/vllm-0.34.0"))
+    (release / "release.json").write_text(json.dumps({"units": {"kimi-vllm": "d" * 64}, "files": [], "revision": "a" * 40}))
+    log = tmp_path / "releases.log"
+    log.write_text(f"2026-12-02T00:00:00Z {release} serving run-1\n2026-12-02T00:01:00Z {tmp_path}/releases/gone switched\n")
+    real_log = state_probe._release_log
+    monkeypatch.setattr(state_probe, "_release_log", lambda: real_log(str(log)))
+    (tmp_path / "req").mkdir()
+    monkeypatch.setattr("sys.argv", ["state_probe.py", pack(_request(tmp_path / "req", 0))])
+    state_probe.main()
+    answer = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert problems(answer, StateAnswer) == []
+    records = answer["releases"]["records"]
+    assert records[str(release)]["engine"] is True
+    assert records[f"{tmp_path}/releases/gone"] is None
+    assert answer["last_release"][1:] == [f"{tmp_path}/releases/gone", "switched"]
+    # the units of a release the log names are probed too (a rollback restarts them)
+    assert "kimi-vllm" in answer["units"]
+
+
+def test_the_check_finds_what_the_types_refuse() -> None:
+    """The type check is not vacuous: a key of another name, a missing key, a number for a flag."""
+    unit = {"active": "active", "sub": "running", "pid": 1, "enabled": "enabled", "applied": None,
+            "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+    answer: dict[str, Any] = {
+        "user": True, "venvs": {}, "weights": None, "files": {}, "units": {"u": unit}, "timers": {},
+        "revisions": None, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
+    }  # fmt: skip
+    assert problems(answer, StateAnswer) == []
+    assert problems({**answer, "free": 1}, StateAnswer) == ["answer: 'free' is not a key of StateAnswer"]
+    assert problems({**answer, "units": {"u": {**unit, "restarts": True}}}, StateAnswer) == [
+        "answer.units['u'].restarts: True is not int"
+    ]
+    missing = {k: v for k, v in answer.items() if k != "listeners"}
+    assert problems(missing, StateAnswer) == ["answer: 'listeners' missing (StateAnswer)"]
