@@ -1,12 +1,14 @@
-"""Abstract interpreter over parser-building functions."""
+"""The abstract interpreter over parser-building functions: it walks them from each profile's
+roots, follows every call that receives a parser, and records ``add_argument`` calls; the vLLM and
+SGLang loops that turn dataclass fields into flags are their own modules (``vllm_rules``,
+``sglang_rules``)."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
 
+from flag_catalog import sglang_rules, vllm_rules
 from flag_catalog.args import NO_VALUE_ACTION_CLASSES, NO_VALUE_ACTIONS, ArgSpec, RecordField
 from flag_catalog.consteval import Const, ConstEval, LocalLookup, Unresolved, as_sequence, choice_strings
 from flag_catalog.hints import Hints
@@ -19,111 +21,35 @@ from flag_catalog.resolve import (
     Resolver,
     ValueRef,
     class_body_member,
-    decorator_names,
     where,
 )
-from flag_catalog.wheel import Binding, Wheel, collect_bindings
-
-
-@dataclass
-class ParserVal:
-    sub: str | None = None
-
-
-@dataclass
-class RefVal:
-    ref: Ref
-
-
-@dataclass
-class BoundMethodVal:
-    func: FuncRef
-    bound_cls: ClassRef | None
-    implicit: Val | None
-
-
-@dataclass
-class SuperVal:
-    owner: ClassRef
-    bound_cls: ClassRef | None
-
-
-@dataclass
-class StrVal:
-    value: str
-
-
-@dataclass
-class SeqVal:
-    items: list[Val]
-
-
-@dataclass
-class ConstVal:
-    value: Const
-
-
-@dataclass
-class DictVal:
-    expr: ast.Dict
-    frame: Frame
-
-
-@dataclass
-class Override:
-    expr: ast.expr
-    frame: Frame
-
-
-@dataclass
-class KwargsVal:
-    """``get_kwargs(cls)``: a dict of per-field argparse kwargs."""
-
-    cls: ClassRef
-    overrides: dict[str, dict[str, Override]] = field(default_factory=dict)
-    removed_choices: dict[str, set[str]] = field(default_factory=dict)
-
-
-@dataclass
-class FieldKwargsVal:
-    kwargs: KwargsVal
-    name: str
-
-
-Val: TypeAlias = (
-    ParserVal
-    | RefVal
-    | BoundMethodVal
-    | SuperVal
-    | StrVal
-    | SeqVal
-    | ConstVal
-    | DictVal
-    | KwargsVal
-    | FieldKwargsVal
+from flag_catalog.values import (
+    _MISSING,
+    BoundMethodVal,
+    ConstVal,
+    DictVal,
+    FieldKwargsVal,
+    FlagEntry,
+    Frame,
+    KwargsVal,
+    Override,
+    ParserVal,
+    RefVal,
+    SeqVal,
+    StrVal,
+    SuperVal,
+    Val,
+    const_str,
+    const_to_val,
+    init_nargs,
+    is_classmethod,
+    is_main_test,
+    is_static,
+    positional_params,
+    target_names,
+    val_to_const,
 )
-
-
-@dataclass
-class Frame:
-    module: str
-    locals: dict[str, Val]
-    owner: ClassRef | None
-    bound_cls: ClassRef | None
-    subcommand: str | None
-    returns: list[Val] = field(default_factory=list)
-    # A module's `if __name__ == "__main__":` block: its plain calls are followed.
-    main_block: bool = False
-    # A function the main block calls: an ArgumentParser it constructs is the parser.
-    builds_parser: bool = False
-
-
-@dataclass
-class FlagEntry:
-    aliases: list[str]
-    takes_value: bool
-    choices: list[str] | None
-    origin: str
+from flag_catalog.wheel import Binding, Wheel, collect_bindings
 
 
 class Extractor:
@@ -582,7 +508,7 @@ class Extractor:
             self.warn(f"get_kwargs on non-class at {where(frame.module, call)}")
             return None
         if name == "add_cli_args_from_dataclass":
-            self.record_dataclass_loop(call, args, kwargs, frame)
+            sglang_rules.record_dataclass_loop(self, call, args, kwargs, frame)
             return None
         if (
             frame.builds_parser
@@ -738,7 +664,7 @@ class Extractor:
     def apply_splat(self, expr: ast.expr, frame: Frame, spec: ArgSpec) -> None:
         value = self.eval(expr, frame)
         if isinstance(value, FieldKwargsVal):
-            self.apply_field(value, spec)
+            vllm_rules.apply_field(self, value, spec)
             return
         if isinstance(value, DictVal):
             for key, item in zip(value.expr.keys, value.expr.values, strict=True):
@@ -841,145 +767,6 @@ class Extractor:
                         out[name] = rec
         return list(out.values())
 
-    def apply_field(self, value: FieldKwargsVal, spec: ArgSpec) -> None:
-        """``**get_kwargs(Cls)["field"]`` -> vLLM's _compute_kwargs semantics."""
-        fields = {f.name: f for f in self.dataclass_fields(value.kwargs.cls)}
-        rec = fields.get(value.name)
-        if rec is None:
-            self.warn(f"field {value.name} not found on {value.kwargs.cls.node.name}")
-            return
-        derived = self.vllm_field_spec(rec)
-        spec.value, spec.boolean_optional, spec.choices = (
-            derived.value,
-            derived.boolean_optional,
-            derived.choices,
-        )
-        removed = value.kwargs.removed_choices.get(value.name)
-        if removed and spec.choices is not None:
-            spec.choices = [c for c in spec.choices if c not in removed]
-        for key, override in value.kwargs.overrides.get(value.name, {}).items():
-            self.apply_key(key, override.expr, override.frame, spec)
-
-    def vllm_field_spec(self, rec: RecordField) -> ArgSpec:  # noqa: PLR0911 (one case per syntax form)
-        hints = self.hints.flatten(rec.module, rec.annotation)
-        kinds = {h.kind for h in hints}
-        if "dataclass" in kinds:
-            return ArgSpec("required")
-        if kinds == {"bool", "str", "none"}:
-            return ArgSpec("optional")
-        if "bool" in kinds:
-            return ArgSpec("none", boolean_optional=True)
-        if "literal" in kinds:
-            if "str" in kinds:
-                return ArgSpec("required")
-            values = [v for h in hints if h.kind == "literal" for v in h.values]
-            return ArgSpec("required", choices=sorted(set(values)))
-        for hint in hints:
-            if hint.kind in {"list", "tuple", "set"}:
-                inner_lits = [v for h in hint.inner if h.kind == "literal" for v in h.values]
-                inner_kinds = {h.kind for h in hint.inner}
-                if inner_lits and inner_kinds <= {"literal", "none"}:
-                    return ArgSpec("required", choices=sorted(set(inner_lits)))
-                return ArgSpec("required")
-        return ArgSpec("required")
-
-    def record_dataclass_loop(
-        self,
-        call: ast.Call,
-        args: list[Val | None],
-        kwargs: dict[str, Val | None],
-        frame: Frame,
-    ) -> None:
-        """SGLang ``add_cli_args_from_dataclass(parser, Cls, fields=None)``."""
-        origin = where(frame.module, call)
-        target = args[1] if len(args) > 1 else kwargs.get("cls")
-        if not (isinstance(target, RefVal) and isinstance(target.ref, ClassRef)):
-            self.warn(f"add_cli_args_from_dataclass on unresolved class at {origin}")
-            return
-        only: set[str] | None = None
-        selected = kwargs.get("fields")
-        if selected is not None:
-            try:
-                only = {str(v) for v in as_sequence(val_to_const(selected, self.consts))}
-            except Unresolved:
-                self.warn(f"unresolved fields= at {origin}")
-        for rec in self.dataclass_fields(target.ref):
-            if only is not None and rec.name not in only:
-                continue
-            if rec.annotation is None:
-                continue
-            result = self.sglang_field(rec)
-            if result is None:
-                continue
-            names, spec = result
-            self.add_flag(names, spec, f"{rec.module}.{rec.name} via {origin}")
-
-    def sglang_field(self, rec: RecordField) -> tuple[list[str], ArgSpec] | None:
-        assert rec.annotation is not None
-        parts = self.hints.annotated_parts(rec.module, rec.annotation)
-        if parts is None:
-            return None
-        inner, metadata = parts
-        meta: dict[str, ast.expr] | None = None
-        for item in metadata:
-            if isinstance(item, ast.Constant) and isinstance(item.value, str):
-                meta = {}
-                break
-            if isinstance(item, ast.Call):
-                callee = self.resolver.expr(rec.module, item.func)
-                if isinstance(callee, ClassRef) and callee.node.name == "Arg":
-                    meta = {kw.arg: kw.value for kw in item.keywords if kw.arg is not None}
-                    break
-        if meta is None:
-            return None
-        no_cli = meta.get("no_cli")
-        if isinstance(no_cli, ast.Constant) and no_cli.value is True:
-            return None
-        cli_name = "--" + rec.name.replace("_", "-")
-        if "cli_name" in meta:
-            value = self.consts.eval(rec.module, meta["cli_name"])
-            if isinstance(value, str):
-                cli_name = value
-        names = [cli_name]
-        if "aliases" in meta:
-            try:
-                names += [str(a) for a in as_sequence(self.consts.eval(rec.module, meta["aliases"]))]
-            except Unresolved:
-                self.warn(f"unresolved aliases for {rec.name}")
-        dummy = Frame(rec.module, {}, None, None, None)
-        explicit_choices: list[str] | None = None
-        if "choices" in meta and not (
-            isinstance(meta["choices"], ast.Constant) and meta["choices"].value is None
-        ):
-            explicit_choices = self.choices(meta["choices"], dummy)
-        spec = ArgSpec()
-        if "action" in meta and not (
-            isinstance(meta["action"], ast.Constant) and meta["action"].value is None
-        ):
-            action = self.action_spec(meta["action"], dummy)
-            if action is not None:
-                spec = action
-            action_kwargs = meta.get("action_kwargs")
-            if isinstance(action_kwargs, ast.Dict):
-                for key, item in zip(action_kwargs.keys, action_kwargs.values, strict=True):
-                    name = const_str(key) if key is not None else None
-                    if name is not None:
-                        self.apply_key(name, item, dummy, spec)
-            return names, spec
-        hints = [h for h in self.hints.flatten(rec.module, inner) if h.kind != "none"]
-        single = hints[0] if len(hints) == 1 else None
-        if single is not None and single.kind == "literal":
-            spec.choices = explicit_choices if explicit_choices is not None else list(single.values)
-        elif single is not None and single.kind == "list" and "type_parser" not in meta:
-            spec.choices = explicit_choices
-        elif single is not None and single.kind == "bool":
-            spec.value = "none"
-        else:
-            spec.choices = explicit_choices
-            if "nargs" in meta:
-                self.apply_key("nargs", meta["nargs"], dummy, spec)
-        return names, spec
-
     # -- registries -----------------------------------------------------------------
     def registries(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -1050,77 +837,3 @@ class Extractor:
                 raise Unresolved("no calls found")
             return sorted(set(found))
         raise Unresolved(f"unknown registry kind {source.kind}")
-
-
-_MISSING = object()
-
-
-def init_nargs(node: ast.FunctionDef | ast.AsyncFunctionDef) -> object:
-    """nargs an Action subclass's ``__init__`` fixes (param default or super call)."""
-    params = node.args.args + node.args.kwonlyargs
-    defaults: list[ast.expr | None] = [None] * (len(node.args.args) - len(node.args.defaults))
-    defaults += list(node.args.defaults)
-    defaults += list(node.args.kw_defaults)
-    for param, default in zip(params, defaults, strict=True):
-        if param.arg == "nargs" and isinstance(default, ast.Constant):
-            return default.value
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "__init__":
-            for kw in sub.keywords:
-                if kw.arg == "nargs" and isinstance(kw.value, ast.Constant):
-                    return kw.value.value
-    return _MISSING
-
-
-def is_main_test(test: ast.expr) -> bool:
-    """``__name__ == "__main__"`` (either order)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and any(
-        const_str(x) == MAIN_BLOCK for x in sides
-    )
-
-
-def positional_params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
-    return [a.arg for a in node.args.posonlyargs + node.args.args]
-
-
-def is_static(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return "staticmethod" in decorator_names(node)
-
-
-def is_classmethod(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return "classmethod" in decorator_names(node)
-
-
-def const_str(expr: ast.expr | None) -> str | None:
-    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
-        return expr.value
-    return None
-
-
-def target_names(target: ast.expr) -> Iterator[str]:
-    for node in ast.walk(target):
-        if isinstance(node, ast.Name):
-            yield node.id
-
-
-def const_to_val(value: Const) -> Val:
-    if isinstance(value, str):
-        return StrVal(value)
-    if isinstance(value, (list, tuple)):
-        return SeqVal([const_to_val(v) for v in value])
-    return ConstVal(value)
-
-
-def val_to_const(val: Val, consts: ConstEval) -> Const:
-    if isinstance(val, StrVal):
-        return val.value
-    if isinstance(val, ConstVal):
-        return val.value
-    if isinstance(val, SeqVal):
-        return [val_to_const(item, consts) for item in val.items]
-    if isinstance(val, RefVal):
-        return consts.ref(val.ref, None, 0)
-    raise Unresolved(type(val).__name__)
