@@ -7,11 +7,13 @@ from typing import Any
 from pyinfra.api.facts import FactBase
 
 from hostside.boundary_json import loads
+from hostside.probe_types import DriversAnswer
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
 
 
-class DriversState(FactBase[dict[str, Any]]):
-    """Installed NVIDIA packages and holds, the loaded driver and NVML's, services, files, sysctls.
+class DriversState(FactBase[DriversAnswer]):
+    """Installed NVIDIA packages and holds, the loaded driver and NVML's, services, files, sysctls:
+    ``hostside.probe_types.DriversAnswer``.
 
     .. code:: python
 
@@ -36,13 +38,14 @@ class DriversState(FactBase[dict[str, Any]]):
     def command(self, request: dict[str, Any]) -> str:
         return hostside_command("python3", "driver_probe.py", request)
 
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> DriversAnswer:
         return parse(output[-1])
 
 
-def parse(line: str) -> dict[str, Any]:
+def parse(line: str) -> DriversAnswer:
     """The drivers probe's answer line, alone or within the host probe's; its error raised."""
-    result: dict[str, Any] = loads(line, "drivers probe", max_bytes=ANSWER_MAX_BYTES)
-    if "error" in result:
+    result = loads(line, "drivers probe", max_bytes=ANSWER_MAX_BYTES)
+    if isinstance(result, dict) and "error" in result:
         raise ValueError(f"drivers probe: {result['error']}")
-    return result
+    answer: DriversAnswer = result
+    return answer

@@ -29,6 +29,8 @@ import sys
 import zlib
 from typing import Any
 
+from hostside.probe_types import DriversAnswer, InstalledPackage, Nvml, ServiceState
+
 PACKAGE_PATTERNS = ("nvidia-*", "cuda-keyring", "cuda-drivers*")
 SOURCES_DIR = "/etc/apt/sources.list.d"
 _NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
@@ -63,8 +65,8 @@ def _finish(proc: subprocess.Popen[str] | None, timeout: float) -> tuple[int | N
     return proc.returncode, out, err
 
 
-def _os_release() -> dict[str, Any]:
-    values: dict[str, Any] = {"id": None, "version_id": None, "pretty": None}
+def _os_release() -> dict[str, str | None]:
+    values: dict[str, str | None] = {"id": None, "version_id": None, "pretty": None}
     for line in (_text("/etc/os-release") or _text("/usr/lib/os-release") or "").splitlines():
         key, _, value = line.partition("=")
         name = {"ID": "id", "VERSION_ID": "version_id", "PRETTY_NAME": "pretty"}.get(key.strip())
@@ -73,8 +75,8 @@ def _os_release() -> dict[str, Any]:
     return values
 
 
-def _packages(stdout: str) -> dict[str, Any]:
-    found = {}
+def _packages(stdout: str) -> dict[str, InstalledPackage]:
+    found: dict[str, InstalledPackage] = {}
     for line in stdout.splitlines():
         fields = line.split("\t")
         # db:Status-Abbrev: desired action ("h": hold) then state ("i": installed), e.g. "hi ".
@@ -104,7 +106,7 @@ def _module() -> str | None:
     return match.group(1) if match else None
 
 
-def _nvml(rc: int | None, out: str, err: str) -> dict[str, str]:
+def _nvml(rc: int | None, out: str, err: str) -> Nvml:
     lines = [line.strip() for line in out.splitlines() if line.strip()]
     if rc == 0 and lines:
         return {"version": lines[0]}
@@ -112,8 +114,8 @@ def _nvml(rc: int | None, out: str, err: str) -> dict[str, str]:
     return {"error": said[0] if said else f"nvidia-smi exited with status {rc}"}
 
 
-def _services(units: list[str], stdout: str) -> dict[str, dict[str, str]]:
-    found: dict[str, dict[str, str]] = {}
+def _services(units: list[str], stdout: str) -> dict[str, ServiceState]:
+    found: dict[str, ServiceState] = {}
     for block in stdout.split("\n\n"):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         unit = props.get("Id", "").removesuffix(".service")
@@ -130,7 +132,7 @@ def _digest(path: str) -> str | None:
         return None
 
 
-def probe(request: dict[str, Any]) -> dict[str, Any]:
+def probe(request: dict[str, Any]) -> DriversAnswer:
     timeout = float(request.get("timeout_s") or 10)
     units = [str(u) for u in request.get("services") or []]
     kernel = os.uname().release
@@ -142,8 +144,14 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     show = _start(["systemctl", "show", "--property=Id,ActiveState,UnitFileState", *units]) if units else None
     pending = _text("/run/reboot-required.pkgs")
     smi_result = _finish(smi, timeout)
+    release = _os_release()
     return {
-        "os": {**_os_release(), "arch": _finish(arch, timeout)[1].strip() or None},
+        "os": {
+            "id": release["id"],
+            "version_id": release["version_id"],
+            "pretty": release["pretty"],
+            "arch": _finish(arch, timeout)[1].strip() or None,
+        },
         "kernel": kernel,
         "headers": os.path.isdir(f"/lib/modules/{kernel}/build"),
         "packages": _packages(_finish(dpkg, timeout)[1]),
@@ -164,7 +172,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     try:
         request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
-        result = probe(request if isinstance(request, dict) else {})
+        result: DriversAnswer | dict[str, str] = probe(request if isinstance(request, dict) else {})
     except Exception as exc:  # noqa: BLE001 - whatever happens, the caller gets one JSON line
         result = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")

@@ -1,7 +1,8 @@
-"""The state probe's answer (``hostside/state_probe.py``), as types the host program and the
-controller share: the probe builds it, ``facts.host_state.KimiHostState`` returns it, and the
-converge decides on it. ``tests/test_probe_contract.py`` runs the probe for real and holds every
-answer to these types, key for key.
+"""The probes' answers (``hostside/state_probe.py``, ``hostside/driver_probe.py``), as types the
+host programs and the controller share: a probe builds its answer, its fact
+(``facts.host_state.KimiHostState``, ``facts.drivers.DriversState``) returns it, and the converge
+decides on it. ``tests/test_probe_contract.py`` runs each probe for real and holds its answer to
+these types, key for key.
 """
 
 # Evaluated as written (no ``from __future__ import annotations``): Python 3.11's TypedDict reads
@@ -120,10 +121,59 @@ class StateAnswer(TypedDict):
     releases: Releases | None
 
 
+class OsRelease(TypedDict):
+    id: str | None
+    version_id: str | None
+    pretty: str | None
+    # dpkg's architecture, None: no dpkg
+    arch: str | None
+
+
+class InstalledPackage(TypedDict):
+    version: str
+    held: bool
+
+
+class Nvml(TypedDict, total=False):
+    """The driver NVML runs (``nvidia-smi``), or why it could not say."""
+
+    version: str
+    error: str
+
+
+class ServiceState(TypedDict):
+    # systemd's ActiveState ("unknown" when systemd did not answer), UnitFileState ("": no such unit)
+    active: str
+    enabled: str
+
+
+class DriversAnswer(TypedDict):
+    """What ``hostside/driver_probe.py`` prints (unless it prints ``{"error": ...}``)."""
+
+    os: OsRelease
+    kernel: str
+    # the running kernel's build tree (what DKMS needs) is there
+    headers: bool
+    # installed NVIDIA and CUDA packages
+    packages: dict[str, InstalledPackage]
+    # the lines of the cuda-* apt sources
+    sources: list[str]
+    # the loaded kernel module's version
+    module: str | None
+    # None: nvidia-smi not asked or absent
+    nvml: Nvml | None
+    # packages asking for a reboot, None: no reboot asked for
+    reboot_required: list[str] | None
+    services: dict[str, ServiceState]
+    files: dict[str, str | None]
+    sysctl: dict[str, str | None]
+    boot_id: str
+
+
 class HostState(StateAnswer):
     """``KimiHostState``: the state probe's answer with the hardware and drivers probes' of the
     same round-trip (``kimi_deploy.host_profile.parse_profile``, ``facts.drivers.parse``), None
     when the request did not ask for them."""
 
     hardware: dict[str, Any] | None
-    drivers: dict[str, Any] | None
+    drivers: DriversAnswer | None

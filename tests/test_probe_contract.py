@@ -1,6 +1,7 @@
-"""The state probe's answer is what ``hostside.probe_types`` says, key for key: the real program,
-bundled and run as a deploy runs it on a host (``hostside_command``), on this machine, for a
-request that finds each section in each of its states, and ``KimiHostState`` reading it.
+"""The probes' answers are what ``hostside.probe_types`` says, key for key: the real programs
+(the state probe, the drivers probe), bundled and run as a deploy runs them on a host
+(``hostside_command``), on this machine, for requests that find each section in each of its
+states, and their facts reading them.
 
 On a converged host of the local cluster the same answer is read by every end-to-end converge
 (``tests/e2e``); here each section is made to hold something: a release installed and one absent,
@@ -20,9 +21,10 @@ from typing import Any
 
 import pytest
 
+from facts.drivers import DriversState
 from facts.host_state import KimiHostState
 from hostside import state_probe, venv_install
-from hostside.probe_types import HostState, StateAnswer
+from hostside.probe_types import DriversAnswer, HostState, StateAnswer
 from kimi_deploy.hostside_command import hostside_command, pack
 from tests.typed_check import problems
 
@@ -141,3 +143,25 @@ def test_the_check_finds_what_the_types_refuse() -> None:
     ]
     missing = {k: v for k, v in answer.items() if k != "listeners"}
     assert problems(missing, StateAnswer) == ["answer: 'listeners' missing (StateAnswer)"]
+
+
+def test_the_drivers_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path) -> None:
+    """The drivers probe on this machine (no NVIDIA driver: no module, NVML unasked), asked about
+    a file present and one absent, a unit systemd does not know, a sysctl and one that is not."""
+    present = tmp_path / "nodes_config.cfg"
+    present.write_text("10.0.0.1\n")
+    request = {"nvidia": False, "services": ["kimi-contract-no-such-unit"],
+               "files": [str(present), str(tmp_path / "absent.cfg")], "sysctl": ["vm.max_map_count", "no.such.key"]}  # fmt: skip
+    command = hostside_command("python3", "driver_probe.py", request)
+    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
+    line = run.stdout.splitlines()[-1]
+    answer = json.loads(line)
+    assert problems(answer, DriversAnswer) == []
+    assert answer["files"][str(tmp_path / "absent.cfg")] is None
+    assert answer["files"][str(present)] is not None
+    assert answer["sysctl"]["no.such.key"] is None
+    assert answer["sysctl"]["vm.max_map_count"] is not None
+    assert set(answer["services"]) == {"kimi-contract-no-such-unit"}
+    assert answer["nvml"] is None
+    # the fact reads it as is, alone and within the host probe's answer
+    assert problems(DriversState().process([line]), DriversAnswer) == []
