@@ -53,7 +53,23 @@ import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+from hostside.probe_types import (
+    CommandRun,
+    DiskRead,
+    DiskSection,
+    HardwareAnswer,
+    HostSection,
+    PciDevice,
+    PciGpus,
+    RdmaPort,
+    RdmaSection,
+    SectionError,
+    TpuSection,
+)
+
+_T = TypeVar("_T")
 
 GOOGLE_VENDOR = "0x1ae0"
 NVIDIA_VENDOR = "0x10de"
@@ -102,8 +118,8 @@ class Command:
         except OSError as exc:
             self.error = str(exc)
 
-    def result(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"argv": self.argv, "rc": None, "stdout": "", "stderr": "", "error": self.error}
+    def result(self) -> CommandRun:
+        out: CommandRun = {"argv": self.argv, "rc": None, "stdout": "", "stderr": "", "error": self.error}
         if self.proc is None:
             return out
         try:
@@ -121,7 +137,7 @@ class Command:
         return out
 
 
-def _section(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _section(build: Callable[[], _T]) -> _T | SectionError:
     try:
         return build()
     except Exception as exc:  # noqa: BLE001 - a probe reports what broke and carries on
@@ -223,7 +239,7 @@ class NvmlRun(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.result: dict[str, Any] | None = None
+        self.result: dict[str, Any] | SectionError | None = None
 
     def run(self) -> None:
         self.result = _section(_nvml)
@@ -271,8 +287,10 @@ def _metadata(base: str) -> dict[str, Any]:
     return out
 
 
-def _tpu(root: str, metadata_url: str) -> dict[str, Any]:
-    pci = [{k: d[k] for k in ("address", "vendor", "device")} for d in _pci(root, (GOOGLE_VENDOR,))]
+def _tpu(root: str, metadata_url: str) -> TpuSection:
+    pci: list[PciDevice] = [
+        {"address": d["address"], "vendor": d["vendor"], "device": d["device"]} for d in _pci(root, (GOOGLE_VENDOR,))
+    ]
     nodes = sorted(
         os.path.join("/dev/vfio", name)
         for name in (os.listdir(_in(root, "/dev/vfio")) if os.path.isdir(_in(root, "/dev/vfio")) else [])
@@ -286,15 +304,19 @@ def _tpu(root: str, metadata_url: str) -> dict[str, Any]:
 # RDMA, host -------------------------------------------------------------------------------------
 
 
-def _rdma(root: str) -> dict[str, Any]:
-    ports = []
+def _rdma(root: str) -> RdmaSection:
+    ports: list[RdmaPort] = []
     for port_dir in sorted(glob.glob(_in(root, "/sys/class/infiniband/*/ports/*"))):
         device = os.path.basename(os.path.dirname(os.path.dirname(port_dir)))
-        entry: dict[str, Any] = {"device": device, "port": os.path.basename(port_dir)}
-        for name in ("state", "phys_state", "rate", "link_layer"):
-            value = _read(os.path.join(port_dir, name))
-            entry[name] = value.strip() if value is not None else None
-        ports.append(entry)
+
+        def read(name: str, folder: str = port_dir) -> str | None:
+            value = _read(os.path.join(folder, name))
+            return value.strip() if value is not None else None
+
+        ports.append({
+            "device": device, "port": os.path.basename(port_dir), "state": read("state"),
+            "phys_state": read("phys_state"), "rate": read("rate"), "link_layer": read("link_layer"),
+        })  # fmt: skip
     return {"ports": ports}
 
 
@@ -331,7 +353,7 @@ def _os_release(root: str) -> dict[str, str | None]:
     return values
 
 
-def _host(root: str) -> dict[str, Any]:
+def _host(root: str) -> HostSection:
     meminfo = {}
     for line in (_read(_in(root, "/proc/meminfo")) or "").splitlines():
         key, _, value = line.partition(":")
@@ -410,7 +432,7 @@ def _timed_read(path: str, deadline: float) -> tuple[int, float]:
         os.close(fd)
 
 
-def _measure(path: str, free: int) -> dict[str, Any]:
+def _measure(path: str, free: int) -> DiskRead | SectionError:
     deadline = time.monotonic() + MEASURE_BUDGET_S
     largest = _largest_file(path) if os.path.isdir(path) else None
     if largest is not None and largest[1] >= EXISTING_MIN:
@@ -439,7 +461,7 @@ def _measure(path: str, free: int) -> dict[str, Any]:
         os.unlink(temp)
 
 
-def _disk(root: str, requested: str, measure: bool) -> dict[str, Any]:
+def _disk(root: str, requested: str, measure: bool) -> DiskSection:
     path = os.path.abspath(requested)
     while not os.path.exists(path) and path != os.path.dirname(path):
         path = os.path.dirname(path)
@@ -461,7 +483,7 @@ def _disk(root: str, requested: str, measure: bool) -> dict[str, Any]:
 # Main -------------------------------------------------------------------------------------------
 
 
-def probe(request: dict[str, Any]) -> dict[str, Any]:
+def probe(request: dict[str, Any]) -> HardwareAnswer:
     start = time.monotonic()
     root = str(request.get("root") or "/")
     timeout = float(request.get("timeout_s") or COMMAND_TIMEOUT_S)
@@ -472,7 +494,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     dpkg = Command(dpkg_argv, timeout) if shutil.which("dpkg-query") else None
     services = Command(["systemctl", "is-active", *SERVICES], timeout) if shutil.which("systemctl") else None
     nvml: NvmlRun | None = None
-    nvml_result: dict[str, Any] | None = None
+    nvml_result: dict[str, Any] | SectionError | None = None
     if request.get("nvml", True):
         try:
             has_pynvml = importlib.util.find_spec("pynvml") is not None
@@ -489,7 +511,9 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     host = _section(lambda: _host(root))
     disk = _section(lambda: _disk(root, str(request.get("weights_dir") or "/"), bool(request.get("measure"))))
     # Display-class NVIDIA functions (0x03xxxx): the GPUs even before a driver is installed; not NVSwitches.
-    pci_gpus = _section(lambda: {"devices": [d for d in _pci(root, (NVIDIA_VENDOR,)) if d["class"].startswith("0x03")]})
+    pci_gpus = _section(
+        lambda: PciGpus(devices=[d for d in _pci(root, (NVIDIA_VENDOR,)) if d["class"].startswith("0x03")])
+    )
     proc_version = _read(_in(root, "/proc/driver/nvidia/version"))
 
     if nvml is not None:
@@ -522,7 +546,7 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     try:
         request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
-        result = probe(request if isinstance(request, dict) else {})
+        result: HardwareAnswer | dict[str, Any] = probe(request if isinstance(request, dict) else {})
     except Exception as exc:  # noqa: BLE001 - whatever happens, the caller gets one JSON line
         result = {"schema": 1, "error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")

@@ -1,8 +1,9 @@
-"""The probes' answers (``hostside/state_probe.py``, ``hostside/driver_probe.py``), as types the
-host programs and the controller share: a probe builds its answer, its fact
-(``facts.host_state.KimiHostState``, ``facts.drivers.DriversState``) returns it, and the converge
-decides on it. ``tests/test_probe_contract.py`` runs each probe for real and holds its answer to
-these types, key for key.
+"""The probes' answers (``hostside/state_probe.py``, ``hostside/driver_probe.py``,
+``hostside/hardware_probe.py``), as types the host programs and the controller share: a probe
+builds its answer, its fact (``facts.host_state.KimiHostState``, ``facts.drivers.DriversState``,
+``facts.hardware.HostHardware`` through ``parse_profile``) reads it, and the converge decides on
+it. ``tests/test_probe_contract.py`` runs each probe for real and holds its answer to these types,
+key for key.
 """
 
 # Evaluated as written (no ``from __future__ import annotations``): Python 3.11's TypedDict reads
@@ -168,6 +169,109 @@ class DriversAnswer(TypedDict):
     files: dict[str, str | None]
     sysctl: dict[str, str | None]
     boot_id: str
+
+
+class SectionError(TypedDict):
+    """A section of the hardware probe that failed: what broke (the probe carries on)."""
+
+    error: str
+
+
+class CommandRun(TypedDict):
+    """A command the hardware probe ran, raw: ``rc`` None when it did not run or timed out."""
+
+    argv: list[str]
+    rc: int | None
+    stdout: str
+    stderr: str
+    error: str | None
+
+
+class PciDevice(TypedDict):
+    address: str
+    vendor: str
+    device: str
+
+
+class PciGpus(TypedDict):
+    devices: list[dict[str, str]]
+
+
+class NvidiaSection(TypedDict):
+    # NVML's answer as the driver gives it (devices, fabric, errors per field), or its error;
+    # None: not tried (no pynvml)
+    nvml: dict[str, Any] | SectionError | None
+    smi_query: CommandRun | None
+    smi_topo: CommandRun | None
+    smi_fields: list[str]
+    pci_gpus: PciGpus | SectionError
+
+
+class TpuSection(TypedDict):
+    pci: list[PciDevice]
+    nodes: list[str]
+    # the GCE metadata's accelerator type and worker number, or its error; None: no Google
+    # accelerator on PCI
+    metadata: dict[str, str | None] | None
+
+
+class RdmaPort(TypedDict):
+    device: str
+    port: str
+    state: str | None
+    phys_state: str | None
+    rate: str | None
+    link_layer: str | None
+
+
+class RdmaSection(TypedDict):
+    ports: list[RdmaPort]
+
+
+class HostSection(TypedDict):
+    meminfo: dict[str, str]
+    numa_nodes: int
+    cpu_model: str | None
+    cpu_count: int | None
+    os_release: dict[str, str | None]
+    kernel: str
+
+
+class DiskRead(TypedDict):
+    bytes: int
+    seconds: float
+    # "existing": the folder's largest file, "temp": a file written for the measure
+    source: str
+    file: str | None
+
+
+class DiskSection(TypedDict):
+    requested: str
+    path: str
+    mount_point: str | None
+    fs_type: str | None
+    total_bytes: int
+    free_bytes: int
+    read: DiskRead | SectionError | None
+
+
+class DriversSection(TypedDict):
+    proc_version: str | None
+    dpkg: CommandRun | None
+    services: CommandRun | None
+
+
+class HardwareAnswer(TypedDict):
+    """What ``hostside/hardware_probe.py`` prints: raw values for ``parse_profile``."""
+
+    schema: int
+    nvidia: NvidiaSection
+    tpu: TpuSection | SectionError
+    rdma: RdmaSection | SectionError
+    host: HostSection | SectionError
+    disk: DiskSection | SectionError
+    drivers: DriversSection
+    elapsed_s: float
 
 
 class HostState(StateAnswer):

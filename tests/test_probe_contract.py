@@ -1,5 +1,5 @@
 """The probes' answers are what ``hostside.probe_types`` says, key for key: the real programs
-(the state probe, the drivers probe), bundled and run as a deploy runs them on a host
+(the state, drivers and hardware probes), bundled and run as a deploy runs them on a host
 (``hostside_command``), on this machine, for requests that find each section in each of its
 states, and their facts reading them.
 
@@ -24,7 +24,7 @@ import pytest
 from facts.drivers import DriversState
 from facts.host_state import KimiHostState
 from hostside import state_probe, venv_install
-from hostside.probe_types import DriversAnswer, HostState, StateAnswer
+from hostside.probe_types import DriversAnswer, HardwareAnswer, HostState, StateAnswer
 from kimi_deploy.hostside_command import hostside_command, pack
 from tests.typed_check import problems
 
@@ -165,3 +165,42 @@ def test_the_drivers_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path)
     assert answer["nvml"] is None
     # the fact reads it as is, alone and within the host probe's answer
     assert problems(DriversState().process([line]), DriversAnswer) == []
+
+
+def _sysfs(root: Path) -> None:
+    """A host's /sys under ``root`` (the probe's ``root``): two InfiniBand ports, a TPU on PCI
+    (Google's vendor id) and an NVIDIA GPU without a driver."""
+    for device, port in (("mlx5_0", "1"), ("mlx5_1", "1")):
+        folder = root / f"sys/class/infiniband/{device}/ports/{port}"
+        folder.mkdir(parents=True)
+        for name, value in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("rate", "400 Gb/sec (4X NDR)"),
+                            ("link_layer", "InfiniBand")):  # fmt: skip
+            (folder / name).write_text(value + "\n")
+    for address, vendor, device, cls in (("0000:00:04.0", "0x1ae0", "0x0075", "0x120000"),
+                                         ("0000:1a:00.0", "0x10de", "0x2901", "0x030200")):  # fmt: skip
+        folder = root / f"sys/bus/pci/devices/{address}"
+        folder.mkdir(parents=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
+            (folder / name).write_text(value + "\n")
+
+
+def test_the_hardware_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path) -> None:
+    """The hardware probe on this machine with a /sys of its own (RDMA ports, a TPU on PCI whose
+    metadata server does not answer, an NVIDIA GPU without a driver) and a measured read."""
+    root = tmp_path / "root"
+    _sysfs(root)
+    (tmp_path / "models").mkdir()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    request = {"root": str(root), "weights_dir": str(tmp_path / "models"), "measure": True, "nvml": False,
+               "metadata_url": f"http://127.0.0.1:{port}/computeMetadata/v1/instance/attributes"}  # fmt: skip
+    command = hostside_command("python3", "hardware_probe.py", request)
+    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
+    answer = json.loads(run.stdout.splitlines()[-1])
+    assert problems(answer, HardwareAnswer) == []
+    assert [p["device"] for p in answer["rdma"]["ports"]] == ["mlx5_0", "mlx5_1"]
+    assert [d["address"] for d in answer["tpu"]["pci"]] == ["0000:00:04.0"]
+    assert answer["tpu"]["metadata"] is not None  # asked, and its error said
+    assert [d["address"] for d in answer["nvidia"]["pci_gpus"]["devices"]] == ["0000:1a:00.0"]
+    assert answer["disk"]["read"] is not None

@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
+from hostside.probe_types import HardwareAnswer
 from kimi_deploy.host_profile import matches_model, parse_profile
 from kimi_deploy.hostside_command import hostside_command
 from localcluster.fake_nvidia import CONFIG_PATH, LAYOUTS
 from tests.e2e.demo import STATE_DIR, cluster
+from tests.typed_check import problems
 
 STATE = STATE_DIR / "state.json"
 WEIGHTS_DIR = "/srv/models"
@@ -53,6 +55,8 @@ def probe(host: dict[str, Any], request: dict[str, Any]) -> tuple[dict[str, Any]
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     raw: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    # the answer of the real program on a real host is what its type says, key for key
+    assert problems(raw, HardwareAnswer) == []
     print(f"{host['name']}: probe {raw['elapsed_s'] * 1000:.0f} ms on the host, {wall * 1000:.0f} ms with SSH")
     return raw, wall
 
