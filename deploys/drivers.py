@@ -20,10 +20,10 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
 from facts.drivers import DriversState
+from facts.inventory_probe import answered
 from kimi_deploy.driver_plan import plan_drivers, probe_request
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.host_plan import plan_for
-from kimi_pyinfra.run_context import run_context
 from operations import nvidia, preflight, sysctl, units
 
 try:
@@ -33,7 +33,9 @@ except ConfigError as exc:
 
 request = probe_request(deploy.recipe, deploy.spec)
 # Within deploys/kimi.py the host probe has read this already, in the same round-trip.
-found = (run_context().drivers.get(host.name) or host.get_fact(DriversState, request=request)) if request else {}
+probed = answered(host)
+known = probed["drivers"] if probed is not None else None
+found = (known or host.get_fact(DriversState, request=request)) if request else {}
 todo = plan_drivers(
     deploy.recipe,
     deploy.spec,

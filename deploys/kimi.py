@@ -49,8 +49,6 @@ preflight.passed(name="Preflight", failures=steps.preflight_failures)
 
 # Pinned NVIDIA driver (fabric manager, IMEX) or TPU host settings, before any engine; it reads
 # what the probe above found, no round-trip of its own.
-if found.get("drivers") is not None:
-    context.drivers[host.name] = found["drivers"]
 include_deploy("drivers.py")
 
 users.system_user(name="Engine user", user=todo.user, exists=found["user"])
@@ -80,13 +78,13 @@ if (w := steps.weights) is not None:
                          full_verify=w.full_verify, peers=w.mirror)  # fmt: skip
     if w.key is not None:
         units.rendered(name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"])
-    if w.serve and w.port is not None:
+    if w.serves and w.port is not None:
         weights.peer_server(name="Weights served to peers", path=w.path, lock=w.lock, bind=deploy.host.address,
                             port=w.port, allow=list(w.serves), key_file=w.key_file, user=todo.user)  # fmt: skip
     if w.from_peers:
         weights.revision(name="Weights from peers", request=w.sync, python=w.python, current=w.current,
                          peers=w.mirror + w.peers, peer_key_file=w.key_file)  # fmt: skip
-    if w.stop_serving:
+    if w.serves:
         weights.peer_server_stopped(name="Weights no longer served to peers")
 
 # Before anything of the new release is put in place: a failed check leaves every host of the

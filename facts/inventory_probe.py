@@ -34,7 +34,7 @@ def probe_all(
     run = ctx_state.get() or state  # type: ignore[no-untyped-call]  # the run's State, not a proxy
     with ctx_state.use(run):
         probes = run_context().probes
-    key = f"{fact.__module__}.{fact.__name__}"
+    key = _key(fact)
     if key in probes:
         probes[key].done.wait()
         return probes[key].results
@@ -55,6 +55,18 @@ def probe_all(
     finally:
         probe.done.set()
     return results
+
+
+def answered(host: Host, fact: type[FactBase[Any]] = KimiHostState) -> Any | None:
+    """``host``'s answer to ``fact`` if this run has probed every host for it; None when it has not,
+    or when that host's probe failed."""
+    probe = run_context().probes.get(_key(fact))
+    result = probe.results.get(host.name) if probe is not None else None
+    return None if isinstance(result, BaseException) else result
+
+
+def _key(fact: type[FactBase[Any]]) -> str:
+    return f"{fact.__module__}.{fact.__name__}"
 
 
 def probe_of(

@@ -89,14 +89,19 @@ class OwnCluster:
         return path
 
     def pyinfra(self, inventory: Path, *args: str, deploy: str = "deploys/kimi.py") -> Run:
-        # a dry run must not get -y: pyinfra only works out what would change when it may prompt
-        yes = [] if "--dry" in args else ["-y"]
-        proc = subprocess.run(
-            [str(BIN / "pyinfra"), str(inventory), deploy, *yes, "--json", *args],
-            cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **self.env},
-        )  # fmt: skip
-        try:
-            payload = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
-        except ValueError:
-            payload = None
-        return Run(proc.returncode, payload, proc.stdout + proc.stderr)
+        return run_pyinfra(str(inventory), deploy, list(args), self.env)
+
+
+def run_pyinfra(inventory: str, deploy: str, args: list[str], env: dict[str, str] | None = None) -> Run:
+    """``pyinfra INVENTORY DEPLOY`` from the checkout, with ``env`` added: its JSON and its log."""
+    # a dry run must not get -y: pyinfra only works out what would change when it may prompt
+    yes = [] if "--dry" in args else ["-y"]
+    proc = subprocess.run(
+        [str(BIN / "pyinfra"), inventory, deploy, *yes, "--json", *args],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    try:
+        payload = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+    except ValueError:
+        payload = None
+    return Run(proc.returncode, payload, proc.stdout + proc.stderr)

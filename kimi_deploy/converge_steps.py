@@ -83,14 +83,12 @@ class WeightsSteps:
     # the run's transfer key, written where this host serves or fetches from peers
     key: RenderedFile | None
     key_file: str
-    # serving the files to ``serves`` (addresses) on ``port``; ``stop_serving`` once the run's
-    # fetches are done
-    serve: bool
+    # serving the files to ``serves`` (addresses) on ``port`` (None: no fan-out), and no longer
+    # once the run's fetches are done
     serves: tuple[str, ...]
     port: int | None
     path: str
     lock: dict[str, list[Any]]
-    stop_serving: bool
     # from these peers, each ``{"host", "url"}``
     from_peers: bool
     peers: list[dict[str, str]]
@@ -166,9 +164,10 @@ def run_view(
     run_id: str,
     transfer_key: str,
 ) -> RunView:
-    """Host ``me``'s view of the run: ``todos`` and ``probed`` (an answer, or the exception a
-    probe raised) of every host of the run, in ``order``; ``in_topology``, the hosts of its
-    topology the run covers; ``fan_out``, ``plan_fan_out`` of every host's ``weights_host``."""
+    """Host ``me``'s view of the run: ``todos``, its own converge and those of ``in_topology`` (the
+    hosts of its topology the run covers); ``probed``, every host's answer (or the exception its
+    probe raised), the hosts in ``order``; ``fan_out``, ``plan_fan_out`` of every host's
+    ``weights_host``."""
     peers: dict[str, tuple[Converge, HostState | None]] = {}
     for p in in_topology:
         found = probed.get(p.host)
@@ -183,7 +182,7 @@ def run_view(
         # Every host installing a release installs the same lock: its own (a damaged copy is
         # rebuilt from it), that of a host holding the release, or the one the first installer
         # resolves before the rest.
-        locks={r.path: lock_source(me, r.path, r.requirements, dict(probed), list(order)) for r in mine.venvs},
+        locks={r.path: lock_source(me, r.path, r.requirements, probed, order) for r in mine.venvs},
     )
 
 
@@ -220,12 +219,10 @@ def _weights(todo: Converge, found: HostState, run: RunView) -> WeightsSteps | N
         full_verify=target.full_verify,
         key=key,
         key_file=target.peer_key_file,
-        serve=port is not None and bool(fan_out.serves),
         serves=fan_out.serves,
         port=port,
         path=target.path,
         lock=target.lock,
-        stop_serving=bool(fan_out.serves),
         from_peers=port is not None and fan_out.sync == "peers",
         peers=[{"host": p.host, "url": f"http://{p.address}:{port}"} for p in fan_out.peers],
     )

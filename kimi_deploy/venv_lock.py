@@ -19,6 +19,7 @@ before it goes anywhere, by the same rule the installing host applies (``lock_re
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,7 +62,7 @@ def _needs_install(marker: Any) -> bool:
 
 
 def lock_source(
-    me: str, path: str, requirements: list[str], probed: dict[str, Any], order: list[str]
+    me: str, path: str, requirements: list[str], probed: Mapping[str, Any], order: Sequence[str]
 ) -> LockSource | None:
     """Where host ``me`` takes the lock of the release at ``path`` from; None: nothing to install.
 

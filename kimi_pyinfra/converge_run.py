@@ -38,15 +38,16 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
     """``me``'s view of the run (every host's probe answered by now)."""
     probed = probe_all(state, probe_request)
     hosts = active_hosts(state)
-    todos = {h.name: todo_for(inventory, h) for h in hosts}
     context = run_context()
     if context.fan_out is None:  # once per run, for every host
         answered = [h for h in hosts if h.name in probed]
-        context.fan_out = plan_fan_out([weights_host(*todos[h.name], probed[h.name]) for h in answered])
+        context.fan_out = plan_fan_out([weights_host(*todo_for(inventory, h), probed[h.name]) for h in answered])
     # The hosts of this topology that this run covers (whether or not they answered).
     in_topology = [
         p for p in deploy.topology if (h := inventory.get_host(p.host, None)) is not None and state.is_host_in_limit(h)
     ]
-    todos |= {p.host: todo_for(inventory, inventory.get_host(p.host)) for p in in_topology}
+    # What this host's view reads: its own converge and those of its topology's hosts.
+    todos = {p.host: todo_for(inventory, inventory.get_host(p.host)) for p in in_topology}
+    todos[me.name] = todo_for(inventory, me)
     return run_view(me.name, todos, probed, order=[h.name for h in hosts], in_topology=in_topology,
                     fan_out=context.fan_out, run_id=context.run_id, transfer_key=context.transfer_key)  # fmt: skip

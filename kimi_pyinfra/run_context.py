@@ -54,8 +54,6 @@ class RunContext:
     fan_out: dict[str, FanOutPart] | None = None
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
-    # host name -> the drivers state its host probe read (deploys/drivers.py reads it from here)
-    drivers: dict[str, dict[str, Any]] = field(default_factory=dict)
     # (host, file) -> a lock's text read from another host, or None
     locks: dict[tuple[str, str], str | None] = field(default_factory=dict)
     # (host, path) of damaged releases already reported

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from hostside.probe_types import Listener
-from kimi_deploy.converge import Converge
-from kimi_deploy.converge_steps import Steps, converge_steps, run_view, weights_host
+from kimi_deploy.converge import Converge, needs_start
+from kimi_deploy.converge_steps import Steps, WeightsSteps, converge_steps, run_view, weights_host
 from kimi_deploy.deploy_plan import DeployPlan, part_of
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
@@ -59,13 +59,18 @@ def steps_of(me: str, plans: Mapping[str, tuple[DeployPlan, Converge]], probed: 
 
 
 def _started(steps: Steps) -> dict[int, list[str]]:
-    """Batch -> the units it (re)starts (as ``operations.units.started`` decides from the states)."""
+    """Batch -> the units it (re)starts (``operations.units.started`` decides with ``needs_start``)."""
     out: dict[int, list[str]] = {}
     for batch in steps.batches:
         for _, name, release, current in batch.units:
-            if current is None or current.get("applied") != release:
+            if needs_start(release, current):
                 out.setdefault(batch.batch, []).append(name)
     return out
+
+
+def _serves(weights: WeightsSteps) -> bool:
+    """Whether the host serves its files to peers (``deploys/kimi.py``'s "Weights served to peers")."""
+    return bool(weights.serves) and weights.port is not None
 
 
 def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe, prod: Inventory) -> None:
@@ -80,12 +85,12 @@ def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe
     # the first host of the group fetches from the Hub and serves the others
     weights = steps.weights
     assert weights is not None
-    assert (weights.from_hub, weights.from_peers, weights.serve) == (True, False, True)
+    assert (weights.from_hub, weights.from_peers, _serves(weights)) == (True, False, True)
     assert weights.key is not None
     assert weights.key.secret
     other = steps_of("gb300-d02", plans, probed).weights
     assert other is not None
-    assert (other.from_hub, other.from_peers, other.serve) == (False, True, False)
+    assert (other.from_hub, other.from_peers, _serves(other)) == (False, True, False)
     assert [p["host"] for p in other.peers] == ["gb300-p01"]
     # nothing of the topology runs yet: every host (re)starts, so both checks run
     assert steps.comm_check
@@ -109,7 +114,7 @@ def test_a_converged_topology_is_a_no_op(recipe: Recipe, prod: Inventory) -> Non
         assert steps.all_reduce_request is None
         assert [s.lock for s in steps.releases] == [None] * len(steps.releases)
         if steps.weights is not None:
-            assert (steps.weights.from_peers, steps.weights.serve, steps.weights.key) == (False, False, None)
+            assert (steps.weights.from_peers, _serves(steps.weights), steps.weights.key) == (False, False, None)
         # nothing to collect: only the planned revision is present
         assert steps.collect is None or steps.collect.remove == []
         assert not any(c["restarted"] for b in steps.batches for c in b.checks)

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from harness.demo_recipes import demo_gpu_data
-from harness.own_cluster import BIN, ROOT, Run
+from harness.own_cluster import BIN, ROOT, Run, run_pyinfra
 from tests.cluster_env import use_tests_cluster
 
 # The recipe the tests converge the demo cluster with, unless they give another: the demo's hosts
@@ -63,18 +63,8 @@ def cluster(*args: str) -> None:
 
 def pyinfra(*args: str, env: dict[str, str] | None = None, deploy: str = "deploys/kimi.py") -> Run:
     """``deploy`` (a converge by default) on the demo inventory, with pyinfra's JSON and its log."""
-    # A dry run must not get -y: pyinfra only works out what would change when it may prompt.
-    yes = [] if "--dry" in args else ["-y"]
     recipe = [] if any(a.startswith("kimi_recipe=") for a in args) else ["--data", f"kimi_recipe={GPU_RECIPE}"]
-    run = subprocess.run(
-        [str(BIN / "pyinfra"), "inventories/demo.py", deploy, *yes, "--json", *recipe, *args],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **(env or {})},
-    )  # fmt: skip
-    try:
-        payload = json.loads(run.stdout) if run.stdout.strip() else None
-    except ValueError:
-        payload = None
-    return Run(run.returncode, payload, run.stdout + run.stderr)
+    return run_pyinfra("inventories/demo.py", deploy, [*recipe, *args], env)
 
 
 def ssh(host: str, *command: str, cluster_state: dict[str, Any] | None = None, stdin: bytes | None = None) -> str:
