@@ -22,9 +22,10 @@ from kimi_deploy.converge_steps import converge_steps
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.host_plan import todo_for
+from kimi_pyinfra.rehearsal import Do, converge_host
 from kimi_pyinfra.run_context import run_context
-from kimi_pyinfra.shipped import include_deploy
 from operations import commcheck, engine, packages, preflight, releases, units, users, weights
+from operations.driver_steps import driver_steps, planned
 from operations.start_order import SUFFIXES, start_batch, unless_failed
 
 context = run_context()
@@ -45,79 +46,90 @@ logger.info(
 if steps.refusal is not None:
     raise PyinfraError(steps.refusal)
 
-preflight.passed(name="Preflight", failures=steps.preflight_failures)
+# Pinned NVIDIA driver (fabric manager, IMEX) or TPU host settings, from what the probe above
+# found (no round-trip of its own).
+drivers, drivers_found, drivers_request = planned(deploy, found.get("drivers"))
 
-# Pinned NVIDIA driver (fabric manager, IMEX) or TPU host settings, before any engine; it reads
-# what the probe above found, no round-trip of its own.
-include_deploy("drivers.py")
 
-users.system_user(name="Engine user", user=todo.user, exists=found["user"])
-if todo.packages:
-    packages.debian(
-        name="Debian packages", packages=todo.packages, masked=todo.masked, installed=found.get("packages") or {}
-    )
+def converge(do: Do) -> None:
+    """Every step of this host's converge, in order (``kimi_pyinfra.rehearsal``: a host on which
+    none would change anything adds no operation)."""
+    do(preflight.passed, name="Preflight", failures=steps.preflight_failures)
 
-for step in steps.releases:
-    r = step.release
-    engine.lock_resolved(name="Release locks resolved", path=r.path, requirements=r.requirements,
-                         index_url=todo.index_url, source=step.lock, uv=steps.uv, uv_dir=steps.uv_dir,
-                         without=r.without)  # fmt: skip
-for step in steps.releases:
-    r = step.release
-    engine.venv(name="Releases (engine, host tools)", path=r.path, package=r.package, version=r.version,
-                requirements=r.requirements, index_url=todo.index_url, current=step.current, lock=step.lock,
-                uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
+    # Drivers before any engine.
+    with host.deploy("deploys/drivers.py", None, None, in_deploy=False):  # its operations' names
+        driver_steps(do, deploy, drivers, drivers_found, drivers_request)
 
-if steps.hub_token is not None:
-    units.rendered(name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"])
+    do(users.system_user, name="Engine user", user=todo.user, exists=found["user"])
+    if todo.packages:
+        do(packages.debian, name="Debian packages", packages=todo.packages, masked=todo.masked,
+           installed=found.get("packages") or {})  # fmt: skip
 
-# Download once, fan out: from the Hub or from peers (a local mirror first), served to others.
-if (w := steps.weights) is not None:
-    if w.from_hub:
-        weights.revision(name="Weights at the pinned revision", request=w.sync, python=w.python, current=w.current,
-                         full_verify=w.full_verify, peers=w.mirror)  # fmt: skip
-    if w.key is not None:
-        units.rendered(name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"])
-    if w.serves and w.port is not None:
-        weights.peer_server(name="Weights served to peers", path=w.path, lock=w.lock, bind=deploy.host.address,
-                            port=w.port, allow=list(w.serves), key_file=w.key_file, user=todo.user)  # fmt: skip
-    if w.from_peers:
-        weights.revision(name="Weights from peers", request=w.sync, python=w.python, current=w.current,
-                         peers=w.mirror + w.peers, peer_key_file=w.key_file)  # fmt: skip
-    if w.serves:
-        weights.peer_server_stopped(name="Weights no longer served to peers")
+    for step in steps.releases:
+        r = step.release
+        do(engine.lock_resolved, name="Release locks resolved", path=r.path, requirements=r.requirements,
+           index_url=todo.index_url, source=step.lock, uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
+    for step in steps.releases:
+        r = step.release
+        do(engine.venv, name="Releases (engine, host tools)", path=r.path, package=r.package, version=r.version,
+           requirements=r.requirements, index_url=todo.index_url, current=step.current, lock=step.lock,
+           uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
 
-# Before anything of the new release is put in place: a failed check leaves every host of the
-# topology exactly as it was. Then each engine instance's own all-reduce (NCCL over NVLink and
-# the fabric), with the engine release's torch.
-if steps.comm_check:
-    commcheck.passed(name="Communication check", request=steps.comm_check_request, why_not=steps.comm_check_why)
-commcheck.all_reduce_passed(name="All-reduce check", request=steps.all_reduce_request,
-                            python=f"{spec.engine_dir}/bin/python", user=todo.user,
-                            why_not=steps.all_reduce_why)  # fmt: skip
+    if steps.hub_token is not None:
+        do(units.rendered, name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"])
 
-# Every host takes every step of the start order (the steps are barriers across hosts): the first
-# batch's release is put in place, started and answers its smoke tests on every host before the
-# second batch changes anything anywhere, and the routers come last; a batch goes only if no host
-# of an earlier batch of this topology failed. A host of the second batch keeps its files, its
-# ``current`` link and the engine they describe until the first batch serves.
-for batch in host.loop(steps.batches):  # type: ignore[no-untyped-call]
-    go = unless_failed(batch.unless_failed) if batch.batch else None
-    suffix = SUFFIXES[batch.batch]
-    if batch.place:
-        units.rendered(name=f"Rendered units and configs{suffix}", files=todo.files, group=todo.user,
-                       current=found["files"], _if=go)  # fmt: skip
-        releases.current(name=f"Current release{suffix}", link=todo.release.link, release_dir=todo.release.dir,
-                         record=todo.release.record, links=todo.release.links, found=found["current"],
-                         run=context.run_id, _if=go)  # fmt: skip
-        for timer in todo.timers:
-            units.timer(name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
-    start_batch(batch.batch, batch.units, batch.checks, go)
+    # Download once, fan out: from the Hub or from peers (a local mirror first), served to others.
+    if (w := steps.weights) is not None:
+        if w.from_hub:
+            do(weights.revision, name="Weights at the pinned revision", request=w.sync, python=w.python,
+               current=w.current, full_verify=w.full_verify, peers=w.mirror)  # fmt: skip
+        if w.key is not None:
+            do(units.rendered, name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"])
+        if w.serves and w.port is not None:
+            do(weights.peer_server, name="Weights served to peers", path=w.path, lock=w.lock,
+               bind=deploy.host.address, port=w.port, allow=list(w.serves), key_file=w.key_file,
+               user=todo.user)  # fmt: skip
+        if w.from_peers:
+            do(weights.revision, name="Weights from peers", request=w.sync, python=w.python, current=w.current,
+               peers=w.mirror + w.peers, peer_key_file=w.key_file)  # fmt: skip
+        if w.serves:
+            do(weights.peer_server_stopped, name="Weights no longer served to peers")
 
-releases.serving(name="Release recorded serving", release_dir=todo.release.dir, last=found.get("last_release"),
-                 run=context.run_id)  # fmt: skip
+    # Before anything of the new release is put in place: a failed check leaves every host of the
+    # topology exactly as it was. Then each engine instance's own all-reduce (NCCL over NVLink and
+    # the fabric), with the engine release's torch.
+    if steps.comm_check:
+        do(commcheck.passed, name="Communication check", request=steps.comm_check_request,
+           why_not=steps.comm_check_why)  # fmt: skip
+    do(commcheck.all_reduce_passed, name="All-reduce check", request=steps.all_reduce_request,
+       python=f"{spec.engine_dir}/bin/python", user=todo.user, why_not=steps.all_reduce_why)  # fmt: skip
 
-# Only now that the planned revision is verified and serving: all but it and the rollback copy go.
-if steps.collect is not None:
-    weights.collected(name="Old revisions collected", parent=steps.collect.parent, keep=steps.collect.keep,
-                      remove=steps.collect.remove)  # fmt: skip
+    # Every host that changes takes every step of the start order (the steps are barriers across
+    # hosts): the first batch's release is put in place, started and answers its smoke tests on
+    # every host before the second batch changes anything anywhere, and the routers come last; a
+    # batch goes only if no host of an earlier batch of this topology failed. A host of the second
+    # batch keeps its files, its ``current`` link and the engine they describe until the first
+    # batch serves.
+    for batch in host.loop(steps.batches):  # type: ignore[no-untyped-call]
+        go = unless_failed(batch.unless_failed) if batch.batch else None
+        suffix = SUFFIXES[batch.batch]
+        if batch.place:
+            do(units.rendered, name=f"Rendered units and configs{suffix}", files=todo.files, group=todo.user,
+               current=found["files"], _if=go)  # fmt: skip
+            do(releases.current, name=f"Current release{suffix}", link=todo.release.link,
+               release_dir=todo.release.dir, record=todo.release.record, links=todo.release.links,
+               found=found["current"], run=context.run_id, _if=go)  # fmt: skip
+            for timer in todo.timers:
+                do(units.timer, name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
+        start_batch(batch.batch, batch.units, batch.checks, go, do)
+
+    do(releases.serving, name="Release recorded serving", release_dir=todo.release.dir,
+       last=found.get("last_release"), run=context.run_id)  # fmt: skip
+
+    # Only now that the planned revision is verified and serving: all but it and the rollback copy go.
+    if steps.collect is not None:
+        do(weights.collected, name="Old revisions collected", parent=steps.collect.parent,
+           keep=steps.collect.keep, remove=steps.collect.remove)  # fmt: skip
+
+
+converge_host(converge)

@@ -1,4 +1,4 @@
-"""The host's converge state, read by one probe round-trip (hostside/state_probe.py)."""
+"""The host's converge state, read by one probe round-trip (hostside/host_probe.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class KimiHostState(FactBase[HostState]):
         }
 
     With ``hardware`` (``drivers``) in the request, the hardware (drivers) probe runs in the same
-    round-trip.
+    round-trip and the same process (hostside/host_probe.py).
     """
 
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
@@ -45,13 +45,13 @@ class KimiHostState(FactBase[HostState]):
     def command(
         self, request: dict[str, Any], hardware: dict[str, Any] | None = None, drivers: dict[str, Any] | None = None
     ) -> str:
-        # Each program prints one JSON line, tagged here so that ``process`` knows whose it is.
-        programs = [("state", hostside_command("python3", "state_probe.py", request))]
+        # One process (hostside/host_probe.py) for every part: one tagged JSON line each.
+        parts: dict[str, Any] = {"state": request}
         if hardware is not None:
-            programs.insert(0, ("hardware", hostside_command("python3", "hardware_probe.py", hardware)))
+            parts["hardware"] = hardware
         if drivers:
-            programs.insert(0, ("drivers", hostside_command("python3", "driver_probe.py", drivers)))
-        return "; ".join(f"printf '%s ' {tag}; {command}" for tag, command in programs)
+            parts["drivers"] = drivers
+        return hostside_command("python3", "host_probe.py", parts)
 
     def process(self, output: list[str]) -> HostState:
         lines = dict(line.split(" ", 1) for line in output if " " in line)

@@ -344,8 +344,8 @@ def _releases(log: list[list[str]]) -> Releases:
     return {"entries": log, "records": records}
 
 
-def main() -> None:
-    request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+def probe(request: dict[str, Any]) -> StateAnswer:
+    """The converge state ``request`` asks for (``facts.host_state``)."""
     try:
         pwd.getpwnam(request["user"])
         user = True
@@ -372,7 +372,11 @@ def main() -> None:
         "last_release": log[-1][:3] if log else None,
         "releases": releases,
     }
-    print(json.dumps(result, sort_keys=True))
+    return result
+
+
+def main() -> None:
+    print(json.dumps(probe(json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))), sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ argv (``hostside_command``) or from a file a converge writes (the scrub).
 
 from __future__ import annotations
 
-import ast
 import base64
 import json
+import re
 import shlex
 import zlib
 from pathlib import Path
@@ -45,16 +45,20 @@ exec(compile(PROGRAM, PATH, "exec"), {"__name__": "__main__", "__file__": PATH})
 """
 
 
+# ``from hostside.X import ...`` (any indentation), ``from hostside import X, Y`` and ``import
+# hostside.X``: the forms a host program imports its modules by. Read line by line rather than
+# parsed: the probe's command is built for every host of a run, and parsing every program's
+# modules each time cost the controller 7 ms per host.
+_FROM_MODULE = re.compile(r"^[ \t]*from[ \t]+hostside\.(\w+)[ \t]+import\b", re.MULTILINE)
+_FROM_PACKAGE = re.compile(r"^[ \t]*from[ \t]+hostside[ \t]+import[ \t]+\(?([\w \t,\n]+)\)?", re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+hostside\.(\w+)", re.MULTILINE)
+
+
 def _imported(source: str) -> list[str]:
     """The ``hostside.<name>`` modules a program's source imports."""
-    names: list[str] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hostside."):
-            names.append(node.module.split(".", 1)[1])
-        elif isinstance(node, ast.ImportFrom) and node.module == "hostside":
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.Import):
-            names += [a.name.split(".", 1)[1] for a in node.names if a.name.startswith("hostside.")]
+    names = _FROM_MODULE.findall(source) + _IMPORT.findall(source)
+    for group in _FROM_PACKAGE.findall(source):
+        names += [n.split()[0] for n in group.replace("\n", ",").split(",") if n.strip()]
     return names
 
 

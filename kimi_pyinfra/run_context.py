@@ -54,8 +54,9 @@ class RunContext:
     fan_out: dict[str, FanOutPart] | None = None
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
-    # (host, file) -> a lock's text read from another host, or None
-    locks: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    # (host, file) -> a lock's text read from another host (or None), read once for all hosts
+    # that need it: results holds it under the host's name
+    locks: dict[tuple[str, str], Probe] = field(default_factory=dict)
     # (host, path) of damaged releases already reported
     damage_said: set[tuple[str, str]] = field(default_factory=set)
     # host name -> its hardware profile (deploys/report.py)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyinfra.context import config, host
 from pyinfra_cli.util import exec_file
 
 _HERE = Path(__file__).resolve().parent
@@ -32,15 +31,3 @@ def run_deploy(name: str) -> None:
     """Run kimi-deploy's own ``deploys/<name>`` within the deploy file pyinfra is running (a
     user's ``deploys/<name>`` from ``kimi-deploy init``): its operations read as from a checkout."""
     exec_file(deploy_file(name))
-
-
-def include_deploy(name: str) -> None:
-    """Run ``deploys/<name>`` as a step of the deploy being run, as ``pyinfra.local.include``
-    does, its operations named ``deploys/<name>`` whether it comes from a checkout or the
-    installed package."""
-    saved = config.get_current_state()  # type: ignore[no-untyped-call]
-    try:
-        with host.deploy(f"deploys/{name}", None, None, in_deploy=False):
-            exec_file(deploy_file(name))
-    finally:
-        config.set_current_state(saved)  # type: ignore[no-untyped-call]

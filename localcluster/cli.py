@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from localcluster import hosts, image, log, network, services
+from localcluster import hosts, image, kernel_limits, log, network, services
 from localcluster.state import (
     MAX_HOSTS,
     ClusterError,
@@ -107,6 +107,9 @@ def up(settings: Settings, hardware: list[str], with_services: bool = True) -> C
             if old not in dropped and hosts.is_running(old):
                 asked[old.name].pid = old.pid
                 asked[old.name].state = old.state
+        # The machine's shared limits, before anything is made: one that cannot be raised stops here.
+        for line in kernel_limits.ensure(sum(1 for h in wanted if not hosts.is_running(h))):
+            log.info("%s", line)
         state.hosts = wanted
         # Recorded before anything is made, so that `down` can undo a failed `up`.
         save(settings, state)

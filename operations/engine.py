@@ -18,7 +18,7 @@ from kimi_deploy.host_paths import release_dir
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.recipe import Paths
 from kimi_deploy.venv_lock import LOCK_FILE, LockSource, damage_line, lock_refusal, staged_lock
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import Probe, run_context
 
 
 def release_marker(
@@ -39,13 +39,24 @@ def _uv(version: str, folder: str | None) -> dict[str, str]:
 
 
 def _lock_of(name: str, file: str) -> str | None:
-    """The text of ``file`` on host ``name`` of this run, read once per run."""
+    """The text of ``file`` on host ``name`` of this run, read once per run over one channel of
+    that host's connection, however many hosts ask at once: the first to ask reads it, the
+    others wait for that read (sshd refuses an 11th channel: ``MaxSessions 10``)."""
     read = run_context().locks
-    if (name, file) not in read:
+    key = (name, file)
+    if key in read:
+        read[key].done.wait()
+        text: str | None = read[key].results.get(name)
+        return text
+    once = read[key] = Probe()
+    try:
         other = state.inventory.get_host(name)
         with ctx_host.use(other):
-            read[(name, file)] = other.get_fact(LockFile, path=file)
-    return read[(name, file)]
+            once.results[name] = other.get_fact(LockFile, path=file)
+    finally:
+        once.done.set()
+    text = once.results.get(name)
+    return text
 
 
 @operation()

@@ -15,6 +15,7 @@ from typing import Any
 from pyinfra.context import host, state
 
 from hostside.probe_types import UnitState
+from kimi_pyinfra.rehearsal import Do, perform
 from operations import serving, units
 
 STAGES = ("stores", "leaders", "workers", "routers")  # kimi_deploy.servespec.Unit.stage
@@ -27,6 +28,7 @@ def start_batch(
     mine: list[tuple[int, str, str, UnitState | None]],
     checks: list[dict[str, Any]],
     go: Callable[[], bool] | None = None,
+    do: Do = perform,
 ) -> None:
     """Start this host's units of ``batch`` in stage order, then smoke test them.
 
@@ -36,12 +38,13 @@ def start_batch(
       of the other batch: it still takes every step)
     + checks: the smoke checks of those units (``serving.verified``)
     + go: evaluated when the step runs; False skips it (an earlier batch failed somewhere)
+    + do: how each step is taken (``kimi_pyinfra.rehearsal``: rehearsed, or made an operation)
     """
     suffix = SUFFIXES[batch]
     for stage in host.loop(range(len(STAGES))):  # type: ignore[no-untyped-call]
         steps = [(unit, release, current) for s, unit, release, current in mine if s == stage]
-        units.started(name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)
-    serving.verified(name=f"Smoke test{suffix}", checks=checks, _if=go)
+        do(units.started, name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)
+    do(serving.verified, name=f"Smoke test{suffix}", checks=checks, _if=go)
 
 
 def unless_failed(hosts: tuple[str, ...]) -> Callable[[], bool]:

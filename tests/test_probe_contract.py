@@ -204,3 +204,46 @@ def test_the_hardware_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path
     assert answer["tpu"]["metadata"] is not None  # asked, and its error said
     assert [d["address"] for d in answer["nvidia"]["pci_gpus"]["devices"]] == ["0000:1a:00.0"]
     assert answer["disk"]["read"] is not None
+
+
+def test_the_host_probe_answers_every_part_in_one_process_as_each_alone(tmp_path: Path, listener: int) -> None:
+    """What a converge sends (``KimiHostState``'s command: the state, hardware and drivers parts
+    in one process) answers each part as that probe alone does, and the fact reads all three."""
+    state = _request(tmp_path / "state", listener)
+    hardware = {"root": str(tmp_path / "root"), "weights_dir": str(tmp_path), "nvml": False,
+                "metadata_url": "http://127.0.0.1:9/computeMetadata/v1/instance/attributes"}  # fmt: skip
+    drivers = {"nvidia": False, "services": ["kimi-contract-no-such-unit"], "sysctl": ["vm.max_map_count"]}
+    _sysfs(tmp_path / "root")
+    command = KimiHostState().command(state, hardware=hardware, drivers=drivers)
+    assert command.count("python3") == 1
+    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
+    lines = run.stdout.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["drivers", "hardware", "state"]
+    alone = {
+        "state": hostside_command("python3", "state_probe.py", state),
+        "drivers": hostside_command("python3", "driver_probe.py", drivers),
+    }
+    for line in lines:
+        tag, text = line.split(" ", 1)
+        if tag in alone:
+            by_itself = subprocess.run(["bash", "-c", alone[tag]], capture_output=True, text=True, check=True)
+            together, apart = json.loads(text), json.loads(by_itself.stdout.splitlines()[-1])
+            if tag == "drivers":  # read a moment apart: the same keys, the same files, OS and packages
+                assert (together.keys(), together["os"], together["packages"]) == (apart.keys(), apart["os"], apart["packages"])
+            else:
+                assert together == apart
+    found = KimiHostState().process(lines)
+    assert problems(found, HostState) == []
+    assert found["hardware"] is not None
+    assert found["drivers"] is not None
+    assert problems(found["drivers"], DriversAnswer) == []
+
+
+def test_a_part_that_raises_leaves_the_others_answering() -> None:
+    # a state request with a port that is no number: that part raises, the drivers part answers
+    drivers = {"nvidia": False, "services": []}
+    command = hostside_command("python3", "host_probe.py", {"state": {"user": "root", "ports": ["x"]}, "drivers": drivers})
+    run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False, timeout=60)
+    assert run.returncode == 1
+    assert [line.split(" ", 1)[0] for line in run.stdout.splitlines()] == ["drivers"]
+    assert "ValueError: invalid literal for int() with base 10: 'x'" in run.stderr

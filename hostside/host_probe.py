@@ -1,0 +1,61 @@
+"""The host probe of a converge, one process for all its parts: prints one tagged JSON line each.
+
+Stdlib only, Python 3.10+. Input: one argument, base64 of zlib-compressed JSON:
+  {"drivers": <driver_probe's request> (optional), "hardware": <hardware_probe's> (optional),
+   "state": <state_probe's>}
+
+Output, in this order, one line per part asked for: ``drivers <JSON>``, ``hardware <JSON>``,
+``state <JSON>`` (``facts.host_state.KimiHostState`` reads them). The parts once ran as three
+Python processes in one shell command; in one, a converged host's probe costs one interpreter
+and its imports instead of three. A part that raises prints its traceback on stderr and no line
+(the drivers and hardware parts answer ``{"error": ...}`` instead, as they do alone); the others
+still answer, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import threading
+import traceback
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from hostside import driver_probe, hardware_probe, state_probe
+
+# Part -> how it answers, and what it answers when it raises (None: no line at all).
+PARTS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[Exception], Any] | None]] = {
+    "drivers": (driver_probe.probe, lambda exc: {"error": f"{type(exc).__name__}: {exc}"}),
+    "hardware": (hardware_probe.probe, lambda exc: {"schema": 1, "error": f"{type(exc).__name__}: {exc}"}),
+    "state": (state_probe.probe, None),
+}
+
+
+def main() -> None:
+    request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    failed = False
+    for tag, (probe, on_error) in PARTS.items():
+        if tag not in request:
+            continue
+        part = request[tag]
+        try:
+            answer = probe(part if isinstance(part, dict) else {})
+        except Exception as exc:  # noqa: BLE001 - the other parts still answer
+            traceback.print_exc()
+            failed = True
+            if on_error is None:
+                continue
+            answer = on_error(exc)
+        sys.stdout.write(f"{tag} {json.dumps(answer, sort_keys=True)}\n")
+    sys.stdout.flush()
+    if threading.active_count() > 1:
+        # A thread still stuck in NVML (the hardware part) must not keep the SSH session alive.
+        os._exit(1 if failed else 0)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
