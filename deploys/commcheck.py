@@ -18,6 +18,7 @@ from kimi_deploy.allreduce_plan import all_reduce_request, why_not
 from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.host_plan import plan_for
+from kimi_pyinfra.rehearsal import perform
 from kimi_pyinfra.run_context import run_context
 from operations import commcheck
 
@@ -29,7 +30,7 @@ except ConfigError as exc:
 run_id = run_context().run_id
 in_run = [p for p in deploy.topology if state.is_host_in_limit(inventory.get_host(p.host))]
 if needs_check(deploy.topology):
-    commcheck.passed(name="Communication check", request=check_request(deploy.recipe, deploy.spec, in_run, run_id))
+    commcheck.check_steps(perform, check_request(deploy.recipe, deploy.spec, in_run, run_id))
 else:
     logger.info(f"{host.name}: topology {deploy.spec.topology} has no traffic between hosts to check")
 why = why_not(deploy.recipe, deploy.spec, in_run)

@@ -13,13 +13,13 @@ from the Hub once and fanned out between hosts when the recipe says ``weights.fa
 
 from __future__ import annotations
 
-from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
 from facts.inventory_probe import probe_of
 from kimi_deploy.converge_steps import converge_steps
 from kimi_deploy.errors import ConfigError
+from kimi_pyinfra import fleet_progress
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.rehearsal import Do, converge_host
@@ -29,6 +29,10 @@ from operations.driver_steps import driver_steps, planned
 from operations.start_order import SUFFIXES, start_batch, unless_failed
 
 context = run_context()
+if not context.step_lines:
+    # One line per step for the whole run rather than one per host and step (all of it with -v).
+    context.step_lines = True
+    fleet_progress.install(state)
 try:
     deploy, todo = todo_for(inventory, host)
     # The first host's deploy probes every host of the run at once; the others read their result.
@@ -39,8 +43,8 @@ except ConfigError as exc:
 steps = converge_steps(deploy, todo, found, view_of(state, host, deploy))
 
 spec = deploy.spec
-logger.info(
-    f"{host.name}: topology {spec.topology}, pool {spec.pool}, {spec.node_role} "
+host.log(
+    f"plan: topology {spec.topology}, pool {spec.pool}, {spec.node_role} "
     f"{spec.node_rank}/{spec.nodes}, units {', '.join(u.name for u in spec.units)}"
 )
 if steps.refusal is not None:
@@ -99,8 +103,7 @@ def converge(do: Do) -> None:
     # topology exactly as it was. Then each engine instance's own all-reduce (NCCL over NVLink and
     # the fabric), with the engine release's torch.
     if steps.comm_check:
-        do(commcheck.passed, name="Communication check", request=steps.comm_check_request,
-           why_not=steps.comm_check_why)  # fmt: skip
+        commcheck.check_steps(do, steps.comm_check_request, steps.comm_check_why)
     do(commcheck.all_reduce_passed, name="All-reduce check", request=steps.all_reduce_request,
        python=f"{spec.engine_dir}/bin/python", user=todo.user, why_not=steps.all_reduce_why)  # fmt: skip
 

@@ -9,13 +9,24 @@ Input: one argument, base64 of zlib-compressed JSON (the same ``run``, ``port``,
    "peers": [{"host": str, "address": str,                   # EVERY other host of the topology,
               "ports": [{"port": int, "label": str}]}],      # with the ports this host must reach
    "bandwidth": {"bytes": int, "min_mbit_s": float, "max_s": float} | null,
-   "deadline_s": float}
+   "deadline_s": float,
+   "phase": "all" | "listen" | "probe" | "verdict",   # default "all"
+   "lifetime_s": float}                                # how long a listener may live (listen)
 
 Each host listens on ``port`` and every ``listen`` port of ``address`` only, answers only the peers'
 addresses, connects to every peer port (retrying until the probe cutoff, as peers start their
 listeners at slightly different times), measures the bandwidth to each peer over ``port`` if asked,
 then sends its result to every peer and waits, until ``deadline_s``, for every peer's. A listen port
 already taken by a process that accepts connections (the serving engine) is noted, not failed.
+
+Phases. ``all`` does everything in one process, so every host must start it within the probes'
+window of the others. A converge driving many hosts cannot promise that, so it takes the check in
+three steps, each on every host of the topology before the next starts anywhere (pyinfra's
+operations are barriers): ``listen`` (a transient ``Type=notify`` service: it listens, answers the
+peers and keeps the reports they send, for at most ``lifetime_s``), ``probe`` (reaches every peer
+port, measures the bandwidth, then sends its report to every peer's listener and its own: they all
+listen already, whenever this host's turn came) and ``verdict`` (reads what its own listener
+gathered, every peer having probed by then, and decides). No step waits on another host's start.
 
 Output: {"host", "address", "ok", "seconds", "listen": [...], "rejected": [address],
 "pairs": [...], "reports": {peer: {...}}, "failures": [...]}. Exit 0 only if every pair in both
@@ -27,11 +38,13 @@ when the reports got through); 2 for a malformed request.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import io
 import ipaddress
 import json
 import selectors
+import signal
 import socket
 import sys
 import threading
@@ -42,6 +55,7 @@ from typing import Any
 
 from hostside.boundary_json import loads
 from hostside.boundary_text import control_char
+from hostside.sd_notify import notify
 
 CHECK_LABEL = "comm check"
 PROTOCOL = 1
@@ -59,6 +73,9 @@ CHUNK = 1 << 18
 
 # Ordered so that every host names a root cause first: a host's own setup (its address, its ports),
 # a host that never ran, then links, then what follows from lost reports.
+PHASES = ("all", "listen", "probe", "verdict")
+LIFETIME_MAX_S = 3600.0
+COLLECT_S = 10.0  # the verdict's read of its own listener, on the host itself
 RANK = {"local": 0, "down": 1, "connect": 2, "bandwidth": 3, "silent": 4, "undelivered": 5}
 
 _CAUSES = {
@@ -109,6 +126,8 @@ class Request:
     peers: tuple[Peer, ...]
     bandwidth: Bandwidth | None
     deadline_s: float
+    phase: str = "all"
+    lifetime_s: float = 900.0
 
 
 _KINDS = {str: "a string", int: "an integer", list: "a list", (int, float): "a number"}
@@ -193,6 +212,12 @@ def parse(raw: Any) -> Request:
     deadline = float(_get(raw, "deadline_s", (int, float), "request"))
     if deadline <= 0:
         raise BadRequest(f"request.deadline_s: {deadline:g} must be > 0")
+    phase = raw.get("phase", "all")
+    if phase not in PHASES:
+        raise BadRequest(f"request.phase: {phase!r} is not one of {', '.join(PHASES)}")
+    lifetime = float(_get(raw, "lifetime_s", (int, float), "request")) if "lifetime_s" in raw else 900.0
+    if not 0 < lifetime <= LIFETIME_MAX_S:
+        raise BadRequest(f"request.lifetime_s: {lifetime:g} must be > 0 and <= {LIFETIME_MAX_S:g}")
     return Request(
         run=_get(raw, "run", str, "request"),
         me=me,
@@ -203,6 +228,8 @@ def parse(raw: Any) -> Request:
         peers=tuple(peers),
         bandwidth=bandwidth,
         deadline_s=deadline,
+        phase=phase,
+        lifetime_s=lifetime,
     )
 
 
@@ -291,6 +318,9 @@ class Check:
         # Probes stop early enough for every host's report to reach every other host in time.
         self.cutoff = self.deadline - min(max(1.0, req.deadline_s / 5), req.deadline_s / 2)
         self.peer_at = {p.address: p for p in req.peers}
+        # This host itself, as its own listener sees its probe step (phases ``probe``, ``verdict``)
+        self.me = Peer(req.me, req.address, ())
+        self.probed: dict[str, Any] | None = None
         self.hello = _line({"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me})
         self.cond = threading.Condition()
         self.reports: dict[str, dict[str, Any]] = {}
@@ -368,7 +398,10 @@ class Check:
                     self._accept(conn, source[0], entry)
 
     def _accept(self, conn: socket.socket, source: str, entry: dict[str, Any]) -> None:
-        peer = self.peer_at.get(str(ipaddress.ip_address(source.split("%", 1)[0])))
+        address = str(ipaddress.ip_address(source.split("%", 1)[0]))
+        peer = self.peer_at.get(address)
+        if peer is None and address == self.req.address and entry["port"] == self.req.port:
+            peer = self.me  # this host's own probe and verdict steps
         if peer is None:
             conn.close()
             with self.cond:
@@ -376,7 +409,7 @@ class Check:
                     self.rejected.append(source)
             return
         with self.cond:
-            if peer.host not in entry["accepted_from"]:
+            if peer is not self.me and peer.host not in entry["accepted_from"]:
                 entry["accepted_from"].append(peer.host)
         if entry["port"] == self.req.port:
             threading.Thread(target=self._handle, args=(conn, peer), daemon=True).start()
@@ -407,11 +440,20 @@ class Check:
                 if msg.get("op") == "bandwidth" and self.req.bandwidth is not None:
                     received = self._receive(stream, self.req.bandwidth.bytes)
                     conn.sendall(_line({"received": received}))
-                elif msg.get("op") == "report":
+                elif msg.get("op") == "report" and peer is not self.me:
                     # Acknowledged before it counts: once the last report counts this process may exit,
                     # and the sender must not be left retrying a host that is gone.
                     conn.sendall(b'{"ok": true}\n')
                     self._store(peer, msg)
+                elif msg.get("op") == "probed" and peer is self.me:
+                    with self.cond:
+                        self.probed = msg
+                    conn.sendall(b'{"ok": true}\n')
+                elif msg.get("op") == "collect" and peer is self.me:
+                    with self.cond:
+                        gathered = {"reports": dict(self.reports), "probed": self.probed, "listen": self.listen,
+                                    "rejected": list(self.rejected), "local": list(self.local)}  # fmt: skip
+                    conn.sendall(_line(gathered))
         except (OSError, ValueError):
             return
 
@@ -619,23 +661,40 @@ class Check:
 
     # --- the whole check ------------------------------------------------------------------------
 
+    def _report(self, pairs: list[dict[str, Any]], local: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bytes]:
+        """This host's failures (its own setup's, then its pairs') and the report that says them."""
+        own = [
+            _failure(p["kind"], self.req.me, p["to"], p["port"] if p["kind"] == "connect" else None, self._say(p))
+            for p in pairs
+            if not p["ok"]
+        ]
+        mine = sorted(local + own, key=_order)
+        report = {"op": "report", "run": self.req.run, "from": self.req.me, "ok": not mine}
+        report["failures"] = mine[:REPORT_FAILURES_MAX]
+        return mine, _line(report)
+
+    def _deliver_all(self, report: bytes) -> dict[str, str | None]:
+        """``report`` to every peer at once; peer -> None once acknowledged, else why not."""
+        for peer in self.req.peers:
+            threading.Thread(target=self._deliver, args=(peer, report), daemon=True).start()
+        with self.cond:
+            self.cond.wait_for(
+                lambda: all(p.host in self.delivered for p in self.req.peers),
+                timeout=max(0.0, self._left(self.deadline)),
+            )
+            return {p.host: self.delivered.get(p.host, "timed out") for p in self.req.peers}
+
     def run(self) -> dict[str, Any]:
+        """Phase ``all``: listen, probe and exchange the reports in this one process."""
         req = self.req
         self._open()
         server = threading.Thread(target=self._serve, daemon=True)
         server.start()
         try:
             pairs = self._probe_all()
-            own = [
-                _failure(p["kind"], req.me, p["to"], p["port"] if p["kind"] == "connect" else None, self._say(p))
-                for p in pairs
-                if not p["ok"]
-            ]
-            mine = sorted(self.local + own, key=_order)
-            report = {"op": "report", "run": req.run, "from": req.me, "ok": not mine}
-            report["failures"] = mine[:REPORT_FAILURES_MAX]
+            mine, report = self._report(pairs, self.local)
             for peer in req.peers:
-                threading.Thread(target=self._deliver, args=(peer, _line(report)), daemon=True).start()
+                threading.Thread(target=self._deliver, args=(peer, report), daemon=True).start()
             with self.cond:
                 self.cond.wait_for(
                     lambda: len(self.reports) == len(req.peers) and len(self.delivered) == len(req.peers),
@@ -648,22 +707,111 @@ class Check:
             server.join()
             for sock in self.listening:
                 sock.close()
+        return self._result(pairs, mine, reports, delivered, f" within {_num(req.deadline_s)} s")
+
+    def listen_until_stopped(self) -> dict[str, Any]:
+        """Phase ``listen``: the listeners, up until SIGTERM (the verdict step stops the service)
+        or ``lifetime_s``, keeping what peers report and what this host's probe step found."""
+        self._open()
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        timer = threading.Timer(self.req.lifetime_s, self.stop.set)
+        timer.daemon = True
+        timer.start()
+        notify("READY=1")
+        try:
+            self._serve()
+        finally:
+            for sock in self.listening:
+                sock.close()
+        return {"host": self.req.me, "listen": self.listen, "rejected": self.rejected, "reports": sorted(self.reports)}
+
+    def _ask_own(self, message: dict[str, Any]) -> dict[str, Any]:
+        """This host's own listener's answer to ``message`` (raises OSError or ValueError)."""
+        sock, cause, _ = self._connect(self.req.address, self.req.port, time.monotonic() + COLLECT_S, once=True)
+        if sock is None:
+            raise OSError(cause)
+        with sock:
+            _, why = self._greet(sock, self.me, check=True)
+            if why:
+                raise OSError(why)
+            sock.sendall(_line({"run": self.req.run, "from": self.req.me, **message}))
+            sock.settimeout(COLLECT_S)
+            answer = _json_line(_recv_line(sock, LINE_MAX), f"{self.req.me}'s own listener")
+        if answer is None:
+            raise ValueError(f"{self.req.me}'s own listener gave no answer")
+        return answer
+
+    def _listener_down(self, exc: Exception) -> dict[str, Any]:
+        where = f"{self.req.me}: {_hostport(self.req.address, self.req.port)} ({CHECK_LABEL})"
+        said = f"{where}: its listener is not running ({_cause(exc)})"
+        return _failure("local", self.req.me, None, self.req.port, said)
+
+    def probe_step(self) -> dict[str, Any]:
+        """Phase ``probe``: every listener of the topology is up. Probe every peer, send the report
+        to every peer and what was found to this host's own listener, for its verdict."""
+        try:
+            local = [f for f in self._ask_own({"op": "collect"}).get("local") or [] if _valid_failure(f)]
+        except (OSError, ValueError) as exc:
+            local = [self._listener_down(exc)]
+        pairs = self._probe_all()
+        mine, report = self._report(pairs, local)
+        delivered = self._deliver_all(report)
+        found = {"op": "probed", "pairs": pairs, "failures": mine, "delivered": delivered}
+        with contextlib.suppress(OSError, ValueError):
+            self._ask_own(found)
+        return {"host": self.req.me, "ok": not mine, "pairs": pairs, "delivered": delivered}
+
+    def verdict(self) -> dict[str, Any]:
+        """Phase ``verdict``: every host of the topology has probed; decide from what this host's
+        listener gathered (the peers' reports) and what its probe step found."""
+        try:
+            gathered = self._ask_own({"op": "collect"})
+        except (OSError, ValueError) as exc:
+            gathered = {"local": [self._listener_down(exc)]}
+        probed = gathered.get("probed") if isinstance(gathered.get("probed"), dict) else None
+        local = [f for f in gathered.get("local") or [] if _valid_failure(f)]
+        delivered: dict[str, Any] = {}
+        if probed is None:
+            pairs = []
+            mine = local or [_failure("local", self.req.me, None, None, f"{self.req.me}: its probe step did not run")]
+        else:
+            pairs = [p for p in probed.get("pairs") or [] if isinstance(p, dict)]
+            mine = [f for f in probed.get("failures") or [] if _valid_failure(f)]
+            delivered = probed["delivered"] if isinstance(probed.get("delivered"), dict) else {}
+        reports: dict[str, Any] = gathered["reports"] if isinstance(gathered.get("reports"), dict) else {}
+        self.listen = [e for e in gathered.get("listen") or [] if isinstance(e, dict)]
+        self.rejected = [a for a in gathered.get("rejected") or [] if isinstance(a, str)]
+        return self._result(pairs, mine, reports, delivered, "")
+
+    def _result(
+        self,
+        pairs: list[dict[str, Any]],
+        mine: list[dict[str, Any]],
+        reports: dict[str, Any],
+        delivered: dict[str, Any],
+        within: str,
+    ) -> dict[str, Any]:
+        """The check's outcome on this host: its own failures, its peers' and whose is missing."""
+        req = self.req
         for entry in self.listen:
-            entry["accepted_from"].sort()
+            entry.get("accepted_from", []).sort()
+        check_cause = {
+            p.get("to"): p.get("cause") for p in pairs if p.get("kind") == "connect" and p.get("label") == CHECK_LABEL
+        }
         failures = list(mine)
         for peer in req.peers:
             got = reports.get(peer.host)
-            if got is not None:
+            if isinstance(got, dict):
                 failures += got["failures"]
-            elif self.check_cause.get(peer.host):
+            elif check_cause.get(peer.host):
                 failures.append(
                     _failure(
                         "down",
                         peer.host,
                         None,
                         None,
-                        f"{peer.host} did not report within {_num(req.deadline_s)} s "
-                        f"(host down? its comm check port {req.port}: {self.check_cause[peer.host]})",
+                        f"{peer.host} did not report{within} "
+                        f"(host down? its comm check port {req.port}: {check_cause[peer.host]})",
                     )
                 )
             else:
@@ -673,8 +821,7 @@ class Check:
                         peer.host,
                         req.me,
                         None,
-                        f"{peer.host} did not report within {_num(req.deadline_s)} s "
-                        f"(it is up; can it reach {req.me}:{req.port}?)",
+                        f"{peer.host} did not report{within} (it is up; can it reach {req.me}:{req.port}?)",
                     )
                 )
             if delivered.get(peer.host, "timed out") is not None:
@@ -743,7 +890,11 @@ def main() -> None:
         print(json.dumps({"ok": False, "error": f"bad request: {reason}"}))
         print(f"kimi-deploy: comm check: bad request: {reason}", file=sys.stderr)
         sys.exit(2)
-    result = Check(req).run()
+    check = Check(req)
+    if req.phase in ("listen", "probe"):
+        print(json.dumps(check.listen_until_stopped() if req.phase == "listen" else check.probe_step(), sort_keys=True))
+        return
+    result = check.verdict() if req.phase == "verdict" else check.run()
     print(json.dumps(result, sort_keys=True))
     if not result["ok"]:
         print(f"kimi-deploy: comm check: {result['failures'][0]['message']}", file=sys.stderr)

@@ -132,18 +132,44 @@ def _digest(path: str) -> str | None:
         return None
 
 
-def probe(request: dict[str, Any]) -> DriversAnswer:
+def driver_version_read(hardware: Any) -> tuple[int | None, str, str] | None:
+    """What ``nvidia-smi --query-gpu=driver_version`` would answer, from the hardware probe's
+    answer of the same moment (hostside/hardware_probe.py, run first in the same process by
+    hostside/host_probe.py): NVML's driver version, or the driver_version column of its own
+    nvidia-smi query, or its error as nvidia-smi said it. None: it read neither (no nvidia-smi,
+    or it failed): ask nvidia-smi here."""
+    nvidia = hardware.get("nvidia") if isinstance(hardware, dict) else None
+    if not isinstance(nvidia, dict):
+        return None
+    nvml = nvidia.get("nvml")
+    if isinstance(nvml, dict) and "error" not in nvml and nvml.get("driver_version"):
+        return 0, f"{nvml['driver_version']}\n", ""
+    query, fields = nvidia.get("smi_query"), nvidia.get("smi_fields") or []
+    if not isinstance(query, dict) or query.get("rc") is None or "driver_version" not in fields:
+        return None
+    if query["rc"] != 0:
+        return query["rc"], str(query.get("stdout") or ""), str(query.get("stderr") or "")
+    column = fields.index("driver_version")
+    rows = [line.split(", ") for line in str(query.get("stdout") or "").splitlines() if line.strip()]
+    if any(len(row) != len(fields) for row in rows):
+        return None
+    return 0, "".join(f"{row[column].strip()}\n" for row in rows), ""
+
+
+def probe(request: dict[str, Any], known: tuple[int | None, str, str] | None = None) -> DriversAnswer:
+    """What the drivers step decides on. ``known``: nvidia-smi's driver version read already in
+    this process (``driver_version_read``), so that nvidia-smi runs once per probe."""
     timeout = float(request.get("timeout_s") or 10)
     units = [str(u) for u in request.get("services") or []]
     kernel = os.uname().release
     dpkg = _start(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *PACKAGE_PATTERNS])
     arch = _start(["dpkg", "--print-architecture"])
-    smi = (
-        _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if request.get("nvidia") else None
-    )
+    ask = bool(request.get("nvidia")) and known is None
+    smi = _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if ask else None
     show = _start(["systemctl", "show", "--property=Id,ActiveState,UnitFileState", *units]) if units else None
     pending = _text("/run/reboot-required.pkgs")
-    smi_result = _finish(smi, timeout)
+    smi_result = known if known is not None and request.get("nvidia") else _finish(smi, timeout)
+    asked = smi is not None or (known is not None and bool(request.get("nvidia")))
     release = _os_release()
     return {
         "os": {
@@ -157,7 +183,7 @@ def probe(request: dict[str, Any]) -> DriversAnswer:
         "packages": _packages(_finish(dpkg, timeout)[1]),
         "sources": _sources(),
         "module": _module(),
-        "nvml": _nvml(*smi_result) if smi is not None else None,
+        "nvml": _nvml(*smi_result) if asked else None,
         "reboot_required": (pending or "").split() if os.path.exists("/run/reboot-required") else None,
         "services": _services(units, _finish(show, timeout)[1]),
         "files": {str(p): _digest(str(p)) for p in request.get("files") or []},

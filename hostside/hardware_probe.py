@@ -3,6 +3,8 @@
 Stdlib only, Python 3.10+. Input: one argument, base64 of zlib-compressed JSON (every key optional):
   {"weights_dir": str (default "/"), "measure": bool (default false): time a sequential read there,
    "nvml": bool (default true): try NVML (module ``pynvml``) before nvidia-smi,
+   "topology": bool (default true): read ``nvidia-smi topo -m`` (the report shows it; a converge
+               decides nothing on it and leaves it out: one nvidia-smi less per host and run),
    "root": str (default "/"): prefix of every /sys, /proc, /dev and /etc path read (tests),
    "timeout_s": float (default 3): how long each command (nvidia-smi, dpkg-query, systemctl) may run,
    "metadata_url": str: base URL of the GCE metadata attributes (default: the metadata server)}
@@ -13,7 +15,8 @@ section that failed holds an ``"error"`` string (the script itself never raises)
    "nvidia": {"nvml": {"driver_version", "cuda_version": int, "devices": [{"index", "name", "uuid",
                        "memory_mib", "pci_bus_id", "compute_cap", "nvlink_active", "fabric", "errors"}]}
                       | {"error": str} | None (not tried),
-              "smi_query": CMD | None (NVML answered or no nvidia-smi), "smi_topo": CMD | None (no nvidia-smi),
+              "smi_query": CMD | None (NVML answered or no nvidia-smi),
+              "smi_topo": CMD | None (no nvidia-smi, or not asked for),
               "smi_fields": [str], "pci_gpus": {"devices": [{"address", "vendor", "device", "class"}]}},
    "tpu": {"pci": [{"address", "vendor", "device"}], "nodes": ["/dev/vfio/0", "/dev/accel0", ...],
            "metadata": {"accelerator-type": str | None, "agent-worker-number": str | None, "error"?}
@@ -488,7 +491,7 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
     root = str(request.get("root") or "/")
     timeout = float(request.get("timeout_s") or COMMAND_TIMEOUT_S)
     smi = shutil.which("nvidia-smi")
-    topo = Command([smi, "topo", "-m"], timeout) if smi else None
+    topo = Command([smi, "topo", "-m"], timeout) if smi and request.get("topology", True) else None
     query_argv = [smi or "nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
     dpkg_argv = ["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *PACKAGES]
     dpkg = Command(dpkg_argv, timeout) if shutil.which("dpkg-query") else None

@@ -4,12 +4,13 @@ Stdlib only, Python 3.10+. Input: one argument, base64 of zlib-compressed JSON:
   {"drivers": <driver_probe's request> (optional), "hardware": <hardware_probe's> (optional),
    "state": <state_probe's>}
 
-Output, in this order, one line per part asked for: ``drivers <JSON>``, ``hardware <JSON>``,
+Output, in this order, one line per part asked for: ``hardware <JSON>``, ``drivers <JSON>``,
 ``state <JSON>`` (``facts.host_state.KimiHostState`` reads them). The parts once ran as three
 Python processes in one shell command; in one, a converged host's probe costs one interpreter
 and its imports instead of three. A part that raises prints its traceback on stderr and no line
 (the drivers and hardware parts answer ``{"error": ...}`` instead, as they do alone); the others
-still answer, and the exit status is 1.
+still answer, and the exit status is 1. nvidia-smi runs once per probe: the drivers part takes the
+driver version from what the hardware part read (``driver_probe.driver_version_read``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from typing import Any
 
 from hostside import driver_probe, hardware_probe, state_probe
 
-# Part -> how it answers, and what it answers when it raises (None: no line at all).
+# Part -> how it answers, and what it answers when it raises (None: no line at all); in this
+# order: the drivers part reads what the hardware part found.
 PARTS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[Exception], Any] | None]] = {
-    "drivers": (driver_probe.probe, lambda exc: {"error": f"{type(exc).__name__}: {exc}"}),
     "hardware": (hardware_probe.probe, lambda exc: {"schema": 1, "error": f"{type(exc).__name__}: {exc}"}),
+    "drivers": (driver_probe.probe, lambda exc: {"error": f"{type(exc).__name__}: {exc}"}),
     "state": (state_probe.probe, None),
 }
 
@@ -37,18 +39,24 @@ PARTS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[Exception], An
 def main() -> None:
     request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
     failed = False
+    answers: dict[str, Any] = {}
     for tag, (probe, on_error) in PARTS.items():
         if tag not in request:
             continue
         part = request[tag]
         try:
-            answer = probe(part if isinstance(part, dict) else {})
+            if tag == "drivers" and "hardware" in answers:
+                # nvidia-smi once per probe: the driver version the hardware part read just now
+                answer = driver_probe.probe(part, driver_probe.driver_version_read(answers["hardware"]))
+            else:
+                answer = probe(part if isinstance(part, dict) else {})
         except Exception as exc:  # noqa: BLE001 - the other parts still answer
             traceback.print_exc()
             failed = True
             if on_error is None:
                 continue
             answer = on_error(exc)
+        answers[tag] = answer
         sys.stdout.write(f"{tag} {json.dumps(answer, sort_keys=True)}\n")
     sys.stdout.flush()
     if threading.active_count() > 1:

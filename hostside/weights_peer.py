@@ -13,7 +13,8 @@ rules. A file is never served from a host that has not verified it, and the rece
 it receives again.
 
 What a client can make it spend is bounded before it is known: a connection from an address
-outside ``allow`` is closed before a byte is read, and so is one beyond ``MAX_CONNECTIONS``; one
+outside ``allow`` is closed before a byte is read, and so is one beyond ``MAX_CONNECTIONS``, told
+only ``503`` with ``Retry-After`` (the fetcher waits its turn, see weights_sync.py); one
 request per connection, whose head (``hostside.boundary_http.read_head``: small size and header
 limits) must start within ``WAIT_S`` and be whole ``HEAD_S`` later, and carry the key before
 anything else is looked at; a reader that takes nothing for ``SEND_STALL_S`` is dropped.
@@ -42,12 +43,14 @@ from urllib.parse import unquote
 
 from hostside.boundary_http import BoundedThreads, Refused, read_head
 from hostside.boundary_names import BadName, check_names, inside
+from hostside.sd_notify import notify
 
 MAX_CONNECTIONS = 32
 WAIT_S = 5.0
 HEAD_S = 5.0
 SEND_STALL_S = 60.0
 CACHE_BYTES = 16 << 20  # the verification cache of a revision is a few KiB per hundred files
+BUSY = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class Peer:
@@ -186,19 +189,15 @@ class Server(BoundedThreads, socketserver.TCPServer):
 
     def refuse(self, request: socket.socket, client_address: Any) -> None:
         self.peer.count(f"over {MAX_CONNECTIONS} at once")
+        # Busy, as HTTP says it (RFC 9110 15.6.4): the fetcher waits its turn rather than going
+        # to the Hub. Sent unread, in one small write that cannot block the accepting thread.
+        with contextlib.suppress(OSError):
+            request.setblocking(False)
+            request.send(BUSY)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
         print(f"connection from {client_address[0]}: {type(exc).__name__}: {exc}", file=sys.stderr)
-
-
-def _notify(message: str) -> None:
-    where = os.environ.get("NOTIFY_SOCKET")
-    if not where:
-        return
-    address = "\0" + where[1:] if where.startswith("@") else where
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.sendto(message.encode(), address)
 
 
 def main() -> None:
@@ -217,7 +216,7 @@ def main() -> None:
         server.shutdown()
 
     threading.Thread(target=watch, daemon=True).start()
-    _notify("READY=1")
+    notify("READY=1")
     print(f"serving {len(peer.cache)} verified files of {peer.root} on {req['bind']}:{req['port']}", file=sys.stderr)
     server.serve_forever()
     refused = ", ".join(f"{n} {why}" for why, n in sorted(peer.refused.items()))

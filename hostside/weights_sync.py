@@ -29,6 +29,7 @@ import glob
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import stat
@@ -52,6 +53,8 @@ FILE_MODE = 0o644
 READABLE = 0o444
 PARTIAL = os.path.join(META, "partial")
 PROGRESS_EVERY_S = 5.0
+# How long a fetch waits its turn at a peer that says it is busy (HTTP 503) before the next source.
+BUSY_WAIT_S = 600.0
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|gitblob:[0-9a-f]{40})$")
 
 
@@ -219,6 +222,24 @@ def _fetch_from(
     return [st.st_size, st.st_mtime_ns, st.st_ino, found], size
 
 
+def _fetch_busy(
+    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None
+) -> tuple[list[Any], int]:
+    """``_fetch_from``, waiting its turn while the source says it is busy (503 with Retry-After:
+    it serves as many hosts at once as it may), for up to ``BUSY_WAIT_S``: a busy source is no
+    reason to take the file from the Hub."""
+    until = time.monotonic() + BUSY_WAIT_S
+    while True:
+        try:
+            return _fetch_from(root, rel, entry, source, key)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() >= until:
+                raise
+            wait = exc.headers.get("Retry-After", "1") if exc.headers else "1"
+            delay = float(wait) if wait.isdigit() else 1.0
+            time.sleep(min(delay, 30.0) * random.uniform(0.5, 1.5))  # noqa: S311 - spreads retries, no secret
+
+
 def _from_peers(
     root: str, lock: dict[str, list[Any]], bad: list[str], req: dict[str, Any], cache: dict[str, list[Any]]
 ) -> tuple[list[str], dict[str, int], dict[str, str]]:
@@ -240,7 +261,7 @@ def _from_peers(
         for turn in range(len(peers)):
             peer = peers[(index + turn) % len(peers)]
             try:
-                entry, size = _fetch_from(root, rel, lock[rel], peer, key)
+                entry, size = _fetch_busy(root, rel, lock[rel], peer, key)
             except (OSError, ValueError, urllib.error.URLError) as exc:
                 with mutex:
                     causes[rel] = f"{peer['host']}: {type(exc).__name__}: {exc}"

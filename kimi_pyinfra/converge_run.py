@@ -29,7 +29,8 @@ def probe_request(h: Host) -> dict[str, Any]:
     plan, work = todo_for(inventory, h)
     return {
         "request": converge_request(work),
-        "hardware": {"weights_dir": plan.recipe.paths.models},
+        # what preflight decides on: the topology matrix is the report's (deploys/report.py)
+        "hardware": {"weights_dir": plan.recipe.paths.models, "topology": False},
         "drivers": drivers_request(plan.recipe, plan.spec),
     }
 

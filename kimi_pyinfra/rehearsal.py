@@ -22,7 +22,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pyinfra import logger
-from pyinfra.context import host
+from pyinfra.context import host, state
+
+from kimi_pyinfra.run_context import run_context
 
 
 class Do(Protocol):
@@ -56,11 +58,21 @@ class Rehearsal:
 
 
 def converge_host(steps: Callable[[Do], None]) -> bool:
-    """Run ``steps`` as operations only if one of them would change this host; whether it did."""
+    """Run ``steps`` as operations only if one of them would change this host; whether it did.
+    Once every host of the run has been rehearsed, one line says how many have steps to take."""
     rehearsal = Rehearsal()
     steps(rehearsal)
     if rehearsal.changes is None:
-        logger.info(f"{host.name}: converged, no step to take")
-        return False
-    steps(perform)
-    return True
+        host.log("converged, no step to take")
+    else:
+        steps(perform)
+    rehearsed = run_context().rehearsed
+    rehearsed[host.name] = rehearsal.changes is not None
+    if len(rehearsed) == len(state.active_hosts):
+        changing = sorted(name for name, changes in rehearsed.items() if changes)
+        shown = ", ".join(changing[:8]) + (f" and {len(changing) - 8} more" if len(changing) > 8 else "")
+        logger.info(
+            f"--> {len(rehearsed)} hosts: {len(rehearsed) - len(changing)} converged (no step to take), "
+            f"{len(changing)} with steps to take{': ' + shown if changing else ''}"
+        )
+    return rehearsal.changes is not None

@@ -59,6 +59,10 @@ class RunContext:
     locks: dict[tuple[str, str], Probe] = field(default_factory=dict)
     # (host, path) of damaged releases already reported
     damage_said: set[tuple[str, str]] = field(default_factory=set)
+    # host name -> whether its rehearsal found a step to take (``kimi_pyinfra.rehearsal``)
+    rehearsed: dict[str, bool] = field(default_factory=dict)
+    # whether this run prints step lines (``kimi_pyinfra.fleet_progress``)
+    step_lines: bool = False
     # host name -> its hardware profile (deploys/report.py)
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
 

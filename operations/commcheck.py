@@ -11,27 +11,90 @@ from pyinfra.context import host
 
 from hostside.host_dirs import LOG_DIR
 from kimi_deploy.hostside_command import hostside_command
+from kimi_pyinfra.rehearsal import Do
+from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit
 
 ALL_REDUCE_LOG = f"{LOG_DIR}/all-reduce.log"
+
+
+# The transient service holding the check's listeners between its steps (``listening`` to ``passed``).
+LISTENER_UNIT = "kimi-commcheck"
+# Its sandbox: it listens and answers, as a user of its own; nothing else.
+_LISTENER_PROPERTIES = (*LISTENER_SANDBOX, "DynamicUser=yes", "MemoryMax=256M", "TasksMax=512")
+# How long the listeners may outlive a run that never reached its verdict (a controller gone).
+LIFETIME_S = 900
+
+
+def _stop_listener() -> str:
+    return stop_unit(LISTENER_UNIT)
+
+
+def check_steps(do: Do, request: dict[str, Any] | None, why_not: str = "") -> None:
+    """The communication check as three steps, each taken by every host of the topology before
+    the next starts on any (``hostside/commcheck.py``'s phases): the listeners, the probes, the
+    verdict. No step waits for another host to start, however many hosts the run drives.
+
+    + request: ``hostside/commcheck.py``'s request (``kimi_deploy.commcheck_plan.check_request``);
+      None when no engine of the topology is (re)started this run
+    + why_not: with ``request`` None, why the check is not needed
+    """
+    do(listening, name="Communication check: listeners", request=request, why_not=why_not)
+    do(probed, name="Communication check: probes", request=request, why_not=why_not)
+    do(passed, name="Communication check", request=request, why_not=why_not)
+
+
+@operation()
+def listening(*, request: dict[str, Any] | None, why_not: str = "") -> Generator[str, None, None]:
+    """
+    Listen on every port this host's peers will reach, as the transient ``kimi-commcheck``
+    service (a user of its own, sandboxed), until the verdict step stops it; the step returns
+    once it listens (systemd notify). One left by an earlier run is replaced.
+
+    + request, why_not: as ``check_steps``
+    """
+    if request is None:
+        host.noop(why_not)
+        return
+    q = shlex.quote
+    props = [f"--property={q(p)}" for p in _LISTENER_PROPERTIES]
+    yield " ".join([
+        f"{_stop_listener()}; systemctl reset-failed {LISTENER_UNIT}.service 2>/dev/null;",
+        f"systemd-run --quiet --collect --unit={LISTENER_UNIT}",
+        f"--description={q('kimi-deploy: communication check listeners of run ' + str(request['run']))}",
+        *props,
+        hostside_command("/usr/bin/python3", "commcheck.py", {**request, "phase": "listen", "lifetime_s": LIFETIME_S}),
+    ])  # fmt: skip
+
+
+@operation()
+def probed(*, request: dict[str, Any] | None, why_not: str = "") -> Generator[str, None, None]:
+    """
+    Reach every port of every peer (all listen by now) and measure the bandwidth to each; send
+    the findings to every peer's listener and this host's own. Fails only on a bad request: the
+    verdict step decides.
+
+    + request, why_not: as ``check_steps``
+    """
+    if request is None:
+        host.noop(why_not)
+        return
+    yield hostside_command("python3", "commcheck.py", {**request, "phase": "probe"})
 
 
 @operation()
 def passed(*, request: dict[str, Any] | None, why_not: str = "") -> Generator[str, None, None]:
     """
     Check that this host and every other host of its topology reach each other's ports, with
-    enough bandwidth, all hosts at once; fail (on every host of the topology) otherwise.
+    enough bandwidth; fail (on every host of the topology) otherwise, naming the first failure.
+    The listeners stop here, whatever the outcome.
 
-    + request: ``hostside/commcheck.py``'s request (``kimi_deploy.commcheck_plan.check_request``);
-      None when no engine of the topology is (re)started this run
-    + why_not: with ``request`` None, why the check is not needed
-
-    Every host of the topology runs it in the same operation, so pyinfra starts them together;
-    listeners, probes and the exchange of results are bounded by the request's deadline.
+    + request, why_not: as ``check_steps``
     """
     if request is None:
         host.noop(why_not)
         return
-    yield hostside_command("python3", "commcheck.py", request)
+    verdict = hostside_command("python3", "commcheck.py", {**request, "phase": "verdict"})
+    yield f"{verdict}; rc=$?; {_stop_listener()}; exit $rc"
 
 
 @operation()

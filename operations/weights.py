@@ -12,6 +12,7 @@ from pyinfra.context import host
 from hostside.probe_types import WeightsFound
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.weights_fanout import needs_sync
+from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit
 
 
 @operation()
@@ -53,21 +54,7 @@ def revision(
 PEER_UNIT = "kimi-weights-peer"
 # The transient service's sandbox: it reads the revision and its key, and listens; nothing else.
 _PEER_PROPERTIES = (
-    "Type=notify",
-    "NoNewPrivileges=yes",
-    "ProtectSystem=strict",
-    "ProtectHome=yes",
-    "PrivateTmp=yes",
-    "PrivateDevices=yes",
-    "ProtectKernelTunables=yes",
-    "ProtectKernelModules=yes",
-    "ProtectControlGroups=yes",
-    "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
-    "CapabilityBoundingSet=",
-    "LockPersonality=yes",
-    "RestrictSUIDSGID=yes",
-    "SystemCallArchitectures=native",
-    "UMask=0077",
+    *LISTENER_SANDBOX,
     # A run that dies before stopping it leaves nothing listening for long.
     "RuntimeMaxSec=21600",
     # Whatever clients do, it stays small: at most 32 connections (a thread and two files each)
@@ -79,7 +66,7 @@ _PEER_PROPERTIES = (
 
 
 def _stop() -> str:
-    return f"if systemctl is-active --quiet {PEER_UNIT}.service; then systemctl stop {PEER_UNIT}.service; fi"
+    return stop_unit(PEER_UNIT)
 
 
 @operation()

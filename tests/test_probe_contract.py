@@ -23,10 +23,12 @@ import pytest
 
 from facts.drivers import DriversState
 from facts.host_state import KimiHostState
-from hostside import state_probe, venv_install
+from hostside import driver_probe, state_probe, venv_install
 from hostside.probe_types import DriversAnswer, HardwareAnswer, HostState, StateAnswer
 from kimi_deploy.hostside_command import hostside_command, pack
 from tests.typed_check import problems
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _release(root: Path) -> Path:
@@ -218,7 +220,7 @@ def test_the_host_probe_answers_every_part_in_one_process_as_each_alone(tmp_path
     assert command.count("python3") == 1
     run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
     lines = run.stdout.splitlines()
-    assert [line.split(" ", 1)[0] for line in lines] == ["drivers", "hardware", "state"]
+    assert [line.split(" ", 1)[0] for line in lines] == ["hardware", "drivers", "state"]
     alone = {
         "state": hostside_command("python3", "state_probe.py", state),
         "drivers": hostside_command("python3", "driver_probe.py", drivers),
@@ -247,3 +249,35 @@ def test_a_part_that_raises_leaves_the_others_answering() -> None:
     assert run.returncode == 1
     assert [line.split(" ", 1)[0] for line in run.stdout.splitlines()] == ["drivers"]
     assert "ValueError: invalid literal for int() with base 10: 'x'" in run.stderr
+
+
+SMI_FIELDS = ["index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "compute_cap"]
+MISMATCH = ROOT / "tests/fixtures/nvidia_smi/nvidia_smi_nvml_driver_library_mismatch_intel_llvm17614.txt"
+
+
+def _query(rc: int | None, stdout: str, stderr: str = "") -> dict[str, Any]:
+    return {"nvidia": {"nvml": None, "smi_fields": SMI_FIELDS,
+                       "smi_query": {"argv": ["nvidia-smi"], "rc": rc, "stdout": stdout, "stderr": stderr, "error": None}}}  # fmt: skip
+
+
+def test_the_drivers_part_reads_the_driver_version_the_hardware_part_read() -> None:
+    """nvidia-smi once per probe: what ``--query-gpu=driver_version`` would say, from the
+    hardware part's answer, gives the drivers part the same ``nvml`` as asking again."""
+    rows = "".join(f"{i}, NVIDIA B300, GPU-{i}, 274877, 00000000:{i:02X}:00.0, 580.95.05, 10.0\n" for i in range(8))
+    read = driver_probe.driver_version_read(_query(0, rows))
+    assert read == (0, "580.95.05\n" * 8, "")
+    assert driver_probe._nvml(*read) == {"version": "580.95.05"}
+    # NVML answered instead of nvidia-smi
+    nvml = {"nvidia": {"nvml": {"driver_version": "580.95.05", "devices": []}, "smi_query": None}}
+    from_nvml = driver_probe.driver_version_read(nvml)
+    assert from_nvml is not None
+    assert driver_probe._nvml(*from_nvml) == {"version": "580.95.05"}
+    # nvidia-smi failing says why, as it would have to the drivers part
+    said = MISMATCH.read_text().splitlines()[1]
+    failed = driver_probe.driver_version_read(_query(18, said + "\n"))
+    assert failed is not None
+    assert driver_probe._nvml(*failed) == {"error": "Failed to initialize NVML: Driver/library version mismatch"}
+    # read nothing (no nvidia-smi, timed out, a row it cannot split): the drivers part asks itself
+    assert driver_probe.driver_version_read({"nvidia": {"nvml": None, "smi_query": None}}) is None
+    assert driver_probe.driver_version_read(_query(None, "", "timed out after 3 s")) is None
+    assert driver_probe.driver_version_read(_query(0, "0, a, b\n")) is None

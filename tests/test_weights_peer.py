@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from hostside.boundary_http import MAX_HEAD, MAX_HEADERS, MAX_LINE
-from hostside.weights_peer import HEAD_S, MAX_CONNECTIONS, WAIT_S
+from hostside.weights_peer import BUSY, HEAD_S, MAX_CONNECTIONS, WAIT_S
 from kimi_deploy.hostside_command import pack
 from tests.bundled import bundled_program
 
@@ -259,7 +260,9 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded(
         held += [_connect(port, "127.0.0.1") for _ in range(MAX_CONNECTIONS - 1)]
         time.sleep(0.5)
         with _connect(port, "127.0.0.1") as extra:
-            assert _answer(extra, 2) == b""  # closed unanswered, not queued behind the others
+            # told it is busy and closed at once, not queued behind the others
+            assert _answer(extra, 2) == BUSY
+            assert BUSY.startswith(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n")
         threads = int(Path(f"/proc/{proc.pid}/status").read_text().split("Threads:")[1].split()[0])
         assert threads <= MAX_CONNECTIONS + 2  # one per connection, the listener, the idle watch
     finally:
@@ -296,6 +299,29 @@ def test_a_sync_takes_every_file_from_a_peer_and_verifies_it(
     assert "2 files from peers" in (tmp_path / "host2/weights.log").read_text()
     # Verified while it streamed in: the next run hashes and fetches nothing.
     assert _sync(target, lock, [{"host": "h1", "url": url}], key_file)["from_peers"] == {}
+
+
+def test_a_sync_waits_its_turn_at_a_busy_peer_rather_than_going_to_the_hub(
+    tmp_path: Path, key_file: Path, source: tuple[str, Path, dict[str, list[Any]]]
+) -> None:
+    """Every slot of the peer taken (other hosts fetching): it answers 503, and the sync, which has
+    no Hub to fall back on here, waits until a slot frees and takes every file from that peer."""
+    url, _, lock = source
+    port = int(url.rsplit(":", 1)[1])
+    held = [_connect(port, "127.0.0.1") for _ in range(MAX_CONNECTIONS)]
+    def release() -> None:
+        for s in held:
+            s.close()
+
+    released = threading.Timer(2.0, release)
+    released.start()
+    try:
+        result = _sync(tmp_path / "host2" / "revision", lock, [{"host": "h1", "url": url}], key_file)
+    finally:
+        released.cancel()
+        release()
+    assert result["fetched"] == []
+    assert result["from_peers"] == {"h1": sum(size for size, _ in lock.values())}
 
 
 def test_a_peer_serving_a_corrupted_file_is_passed_over_for_the_next(tmp_path: Path, key_file: Path) -> None:

@@ -120,7 +120,7 @@ def test_a_host_down_is_named_and_nothing_restarts(
     assert run.code != 0
     lines = _check_lines(run.log)
     assert list(lines) == ["kimi-h3"]  # pyinfra could not reach kimi-h4 at all
-    assert lines["kimi-h3"].startswith("kimi-h4 did not report within 15 s (host down?"), lines
+    assert lines["kimi-h3"].startswith("kimi-h4 did not report (host down?"), lines
     _untouched(serving, units)
 
 

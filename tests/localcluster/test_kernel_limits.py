@@ -44,19 +44,33 @@ def test_nothing_is_lowered_and_no_new_host_changes_nothing(tmp_path: Path) -> N
     assert _value(proc, "fs.inotify.max_user_watches") == 100
     kernel_limits.ensure(4, proc=proc)
     assert _value(proc, "fs.inotify.max_user_instances") == 100_000
-    assert _value(proc, "fs.inotify.max_user_watches") == 4 * 2048 + 65536
+    assert _value(proc, "fs.inotify.max_user_watches") == 4 * 1024 + 65536
 
 
-def test_instances_in_use_are_counted_from_the_machine() -> None:
-    # this very process holds one more once it opens one
-    before = kernel_limits.inotify_instances(uid=os.geteuid())
+def test_instances_in_use_are_counted_per_file_descriptor_of_the_users_processes(tmp_path: Path) -> None:
+    # a /proc of its own: two processes of this user holding 2 and 1 inotify objects among other files
+    for pid, links in {"101": ["anon_inode:inotify", "anon_inode:inotify", "/dev/null"],
+                       "202": ["anon_inode:[eventfd]", "anon_inode:inotify"], "303": []}.items():  # fmt: skip
+        (tmp_path / pid / "fd").mkdir(parents=True)
+        (tmp_path / pid / "status").write_text("Name: x\n")
+        for n, target in enumerate(links):
+            (tmp_path / pid / "fd" / str(n)).symlink_to(target)
+    (tmp_path / "self").mkdir()  # not a process
+    assert kernel_limits.inotify_instances(uid=os.geteuid(), proc=tmp_path) == 3
+    assert kernel_limits.inotify_instances(uid=os.geteuid() + 1, proc=tmp_path) == 0
+
+
+def test_this_process_inotify_objects_are_seen_on_the_machine() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.inotify_init()
-    assert fd >= 0
+    fds = [libc.inotify_init() for _ in range(3)]
     try:
-        assert kernel_limits.inotify_instances(uid=os.geteuid()) >= before + 1
+        assert all(fd >= 0 for fd in fds)
+        mine = [str(os.readlink(f"/proc/self/fd/{fd}")) for fd in fds]
+        assert mine == ["anon_inode:inotify"] * 3  # the link the count looks for
+        assert kernel_limits.inotify_instances(uid=os.geteuid()) >= 3
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
@@ -65,6 +79,7 @@ def test_a_limit_that_cannot_be_raised_stops_with_one_line_naming_it(tmp_path: P
     script = f"""
 import sys; sys.path.insert(0, {str(ROOT)!r})
 from localcluster import kernel_limits
+from localcluster.state import ClusterError
 try:
     kernel_limits.ensure(64, proc=__import__("pathlib").Path({str(tmp_path)!r}))
 except ClusterError as exc:

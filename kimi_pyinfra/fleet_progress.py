@@ -1,0 +1,114 @@
+"""Progress at fleet size: one line per step of the converge, not one per host and step.
+
+pyinfra prints a line for every host of every operation ("[kimi-h12] No changes"), and the
+converge one per host for its plan and its rehearsal: 64 hosts make a log of thousands of
+lines where the few that matter hide. Unless pyinfra runs with ``-v`` (then everything it says
+stays), a converge instead prints, per operation, one line when it ends: how many hosts it
+changed, left unchanged or failed, and how long it took; while it runs longer than
+``TICK_S``, a line every ``TICK_S`` with the hosts done, failed and pending. What a host says
+when something goes wrong (warnings, errors, the failing command's output) is never held back.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent  # type: ignore[import-untyped]
+from pyinfra import logger
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback, State
+
+TICK_S = 15.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# The per-host lines a step line replaces: pyinfra's result of each operation on each host and
+# its "ready" per deploy file, the converge's own plan and rehearsal lines per host; and
+# pyinfra's "Starting operation" (the step line names the operation when it ends).
+_PER_HOST = re.compile(
+    r"^\s*\[[^\]]+\]\s+(Success|No changes|Skipped|Ready:|plan:|converged, no step to take)"
+    r"|^--> Starting (\w+ )*operation:"
+)
+
+
+class PerHostLines(logging.Filter):
+    """Drops the informational per-host lines that the step lines sum up."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        return _PER_HOST.search(_ANSI.sub("", record.getMessage())) is None
+
+
+@dataclass
+class _Step:
+    name: str
+    hosts: list[Host]
+    started: float
+    done: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+    ticker: Any = None
+
+
+class StepLines(BaseStateCallback):
+    """One line per operation of the run (``operation_start`` .. ``operation_end``)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, _Step] = {}
+
+    def operation_start(self, state: State, op_hash: str) -> None:  # type: ignore[override]
+        hosts = [h for h in state.inventory.get_active_hosts() if op_hash in state.ops.get(h, {})]
+        step = self.steps[op_hash] = _Step(", ".join(sorted(state.get_op_meta(op_hash).names)), hosts, time.monotonic())
+        step.ticker = gevent.spawn(self._tick, step)
+
+    def operation_host_success(self, state: State, host: Host, op_hash: str, retry_count: int = 0) -> None:  # type: ignore[override]
+        if op_hash in self.steps:
+            self.steps[op_hash].done.add(host.name)
+
+    def operation_host_error(  # type: ignore[override]
+        self, state: State, host: Host, op_hash: str, retry_count: int = 0, max_retries: int = 0
+    ) -> None:
+        if op_hash in self.steps:
+            self.steps[op_hash].failed.add(host.name)
+
+    def operation_end(self, state: State, op_hash: str) -> None:  # type: ignore[override]
+        step = self.steps.pop(op_hash, None)
+        if step is None:
+            return
+        step.ticker.kill(block=False)
+        changed = 0
+        for h in step.hosts:
+            meta = state.get_op_data_for_host(h, op_hash).operation_meta
+            changed += bool(meta.is_complete() and meta.did_change())
+        failed = sorted(step.failed)
+        unchanged = len(step.done) - changed
+        said = f"{changed} changed, {unchanged} unchanged, {len(failed)} failed"
+        if failed:
+            said += f" ({_names(failed)})"
+        logger.info(f"--> {step.name}: {said} of {len(step.hosts)} hosts in {time.monotonic() - step.started:.1f} s")
+
+    @staticmethod
+    def _tick(step: _Step) -> None:
+        while True:
+            gevent.sleep(TICK_S)
+            pending = len(step.hosts) - len(step.done) - len(step.failed)
+            logger.info(
+                f"    {step.name}: {len(step.done)} done, {len(step.failed)} failed, {pending} pending "
+                f"({time.monotonic() - step.started:.0f} s)"
+            )
+
+
+def _names(hosts: list[str], most: int = 8) -> str:
+    return ", ".join(hosts[:most]) + (f" and {len(hosts) - most} more" if len(hosts) > most else "")
+
+
+def install(state: State) -> None:
+    """Step lines for this run instead of per-host ones, unless pyinfra runs with ``-v``."""
+    if state.print_noop_info:
+        return
+    state.add_callback_handler(StepLines())  # type: ignore[no-untyped-call]
+    for handler in logging.getLogger("pyinfra").handlers:
+        if not any(isinstance(f, PerHostLines) for f in handler.filters):
+            handler.addFilter(PerHostLines())
