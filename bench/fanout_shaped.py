@@ -34,7 +34,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from localcluster.state import Settings  # noqa: E402 - after the path is set
+from harness.shaping import tbf  # noqa: E402 - after the path is set
+from localcluster.state import Settings  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 HOSTS = 4
@@ -68,19 +69,6 @@ def hub(state: dict[str, Any], path: str, method: str = "GET") -> dict[str, Any]
     with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as answer:  # noqa: S310
         data: dict[str, Any] = json.loads(answer.read() or b"{}")
         return data
-
-
-def tbf(device: str, mbit: int | None) -> None:
-    if mbit is None:
-        subprocess.run(["tc", "qdisc", "del", "dev", device, "root"], check=False, capture_output=True)
-        return
-    # A burst of at least rate/HZ keeps tbf accurate; latency bounds the queue.
-    burst = max(32_000, mbit * 1_000_000 // 8 // 100)
-    subprocess.run(
-        ["tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", str(burst),
-         "latency", "500ms"],
-        check=True,
-    )  # fmt: skip
 
 
 def main() -> None:

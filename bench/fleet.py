@@ -13,16 +13,24 @@ run, and their ratio.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.fleet import FLEET, answers, bodies_served, endpoints, hub, inventory, timed
+from harness.fleet import (
+    FLEET,
+    answers,
+    bodies_served,
+    endpoints,
+    fleet_arguments,
+    for_each_size,
+    hub,
+    inventory,
+    timed,
+)
 
 
 def one(n: int, runs: int, folder: Path) -> dict[str, object]:
@@ -62,30 +70,20 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
     }
 
 
+def line(n: int, runs: int, folder: Path) -> str:
+    row = one(n, runs, folder)
+    return (
+        f"N={row['hosts']:>3}  up {row['up_s']:6.1f} s  first converge {row['first_s']:6.1f} s "
+        f"rc {row['first_rc']} errors {row['op_errors']}  answering {row['answering']}  "
+        f"Hub: {row['files']} files, at most {row['max_bodies']} bodies each  "
+        f"no-op {row['noop_s']:.2f} s  floor {row['floor_s']:.2f} s  "
+        f"ratio {float(row['noop_s']) / float(row['floor_s']):.2f}"  # type: ignore[arg-type]
+    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 64])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--keep", action="store_true", help="leave the last fleet up")
-    args = parser.parse_args()
-    rows = []
-    try:
-        for n in args.hosts:
-            FLEET.cli("down")
-            with tempfile.TemporaryDirectory(prefix="kimi-fleet-") as tmp:
-                rows.append(one(n, args.runs, Path(tmp)))
-            row = rows[-1]
-            print(
-                f"N={row['hosts']:>3}  up {row['up_s']:6.1f} s  first converge {row['first_s']:6.1f} s "
-                f"rc {row['first_rc']} errors {row['op_errors']}  answering {row['answering']}  "
-                f"Hub: {row['files']} files, at most {row['max_bodies']} bodies each  "
-                f"no-op {row['noop_s']:.2f} s  floor {row['floor_s']:.2f} s  "
-                f"ratio {float(row['noop_s']) / float(row['floor_s']):.2f}",  # type: ignore[arg-type]
-                flush=True,
-            )
-    finally:
-        if not args.keep:
-            FLEET.cli("down")
+    args = fleet_arguments(__doc__.splitlines()[0])
+    for_each_size(args, lambda n, folder: line(n, args.runs, folder), fresh=True)
 
 
 if __name__ == "__main__":

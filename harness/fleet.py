@@ -9,9 +9,12 @@ stand-ins, as in the end-to-end tests.
 
 from __future__ import annotations
 
+import argparse
 import json
+import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +96,29 @@ def answers(cluster: OwnCluster, endpoint: Endpoint) -> bool:
     except (OSError, ValueError):
         return False
     return smoke["expect"] in str(answer.get("choices", [{}])[0].get("message", {}).get("content", ""))
+
+
+def fleet_arguments(description: str) -> argparse.Namespace:
+    """The command line the fleet benchmarks share: host counts, runs per figure, keep the fleet up."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 64])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="leave the last fleet up")
+    return parser.parse_args()
+
+
+def for_each_size(args: argparse.Namespace, measure: Callable[[int, Path], str], fresh: bool = False) -> None:
+    """``measure(n, folder)`` for each of ``args.hosts``, in a folder of its own, printing the line
+    it returns; the fleet goes down at the end unless ``args.keep`` (``fresh``: before each too)."""
+    try:
+        for n in args.hosts:
+            if fresh:
+                FLEET.cli("down")
+            with tempfile.TemporaryDirectory(prefix="kimi-fleet-") as tmp:
+                print(measure(n, Path(tmp)), flush=True)
+    finally:
+        if not args.keep:
+            FLEET.cli("down")
 
 
 def timed(cluster: OwnCluster, inventory_file: Path, *args: str, deploy: str = "deploys/kimi.py") -> tuple[Run, float]:

@@ -3,10 +3,11 @@
 pyinfra prints a line for every host of every operation ("[kimi-h12] No changes"), and the
 converge one per host for its plan and its rehearsal: 64 hosts make a log of thousands of
 lines where the few that matter hide. Unless pyinfra runs with ``-v`` (then everything it says
-stays), a converge instead prints, per operation, one line when it ends: how many hosts it
-changed, left unchanged or failed, and how long it took; while it runs longer than
-``TICK_S``, a line every ``TICK_S`` with the hosts done, failed and pending. What a host says
-when something goes wrong (warnings, errors, the failing command's output) is never held back.
+stays), a converge instead prints, per operation, pyinfra's own line when it starts and one
+line when it ends: how many hosts it changed, left unchanged or failed, and how long it took;
+while it runs longer than ``TICK_S``, a line every ``TICK_S`` with the hosts done, failed and
+pending. What a host says when something goes wrong (warnings, errors, the failing command's
+output) is never held back.
 """
 
 from __future__ import annotations
@@ -25,12 +26,9 @@ from pyinfra.api.state import BaseStateCallback, State
 TICK_S = 15.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # The per-host lines a step line replaces: pyinfra's result of each operation on each host and
-# its "ready" per deploy file, the converge's own plan and rehearsal lines per host; and
-# pyinfra's "Starting operation" (the step line names the operation when it ends).
-_PER_HOST = re.compile(
-    r"^\s*\[[^\]]+\]\s+(Success|No changes|Skipped|Ready:|plan:|converged, no step to take)"
-    r"|^--> Starting (\w+ )*operation:"
-)
+# its "ready" per deploy file, the converge's own plan and rehearsal lines per host. pyinfra's
+# own line per operation ("--> Starting operation: ...") stays.
+_PER_HOST = re.compile(r"^\s*\[[^\]]+\]\s+(Success|No changes|Skipped|Ready:|plan:|converged, no step to take)")
 
 
 class PerHostLines(logging.Filter):

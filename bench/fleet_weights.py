@@ -1,0 +1,102 @@
+"""Weights on N hosts through links all shaped to one rate: the time to put W on every host vs W / rate.
+
+    python bench/fleet_weights.py [--hosts 16] [--mbit 20] [--keep]
+
+Root only. The fleet of ``harness.fleet`` (N hosts, the demo recipe grown to them), converged;
+then the revision is deleted on every host, every link is shaped to ``--mbit`` with tc tbf (each
+host's veth at both ends: what it receives and what it sends; and the bridge, which carries what
+the Hub sends), and the converge that puts it back is timed. A no-op converge measured in the same
+run is the floor subtracted from it. W is the revision's size; W / rate is the least time any
+distribution can take (every byte crosses one host's link at least once); a host fetching from
+one source that serves all the others (a star) needs about (N - 1) x W / rate. Prints the time,
+its ratio to W / rate, and the bytes the Hub sent (W: each file once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.fleet import FLEET, hub, inventory, timed
+from harness.shaping import tbf, tbf_argv
+from localcluster.state import Settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--mbit", type=int, default=20, help="the rate of every link")
+    parser.add_argument("--keep", action="store_true", help="leave the fleet up")
+    args = parser.parse_args()
+    n = args.hosts
+    FLEET.cli("up", "--hosts", str(n))
+    settings = Settings.from_env(FLEET.env)
+    st = FLEET.state()
+    links = [settings.bridge] + [settings.veth(h["address"]) for h in st["hosts"]]
+    try:
+        with tempfile.TemporaryDirectory(prefix="kimi-fleet-") as tmp:
+            inv = inventory(FLEET, Path(tmp), n)
+            recipe = yaml.safe_load(inv.with_name(f"fleet-{n}.yaml").read_text(encoding="utf-8"))
+            model = recipe["model"]
+            size = int(model["size_bytes"])
+            folder = f"/srv/models/{model['repo'].replace('/', '--')}/{model['revision']}"
+            first, _ = timed(FLEET, inv)
+            if first.code != 0:
+                sys.exit(f"the first converge failed:\n{first.log[-3000:]}")
+            floor = statistics.median(timed(FLEET, inv)[1] for _ in range(3))
+
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                list(pool.map(lambda h: _ssh(st, h, f"rm -rf {folder}"), st["hosts"]))
+            hub(FLEET, "/_stats/reset", "POST")
+            for link in links:
+                tbf(link, args.mbit)
+            uplinks(st, args.mbit)
+            try:
+                run, seconds = timed(FLEET, inv)
+            finally:
+                for link in links:
+                    tbf(link, None)
+                uplinks(st, None)
+            if run.code != 0:
+                sys.exit(f"the shaped converge failed:\n{run.log[-3000:]}")
+            sent = sum(hub(FLEET, "/_stats")["bytes"].values())
+    finally:
+        for link in links:
+            tbf(link, None)
+        if not args.keep:
+            FLEET.cli("down")
+    least = size / (args.mbit * 1_000_000 / 8)
+    net = seconds - floor
+    print(f"N={n}: W = {size} bytes, every link {args.mbit} Mbit/s: W / rate = {least:.2f} s, "
+          f"a star about {(n - 1) * least:.1f} s")  # fmt: skip
+    print(f"converge {seconds:.2f} s, minus the no-op floor {floor:.2f} s: {net:.2f} s = {net / least:.2f} x W / rate; "
+          f"the Hub sent {sent} bytes ({sent / size:.2f} W)")  # fmt: skip
+
+
+def uplinks(st: dict[str, Any], mbit: int | None) -> None:
+    """Every host's own end of its link (what it sends), shaped from inside the host."""
+    command = " ".join(tbf_argv("eth0", mbit)) + (" 2>/dev/null || true" if mbit is None else "")
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda h: _ssh(st, h, command), st["hosts"]))
+
+
+def _ssh(st: dict[str, Any], host: dict[str, str], command: str) -> None:
+    subprocess.run(
+        ["ssh", "-i", str(st["ssh_key"]), "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "BatchMode=yes",
+         f"root@{host['address']}", command],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
