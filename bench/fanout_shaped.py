@@ -25,16 +25,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.shaping import tbf  # noqa: E402 - after the path is set
+from harness.own_cluster import host_ssh as ssh  # noqa: E402 - after the path is set
+from harness.own_cluster import hub_json as hub  # noqa: E402
+from harness.shaping import tbf  # noqa: E402
 from localcluster.state import Settings  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -54,21 +54,6 @@ def converge(*extra: str) -> float:
     if run.returncode != 0:
         sys.exit(f"converge failed:\n{run.stdout[-3000:]}{run.stderr[-2000:]}")
     return elapsed
-
-
-def ssh(state: dict[str, Any], host: dict[str, Any], command: str) -> None:
-    subprocess.run(
-        ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}", "-o", "BatchMode=yes",
-         f"root@{host['address']}", command],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-
-
-def hub(state: dict[str, Any], path: str, method: str = "GET") -> dict[str, Any]:
-    url = state["services"]["hub"]["url"] + path
-    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as answer:  # noqa: S310
-        data: dict[str, Any] = json.loads(answer.read() or b"{}")
-        return data
 
 
 def main() -> None:

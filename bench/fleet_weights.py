@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.fleet import FLEET, hub, inventory, timed
+from harness.own_cluster import host_ssh
 from harness.shaping import tbf, tbf_argv
 from localcluster.state import Settings
 
@@ -56,7 +56,7 @@ def main() -> None:
             floor = statistics.median(timed(FLEET, inv)[1] for _ in range(3))
 
             with ThreadPoolExecutor(max_workers=16) as pool:
-                list(pool.map(lambda h: _ssh(st, h, f"rm -rf {folder}"), st["hosts"]))
+                list(pool.map(lambda h: host_ssh(st, h, f"rm -rf {folder}"), st["hosts"]))
             hub(FLEET, "/_stats/reset", "POST")
             for link in links:
                 tbf(link, args.mbit)
@@ -87,15 +87,7 @@ def uplinks(st: dict[str, Any], mbit: int | None) -> None:
     """Every host's own end of its link (what it sends), shaped from inside the host."""
     command = " ".join(tbf_argv("eth0", mbit)) + (" 2>/dev/null || true" if mbit is None else "")
     with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(lambda h: _ssh(st, h, command), st["hosts"]))
-
-
-def _ssh(st: dict[str, Any], host: dict[str, str], command: str) -> None:
-    subprocess.run(
-        ["ssh", "-i", str(st["ssh_key"]), "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "BatchMode=yes",
-         f"root@{host['address']}", command],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        list(pool.map(lambda h: host_ssh(st, h, command), st["hosts"]))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from harness.demo_recipes import demo_gpu_data
-from harness.own_cluster import OwnCluster, Run
+from harness.own_cluster import OwnCluster, Run, hub_json
 
 FLEET = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-fleet", "KIMI_CLUSTER_SUBNET": "10.213.20.0/24"})
 
@@ -53,11 +53,7 @@ def inventory(cluster: OwnCluster, folder: Path, n: int) -> Path:
 
 def hub(cluster: OwnCluster, path: str, method: str = "GET") -> dict[str, Any]:
     """The cluster's Hub answer to ``path`` (``/_stats``, ``/_stats/reset``)."""
-    url = cluster.state()["services"]["hub"]["url"] + path
-    request = urllib.request.Request(url, method=method)  # noqa: S310 - the cluster's own http:// Hub
-    with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
-        data: dict[str, Any] = json.loads(answer.read() or b"{}")
-        return data
+    return hub_json(cluster.state(), path, method)
 
 
 def bodies_served(cluster: OwnCluster) -> dict[str, int]:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,3 +106,21 @@ def run_pyinfra(inventory: str, deploy: str, args: list[str], env: dict[str, str
     except ValueError:
         payload = None
     return Run(proc.returncode, payload, proc.stdout + proc.stderr)
+
+
+def host_ssh(state: dict[str, Any], host: dict[str, Any], command: str) -> None:
+    """Run ``command`` as root on ``host`` of the cluster whose ``state`` is given, keys checked."""
+    subprocess.run(
+        ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}", "-o", "BatchMode=yes",
+         f"root@{host['address']}", command],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def hub_json(state: dict[str, Any], path: str, method: str = "GET") -> dict[str, Any]:
+    """The answer of the cluster's Hub to ``path`` (``/_stats``, ``/_stats/reset``)."""
+    url = state["services"]["hub"]["url"] + path
+    request = urllib.request.Request(url, method=method)  # noqa: S310 - the cluster's own http:// Hub
+    with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
+        data: dict[str, Any] = json.loads(answer.read() or b"{}")
+        return data

@@ -325,7 +325,6 @@ class Check:
         self.cond = threading.Condition()
         self.reports: dict[str, dict[str, Any]] = {}
         self.delivered: dict[str, str | None] = {}  # peer -> None when acknowledged, else why not
-        self.check_cause: dict[str, str | None] = {}  # peer -> why its check port was not reached
         self.listen: list[dict[str, Any]] = []
         self.listening: dict[socket.socket, dict[str, Any]] = {}
         self.rejected: list[str] = []
@@ -621,7 +620,6 @@ class Check:
     def _peer_check(self, peer: Peer) -> list[dict[str, Any]]:
         """The check port of ``peer``, then the bandwidth to it over that port."""
         pair = self._probe(peer, Port(self.req.port, CHECK_LABEL), check=True)
-        self.check_cause[peer.host] = pair["cause"]
         pairs = [pair]
         if self.req.bandwidth is not None:
             if pair["ok"]:
@@ -673,10 +671,14 @@ class Check:
         report["failures"] = mine[:REPORT_FAILURES_MAX]
         return mine, _line(report)
 
-    def _deliver_all(self, report: bytes) -> dict[str, str | None]:
-        """``report`` to every peer at once; peer -> None once acknowledged, else why not."""
+    def _send_all(self, report: bytes) -> None:
+        """``report`` to every peer at once, each acknowledgement (or why none) in ``delivered``."""
         for peer in self.req.peers:
             threading.Thread(target=self._deliver, args=(peer, report), daemon=True).start()
+
+    def _deliver_all(self, report: bytes) -> dict[str, str | None]:
+        """``report`` to every peer at once; peer -> None once acknowledged, else why not."""
+        self._send_all(report)
         with self.cond:
             self.cond.wait_for(
                 lambda: all(p.host in self.delivered for p in self.req.peers),
@@ -693,8 +695,7 @@ class Check:
         try:
             pairs = self._probe_all()
             mine, report = self._report(pairs, self.local)
-            for peer in req.peers:
-                threading.Thread(target=self._deliver, args=(peer, report), daemon=True).start()
+            self._send_all(report)
             with self.cond:
                 self.cond.wait_for(
                     lambda: len(self.reports) == len(req.peers) and len(self.delivered) == len(req.peers),

@@ -164,12 +164,13 @@ def probe(request: dict[str, Any], known: tuple[int | None, str, str] | None = N
     kernel = os.uname().release
     dpkg = _start(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *PACKAGE_PATTERNS])
     arch = _start(["dpkg", "--print-architecture"])
-    ask = bool(request.get("nvidia")) and known is None
+    nvidia = bool(request.get("nvidia"))
+    ask = nvidia and known is None
     smi = _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if ask else None
     show = _start(["systemctl", "show", "--property=Id,ActiveState,UnitFileState", *units]) if units else None
     pending = _text("/run/reboot-required.pkgs")
-    smi_result = known if known is not None and request.get("nvidia") else _finish(smi, timeout)
-    asked = smi is not None or (known is not None and bool(request.get("nvidia")))
+    # nvidia-smi's answer: read here, or already (``known``); None: not asked, or no nvidia-smi
+    read = known if nvidia and known is not None else (_finish(smi, timeout) if smi is not None else None)
     release = _os_release()
     return {
         "os": {
@@ -183,7 +184,7 @@ def probe(request: dict[str, Any], known: tuple[int | None, str, str] | None = N
         "packages": _packages(_finish(dpkg, timeout)[1]),
         "sources": _sources(),
         "module": _module(),
-        "nvml": _nvml(*smi_result) if asked else None,
+        "nvml": _nvml(*read) if read is not None else None,
         "reboot_required": (pending or "").split() if os.path.exists("/run/reboot-required") else None,
         "services": _services(units, _finish(show, timeout)[1]),
         "files": {str(p): _digest(str(p)) for p in request.get("files") or []},

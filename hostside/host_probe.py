@@ -27,12 +27,20 @@ from typing import Any
 
 from hostside import driver_probe, hardware_probe, state_probe
 
-# Part -> how it answers, and what it answers when it raises (None: no line at all); in this
-# order: the drivers part reads what the hardware part found.
-PARTS: dict[str, tuple[Callable[[dict[str, Any]], Any], Callable[[Exception], Any] | None]] = {
-    "hardware": (hardware_probe.probe, lambda exc: {"schema": 1, "error": f"{type(exc).__name__}: {exc}"}),
-    "drivers": (driver_probe.probe, lambda exc: {"error": f"{type(exc).__name__}: {exc}"}),
-    "state": (state_probe.probe, None),
+# Part -> how it answers its request, given the parts answered before it, and what it answers
+# when it raises (None: no line at all). In this order: the drivers part takes nvidia-smi's
+# driver version from what the hardware part read just now, so that nvidia-smi runs once.
+Answer = Callable[[dict[str, Any], dict[str, Any]], Any]
+PARTS: dict[str, tuple[Answer, Callable[[Exception], Any] | None]] = {
+    "hardware": (
+        lambda part, _: hardware_probe.probe(part),
+        lambda exc: {"schema": 1, "error": f"{type(exc).__name__}: {exc}"},
+    ),
+    "drivers": (
+        lambda part, before: driver_probe.probe(part, driver_probe.driver_version_read(before.get("hardware"))),
+        lambda exc: {"error": f"{type(exc).__name__}: {exc}"},
+    ),
+    "state": (lambda part, _: state_probe.probe(part), None),
 }
 
 
@@ -45,11 +53,7 @@ def main() -> None:
             continue
         part = request[tag]
         try:
-            if tag == "drivers" and "hardware" in answers:
-                # nvidia-smi once per probe: the driver version the hardware part read just now
-                answer = driver_probe.probe(part, driver_probe.driver_version_read(answers["hardware"]))
-            else:
-                answer = probe(part if isinstance(part, dict) else {})
+            answer = probe(part if isinstance(part, dict) else {}, answers)
         except Exception as exc:  # noqa: BLE001 - the other parts still answer
             traceback.print_exc()
             failed = True

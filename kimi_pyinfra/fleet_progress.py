@@ -84,7 +84,7 @@ class StepLines(BaseStateCallback):
         unchanged = len(step.done) - changed
         said = f"{changed} changed, {unchanged} unchanged, {len(failed)} failed"
         if failed:
-            said += f" ({_names(failed)})"
+            said += f" ({listed(failed)})"
         logger.info(f"--> {step.name}: {said} of {len(step.hosts)} hosts in {time.monotonic() - step.started:.1f} s")
 
     @staticmethod
@@ -98,7 +98,8 @@ class StepLines(BaseStateCallback):
             )
 
 
-def _names(hosts: list[str], most: int = 8) -> str:
+def listed(hosts: list[str], most: int = 8) -> str:
+    """``hosts`` as one line names them: the first ``most``, then how many more."""
     return ", ".join(hosts[:most]) + (f" and {len(hosts) - most} more" if len(hosts) > most else "")
 
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from pyinfra import logger
 from pyinfra.context import host, state
 
+from kimi_pyinfra.fleet_progress import listed
 from kimi_pyinfra.run_context import run_context
 
 
@@ -70,9 +71,8 @@ def converge_host(steps: Callable[[Do], None]) -> bool:
     rehearsed[host.name] = rehearsal.changes is not None
     if len(rehearsed) == len(state.active_hosts):
         changing = sorted(name for name, changes in rehearsed.items() if changes)
-        shown = ", ".join(changing[:8]) + (f" and {len(changing) - 8} more" if len(changing) > 8 else "")
         logger.info(
             f"--> {len(rehearsed)} hosts: {len(rehearsed) - len(changing)} converged (no step to take), "
-            f"{len(changing)} with steps to take{': ' + shown if changing else ''}"
+            f"{len(changing)} with steps to take{': ' + listed(changing) if changing else ''}"
         )
     return rehearsal.changes is not None

@@ -37,6 +37,14 @@ class Probe:
 
 
 @dataclass
+class Once:
+    """One value read for many hosts that ask at once: set once the first asker has read it."""
+
+    done: Any = field(default_factory=Event)
+    value: Any = None
+
+
+@dataclass
 class RunContext:
     # When the run started (UTC) and a random part: release log entries carry it, so a rollback
     # knows which hosts the latest converge switched; the communication check trusts only
@@ -55,8 +63,8 @@ class RunContext:
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
     # (host, file) -> a lock's text read from another host (or None), read once for all hosts
-    # that need it: results holds it under the host's name
-    locks: dict[tuple[str, str], Probe] = field(default_factory=dict)
+    # that need it
+    locks: dict[tuple[str, str], Once] = field(default_factory=dict)
     # (host, path) of damaged releases already reported
     damage_said: set[tuple[str, str]] = field(default_factory=set)
     # host name -> whether its rehearsal found a step to take (``kimi_pyinfra.rehearsal``)

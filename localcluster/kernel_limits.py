@@ -33,16 +33,16 @@ class Limit:
     per_host: int
     # what in-use figure to add: inotify instances can be counted, watches cannot cheaply
     counted: bool
+    # what the machine itself (the controller, an editor, other services) may add meanwhile
+    headroom: int
 
 
 # Measured on 16 booted hosts of the cluster's base image (Debian 12, systemd 252): 8 inotify
 # instances and about 30 watches each; the figures below leave room for a host's services.
 LIMITS = (
-    Limit("fs.inotify.max_user_instances", per_host=16, counted=True),
-    Limit("fs.inotify.max_user_watches", per_host=1024, counted=False),
+    Limit("fs.inotify.max_user_instances", per_host=16, counted=True, headroom=128),
+    Limit("fs.inotify.max_user_watches", per_host=1024, counted=False, headroom=65536),
 )
-# What the machine itself (the controller, an editor, other services) may add meanwhile.
-HEADROOM = {"fs.inotify.max_user_instances": 128, "fs.inotify.max_user_watches": 65536}
 
 
 def inotify_instances(uid: int = 0, proc: Path = PROC) -> int:
@@ -68,7 +68,7 @@ def _pids(proc: Path) -> Iterator[Path]:
 
 def needed(limit: Limit, new_hosts: int, in_use: int) -> int:
     """The value ``limit`` must have for ``new_hosts`` more hosts beside what is ``in_use``."""
-    return in_use + limit.per_host * new_hosts + HEADROOM[limit.name]
+    return in_use + limit.per_host * new_hosts + limit.headroom
 
 
 def ensure(new_hosts: int, proc: Path = PROC) -> list[str]:

@@ -12,7 +12,7 @@ from pyinfra.context import host
 from hostside.host_dirs import LOG_DIR
 from kimi_deploy.hostside_command import hostside_command
 from kimi_pyinfra.rehearsal import Do
-from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit
+from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 
 ALL_REDUCE_LOG = f"{LOG_DIR}/all-reduce.log"
 
@@ -23,10 +23,6 @@ LISTENER_UNIT = "kimi-commcheck"
 _LISTENER_PROPERTIES = (*LISTENER_SANDBOX, "DynamicUser=yes", "MemoryMax=256M", "TasksMax=512")
 # How long the listeners may outlive a run that never reached its verdict (a controller gone).
 LIFETIME_S = 900
-
-
-def _stop_listener() -> str:
-    return stop_unit(LISTENER_UNIT)
 
 
 def check_steps(do: Do, request: dict[str, Any] | None, why_not: str = "") -> None:
@@ -55,15 +51,12 @@ def listening(*, request: dict[str, Any] | None, why_not: str = "") -> Generator
     if request is None:
         host.noop(why_not)
         return
-    q = shlex.quote
-    props = [f"--property={q(p)}" for p in _LISTENER_PROPERTIES]
-    yield " ".join([
-        f"{_stop_listener()}; systemctl reset-failed {LISTENER_UNIT}.service 2>/dev/null;",
-        f"systemd-run --quiet --collect --unit={LISTENER_UNIT}",
-        f"--description={q('kimi-deploy: communication check listeners of run ' + str(request['run']))}",
-        *props,
+    yield transient_service(
+        LISTENER_UNIT,
+        f"kimi-deploy: communication check listeners of run {request['run']}",
+        _LISTENER_PROPERTIES,
         hostside_command("/usr/bin/python3", "commcheck.py", {**request, "phase": "listen", "lifetime_s": LIFETIME_S}),
-    ])  # fmt: skip
+    )
 
 
 @operation()
@@ -94,7 +87,7 @@ def passed(*, request: dict[str, Any] | None, why_not: str = "") -> Generator[st
         host.noop(why_not)
         return
     verdict = hostside_command("python3", "commcheck.py", {**request, "phase": "verdict"})
-    yield f"{verdict}; rc=$?; {_stop_listener()}; exit $rc"
+    yield f"{verdict}; rc=$?; {stop_unit(LISTENER_UNIT)}; exit $rc"
 
 
 @operation()

@@ -18,7 +18,7 @@ from kimi_deploy.host_paths import release_dir
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.recipe import Paths
 from kimi_deploy.venv_lock import LOCK_FILE, LockSource, damage_line, lock_refusal, staged_lock
-from kimi_pyinfra.run_context import Probe, run_context
+from kimi_pyinfra.run_context import Once, run_context
 
 
 def release_marker(
@@ -43,19 +43,16 @@ def _lock_of(name: str, file: str) -> str | None:
     that host's connection, however many hosts ask at once: the first to ask reads it, the
     others wait for that read (sshd refuses an 11th channel: ``MaxSessions 10``)."""
     read = run_context().locks
-    key = (name, file)
-    if key in read:
-        read[key].done.wait()
-        text: str | None = read[key].results.get(name)
-        return text
-    once = read[key] = Probe()
-    try:
-        other = state.inventory.get_host(name)
-        with ctx_host.use(other):
-            once.results[name] = other.get_fact(LockFile, path=file)
-    finally:
-        once.done.set()
-    text = once.results.get(name)
+    if (name, file) not in read:
+        once = read[(name, file)] = Once()
+        try:
+            other = state.inventory.get_host(name)
+            with ctx_host.use(other):
+                once.value = other.get_fact(LockFile, path=file)
+        finally:
+            once.done.set()
+    read[(name, file)].done.wait()
+    text: str | None = read[(name, file)].value
     return text
 
 

@@ -12,7 +12,7 @@ from pyinfra.context import host
 from hostside.probe_types import WeightsFound
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.weights_fanout import needs_sync
-from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit
+from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 
 
 @operation()
@@ -95,7 +95,6 @@ def peer_server(
     the hosts that fetch find it up; ``peer_server_stopped`` ends it when they are done, and it
     exits by itself after five idle minutes, or six hours whatever happens.
     """
-    q = shlex.quote
     request = {
         "dir": path,
         "lock": lock,
@@ -105,14 +104,12 @@ def peer_server(
         "key_file": key_file,
         "idle_exit_s": 300,
     }
-    props = [f"--property={q(p)}" for p in (*_PEER_PROPERTIES, f"User={user}", f"ReadOnlyPaths={path}")]
-    yield " ".join([
-        f"{_stop()}; systemctl reset-failed {PEER_UNIT}.service 2>/dev/null;",
-        f"systemd-run --quiet --collect --unit={PEER_UNIT}",
-        f"--description={q(f'kimi-deploy: serve {path} to the other hosts of this run')}",
-        *props,
+    yield transient_service(
+        PEER_UNIT,
+        f"kimi-deploy: serve {path} to the other hosts of this run",
+        (*_PEER_PROPERTIES, f"User={user}", f"ReadOnlyPaths={path}"),
         hostside_command("/usr/bin/python3", "weights_peer.py", request),
-    ])  # fmt: skip
+    )
 
 
 @operation()
