@@ -82,20 +82,19 @@ def converge(do: Do) -> None:
     if steps.hub_token is not None:
         do(units.rendered, name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"])
 
-    # Download once, fan out: from the Hub or from peers (a local mirror first), served to others.
+    # Download once, fan out as a pipeline: every host that serves others listens first; then one
+    # step in which the Hub's one host and every host of the chains fetch at once, each relaying
+    # what it receives to the next (a local mirror first either way).
     if (w := steps.weights) is not None:
-        if w.from_hub:
-            do(weights.revision, name="Weights at the pinned revision", request=w.sync, python=w.python,
-               current=w.current, full_verify=w.full_verify, peers=w.mirror)  # fmt: skip
         if w.key is not None:
             do(units.rendered, name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"])
         if w.serves and w.port is not None:
             do(weights.peer_server, name="Weights served to peers", path=w.path, lock=w.lock,
                bind=deploy.host.address, port=w.port, allow=list(w.serves), key_file=w.key_file,
-               user=todo.user)  # fmt: skip
-        if w.from_peers:
-            do(weights.revision, name="Weights from peers", request=w.sync, python=w.python, current=w.current,
-               peers=w.mirror + w.peers, peer_key_file=w.key_file)  # fmt: skip
+               user=todo.user, fetching=w.arriving)  # fmt: skip
+        do(weights.revision, name="Weights at the pinned revision", request=w.sync, python=w.python,
+           current=w.current, full_verify=w.full_verify, peers=w.mirror + w.peers,
+           peer_key_file=w.key_file if w.peers else None, in_order=bool(w.serves))  # fmt: skip
         if w.serves:
             do(weights.peer_server_stopped, name="Weights no longer served to peers")
 

@@ -8,17 +8,38 @@ from __future__ import annotations
 import subprocess
 
 
-def tbf_argv(device: str, mbit: int | None) -> list[str]:
+def _tbf(mbit: float) -> list[str]:
+    # A burst of at least rate/HZ keeps tbf accurate; latency bounds the queue.
+    burst = max(32_000, int(mbit * 1_000_000) // 8 // 100)
+    return ["tbf", "rate", f"{int(mbit * 1000)}kbit", "burst", str(burst), "latency", "500ms"]
+
+
+def tbf_argv(device: str, mbit: float | None) -> list[str]:
     """The tc command shaping ``device``'s egress to ``mbit`` Mbit/s (None: removing it). tbf
     shapes what leaves a device only: a host's uplink is its own end of its veth pair."""
     if mbit is None:
         return ["tc", "qdisc", "del", "dev", device, "root"]
-    # A burst of at least rate/HZ keeps tbf accurate; latency bounds the queue.
-    burst = max(32_000, mbit * 1_000_000 // 8 // 100)
-    return ["tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{mbit}mbit", "burst", str(burst),
-            "latency", "500ms"]  # fmt: skip
+    return ["tc", "qdisc", "replace", "dev", device, "root", *_tbf(mbit)]
 
 
-def tbf(device: str, mbit: int | None) -> None:
+def tbf(device: str, mbit: float | None) -> None:
     """Shape ``device``'s egress (on this machine) to ``mbit`` Mbit/s; None removes the shaping."""
     subprocess.run(tbf_argv(device, mbit), check=mbit is not None, capture_output=mbit is None)
+
+
+def shaped_from_port(device: str, port: int, mbit: float) -> None:
+    """Shape only what leaves ``device`` from TCP source ``port`` (the Hub's answers on the bridge)
+    to ``mbit`` Mbit/s: an htb qdisc (these machines' kernels have htb and tbf, not prio) whose
+    class 1:1, chosen by a u32 filter on the source port, has the rate; everything else (the
+    controller's SSH) takes class 1:2, unshaped. ``tbf(device, None)`` removes it."""
+    rate = f"{int(mbit * 1000)}kbit"
+    burst = str(max(32_000, int(mbit * 1_000_000) // 8 // 100))
+    for argv in (
+        ["tc", "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb", "default", "2", "r2q", "10000"],
+        ["tc", "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
+         "burst", burst],
+        ["tc", "class", "add", "dev", device, "parent", "1:", "classid", "1:2", "htb", "rate", "10gbit"],
+        ["tc", "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+         "match", "ip", "sport", str(port), "0xffff", "flowid", "1:1"],
+    ):  # fmt: skip
+        subprocess.run(argv, check=True)

@@ -4,7 +4,7 @@ Run with the python of the tools venv that has huggingface_hub. Input: one argum
 zlib-compressed JSON, or ``--config FILE`` naming the same JSON in a file (the scrub timer):
 {"repo", "revision", "dir", "lock": {path: [size, digest]}, "endpoint", "token_file", "retries",
 "workers", "full", "peers": [{"host", "url"} | {"host", "path"}], "peer_key_file", "progress_log", "scrub",
-"repair"}.
+"repair", "in_order"}.
 Prints one JSON line; exit 0 when every file matches the lock, 3 when the disk is too small
 (nothing downloaded), 4 when a file still mismatches after retries (or, scrubbing without repair,
 when a file is corrupted), 5 when the Hub fails, 6 when the lock names a file that could leave the
@@ -12,8 +12,10 @@ revision folder (``hostside.boundary_names``: checked before anything is removed
 again for every path opened, linked or removed, symlinks resolved).
 
 Files come from ``peers`` first (a local mirror folder such as a network mount, then hosts of the
-same run serving what they verified, see weights_peer.py), each hashed while it streams in;
-whatever no source could give comes from the Hub.
+same run serving what they verified or relaying what they receive, see weights_peer.py), each
+hashed while it streams in and recorded in the verification cache once placed; whatever no source
+could give comes from the Hub (one file at a time in the lock's order with ``in_order``: the host
+others fetch from while it fetches).
 Verification results are cached in DIR/.kimi/verify-cache.json by (size, mtime_ns, inode), so an
 unchanged file is never hashed twice; a verified file not readable by all gets mode 0644 back. A
 scrub re-hashes every file whatever the cache says. Syncs and scrubs of one revision take turns (a
@@ -27,6 +29,7 @@ import contextlib
 import fcntl
 import glob
 import hashlib
+import http.client
 import json
 import os
 import random
@@ -46,15 +49,17 @@ from typing import Any
 
 from hostside.boundary_names import BadName, check_names, inside
 from hostside.boundary_text import shown
+from hostside.revision_files import CACHE, META, load_cache, meta, partial_path
 
-META = ".kimi"
 # Every file of a revision is readable by all (the engines run as a user of their own), written by root.
 FILE_MODE = 0o644
 READABLE = 0o444
-PARTIAL = os.path.join(META, "partial")
 PROGRESS_EVERY_S = 5.0
-# How long a fetch waits its turn at a peer that says it is busy (HTTP 503) before the next source.
-BUSY_WAIT_S = 600.0
+# How long a fetch waits its turn at a peer that says it is busy or has the file still to come
+# (HTTP 503) before the next source: a chain's first hop waits for a whole file from the Hub.
+BUSY_WAIT_S = 3600.0
+# Files fetched from the Hub at once by a host that others fetch from while it fetches.
+IN_ORDER_AT_ONCE = 4
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|gitblob:[0-9a-f]{40})$")
 
 
@@ -77,16 +82,9 @@ def _hash(path: str, kind: str, size: int) -> str:
     return f"{kind}:{digest.hexdigest()}"
 
 
-def _load_cache(root: str) -> dict[str, list[Any]]:
-    """The revision's verification cache; its well-formed entries only (``[size, mtime_ns, inode, digest]``)."""
-    try:
-        with open(os.path.join(root, META, "verify-cache.json"), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, list) and len(v) == 4}
+def _save_cache(root: str, lock: dict[str, list[Any]], cache: dict[str, list[Any]]) -> None:
+    """Save the verdicts on the lock's files: a peer serves a file once it is recorded here."""
+    _save_json(root, CACHE, {r: cache[r] for r in lock if r in cache})
 
 
 def _save_json(root: str, name: str, data: Any) -> None:
@@ -164,7 +162,7 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
         other = os.path.join(parent, sibling)
         if other == root.rstrip("/") or not os.path.isdir(other):
             continue
-        for rel, entry in _load_cache(other).items():
+        for rel, entry in load_cache(other).items():
             target = wanted.get(entry[3])
             if target is None or os.path.exists(path := inside(root, target)):
                 continue
@@ -186,7 +184,7 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
 def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
     """A readable stream of ``rel`` from a source: a peer's URL, or a local folder (a mount)."""
     if "path" in source:
-        return open(inside(source["path"], rel), "rb")  # the caller closes it
+        return open(inside(source["path"], rel), "rb")
     url = source["url"]
     if not url.startswith("http://"):
         raise ValueError(f"peer URL {url!r} is not http://")
@@ -197,25 +195,33 @@ def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
 def _fetch_from(
     root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None
 ) -> tuple[list[Any], int]:
-    """Stream one file from a source into a partial file, hashing as it arrives; move it into
-    place only when it matches the lock. Returns the cache entry of the placed file and its size."""
+    """Stream one file from a source into a partial file, hashing as it arrives (and written as it
+    arrives, so that a host fetching from this one gets it at once); move it into place only when
+    it matches the lock. Returns the cache entry of the placed file and its size. A failed try
+    leaves no partial file: a host relaying it sees it gone and ends its own answer short."""
     size, want = entry
     kind = want.split(":", 1)[0]
     target = inside(root, rel)
-    # One flat name per file, whatever its depth and length.
-    partial = os.path.join(root, PARTIAL, hashlib.sha256(rel.encode()).hexdigest())
+    partial = partial_path(root, rel)
     os.makedirs(os.path.dirname(partial), exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(partial)  # every try a new inode: a relay of an earlier try cannot read this one
     digest = _digest_of(kind, size)
     got = 0
-    with _open_source(source, rel, key) as answer, open(partial, "wb") as out:
-        for block in iter(lambda: answer.read(4 << 20), b""):
-            digest.update(block)
-            out.write(block)
-            got += len(block)
-    found = f"{kind}:{digest.hexdigest()}" if got == size else f"size:{got}"
-    if found != want:
-        os.remove(partial)
-        raise ValueError(f"expected {want}, found {found}")
+    try:
+        with _open_source(source, rel, key) as answer, open(partial, "wb") as out:
+            for block in iter(lambda: answer.read1(1 << 20), b""):
+                digest.update(block)
+                out.write(block)
+                out.flush()
+                got += len(block)
+        found = f"{kind}:{digest.hexdigest()}" if got == size else f"size:{got}"
+        if found != want:
+            raise ValueError(f"expected {want}, found {found}")
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
+        raise
     os.makedirs(os.path.dirname(target), exist_ok=True)
     os.replace(partial, target)
     st = os.stat(target)
@@ -243,8 +249,8 @@ def _fetch_busy(
 def _from_peers(
     root: str, lock: dict[str, list[Any]], bad: list[str], req: dict[str, Any], cache: dict[str, list[Any]]
 ) -> tuple[list[str], dict[str, int], dict[str, str]]:
-    """Fetch ``bad`` files from the sources (a local mirror folder, the run's peers), spread over
-    them; returns the files placed, the bytes each source gave, and for each file no source could
+    """Fetch ``bad`` files from the sources (a local mirror folder, the run's peers), each from
+    the first that gives it; returns the files placed, the bytes each source gave, and for each file no source could
     give, the last cause."""
     peers = req.get("peers") or []
     if not peers or not bad:
@@ -257,24 +263,24 @@ def _from_peers(
     causes: dict[str, str] = {}
     mutex = threading.Lock()
 
-    def one(index: int, rel: str) -> str | None:
-        for turn in range(len(peers)):
-            peer = peers[(index + turn) % len(peers)]
+    def one(rel: str) -> str | None:
+        for peer in peers:  # in the planner's order: the host before this one in its chain first
             try:
                 entry, size = _fetch_busy(root, rel, lock[rel], peer, key)
-            except (OSError, ValueError, urllib.error.URLError) as exc:
+            except (OSError, ValueError, http.client.HTTPException) as exc:
                 with mutex:
                     causes[rel] = f"{peer['host']}: {type(exc).__name__}: {exc}"
                 continue
             with mutex:
                 cache[rel] = entry
+                _save_cache(root, lock, cache)
                 given[peer["host"]] = given.get(peer["host"], 0) + size
                 causes.pop(rel, None)
             return rel
         return None
 
     with ThreadPoolExecutor(max_workers=min(4, len(bad))) as pool:
-        placed = [r for r in pool.map(one, range(len(bad)), bad) if r is not None]
+        placed = [r for r in pool.map(one, bad) if r is not None]
     return placed, given, causes
 
 
@@ -305,7 +311,8 @@ class Progress:
         for rel, size in self.wanted.items():
             with contextlib.suppress(OSError):
                 done += min(size, os.stat(os.path.join(self.root, rel)).st_size)
-        for folder in (os.path.join(self.root, PARTIAL), os.path.join(self.root, ".cache", "huggingface", "download")):
+        hub_partials = os.path.join(self.root, ".cache", "huggingface", "download")
+        for folder in (os.path.dirname(partial_path(self.root, "")), hub_partials):
             for dirpath, _, names in os.walk(folder):
                 for name in names:
                     with contextlib.suppress(OSError):
@@ -345,9 +352,17 @@ def _size(n: int) -> str:
 def _exclusive(root: str) -> Iterator[None]:
     """One sync or scrub of a revision at a time: a deploy waits for a running scrub."""
     os.makedirs(os.path.join(root, META), exist_ok=True)
-    with open(os.path.join(root, META, "lock"), "w", encoding="utf-8") as f:
+    with open(meta(root, "lock"), "w", encoding="utf-8") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+        # Begun and ended, whatever the result: a peer relaying this host's files knows whether
+        # more may come (weights_peer.Peer.arriving).
+        with open(meta(root, "sync-started"), "w", encoding="utf-8"):
+            pass
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError), open(meta(root, "synced"), "w", encoding="utf-8"):
+                pass
 
 
 def _request(argv: list[str]) -> dict[str, Any]:
@@ -435,10 +450,27 @@ def _from_hub(
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     fetched: list[str] = []
     _remove(root, bad)
-    # Patterns are globs: escaped, each matches its one name, whatever the Hub lists beside it.
-    patterns = [glob.escape(rel) for rel in bad]
-    snapshot_download(req["repo"], revision=req["revision"], local_dir=root, allow_patterns=patterns)
-    fetched += bad
+    if req.get("in_order"):
+        # Hosts fetch from this one as its files arrive: files in the lock's order (theirs too),
+        # IN_ORDER_AT_ONCE at a time (one alone would leave the link idle between files), each
+        # recorded verified as soon as it is placed.
+        mutex = threading.Lock()
+
+        def one(rel: str) -> None:
+            inside(root, rel)  # huggingface_hub writes <root>/<rel>
+            hf_hub_download(req["repo"], rel, revision=req["revision"], local_dir=root)
+            with mutex:
+                fetched.append(rel)
+                _verify(root, {rel: lock[rel]}, cache, 1)
+                _save_cache(root, lock, cache)
+
+        with ThreadPoolExecutor(max_workers=IN_ORDER_AT_ONCE) as pool:
+            list(pool.map(one, sorted(bad)))
+    else:
+        # Patterns are globs: escaped, each matches its one name, whatever the Hub lists beside it.
+        patterns = [glob.escape(rel) for rel in bad]
+        snapshot_download(req["repo"], revision=req["revision"], local_dir=root, allow_patterns=patterns)
+        fetched += bad
     bad = _verify(root, lock, cache, workers)
     for _ in range(int(req.get("retries", 2))):
         if not bad:
@@ -460,7 +492,7 @@ def sync(req: dict[str, Any]) -> None:
     removed = _prune(root, lock)
     # A full verify (and a scrub) trusts nothing cached: every file is hashed again.
     full = bool(req.get("full")) or scrub
-    cache = {} if full else _load_cache(root)
+    cache = {} if full else load_cache(root)
     linked = [] if full else _link_from_siblings(root, lock, cache)
     workers = int(req.get("workers") or max(2, os.cpu_count() or 2))
     bad = _verify(root, lock, cache, workers)
@@ -471,7 +503,7 @@ def sync(req: dict[str, Any]) -> None:
         _save_json(root, "scrub.json", {"time": time.time(), "checked": len(lock), "corrupted": corrupted,
                                          "repair": bool(req.get("repair"))})  # fmt: skip
         if bad and not req.get("repair"):
-            _save_json(root, "verify-cache.json", {r: cache[r] for r in lock if r in cache})
+            _save_cache(root, lock, cache)
             rel = bad[0]
             _fail(
                 {"error": "corrupted", "files": corrupted},
@@ -497,7 +529,7 @@ def sync(req: dict[str, Any]) -> None:
         bad = [r for r in bad if r not in placed]
         if bad:
             fetched, bad = _from_hub(req, root=root, lock=lock, bad=bad, cache=cache, workers=workers)
-    _save_json(root, "verify-cache.json", {r: cache[r] for r in lock if r in cache})
+    _save_cache(root, lock, cache)
     if bad:
         rel = bad[0]
         found = cache.get(rel, [None] * 4)[3]

@@ -38,7 +38,7 @@ from kimi_deploy.render import RenderedFile
 from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
 from kimi_deploy.venv_lock import LockSource, lock_source
-from kimi_deploy.weights_fanout import FanOutPart, WeightsHost
+from kimi_deploy.weights_fanout import FanOutPart, WeightsHost, needs_files
 from kimi_deploy.weights_gc import collectable
 
 
@@ -69,7 +69,8 @@ class ReleaseStep:
 @dataclass(frozen=True)
 class WeightsSteps:
     """The weights' steps. This host syncs from the Hub (``from_hub``) or from peers
-    (``from_peers``), after a local mirror either way; it may serve its files to others."""
+    (``from_peers``), after a local mirror either way; it may serve its files to others, relaying
+    them as they arrive when its own sync brings them (``arriving``)."""
 
     # ``hostside/weights_sync.py``'s request, the python of the Hub client, and what the probe
     # found of the folder
@@ -86,10 +87,11 @@ class WeightsSteps:
     # serving the files to ``serves`` (addresses) on ``port`` (None: no fan-out), and no longer
     # once the run's fetches are done
     serves: tuple[str, ...]
+    arriving: bool
     port: int | None
     path: str
     lock: dict[str, list[Any]]
-    # from these peers, each ``{"host", "url"}``
+    # from these peers in turn, each ``{"host", "url"}`` (empty unless ``from_peers``)
     from_peers: bool
     peers: list[dict[str, str]]
 
@@ -220,11 +222,14 @@ def _weights(todo: Converge, found: HostState, run: RunView) -> WeightsSteps | N
         key=key,
         key_file=target.peer_key_file,
         serves=fan_out.serves,
+        arriving=needs_files(found["weights"]),
         port=port,
         path=target.path,
         lock=target.lock,
         from_peers=port is not None and fan_out.sync == "peers",
-        peers=[{"host": p.host, "url": f"http://{p.address}:{port}"} for p in fan_out.peers],
+        peers=[{"host": p.host, "url": f"http://{p.address}:{port}"} for p in fan_out.peers]
+        if port is not None and fan_out.sync == "peers"
+        else [],
     )
 
 

@@ -25,6 +25,7 @@ from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Plan
 from kimi_deploy.weights_fanout import FanOutPart
+from kimi_pyinfra.all_at_once import aligned, widen_pools
 
 
 @dataclass
@@ -87,4 +88,6 @@ def run_context() -> RunContext:
     if context is None:
         context = RunContext(new_run_id(), secrets.token_urlsafe(32), dict(os.environ))
         state.kimi_run = context
+        widen_pools(state)
+    aligned(state)
     return context

@@ -24,6 +24,7 @@ def revision(
     full_verify: bool = False,
     peers: list[dict[str, str]] | None = None,
     peer_key_file: str | None = None,
+    in_order: bool = False,
 ) -> Generator[str, None, None]:
     """
     Hold exactly the files of the request's ``repo`` at its ``revision`` in its ``dir``, each
@@ -39,6 +40,8 @@ def revision(
     + peers: where to copy files from before the Hub: a local mirror folder (``{"host", "path"}``)
       and hosts of this run serving the revision (``{"host", "url"}``)
     + peer_key_file: the host file holding this run's transfer key (with ``peers``)
+    + in_order: hosts fetch from this one while it fetches: what comes from the Hub comes one file
+      at a time in the lock's order, each served once verified
 
     Files are verified on the host (sha256 for LFS files, git blob ids for small ones), results
     cached by (size, mtime, inode): a converged host hashes nothing.
@@ -47,7 +50,8 @@ def revision(
         repo, revision = request["repo"], request["revision"]
         host.noop(f"{repo}@{revision[:12]}: all {len(request['lock'])} files verified in {request['dir']}")
         return
-    sync = {**request, "full": full_verify, "peers": peers or [], "peer_key_file": peer_key_file}
+    sync = {**request, "full": full_verify, "peers": peers or [], "peer_key_file": peer_key_file,
+            "in_order": in_order}  # fmt: skip
     yield hostside_command(python, "weights_sync.py", sync)
 
 
@@ -79,6 +83,7 @@ def peer_server(
     allow: list[str],
     key_file: str,
     user: str,
+    fetching: bool = False,
 ) -> Generator[str, None, None]:
     """
     Serve the verified files of a revision to the other hosts of this run.
@@ -90,6 +95,8 @@ def peer_server(
     + allow: addresses of the hosts that fetch from this one
     + key_file: the host file with this run's transfer key (readable by ``user``)
     + user: the unprivileged user the service runs as
+    + fetching: this host's own sync brings files in this run: each is relayed as it arrives (its
+      last byte once verified), and a file still to come is waited for rather than refused
 
     The transient ``kimi-weights-peer`` service answers only once it listens (systemd notify), so
     the hosts that fetch find it up; ``peer_server_stopped`` ends it when they are done, and it
@@ -102,6 +109,7 @@ def peer_server(
         "port": port,
         "allow": sorted(allow),
         "key_file": key_file,
+        "fetching": fetching,
         "idle_exit_s": 300,
     }
     yield transient_service(

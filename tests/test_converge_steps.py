@@ -90,8 +90,11 @@ def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe
     assert weights.key.secret
     other = steps_of("gb300-d02", plans, probed).weights
     assert other is not None
-    assert (other.from_hub, other.from_peers, _serves(other)) == (False, True, False)
-    assert [p["host"] for p in other.peers] == ["gb300-p01"]
+    # every other host of the group fetches in a chain: from the host before it first (it relays
+    # what it receives), the chain's source last; and serves the hosts after it
+    assert (other.from_hub, other.from_peers, other.arriving) == (False, True, True)
+    assert [p["host"] for p in other.peers] == ["gb300-d01", "gb300-p06", "gb300-p05", "gb300-p01"]
+    assert set(other.serves) == {"10.41.0.33", "10.41.0.34"}  # gb300-d03 and d04
     # nothing of the topology runs yet: every host (re)starts, so both checks run
     assert steps.comm_check
     assert steps.comm_check_request is not None

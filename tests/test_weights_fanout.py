@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hostside.probe_types import WeightsFound
-from kimi_deploy.weights_fanout import FanOutPart, Source, WeightsHost, plan_fan_out
+from kimi_deploy.weights_fanout import SOURCES, UPSTREAM, FanOutPart, Source, WeightsHost, plan_fan_out
 
 WANTS = ("moonshotai/Kimi-K3.1-Pro", "a" * 40, "/srv/models/moonshotai--Kimi-K3.1-Pro/" + "a" * 40)
 READY: WeightsFound = {"exists": True, "missing": [], "unverified": [], "extra": []}
@@ -22,22 +22,46 @@ def host(i: int, found: WeightsFound | None, port: int | None = 8479, **kw: Any)
     return WeightsHost(f"h{i}", f"10.0.0.{i}", kw.pop("wants", WANTS), port, found, **kw)
 
 
-def test_on_a_fresh_cluster_one_host_fetches_from_the_hub_and_serves_all_others() -> None:
+def _tried(part: FanOutPart) -> list[str]:
+    return [p.host for p in part.peers]
+
+
+def test_on_a_fresh_cluster_one_host_fetches_from_the_hub_and_the_others_form_a_chain() -> None:
     parts = plan_fan_out([host(i, EMPTY) for i in range(1, 5)])
-    assert parts["h1"] == FanOutPart("hub", (), ("10.0.0.2", "10.0.0.3", "10.0.0.4"))
-    for name in ("h2", "h3", "h4"):
-        assert parts[name] == FanOutPart("peers", (Source("h1", "10.0.0.1"),))
+    assert parts["h1"].sync == "hub"
+    # Each host fetches from the one before it first (which relays what it receives), then from
+    # those before that, then from the chain's source.
+    assert [_tried(parts[f"h{i}"]) for i in range(2, 5)] == [["h1"], ["h2", "h1"], ["h3", "h2", "h1"]]
+    assert {parts[f"h{i}"].sync for i in range(2, 5)} == {"peers"}
+    # Each host answers exactly the hosts that may ask it; the last of the chain serves nobody.
+    assert parts["h1"].serves == ("10.0.0.2", "10.0.0.3", "10.0.0.4")
+    assert parts["h2"].serves == ("10.0.0.3", "10.0.0.4")
+    assert parts["h3"].serves == ("10.0.0.4",)
+    assert parts["h4"].serves == ()
 
 
-def test_hosts_holding_the_files_verified_are_the_sources_and_the_hub_is_not_asked() -> None:
-    parts = plan_fan_out([host(1, READY), host(2, DAMAGED), host(3, READY), host(4, EMPTY)])
-    assert parts["h1"] == FanOutPart(None, (), ("10.0.0.2", "10.0.0.4"))
-    assert parts["h3"] == FanOutPart(None, (), ("10.0.0.2", "10.0.0.4"))
-    # Each fetching host starts at another source, so the load spreads.
-    assert parts["h2"].sync == "peers"
-    assert [p.host for p in parts["h2"].peers] == ["h1", "h3"]
-    assert parts["h4"].sync == "peers"
-    assert [p.host for p in parts["h4"].peers] == ["h3", "h1"]
+def test_at_fleet_size_a_host_tries_a_bounded_list_and_each_link_carries_the_revision_once() -> None:
+    parts = plan_fan_out([host(i, EMPTY) for i in range(1, 65)])
+    for i in range(2, 65):
+        tried = _tried(parts[f"h{i}"])
+        assert tried[0] == f"h{i - 1}"
+        assert len(tried) <= UPSTREAM + 1 + SOURCES
+    # In the plan's first choices every host feeds one other: no star.
+    first = [_tried(parts[f"h{i}"])[0] for i in range(2, 65)]
+    assert len(set(first)) == len(first)
+    # Only the chain's source answers every host (the fallback of last resort); the others a few.
+    assert max(len(parts[f"h{i}"].serves) for i in range(2, 65)) <= UPSTREAM
+
+
+def test_hosts_holding_the_files_verified_are_the_sources_and_each_heads_a_chain() -> None:
+    parts = plan_fan_out([host(1, READY), host(2, DAMAGED), host(3, READY), host(4, EMPTY), host(5, EMPTY)])
+    assert (parts["h1"].sync, parts["h3"].sync) == (None, None)  # the Hub is not asked
+    assert _tried(parts["h2"]) == ["h1", "h3"]
+    assert _tried(parts["h4"]) == ["h3", "h1"]
+    assert _tried(parts["h5"]) == ["h2", "h1", "h3"]
+    assert set(parts["h1"].serves) == {"10.0.0.2", "10.0.0.4", "10.0.0.5"}
+    assert set(parts["h3"].serves) == {"10.0.0.2", "10.0.0.4", "10.0.0.5"}
+    assert parts["h2"].serves == ("10.0.0.5",)
 
 
 def test_a_converged_cluster_fetches_nothing_and_serves_nothing() -> None:

@@ -62,10 +62,12 @@ def key_file(tmp_path: Path) -> Path:
     return path
 
 
-def serve(root: Path, lock: dict[str, list[Any]], key_file: Path, bind: str, allow: list[str]) -> Iterator[str]:
+def serve(
+    root: Path, lock: dict[str, list[Any]], key_file: Path, bind: str, allow: list[str], **more: Any
+) -> Iterator[str]:
     port = _free_port()
     request = {"dir": str(root), "lock": lock, "bind": bind, "port": port, "allow": allow,
-               "key_file": str(key_file), "idle_exit_s": 30}  # fmt: skip
+               "key_file": str(key_file), "idle_exit_s": 30, **more}  # fmt: skip
     program = bundled_program("weights_peer.py", key_file.parent)
     proc = subprocess.Popen([sys.executable, str(program), pack(request)], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 10

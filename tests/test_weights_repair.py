@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hostside import state_probe, weights_sync
+from hostside import revision_files, state_probe, weights_sync
 from hostside.probe_types import WeightsFound
 from kimi_deploy.converge import needs_start, unit_state
 from kimi_deploy.inventory import Inventory
@@ -42,7 +42,7 @@ def test_a_file_the_engines_cannot_read_is_unverified_and_gets_its_mode_back(
     (tmp_path / SHARD).chmod(0o600)
     found = state_probe._weights({"dir": str(tmp_path), "lock": lock})
     assert (found["missing"], found["unverified"]) == ([], [SHARD])
-    cache = weights_sync._load_cache(str(tmp_path))
+    cache = revision_files.load_cache(str(tmp_path))
 
     def no_hashing(*args: object) -> str:
         raise AssertionError("a file the cache vouches for is not hashed again")

@@ -280,7 +280,7 @@ def test_a_shard_gone_bad_fails_the_deploy_with_the_engines_error_and_is_repaire
     assert repaired.code == 0, repaired.log[-4000:]
     changed = repaired.changed()
     # Every file hashed again, the bad shard taken from the host that holds it verified.
-    assert changed["Weights from peers"] == [host]
+    assert changed["Weights at the pinned revision"] == [host]
     assert ": 1 files from peers (" in _sh(serving, host, "tail -n 1 /var/log/kimi/weights.log")
     assert changed["Smoke test"] == [host]
     _answers_from_real_vllm(serving, host)

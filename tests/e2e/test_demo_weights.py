@@ -104,14 +104,14 @@ def test_damage_is_repaired_by_a_normal_run(
     assert ssh("kimi-h1", f"stat -c %a {WEIGHTS}/{SHARD_57}") == "644"
     if repaired:
         # The other hosts hold the shard verified: kimi-h1 fetches it from them, not from the Hub.
-        assert changed["Weights from peers"] == ["kimi-h1"]
+        assert changed["Weights at the pinned revision"] == ["kimi-h1"]
         assert _served() == {}
         last = ssh("kimi-h1", "tail -n 1 /var/log/kimi/weights.log")
         assert f": {len(repaired)} files from peers (" in last, last
     elif read_by_the_engine:
         # A file that is whole but unreadable: the sync (set up to take it from peers) gives it
         # its mode back and fetches nothing.
-        assert changed["Weights from peers"] == ["kimi-h1"]
+        assert changed["Weights at the pinned revision"] == ["kimi-h1"]
         assert _served() == {}
     else:
         assert changed["Weights at the pinned revision"] == ["kimi-h1"]
@@ -130,8 +130,8 @@ def test_upgrade_fetches_only_what_changed_and_rollback_fetches_nothing(converge
     upgraded.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     try:
         changed = _converge("--data", f"kimi_recipe={upgraded}")
-        assert changed["Weights at the pinned revision"] == ["kimi-h1"]
-        assert changed["Weights from peers"] == list(ENGINE_HOSTS[1:])
+        # One step: kimi-h1 from the Hub while the others take each file from the host before them.
+        assert changed["Weights at the pinned revision"] == list(ENGINE_HOSTS)
         # Commit B changed three shards and config.json and added extra_b.json; the rest is linked
         # from revision A on each host, and each changed file leaves the Hub once for all hosts.
         downloads = {path: n for path, n in _hub("/_stats")["downloads"].items() if n}
@@ -183,7 +183,7 @@ def test_a_hub_serving_a_corrupted_shard_is_retried_then_named(
     assert main_pid("kimi-h1", "kimi-vllm") == pid  # nothing was restarted
     hub_faults({})
     # With the other hosts in the run, kimi-h1 takes the shard from one that holds it verified.
-    assert _converge()["Weights from peers"] == ["kimi-h1"]
+    assert _converge()["Weights at the pinned revision"] == ["kimi-h1"]
 
 
 def test_a_killed_sync_resumes_without_fetching_finished_files_again(
@@ -238,11 +238,12 @@ def test_the_hub_token_reaches_the_hosts_only_in_a_root_only_file(converged: Non
 
 
 def _served_by_peers(host: str) -> dict[str, int]:
-    """Files the host's peer service sent to others in its last run (from its journal)."""
-    lines = ssh(host, "journalctl -u kimi-weights-peer -o cat --no-pager -n 2000 | grep '^served ' || true")
+    """Files the host's peer service sent to others in its last run, whole or relayed as they
+    arrived (from its journal)."""
+    lines = ssh(host, "journalctl -u kimi-weights-peer -o cat --no-pager -n 2000 | grep -E '^(served|relayed) ' || true")
     out: dict[str, int] = {}
     for line in lines.splitlines():
-        if line.startswith("served ") and " bytes) to " in line:
+        if line.startswith(("served ", "relayed ")) and " bytes) to " in line:
             name = line.split()[1]
             out[name] = out.get(name, 0) + 1
     return out
@@ -252,14 +253,17 @@ def test_fan_out_on_four_hosts_takes_each_file_from_the_hub_once(converged: None
     for host in ENGINE_HOSTS:
         ssh(host, f"rm -rf {WEIGHTS}; journalctl --rotate -q; journalctl --vacuum-time=1s -q")
     changed = _converge()
-    assert changed["Weights at the pinned revision"] == ["kimi-h1"]
-    assert changed["Weights from peers"] == list(ENGINE_HOSTS[1:])
+    # One step: kimi-h1 from the Hub while the others take each file from the host before them.
+    assert changed["Weights at the pinned revision"] == list(ENGINE_HOSTS)
     downloads = {path: n for path, n in _hub("/_stats")["downloads"].items() if n}
     assert len(downloads) == 103
     assert set(downloads.values()) == {1}
-    # kimi-h1 gave every file to each of the three others, then stopped listening.
-    assert set(_served_by_peers("kimi-h1").values()) == {3}
-    assert len(_served_by_peers("kimi-h1")) == 103
+    # A chain: kimi-h1 gave every file once (to kimi-h2), which gave it once to kimi-h3, and so
+    # on; no host's link carried the revision twice. Then they stopped listening.
+    for host in ENGINE_HOSTS[:-1]:
+        served = _served_by_peers(host)
+        assert (len(served), set(served.values())) == (103, {1}), host
+    assert _served_by_peers(ENGINE_HOSTS[-1]) == {}
     assert ssh("kimi-h1", "systemctl is-active kimi-weights-peer || true") in ("inactive", "unknown")
     assert "8479" not in ssh("kimi-h1", "ss -ltnH")
     assert ssh("kimi-h1", "stat -c '%a %U %G' /etc/kimi/secrets/weights-transfer-key") == "440 root kimi"
@@ -267,7 +271,7 @@ def test_fan_out_on_four_hosts_takes_each_file_from_the_hub_once(converged: None
         count = ssh(host, f"cd {WEIGHTS} && find . -type f -not -path './.kimi/*' -not -path './.cache/*' | wc -l")
         assert count == "103", host
     again = _converge()
-    assert not {"Weights at the pinned revision", "Weights from peers", "Weights served to peers"} & set(again)
+    assert not {"Weights at the pinned revision", "Weights served to peers"} & set(again)
 
 
 def test_the_scrub_timer_finds_a_bit_flip_and_refetches_that_shard_only(converged: None) -> None:
