@@ -257,7 +257,8 @@ class Handler(socketserver.BaseRequestHandler):
                 moved = time.monotonic()
                 continue
             if have >= size and peer.verified(rel, inode) is not None:
-                self.request.sendfile(partial, sent, size - sent)
+                if size > sent:
+                    self.request.sendfile(partial, sent, size - sent)
                 break
             if idle % 10 == 0 and (not self._still_arriving(rel, inode) or time.monotonic() - moved > SEND_STALL_S):
                 raise Gone(rel)

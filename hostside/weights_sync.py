@@ -106,6 +106,11 @@ def _prune(root: str, lock: dict[str, list[Any]]) -> list[str]:
             if rel not in lock:
                 os.remove(os.path.join(dirpath, name))
                 removed.append(rel)
+    # What a killed run left half-fetched from a peer (no other sync runs: the revision's lock).
+    partials = os.path.dirname(partial_path(root, ""))
+    for name in os.listdir(partials) if os.path.isdir(partials) else []:
+        os.remove(os.path.join(partials, name))
+        removed.append(os.path.join(META, "partial", name))
     incomplete = os.path.join(root, ".cache", "huggingface", "download")
     for dirpath, _, filenames in os.walk(incomplete):
         for name in filenames:

@@ -33,8 +33,11 @@ def chosen_by_operator(argv: list[str], environ: dict[str, str]) -> bool:
 def widen_pools(state: State) -> int | None:
     """Resize ``state``'s pools to every host of the inventory; the new size, or None when the
     pools hold them all already or the operator chose their size."""
-    hosts = len(state.inventory)
-    if chosen_by_operator(sys.argv, dict(os.environ)) or state.pool.size is None or state.pool.size >= hosts:
+    inventory, pool = getattr(state, "inventory", None), getattr(state, "pool", None)
+    if inventory is None or pool is None or pool.size is None:
+        return None  # a state made for planning, running nothing
+    hosts = len(inventory)
+    if chosen_by_operator(sys.argv, dict(os.environ)) or pool.size >= hosts:
         return None
     size = min(hosts, MAX_PARALLEL)
     if size <= state.pool.size:
@@ -52,5 +55,6 @@ def aligned(state: State) -> None:
     """Give this host's deploy-file context the run's ``PARALLEL``: pyinfra loads each host's
     deploy file with a copy of the config taken when that host's load began, which may be before
     the run widened it; operations read the copy, and must agree across hosts."""
-    if ctx_config.isset():  # type: ignore[no-untyped-call]
-        ctx_config.get().PARALLEL = state.config.PARALLEL  # type: ignore[no-untyped-call]
+    config = getattr(state, "config", None)
+    if config is not None and ctx_config.isset():  # type: ignore[no-untyped-call]
+        ctx_config.get().PARALLEL = config.PARALLEL  # type: ignore[no-untyped-call]

@@ -230,3 +230,17 @@ def test_a_host_whose_source_fails_mid_file_takes_it_from_the_host_before(
     assert result["from_peers"] == {"a": SIZE}
     assert result["fetched"] == []
     assert (c_root / "w.bin").read_bytes() == data
+
+
+def test_a_partial_file_a_killed_run_left_is_removed_by_the_next_sync(tmp_path: Path, key_file: Path) -> None:
+    """A peer would relay it to nobody's benefit: it is no file this sync writes."""
+    root = tmp_path / "revision"
+    lock = make_revision(root, {"w.bin": b"whole"})
+    stale = Path(partial_path(str(root), "w.bin"))
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"half")
+    sync = _sync_proc(root, lock, [], key_file)
+    out, err = sync.communicate(timeout=30)
+    assert sync.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["removed"] == [f".kimi/partial/{stale.name}"]
+    assert not stale.exists()
