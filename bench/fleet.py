@@ -8,11 +8,14 @@ hosts, one SGLang instance across the last 2 (N <= 8) or 4. Prints, per N: ``clu
 the first converge's time and errors, how many instances answer a chat request, the most bodies
 the Hub sent of any one file (1: each file once for the whole run), the median no-op re-run and
 the median floor (connect to every host and read one fact: bench/floor.py) measured in the same
-run, and their ratio.
+run, and their ratio; then the median of a run that reads only the converge's own probe
+(bench/probe_floor.py: the floor with the probe as its one fact), the no-op's ratio to it, and
+the controller's CPU seconds for the no-op and for the floor.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -25,6 +28,7 @@ from harness.fleet import (
     answers,
     bodies_served,
     endpoints,
+    failed,
     fleet_arguments,
     for_each_size,
     hub,
@@ -43,19 +47,28 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
     errors = first.errors() if first.payload else {"(no JSON)": [first.log[-300:]]}
     served = bodies_served(FLEET)
     answering = sum(answers(FLEET, e) for e in endpoints(FLEET, n))
-    for name, failed in errors.items():
-        print(f"N={n}: first converge: {name!r} failed on {', '.join(failed)}", flush=True)
+    for name, hosts in errors.items():
+        print(f"N={n}: first converge: {name!r} failed on {', '.join(hosts)}", flush=True)
     if first.code != 0:
+        print(f"N={n}: {failed('first converge', first.log).splitlines()[0]}", flush=True)
         # converge the rest before timing a no-op
         timed(FLEET, inv)
-    noop, floor = [], []
+    noop, floor, probe, noop_cpu, floor_cpu = [], [], [], [], []
     for _ in range(runs):
+        cpu = _children_cpu()
         run, seconds = timed(FLEET, inv)
+        noop_cpu.append(_children_cpu() - cpu)
         if run.code != 0 or run.changed():
-            sys.exit(f"N={n}: the re-run was not a no-op: {run.changed() or run.log[-1500:]}")
+            sys.exit(f"N={n}: the re-run was not a no-op: {run.changed()}; {failed('re-run', run.log)}")
         noop.append(seconds)
+        cpu = _children_cpu()
         run, seconds = timed(FLEET, inv, deploy="bench/floor.py")
+        floor_cpu.append(_children_cpu() - cpu)
         floor.append(seconds)
+        run, seconds = timed(FLEET, inv, deploy="bench/probe_floor.py")
+        if run.code != 0:
+            sys.exit(f"N={n}: {failed('probe alone', run.log)}")
+        probe.append(seconds)
     return {
         "hosts": n,
         "up_s": up_s,
@@ -67,7 +80,16 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
         "max_bodies": max(served.values(), default=0),
         "noop_s": statistics.median(noop),
         "floor_s": statistics.median(floor),
+        "probe_s": statistics.median(probe),
+        "noop_cpu_s": statistics.median(noop_cpu),
+        "floor_cpu_s": statistics.median(floor_cpu),
     }
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children: the controller's pyinfra."""
+    times = os.times()
+    return times.children_user + times.children_system
 
 
 def line(n: int, runs: int, folder: Path) -> str:
@@ -77,7 +99,9 @@ def line(n: int, runs: int, folder: Path) -> str:
         f"rc {row['first_rc']} errors {row['op_errors']}  answering {row['answering']}  "
         f"Hub: {row['files']} files, at most {row['max_bodies']} bodies each  "
         f"no-op {row['noop_s']:.2f} s  floor {row['floor_s']:.2f} s  "
-        f"ratio {float(row['noop_s']) / float(row['floor_s']):.2f}"  # type: ignore[arg-type]
+        f"ratio {float(row['noop_s']) / float(row['floor_s']):.2f}  "  # type: ignore[arg-type]
+        f"probe alone {row['probe_s']:.2f} s  no-op / probe alone {float(row['noop_s']) / float(row['probe_s']):.2f}  "  # type: ignore[arg-type]
+        f"controller CPU no-op {row['noop_cpu_s']:.2f} s floor {row['floor_cpu_s']:.2f} s"
     )
 
 

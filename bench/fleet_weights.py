@@ -29,7 +29,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.fleet import FLEET, hub, inventory, timed
+from harness.fleet import FLEET, failed, hub, inventory, timed
 from harness.own_cluster import host_ssh
 from harness.shaping import shaped_from_port, tbf, tbf_argv
 from localcluster.state import Settings
@@ -93,13 +93,6 @@ def main() -> None:
         print(f"  {name}: {took} s")
     spent = sum(float(took) for _, took in steps)
     print(f"the weights' steps: {spent:.2f} s = {spent / least:.2f} x W / rate")
-
-
-def failed(which: str, log: str) -> str:
-    """One line naming the failed converge and where its whole log is kept."""
-    with tempfile.NamedTemporaryFile("w", prefix=f"kimi-fleet-{which}-", suffix=".log", delete=False) as f:
-        f.write(log)
-    return f"the {which} converge failed (its log: {f.name}):\n{log[-3000:]}"
 
 
 def uplinks(st: dict[str, Any], mbit: float | None) -> None:

@@ -117,6 +117,13 @@ def for_each_size(args: argparse.Namespace, measure: Callable[[int, Path], str],
             FLEET.cli("down")
 
 
+def failed(which: str, log: str) -> str:
+    """One line naming the failed run and where its whole log is kept, then the log's end."""
+    with tempfile.NamedTemporaryFile("w", prefix=f"kimi-fleet-{which}-", suffix=".log", delete=False) as f:
+        f.write(log)
+    return f"the {which} run failed (its log: {f.name}):\n{log[-3000:]}"
+
+
 def timed(cluster: OwnCluster, inventory_file: Path, *args: str, deploy: str = "deploys/kimi.py") -> tuple[Run, float]:
     """A pyinfra run on the fleet and its wall time in seconds."""
     started = time.perf_counter()

@@ -27,11 +27,19 @@ import shutil
 import subprocess
 import sys
 import zlib
-from typing import Any
 
-from hostside.probe_types import DriversAnswer, InstalledPackage, Nvml, ServiceState
+# Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
+# (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from hostside.probe_types import DriversAnswer, InstalledPackage, Nvml, ServiceState
+
 
 PACKAGE_PATTERNS = ("nvidia-*", "cuda-keyring", "cuda-drivers*")
+DPKG_QUERY = ["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"]
+SYSTEMCTL_SHOW = ["systemctl", "show", "--property=Id,ActiveState,UnitFileState"]
 SOURCES_DIR = "/etc/apt/sources.list.d"
 _NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
 _ENV = {**os.environ, "LC_ALL": "C", "LANG": "C"}
@@ -53,9 +61,11 @@ def _start(argv: list[str]) -> subprocess.Popen[str] | None:
     )
 
 
-def _finish(proc: subprocess.Popen[str] | None, timeout: float) -> tuple[int | None, str, str]:
+def _finish(proc: subprocess.Popen[str] | _Read | None, timeout: float) -> tuple[int | None, str, str]:
     if proc is None:
         return None, "", ""
+    if isinstance(proc, _Read):
+        return proc.answer
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -156,18 +166,44 @@ def driver_version_read(hardware: Any) -> tuple[int | None, str, str] | None:
     return 0, "".join(f"{row[column].strip()}\n" for row in rows), ""
 
 
-def probe(request: dict[str, Any], known: tuple[int | None, str, str] | None = None) -> DriversAnswer:
+def read_already(hardware: Any, argv: list[str]) -> tuple[int | None, str, str] | None:
+    """What ``argv`` answered when the hardware probe of the same moment ran exactly that command
+    (its ``drivers`` section: dpkg-query, systemctl); None: it ran another, or it got no answer."""
+    drivers = hardware.get("drivers") if isinstance(hardware, dict) else None
+    for run in drivers.values() if isinstance(drivers, dict) else []:
+        if isinstance(run, dict) and run.get("argv") == argv and run.get("rc") is not None and not run.get("error"):
+            return run["rc"], str(run.get("stdout") or ""), str(run.get("stderr") or "")
+    return None
+
+
+class _Read:
+    """A command's answer read already (``read_already``), in the shape ``_finish`` takes."""
+
+    def __init__(self, answer: tuple[int | None, str, str]) -> None:
+        self.answer = answer
+
+
+def _started(argv: list[str], hardware: Any) -> subprocess.Popen[str] | _Read | None:
+    read = read_already(hardware, argv)
+    return _Read(read) if read is not None else _start(argv)
+
+
+def probe(
+    request: dict[str, Any], known: tuple[int | None, str, str] | None = None, hardware: Any = None
+) -> DriversAnswer:
     """What the drivers step decides on. ``known``: nvidia-smi's driver version read already in
-    this process (``driver_version_read``), so that nvidia-smi runs once per probe."""
+    this process (``driver_version_read``), so that nvidia-smi runs once per probe; ``hardware``:
+    the hardware probe's answer of the same moment, whose dpkg-query and systemctl it takes when
+    they were its own commands (``read_already``)."""
     timeout = float(request.get("timeout_s") or 10)
     units = [str(u) for u in request.get("services") or []]
     kernel = os.uname().release
-    dpkg = _start(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *PACKAGE_PATTERNS])
+    dpkg = _started([*DPKG_QUERY, *PACKAGE_PATTERNS], hardware)
     arch = _start(["dpkg", "--print-architecture"])
     nvidia = bool(request.get("nvidia"))
     ask = nvidia and known is None
     smi = _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if ask else None
-    show = _start(["systemctl", "show", "--property=Id,ActiveState,UnitFileState", *units]) if units else None
+    show = _started([*SYSTEMCTL_SHOW, *units], hardware) if units else None
     pending = _text("/run/reboot-required.pkgs")
     # nvidia-smi's answer: read here, or already (``known``); None: not asked, or no nvidia-smi
     read = known if nvidia and known is not None else (_finish(smi, timeout) if smi is not None else None)

@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import glob
-import http.client
 import importlib
 import importlib.util
 import json
@@ -49,30 +47,32 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import zlib
 from collections.abc import Callable
-from typing import Any, TypeVar
 
-from hostside.probe_types import (
-    CommandRun,
-    DiskRead,
-    DiskSection,
-    HardwareAnswer,
-    HostSection,
-    PciDevice,
-    PciGpus,
-    RdmaPort,
-    RdmaSection,
-    SectionError,
-    TpuSection,
-)
+# Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
+# (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
 
-_T = TypeVar("_T")
+    from hostside.probe_types import (
+        CommandRun,
+        DiskRead,
+        DiskSection,
+        HardwareAnswer,
+        HostSection,
+        PciDevice,
+        PciGpus,
+        RdmaPort,
+        RdmaSection,
+        SectionError,
+        TpuSection,
+    )
+
+    _T = TypeVar("_T")
 
 GOOGLE_VENDOR = "0x1ae0"
 NVIDIA_VENDOR = "0x10de"
@@ -83,7 +83,11 @@ METADATA_URL = "http://169.254.169.254/computeMetadata/v1/instance/attributes/"
 METADATA_KEYS = ("accelerator-type", "agent-worker-number")
 SMI_FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "compute_cap")
 SERVICES = ("nvidia-fabricmanager", "nvidia-imex")
-PACKAGES = ("nvidia-driver*", "nvidia-fabricmanager*", "nvidia-imex*")
+# What hostside/driver_probe.py reads too, as it reads them: in one probe (hostside/host_probe.py)
+# the drivers part takes these answers instead of asking again. The profile keeps the driver,
+# fabric manager and IMEX packages of it (kimi_deploy.host_profile).
+PACKAGES = ("nvidia-*", "cuda-keyring", "cuda-drivers*")
+SERVICE_PROPERTIES = "--property=Id,ActiveState,UnitFileState"
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 
 COMMAND_TIMEOUT_S = 3.0
@@ -167,6 +171,8 @@ def _text(value: Any) -> str:
 
 
 def _nvml_device(nv: Any, index: int) -> dict[str, Any]:
+    import ctypes  # noqa: PLC0415 - loaded by pynvml already; a host without NVML never needs it
+
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     device: dict[str, Any] = {"index": index}
     errors: dict[str, str] = {}
@@ -248,6 +254,10 @@ class NvmlRun(threading.Thread):
         self.result = _section(_nvml)
 
 
+def _pci_gpus(root: str) -> PciGpus:
+    return {"devices": [d for d in _pci(root, (NVIDIA_VENDOR,)) if d["class"].startswith("0x03")]}
+
+
 def _pci(root: str, vendors: tuple[str, ...]) -> list[dict[str, Any]]:
     found = []
     for directory in sorted(glob.glob(_in(root, "/sys/bus/pci/devices/*"))):
@@ -266,6 +276,12 @@ def _pci(root: str, vendors: tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def _metadata(base: str) -> dict[str, Any]:
+    # Imported here, not above: they cost a converged host's probe more than all its reads, and
+    # only a TPU host asks its metadata server.
+    import http.client  # noqa: PLC0415
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
     if not base.startswith("http://"):
         return {"error": f"metadata_url {base!r} is not an http:// URL"}
     # No proxy: the metadata server is link-local and a proxy would carry the request off the host.
@@ -444,6 +460,8 @@ def _measure(path: str, free: int) -> DiskRead | SectionError:
     if free < 4 * TEMP_SIZE:
         return {"error": f"only {free} bytes free in {path}: no room for a {TEMP_SIZE >> 20} MiB test file"}
     directory = path if os.path.isdir(path) else os.path.dirname(path)
+    import tempfile  # noqa: PLC0415 - only a measuring probe writes a file
+
     fd, temp = tempfile.mkstemp(prefix=".kimi-read-probe-", dir=directory)
     try:
         # Random blocks: a compressing filesystem must not shrink what the read then times.
@@ -495,7 +513,8 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
     query_argv = [smi or "nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
     dpkg_argv = ["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *PACKAGES]
     dpkg = Command(dpkg_argv, timeout) if shutil.which("dpkg-query") else None
-    services = Command(["systemctl", "is-active", *SERVICES], timeout) if shutil.which("systemctl") else None
+    show_argv = ["systemctl", "show", SERVICE_PROPERTIES, *SERVICES]
+    services = Command(show_argv, timeout) if shutil.which("systemctl") else None
     nvml: NvmlRun | None = None
     nvml_result: dict[str, Any] | SectionError | None = None
     if request.get("nvml", True):
@@ -514,9 +533,7 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
     host = _section(lambda: _host(root))
     disk = _section(lambda: _disk(root, str(request.get("weights_dir") or "/"), bool(request.get("measure"))))
     # Display-class NVIDIA functions (0x03xxxx): the GPUs even before a driver is installed; not NVSwitches.
-    pci_gpus = _section(
-        lambda: PciGpus(devices=[d for d in _pci(root, (NVIDIA_VENDOR,)) if d["class"].startswith("0x03")])
-    )
+    pci_gpus = _section(lambda: _pci_gpus(root))
     proc_version = _read(_in(root, "/proc/driver/nvidia/version"))
 
     if nvml is not None:

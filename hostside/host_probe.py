@@ -10,7 +10,8 @@ Python processes in one shell command; in one, a converged host's probe costs on
 and its imports instead of three. A part that raises prints its traceback on stderr and no line
 (the drivers and hardware parts answer ``{"error": ...}`` instead, as they do alone); the others
 still answer, and the exit status is 1. nvidia-smi runs once per probe: the drivers part takes the
-driver version from what the hardware part read (``driver_probe.driver_version_read``).
+driver version from what the hardware part read (``driver_probe.driver_version_read``), and its
+dpkg-query and systemctl where they were the same commands (``driver_probe.read_already``).
 """
 
 from __future__ import annotations
@@ -20,24 +21,29 @@ import json
 import os
 import sys
 import threading
-import traceback
 import zlib
-from collections.abc import Callable
-from typing import Any
 
 from hostside import driver_probe, hardware_probe, state_probe
+
+TYPE_CHECKING = False  # typing costs every probe several ms to import: for type checkers only
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    Answer = Callable[[dict[str, Any], dict[str, Any]], Any]
 
 # Part -> how it answers its request, given the parts answered before it, and what it answers
 # when it raises (None: no line at all). In this order: the drivers part takes nvidia-smi's
 # driver version from what the hardware part read just now, so that nvidia-smi runs once.
-Answer = Callable[[dict[str, Any], dict[str, Any]], Any]
 PARTS: dict[str, tuple[Answer, Callable[[Exception], Any] | None]] = {
     "hardware": (
         lambda part, _: hardware_probe.probe(part),
         lambda exc: {"schema": 1, "error": f"{type(exc).__name__}: {exc}"},
     ),
     "drivers": (
-        lambda part, before: driver_probe.probe(part, driver_probe.driver_version_read(before.get("hardware"))),
+        lambda part, before: driver_probe.probe(
+            part, driver_probe.driver_version_read(before.get("hardware")), before.get("hardware")
+        ),
         lambda exc: {"error": f"{type(exc).__name__}: {exc}"},
     ),
     "state": (lambda part, _: state_probe.probe(part), None),
@@ -55,6 +61,8 @@ def main() -> None:
         try:
             answer = probe(part if isinstance(part, dict) else {}, answers)
         except Exception as exc:  # noqa: BLE001 - the other parts still answer
+            import traceback  # noqa: PLC0415 - a failing part only
+
             traceback.print_exc()
             failed = True
             if on_error is None:

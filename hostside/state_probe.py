@@ -25,23 +25,32 @@ import stat
 import subprocess
 import sys
 import zlib
-from typing import Any
 
 from hostside.host_dirs import STATE_DIR
-from hostside.probe_types import (
-    Listener,
-    ReleaseEntry,
-    ReleaseMarker,
-    Releases,
-    Revisions,
-    StateAnswer,
-    TimerState,
-    UnitState,
-    WeightsFound,
-)
+
+# Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
+# (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from hostside.probe_types import (
+        Listener,
+        ReleaseEntry,
+        ReleaseMarker,
+        Releases,
+        Revisions,
+        StateAnswer,
+        TimerState,
+        UnitState,
+        WeightsFound,
+    )
+
 
 META_DIRS = (".kimi", ".cache")
 APPLIED = f"{STATE_DIR}/applied"
+# What the probe reads of each service (a timer has no MainPID or NRestarts: systemctl leaves them out).
+UNIT_PROPERTIES = "ActiveState,SubState,MainPID,UnitFileState,NRestarts"
 
 
 def _marker(path: str) -> ReleaseMarker | None:
@@ -151,10 +160,21 @@ def _weights(spec: dict[str, Any]) -> WeightsFound:
     }
 
 
-def _show(unit: str, props: str) -> dict[str, str]:
-    """``systemctl show`` of the properties named in ``props`` (comma-separated)."""
-    show = subprocess.run(["systemctl", "show", unit, "-p", props], capture_output=True, text=True, check=False)
-    return dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
+def _show(units: list[str], props: str) -> list[dict[str, str]]:
+    """``systemctl show -p <props> <units>``: one block of properties per unit."""
+    show = subprocess.run(["systemctl", "show", "-p", props, *units], capture_output=True, text=True, check=False)
+    return [dict(line.split("=", 1) for line in b.splitlines() if "=" in line) for b in show.stdout.split("\n\n")]
+
+
+def _shown(units: list[str], props: str) -> dict[str, dict[str, str]]:
+    """The properties named in ``props`` (comma-separated) of every unit of ``units`` (full
+    names), from one systemctl, its blocks told apart by their ``Id``; a unit whose block did not
+    come back under its own name (an alias shows as its target) is asked alone."""
+    found = {block["Id"]: block for block in _show(units, f"Id,{props}") if block.get("Id") in units} if units else {}
+    for unit in units:
+        if unit not in found:
+            found[unit] = _show([unit], props)[0]
+    return found
 
 
 def _secrets_changed(paths: list[str], marker: str) -> bool:
@@ -187,10 +207,12 @@ def _restarts_verified(marker: str) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def _units(names: list[str], secrets: dict[str, list[str]] | None = None) -> dict[str, UnitState]:
+def _units(
+    names: list[str], shown: dict[str, dict[str, str]], secrets: dict[str, list[str]] | None = None
+) -> dict[str, UnitState]:
     out: dict[str, UnitState] = {}
     for name in names:
-        props = _show(f"{name}.service", "ActiveState,SubState,MainPID,UnitFileState,NRestarts")
+        props = shown.get(f"{name}.service", {})
         restarts = props.get("NRestarts", "")
         marker = os.path.join(APPLIED, name)
         try:
@@ -243,10 +265,10 @@ def _revisions(parent: str, log: list[list[str]]) -> Revisions:
     return {"present": present, "history": history}
 
 
-def _timers(names: list[str]) -> dict[str, TimerState]:
+def _timers(names: list[str], shown: dict[str, dict[str, str]]) -> dict[str, TimerState]:
     out: dict[str, TimerState] = {}
     for name in names:
-        props = _show(f"{name}.timer", "ActiveState,UnitFileState")
+        props = shown.get(f"{name}.timer", {})
         out[name] = {"active": props.get("ActiveState", ""), "enabled": props.get("UnitFileState", "")}
     return out
 
@@ -357,13 +379,16 @@ def probe(request: dict[str, Any]) -> StateAnswer:
     names = list(request.get("units", []))
     for entry in (releases["records"] if releases else {}).values():
         names += [n for n in (entry["record"].get("units") or {} if entry else {}) if n not in names]
+    timers = list(request.get("timers", []))
+    # One systemctl for the services and the timers: the probe's largest cost after Python itself.
+    shown = _shown([f"{n}.service" for n in names] + [f"{n}.timer" for n in timers], UNIT_PROPERTIES)
     result: StateAnswer = {
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
         "weights": _weights(weights) if weights else None,
         "files": {p: _file(p, (request.get("modes") or {}).get(p)) for p in request.get("files", [])},
-        "units": _units(names, request.get("unit_secrets")),
-        "timers": _timers(request.get("timers", [])),
+        "units": _units(names, shown, request.get("unit_secrets")),
+        "timers": _timers(timers, shown),
         "revisions": _revisions(request["models"], log) if request.get("models") else None,
         "listeners": _listeners([int(p) for p in request.get("ports", [])]),
         "packages": _packages(request.get("packages", [])),

@@ -126,12 +126,21 @@ def _fail(message: str, *remove: str) -> NoReturn:
 _TMP = ".kimi-uv-tmp"
 
 
+# How long uv and pip wait for an index that accepted the connection, and how often they try
+# again: a site's own index serves every host of a run at once (64 hosts bootstrapping uv and
+# installing at the same moment kept one from answering within 15 s on the local cluster).
+# uv's defaults (30 s, 3 retries) and pip's (15 s, 5) are for one machine; an index that refuses
+# connections or answers 503 still fails within seconds.
+HTTP_TIMEOUT_S = 60
+HTTP_RETRIES = 3
+
+
 def _run(argv: list[str], index_url: str, *remove: str, stdin: str | None = None) -> str:
     env = {
         **os.environ,
         "UV_PYTHON_DOWNLOADS": "never",
-        "UV_HTTP_TIMEOUT": "15",
-        "UV_HTTP_RETRIES": "1",
+        "UV_HTTP_TIMEOUT": str(HTTP_TIMEOUT_S),
+        "UV_HTTP_RETRIES": str(HTTP_RETRIES),
         "UV_NO_PROGRESS": "1",
         "NO_COLOR": "1",
     }
@@ -159,7 +168,8 @@ def _bootstrap(version: str, folder: str, index_url: str) -> str:
     if venv.returncode != 0:
         _fail(f"python3 -m venv {folder} failed: {(venv.stderr or venv.stdout).strip().splitlines()[-1:]}", folder)
     pip = [f"{folder}/bin/pip", "install", "--no-cache-dir", "--disable-pip-version-check", "--no-input"]
-    pip += ["--retries", "1", "--timeout", "15", "--only-binary", ":all:", "--index-url", index_url]
+    pip += ["--retries", str(HTTP_RETRIES), "--timeout", str(HTTP_TIMEOUT_S)]
+    pip += ["--only-binary", ":all:", "--index-url", index_url]
     host = urlparse(index_url).hostname
     if urlparse(index_url).scheme == "http" and host:
         pip += ["--trusted-host", host]

@@ -58,6 +58,8 @@ from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 
 DEFAULT_SMI_FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "compute_cap")
 SERVICES = ("nvidia-fabricmanager", "nvidia-imex")
+# The packages of the profile: the driver's, the fabric manager's and IMEX's.
+PACKAGES = ("nvidia-driver", "nvidia-fabricmanager", "nvidia-imex")
 _RATE = re.compile(r"\s*(\d{1,20}(?:\.\d{1,20})?)\s*Gb/sec")
 _KB = re.compile(r"\s*(\d{1,20})\s*kB\s*")
 # sysfs's own forms: the PCI device folder's name and its vendor/device files.
@@ -354,16 +356,20 @@ def _drivers(drivers: dict[str, Any]) -> dict[str, Any]:
     dpkg = drivers.get("dpkg")
     for line in (dpkg.get("stdout") or "").splitlines() if isinstance(dpkg, dict) else []:
         fields = line.split("\t")
-        # db:Status-Abbrev "ii " (or "hi ": held) is an installed package; "un"/"rc" are not.
-        if len(fields) == 3 and fields[1] and fields[2][1:2] == "i":
+        # db:Status-Abbrev "ii " (or "hi ": held) is an installed package; "un"/"rc" are not. The
+        # probe asks for every nvidia-* package (the drivers step's query); the profile keeps these.
+        if len(fields) == 3 and fields[1] and fields[2][1:2] == "i" and fields[0].startswith(PACKAGES):
             packages[fields[0]] = fields[1]
     active: dict[str, str | None] = dict.fromkeys(SERVICES)
     services = drivers.get("services")
     if isinstance(services, dict):
-        states = (services.get("stdout") or "").split()
-        # systemctl prints one state per unit asked, in order; anything else (no systemd) says nothing.
-        if len(states) == len(SERVICES):
-            active = dict(zip(SERVICES, states, strict=True))
+        # ``systemctl show``: a block of Key=value lines per unit, blank lines between; anything
+        # else (no systemd) names no unit.
+        for block in (services.get("stdout") or "").split("\n\n"):
+            props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+            unit = props.get("Id", "").removesuffix(".service")
+            if unit in active and props.get("ActiveState"):
+                active[unit] = props["ActiveState"]
     return {
         "nvidia": version.group(1) if version else None,
         "packages": packages,

@@ -10,6 +10,7 @@ argv (``hostside_command``) or from a file a converge writes (the scrub).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import shlex
@@ -51,14 +52,22 @@ exec(compile(PROGRAM, PATH, "exec"), {"__name__": "__main__", "__file__": PATH})
 # parsed: the probe's command is built for every host of a run, and parsing every program's
 # modules each time cost the controller 7 ms per host.
 _FROM_MODULE = re.compile(r"^[ \t]*from[ \t]+hostside\.(\w+)[ \t]+import\b", re.MULTILINE)
-_FROM_PACKAGE = re.compile(r"^[ \t]*from[ \t]+hostside[ \t]+import[ \t]+\(?([\w \t,\n]+)\)?", re.MULTILINE)
+# (names in brackets may span lines; without, the line ends the list)
+_FROM_PACKAGE = re.compile(
+    r"^[ \t]*from[ \t]+hostside[ \t]+import[ \t]+(?:\(([\w \t,\n]+)\)|([\w \t,]+))", re.MULTILINE
+)
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+hostside\.(\w+)", re.MULTILINE)
+# A module-level ``if TYPE_CHECKING:`` block and the indented (or blank) lines under it: what it
+# imports is for type checkers (the host programs set ``TYPE_CHECKING = False``), not the bundle.
+_TYPING_ONLY = re.compile(r"^if TYPE_CHECKING:[^\n]*\n(?:(?:[ \t][^\n]*)?\n)*", re.MULTILINE)
 
 
 def _imported(source: str) -> list[str]:
-    """The ``hostside.<name>`` modules a program's source imports."""
+    """The ``hostside.<name>`` modules a program's source imports when it runs."""
+    source = _TYPING_ONLY.sub("", source)
     names = _FROM_MODULE.findall(source) + _IMPORT.findall(source)
-    for group in _FROM_PACKAGE.findall(source):
+    for bracketed, plain in _FROM_PACKAGE.findall(source):
+        group = bracketed or plain
         names += [n.split()[0] for n in group.replace("\n", ",").split(",") if n.strip()]
     return names
 
@@ -95,7 +104,14 @@ def pack(data: Any) -> str:
     return base64.b64encode(zlib.compress(json.dumps(data, sort_keys=True).encode(), 9)).decode()
 
 
+@functools.cache
+def _shipped(python: str, script: str, folder: Path) -> str:
+    """The part of ``folder/<script>``'s command that is the same for every host (``folder`` is
+    ``HOSTSIDE``, here to key the cache): made once per run, not once per host."""
+    code = base64.b64encode(zlib.compress(bundle(script).encode(), 6)).decode()
+    return " ".join([shlex.quote(python), "-c", shlex.quote(_BOOT), code])
+
+
 def hostside_command(python: str, script: str, request: Any) -> str:
     """The shell command running ``hostside/<script>`` with ``python`` on the host."""
-    code = base64.b64encode(zlib.compress(bundle(script).encode(), 6)).decode()
-    return " ".join([shlex.quote(python), "-c", shlex.quote(_BOOT), code, pack(request)])
+    return f"{_shipped(python, script, HOSTSIDE)} {pack(request)}"

@@ -12,6 +12,7 @@ through, since it would start a line of its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -161,9 +162,10 @@ def _checked(context: jinja2.runtime.Context, value: Any) -> Any:
     return value
 
 
+@functools.cache
 def environment() -> jinja2.Environment:
     """The templates' environment: ``exec_start``, ``systemd_word`` and ``nginx`` filters, every
-    value checked."""
+    value checked. One per process: it compiles each template once, not once per host."""
     jinja = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,

@@ -37,6 +37,13 @@ DPKG = (
     "nvidia-driver-580-open\t580.95.05-0ubuntu1\tii \n"
     "nvidia-fabricmanager-580\t580.95.05-1\tii \n"
     "nvidia-imex-580\t\tun \n"
+    # asked for the drivers step (the same query), left out of the profile
+    "cuda-keyring\t1.1-1\tii \n"
+    "nvidia-kernel-open-dkms\t580.95.05-1\tii \n"
+)
+SHOW = (
+    "Id=nvidia-fabricmanager.service\nActiveState=active\nUnitFileState=enabled\n\n"
+    "Id=nvidia-imex.service\nActiveState=inactive\nUnitFileState=disabled\n"
 )
 OS_RELEASE = 'PRETTY_NAME="Ubuntu 24.04.2 LTS"\nNAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\nID_LIKE=debian\n'
 TPU_ADDRESSES = ("0000:00:04.0", "0000:00:05.0", "0000:00:06.0", "0000:00:07.0")
@@ -171,7 +178,8 @@ def make_bin(tmp_path: Path, *, smi: bool = True, tools: bool = True, hang: bool
         write(bin_dir / "nvidia-smi", f"#!{sys.executable}\n{body}", 0o755)
     if tools:
         write(bin_dir / "dpkg-query", f"#!/bin/sh\nprintf '{DPKG}'\nexit 1\n", 0o755)
-        write(bin_dir / "systemctl", "#!/bin/sh\nprintf 'active\\ninactive\\n'\nexit 3\n", 0o755)
+        # ``systemctl show --property=Id,ActiveState,UnitFileState``: a block per unit, as systemd 252 prints it
+        write(bin_dir / "systemctl", f"#!/bin/sh\nprintf '{SHOW}'\n", 0o755)
     return bin_dir
 
 
@@ -307,6 +315,53 @@ def test_b300_host_through_nvidia_smi(tmp_path: Path, listener: socket.socket) -
         "imex_active": "inactive",
     }
     assert profile["errors"] == {}
+
+
+def test_one_probe_asks_dpkg_and_systemd_once_for_the_hardware_and_drivers_parts(tmp_path: Path) -> None:
+    """The converge's probe (hostside/host_probe.py) reads the hardware and the drivers in one
+    process; the drivers part takes the hardware part's dpkg-query and systemctl answers, which
+    were its own commands, instead of running them again."""
+    root = make_root(tmp_path, nvidia_driver=True)
+    config = accelerators_file(tmp_path, "b300x8")
+    bin_dir = make_bin(tmp_path)
+    calls = tmp_path / "calls"
+    for tool in ("dpkg-query", "systemctl"):
+        script = bin_dir / tool
+        head, body = script.read_text(encoding="utf-8").split("\n", 1)
+        write(script, f'{head}\necho {tool} >> {calls}\n{body}', 0o755)
+    request = {"root": str(root), "weights_dir": str(tmp_path), "nvml": False, "topology": False}
+    drivers = {"nvidia": True, "services": ["nvidia-fabricmanager", "nvidia-imex"]}
+    command = hostside_command(sys.executable, "host_probe.py", {"hardware": request, "drivers": drivers})
+    done = subprocess.run(
+        ["/bin/sh", "-c", command], env={"PATH": str(bin_dir), "KIMI_FAKE_ACCELERATORS": str(config)},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    asked = calls.read_text(encoding="utf-8").splitlines()
+    assert sorted(asked) == ["dpkg-query", "systemctl"]
+    answer = json.loads(lines["drivers"])
+    assert answer["packages"] == {
+        "nvidia-driver-580-open": {"version": "580.95.05-0ubuntu1", "held": False},
+        "nvidia-fabricmanager-580": {"version": "580.95.05-1", "held": False},
+        "cuda-keyring": {"version": "1.1-1", "held": False},
+        "nvidia-kernel-open-dkms": {"version": "580.95.05-1", "held": False},
+    }
+    assert answer["services"] == {
+        "nvidia-fabricmanager": {"active": "active", "enabled": "enabled"},
+        "nvidia-imex": {"active": "inactive", "enabled": "disabled"},
+    }
+    assert parse_profile(json.loads(lines["hardware"]))["drivers"]["packages"] == {
+        "nvidia-driver-580-open": "580.95.05-0ubuntu1", "nvidia-fabricmanager-580": "580.95.05-1",
+    }  # fmt: skip
+
+    # Services the hardware part did not ask about: the drivers part asks systemd itself.
+    calls.unlink()
+    other = hostside_command(sys.executable, "host_probe.py", {"hardware": request, "drivers": {"services": ["x"]}})
+    subprocess.run(["/bin/sh", "-c", other], env={"PATH": str(bin_dir), "KIMI_FAKE_ACCELERATORS": str(config)},
+                   capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    assert sorted(calls.read_text(encoding="utf-8").splitlines()) == [
+        "dpkg-query", "systemctl", "systemctl",
+    ]  # fmt: skip
 
 
 def test_tpu7x_host_metadata_unreachable_fails_fast(tmp_path: Path) -> None:

@@ -48,3 +48,28 @@ def test_hostside_command_runs_the_bundle_from_argv(programs: Path) -> None:
 
 def test_a_program_without_hostside_imports_travels_as_it_is(programs: Path) -> None:
     assert hc.bundle("alone.py") == (programs / "alone.py").read_text()
+
+
+def test_imports_for_type_checkers_only_stay_out_of_the_bundle(programs: Path) -> None:
+    (programs / "typed.py").write_text(
+        "from __future__ import annotations\n\nfrom hostside import boundary_b\n\n"
+        "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from typing import Any\n\n    from hostside.boundary_a import shout\n\n"
+        "if __name__ == '__main__':\n    print(boundary_b.twice('x'), 'boundary_a' in __import__('sys').modules)\n"
+    )
+    assert list(hc._modules((programs / "typed.py").read_text())) == ["boundary_b"]
+    run = subprocess.run(hc.hostside_command(sys.executable, "typed.py", {}), shell=True,
+                         capture_output=True, text=True, check=True, cwd="/")
+    assert run.stdout == "xx False\n"
+
+
+def test_the_host_probe_runs_without_importing_typing() -> None:
+    """typing costs a converged host's probe several ms on every run: the probe's modules name
+    their types for type checkers only."""
+    command = hc.hostside_command(sys.executable, "host_probe.py", {"state": {"user": "root"}})
+    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False, cwd="/",
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+    assert run.stdout.startswith("state "), run.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    assert "typing" not in imported
+    assert "http.client" not in imported
+    assert {"json", "subprocess"} <= imported

@@ -276,10 +276,10 @@ def test_the_probe_finds_a_secret_written_after_the_units_last_start(
     (tmp_path / "applied").mkdir()
     (tmp_path / "applied/kimi-router").write_text("digest\n", encoding="utf-8")
     secrets = {"kimi-router": [str(secret)]}
-    assert state_probe._units(["kimi-router"], secrets)["kimi-router"]["secrets_changed"] is False
+    assert state_probe._units(["kimi-router"], {}, secrets)["kimi-router"]["secrets_changed"] is False
     time.sleep(0.05)
     secret.write_text("VLLM_API_KEY=b\n", encoding="utf-8")
-    found = state_probe._units(["kimi-router", "kimi-mooncake-master"], secrets)
+    found = state_probe._units(["kimi-router", "kimi-mooncake-master"], {}, secrets)
     assert found["kimi-router"]["secrets_changed"] is True
     assert found["kimi-mooncake-master"]["secrets_changed"] is False
     assert needs_start("digest", found["kimi-router"])
