@@ -28,18 +28,17 @@ import subprocess
 import sys
 import zlib
 
+from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, blocks, installed
+
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from hostside.probe_types import DriversAnswer, InstalledPackage, Nvml, ServiceState
+    from hostside.probe_types import DriversAnswer, Nvml, ServiceState
 
 
-PACKAGE_PATTERNS = ("nvidia-*", "cuda-keyring", "cuda-drivers*")
-DPKG_QUERY = ["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n"]
-SYSTEMCTL_SHOW = ["systemctl", "show", "--property=Id,ActiveState,UnitFileState"]
 SOURCES_DIR = "/etc/apt/sources.list.d"
 _NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
 _ENV = {**os.environ, "LC_ALL": "C", "LANG": "C"}
@@ -85,16 +84,6 @@ def _os_release() -> dict[str, str | None]:
     return values
 
 
-def _packages(stdout: str) -> dict[str, InstalledPackage]:
-    found: dict[str, InstalledPackage] = {}
-    for line in stdout.splitlines():
-        fields = line.split("\t")
-        # db:Status-Abbrev: desired action ("h": hold) then state ("i": installed), e.g. "hi ".
-        if len(fields) == 3 and fields[2][1:2] == "i":
-            found[fields[0]] = {"version": fields[1], "held": fields[2][:1] == "h"}
-    return found
-
-
 def _sources() -> list[str]:
     lines = []
     try:
@@ -126,8 +115,7 @@ def _nvml(rc: int | None, out: str, err: str) -> Nvml:
 
 def _services(units: list[str], stdout: str) -> dict[str, ServiceState]:
     found: dict[str, ServiceState] = {}
-    for block in stdout.split("\n\n"):
-        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+    for props in blocks(stdout):
         unit = props.get("Id", "").removesuffix(".service")
         if unit in units:
             found[unit] = {"active": props.get("ActiveState", ""), "enabled": props.get("UnitFileState", "")}
@@ -198,12 +186,12 @@ def probe(
     timeout = float(request.get("timeout_s") or 10)
     units = [str(u) for u in request.get("services") or []]
     kernel = os.uname().release
-    dpkg = _started([*DPKG_QUERY, *PACKAGE_PATTERNS], hardware)
+    dpkg = _started(NVIDIA_PACKAGES, hardware)
     arch = _start(["dpkg", "--print-architecture"])
     nvidia = bool(request.get("nvidia"))
     ask = nvidia and known is None
     smi = _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if ask else None
-    show = _started([*SYSTEMCTL_SHOW, *units], hardware) if units else None
+    show = _started([*SERVICE_STATES, *units], hardware) if units else None
     pending = _text("/run/reboot-required.pkgs")
     # nvidia-smi's answer: read here, or already (``known``); None: not asked, or no nvidia-smi
     read = known if nvidia and known is not None else (_finish(smi, timeout) if smi is not None else None)
@@ -217,7 +205,7 @@ def probe(
         },
         "kernel": kernel,
         "headers": os.path.isdir(f"/lib/modules/{kernel}/build"),
-        "packages": _packages(_finish(dpkg, timeout)[1]),
+        "packages": installed(_finish(dpkg, timeout)[1]),
         "sources": _sources(),
         "module": _module(),
         "nvml": _nvml(*read) if read is not None else None,

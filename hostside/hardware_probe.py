@@ -52,6 +52,8 @@ import time
 import zlib
 from collections.abc import Callable
 
+from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES
+
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
 TYPE_CHECKING = False
@@ -83,11 +85,6 @@ METADATA_URL = "http://169.254.169.254/computeMetadata/v1/instance/attributes/"
 METADATA_KEYS = ("accelerator-type", "agent-worker-number")
 SMI_FIELDS = ("index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "compute_cap")
 SERVICES = ("nvidia-fabricmanager", "nvidia-imex")
-# What hostside/driver_probe.py reads too, as it reads them: in one probe (hostside/host_probe.py)
-# the drivers part takes these answers instead of asking again. The profile keeps the driver,
-# fabric manager and IMEX packages of it (kimi_deploy.host_profile).
-PACKAGES = ("nvidia-*", "cuda-keyring", "cuda-drivers*")
-SERVICE_PROPERTIES = "--property=Id,ActiveState,UnitFileState"
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 
 COMMAND_TIMEOUT_S = 3.0
@@ -511,10 +508,11 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
     smi = shutil.which("nvidia-smi")
     topo = Command([smi, "topo", "-m"], timeout) if smi and request.get("topology", True) else None
     query_argv = [smi or "nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
-    dpkg_argv = ["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", *PACKAGES]
-    dpkg = Command(dpkg_argv, timeout) if shutil.which("dpkg-query") else None
-    show_argv = ["systemctl", "show", SERVICE_PROPERTIES, *SERVICES]
-    services = Command(show_argv, timeout) if shutil.which("systemctl") else None
+    # The drivers part's own queries (hostside/shared_queries.py); the profile keeps the driver's,
+    # the fabric manager's and IMEX's packages of it (kimi_deploy.host_profile).
+    dpkg = Command(NVIDIA_PACKAGES, timeout) if shutil.which("dpkg-query") else None
+    show = [*SERVICE_STATES, *SERVICES]
+    services = Command(show, timeout) if shutil.which("systemctl") else None
     nvml: NvmlRun | None = None
     nvml_result: dict[str, Any] | SectionError | None = None
     if request.get("nvml", True):

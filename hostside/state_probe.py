@@ -27,6 +27,7 @@ import sys
 import zlib
 
 from hostside.host_dirs import STATE_DIR
+from hostside.shared_queries import blocks
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
@@ -163,7 +164,7 @@ def _weights(spec: dict[str, Any]) -> WeightsFound:
 def _show(units: list[str], props: str) -> list[dict[str, str]]:
     """``systemctl show -p <props> <units>``: one block of properties per unit."""
     show = subprocess.run(["systemctl", "show", "-p", props, *units], capture_output=True, text=True, check=False)
-    return [dict(line.split("=", 1) for line in b.splitlines() if "=" in line) for b in show.stdout.split("\n\n")]
+    return blocks(show.stdout)
 
 
 def _shown(units: list[str], props: str) -> dict[str, dict[str, str]]:

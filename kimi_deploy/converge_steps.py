@@ -68,9 +68,9 @@ class ReleaseStep:
 
 @dataclass(frozen=True)
 class WeightsSteps:
-    """The weights' steps. This host syncs from the Hub (``from_hub``) or from peers
-    (``from_peers``), after a local mirror either way; it may serve its files to others, relaying
-    them as they arrive when its own sync brings them (``arriving``)."""
+    """The weights' steps. This host syncs from ``peers`` in turn (none: from the Hub), after a
+    local mirror either way, the Hub last; it may serve its files to others, relaying them as they
+    arrive when its own sync brings them (``arriving``)."""
 
     # ``hostside/weights_sync.py``'s request, the python of the Hub client, and what the probe
     # found of the folder
@@ -78,7 +78,6 @@ class WeightsSteps:
     python: str
     current: WeightsFound | None
     mirror: list[dict[str, str]]
-    from_hub: bool
     # every file re-hashed, not only those the verification cache does not vouch for
     full_verify: bool
     # the run's transfer key, written where this host serves or fetches from peers
@@ -91,8 +90,7 @@ class WeightsSteps:
     port: int | None
     path: str
     lock: dict[str, list[Any]]
-    # from these peers in turn, each ``{"host", "url"}`` (empty unless ``from_peers``)
-    from_peers: bool
+    # from these peers in turn, each ``{"host", "url"}``
     peers: list[dict[str, str]]
 
 
@@ -217,7 +215,6 @@ def _weights(todo: Converge, found: HostState, run: RunView) -> WeightsSteps | N
         python=target.python,
         current=found["weights"],
         mirror=[{"host": "mirror", "path": target.mirror}] if target.mirror else [],
-        from_hub=fan_out.sync != "peers",
         full_verify=target.full_verify,
         key=key,
         key_file=target.peer_key_file,
@@ -226,7 +223,6 @@ def _weights(todo: Converge, found: HostState, run: RunView) -> WeightsSteps | N
         port=port,
         path=target.path,
         lock=target.lock,
-        from_peers=port is not None and fan_out.sync == "peers",
         peers=[{"host": p.host, "url": f"http://{p.address}:{port}"} for p in fan_out.peers]
         if port is not None and fan_out.sync == "peers"
         else [],

@@ -51,6 +51,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from hostside.shared_queries import blocks, installed
 from kimi_deploy.parsers import MAX_DIGITS, ParseError
 from kimi_deploy.parsers.nvidia_smi_query import find_failure, parse_query
 from kimi_deploy.parsers.nvidia_smi_topo import parse_topo
@@ -352,21 +353,15 @@ def _disk(disk: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
 
 def _drivers(drivers: dict[str, Any]) -> dict[str, Any]:
     version = _NVRM.search(drivers.get("proc_version") or "")
-    packages: dict[str, str] = {}
     dpkg = drivers.get("dpkg")
-    for line in (dpkg.get("stdout") or "").splitlines() if isinstance(dpkg, dict) else []:
-        fields = line.split("\t")
-        # db:Status-Abbrev "ii " (or "hi ": held) is an installed package; "un"/"rc" are not. The
-        # probe asks for every nvidia-* package (the drivers step's query); the profile keeps these.
-        if len(fields) == 3 and fields[1] and fields[2][1:2] == "i" and fields[0].startswith(PACKAGES):
-            packages[fields[0]] = fields[1]
+    found = installed(dpkg.get("stdout") or "") if isinstance(dpkg, dict) else {}
+    # the probe asks for every nvidia-* package (the drivers step's query); the profile keeps these
+    packages = {name: p["version"] for name, p in found.items() if name.startswith(PACKAGES)}
     active: dict[str, str | None] = dict.fromkeys(SERVICES)
     services = drivers.get("services")
     if isinstance(services, dict):
-        # ``systemctl show``: a block of Key=value lines per unit, blank lines between; anything
-        # else (no systemd) names no unit.
-        for block in (services.get("stdout") or "").split("\n\n"):
-            props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        # ``systemctl show``'s blocks (no systemd: none names a unit)
+        for props in blocks(services.get("stdout") or ""):
             unit = props.get("Id", "").removesuffix(".service")
             if unit in active and props.get("ActiveState"):
                 active[unit] = props["ActiveState"]

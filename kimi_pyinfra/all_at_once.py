@@ -36,18 +36,14 @@ def widen_pools(state: State) -> int | None:
     inventory, pool = getattr(state, "inventory", None), getattr(state, "pool", None)
     if inventory is None or pool is None or pool.size is None:
         return None  # a state made for planning, running nothing
-    hosts = len(inventory)
-    if chosen_by_operator(sys.argv, dict(os.environ)) or pool.size >= hosts:
+    size = min(len(inventory), MAX_PARALLEL)
+    if size <= pool.size or chosen_by_operator(sys.argv, dict(os.environ)):
         return None
-    size = min(hosts, MAX_PARALLEL)
-    if size <= state.pool.size:
-        return None
-    was = state.pool.size
     state.pool = Pool(size)
     state.fact_pool = Pool(size)
     # Each operation's ``_parallel`` defaults to this, and batches the hosts by it (see ``aligned``).
     state.config.PARALLEL = size
-    logger.info(f"--> Every host at once: {size} parallel (pyinfra's default here is {was})")
+    logger.info(f"--> Every host at once: {size} parallel (pyinfra's default here is {pool.size})")
     return size
 
 

@@ -85,14 +85,14 @@ def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe
     # the first host of the group fetches from the Hub and serves the others
     weights = steps.weights
     assert weights is not None
-    assert (weights.from_hub, weights.from_peers, _serves(weights)) == (True, False, True)
+    assert (weights.peers, _serves(weights)) == ([], True)  # from the Hub
     assert weights.key is not None
     assert weights.key.secret
     other = steps_of("gb300-d02", plans, probed).weights
     assert other is not None
     # every other host of the group fetches in a chain: from the host before it first (it relays
     # what it receives), the chain's source last; and serves the hosts after it
-    assert (other.from_hub, other.from_peers, other.arriving) == (False, True, True)
+    assert (bool(other.peers), other.arriving) == (True, True)
     assert [p["host"] for p in other.peers] == ["gb300-d01", "gb300-p06", "gb300-p05", "gb300-p01"]
     assert set(other.serves) == {"10.41.0.33", "10.41.0.34"}  # gb300-d03 and d04
     # nothing of the topology runs yet: every host (re)starts, so both checks run
@@ -117,7 +117,7 @@ def test_a_converged_topology_is_a_no_op(recipe: Recipe, prod: Inventory) -> Non
         assert steps.all_reduce_request is None
         assert [s.lock for s in steps.releases] == [None] * len(steps.releases)
         if steps.weights is not None:
-            assert (steps.weights.from_peers, _serves(steps.weights), steps.weights.key) == (False, False, None)
+            assert (steps.weights.peers, _serves(steps.weights), steps.weights.key) == ([], False, None)
         # nothing to collect: only the planned revision is present
         assert steps.collect is None or steps.collect.remove == []
         assert not any(c["restarted"] for b in steps.batches for c in b.checks)
@@ -165,7 +165,7 @@ def test_a_revision_change_fetches_it_restarts_the_engines_and_keeps_the_old_one
     steps = steps_of("gb300-p01", after, probed)
     assert steps.weights is not None
     assert steps.weights.sync["revision"] == new
-    assert steps.weights.from_hub
+    assert steps.weights.peers == []  # from the Hub
     assert steps.restarting == {"kimi-vllm"}
     assert steps.collect is not None
     assert (steps.collect.keep, steps.collect.remove) == ([old], [])
