@@ -64,6 +64,9 @@ WAIT_POLL_S = 0.05
 POLL_S = 0.02
 # How long after it started this service still expects its host's sync to begin.
 PENDING_S = 60.0
+# A file's times come from the kernel's coarse clock, up to a tick (1 to 10 ms) behind
+# time.time_ns(): a sync that began just after this service started can read as begun before.
+MTIME_SLACK_NS = 50_000_000
 BUSY = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -131,7 +134,7 @@ class Peer:
         if not self.fetching:
             return False
         began, ended = _touched(meta(self.root, "sync-started")), _touched(meta(self.root, "synced"))
-        if began is not None and began >= self.started_ns:
+        if began is not None and began >= self.started_ns - MTIME_SLACK_NS:
             return ended is None or ended < began
         return time.time_ns() - self.started_ns < PENDING_S * 1e9
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from hostside import weights_peer
 from hostside.revision_files import CACHE, meta, partial_path
 from kimi_deploy.hostside_command import pack
 from tests.bundled import bundled_program
@@ -140,6 +141,19 @@ def test_a_file_still_to_come_is_waited_for(
     _place(root, lock, "w.bin")
     reader.join(RELAY_WAIT_S)
     assert (reader.status, bytes(reader.body)) == (200, data)
+
+
+def test_a_sync_stamped_by_the_coarse_clock_just_after_the_start_counts_as_begun(tmp_path: Path, key_file: Path) -> None:
+    """File times lag time.time_ns() by up to a clock tick: a sync that began and ended right after
+    the service started may carry times a few ms before its start, and must still count as this
+    run's (ended: nothing more to come), not leave the peer waiting out PENDING_S."""
+    root = tmp_path / "revision"
+    (root / ".kimi").mkdir(parents=True)
+    peer = weights_peer.Peer({"dir": str(root), "lock": {}, "key_file": str(key_file), "fetching": True})
+    for name, lag in (("sync-started", 4_000_000), ("synced", 3_000_000)):  # 4 and 3 ms "before"
+        Path(meta(str(root), name)).touch()
+        os.utime(meta(str(root), name), ns=(peer.started_ns - lag, peer.started_ns - lag))
+    assert not peer.arriving()
 
 
 def test_once_its_sync_has_ended_a_peer_refuses_what_it_does_not_hold(tmp_path: Path, key_file: Path) -> None:
