@@ -19,16 +19,14 @@ Output:
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zlib
 
-from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, blocks, installed
+from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, blocks, file_sha256, installed, on_path
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
@@ -53,7 +51,7 @@ def _text(path: str) -> str | None:
 
 
 def _start(argv: list[str]) -> subprocess.Popen[str] | None:
-    if shutil.which(argv[0]) is None:
+    if on_path(argv[0]) is None:
         return None
     return subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV
@@ -123,11 +121,7 @@ def _services(units: list[str], stdout: str) -> dict[str, ServiceState]:
 
 
 def _digest(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
+    return file_sha256(path)
 
 
 def driver_version_read(hardware: Any) -> tuple[int | None, str, str] | None:

@@ -42,7 +42,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import stat
 import subprocess
@@ -52,7 +51,7 @@ import time
 import zlib
 from collections.abc import Callable
 
-from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES
+from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, on_path
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
@@ -505,14 +504,14 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
     start = time.monotonic()
     root = str(request.get("root") or "/")
     timeout = float(request.get("timeout_s") or COMMAND_TIMEOUT_S)
-    smi = shutil.which("nvidia-smi")
+    smi = on_path("nvidia-smi")
     topo = Command([smi, "topo", "-m"], timeout) if smi and request.get("topology", True) else None
     query_argv = [smi or "nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
     # The drivers part's own queries (hostside/shared_queries.py); the profile keeps the driver's,
     # the fabric manager's and IMEX's packages of it (kimi_deploy.host_profile).
-    dpkg = Command(NVIDIA_PACKAGES, timeout) if shutil.which("dpkg-query") else None
+    dpkg = Command(NVIDIA_PACKAGES, timeout) if on_path("dpkg-query") else None
     show = [*SERVICE_STATES, *SERVICES]
-    services = Command(show, timeout) if shutil.which("systemctl") else None
+    services = Command(show, timeout) if on_path("systemctl") else None
     nvml: NvmlRun | None = None
     nvml_result: dict[str, Any] | SectionError | None = None
     if request.get("nvml", True):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import grp
-import hashlib
 import json
 import os
 import pwd
@@ -27,7 +26,7 @@ import sys
 import zlib
 
 from hostside.host_dirs import STATE_DIR
-from hostside.shared_queries import blocks
+from hostside.shared_queries import blocks, file_sha256
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
@@ -105,18 +104,7 @@ def _file(path: str, mode: str | None) -> str | None:
     """The file's sha256; None when it is absent, or not of ``mode`` (``owner:group:mode``)."""
     if mode is not None and _owner_mode(path) != mode:
         return None
-    return _sha256(path)
-
-
-def _sha256(path: str) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def _weights(spec: dict[str, Any]) -> WeightsFound:
@@ -274,8 +262,11 @@ def _timers(names: list[str], shown: dict[str, dict[str, str]]) -> dict[str, Tim
     return out
 
 
-def _listeners(ports: list[int]) -> dict[str, Listener]:
-    """Who listens on each of ``ports`` (TCP, any address): pid, command and systemd unit."""
+def _listeners(ports: list[int], likely: list[str]) -> dict[str, Listener]:
+    """Who listens on each of ``ports`` (TCP, any address): pid, command and systemd unit. The
+    processes of ``likely`` (the units' main pids) are looked at first, and the rest of /proc only
+    for a socket they do not hold: on a converged host, each of its units holds its own port, and
+    reading every process's file descriptors cost the probe more than all the rest of its state."""
     wanted = set(ports)
     inodes: dict[str, int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -292,7 +283,8 @@ def _listeners(ports: list[int]) -> dict[str, Listener]:
     found: dict[str, Listener] = {}
     if not inodes:
         return found
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    first = [p for p in dict.fromkeys(likely) if p.isdigit() and p != "0"]
+    for pid in [*first, *(p for p in os.listdir("/proc") if p.isdigit() and p not in first)]:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -304,8 +296,10 @@ def _listeners(ports: list[int]) -> dict[str, Listener]:
                 continue
             inode = target[8:-1] if target.startswith("socket:[") else None
             if inode in inodes:
-                port = inodes[inode]
+                port = inodes.pop(inode)
                 found[str(port)] = {"pid": int(pid), "comm": _read(f"/proc/{pid}/comm"), "unit": _unit_of(pid)}
+        if not inodes:
+            break
     return found
 
 
@@ -383,6 +377,7 @@ def probe(request: dict[str, Any]) -> StateAnswer:
     timers = list(request.get("timers", []))
     # One systemctl for the services and the timers: the probe's largest cost after Python itself.
     shown = _shown([f"{n}.service" for n in names] + [f"{n}.timer" for n in timers], UNIT_PROPERTIES)
+    main_pids = [props.get("MainPID", "") for props in shown.values()]
     result: StateAnswer = {
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
@@ -391,7 +386,7 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         "units": _units(names, shown, request.get("unit_secrets")),
         "timers": _timers(timers, shown),
         "revisions": _revisions(request["models"], log) if request.get("models") else None,
-        "listeners": _listeners([int(p) for p in request.get("ports", [])]),
+        "listeners": _listeners([int(p) for p in request.get("ports", [])], main_pids),
         "packages": _packages(request.get("packages", [])),
         "current": _readlink(request.get("link")),
         # [time, release dir, outcome] of the log's last entry

@@ -9,8 +9,10 @@ argv (``hostside_command``) or from a file a converge writes (the scrub).
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
+import hashlib
 import json
 import re
 import shlex
@@ -23,27 +25,43 @@ HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
 # its answer goes through ``hostside.boundary_json`` like any other).
 ANSWER_MAX_BYTES = 64 << 20
 
-# Runs a shipped bundle with the host's python3 under __name__ == "__main__"; the bundle travels
-# compressed and base64-encoded in argv (paths and digests only: never a secret): a quarter of
-# its size, which the controller sends to every host of a run, encrypted, on every probe.
-_BOOT = (
-    "import base64,sys,zlib;"
-    "code=compile(zlib.decompress(base64.b64decode(sys.argv.pop(1))),sys.argv[0],'exec');"
-    "exec(code,{'__name__':'__main__'})"
-)
+# Runs a shipped bundle with the host's python3 under __name__ == "__main__" (hostside/boot.py:
+# it keeps the compiled code on the host, so that each version of a program is compiled once);
+# the bundle travels compressed and base64-encoded in argv (paths and digests only: never a
+# secret): a quarter of its size, which the controller sends to every host of a run, encrypted,
+# on every probe.
+def _without_docstrings(source: str) -> str:
+    """``source`` as it runs, less its docstrings and comments: what travels in argv is code only."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list) or len(body) < 2:  # a body of its docstring alone keeps it
+            continue
+        first = body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            del body[0]
+    return ast.unparse(tree) + "\n"
+
+
+_BOOT = _without_docstrings((HOSTSIDE / "boot.py").read_text(encoding="utf-8"))
 
 # Registers the bundled modules as ``hostside.<name>``, then runs the program as ``__main__``.
+# Every module is compiled first, through the boot's cache when run from argv (hostside/boot.py).
 _LOADER = """\
 import sys, types
+compiled = globals().get("KIMI_COMPILE") or (lambda source, name: compile(source, name, "exec"))
+codes = {"hostside/" + name + ".py": compiled(source, "hostside/" + name + ".py") for name, source in MODULES.items()}
+program = compiled(PROGRAM, PATH)
+globals().get("KIMI_KEEP", lambda: None)()
 package = sys.modules.setdefault("hostside", types.ModuleType("hostside"))
 package.__path__ = []
-for name, source in MODULES.items():
+for name in MODULES:
     module = types.ModuleType("hostside." + name)
     module.__file__ = "hostside/" + name + ".py"
     sys.modules["hostside." + name] = module
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    exec(codes[module.__file__], module.__dict__)
     setattr(package, name, module)
-exec(compile(PROGRAM, PATH, "exec"), {"__name__": "__main__", "__file__": PATH})
+exec(program, {"__name__": "__main__", "__file__": PATH})
 """
 
 
@@ -72,8 +90,10 @@ def _imported(source: str) -> list[str]:
     return names
 
 
-def _modules(source: str) -> dict[str, str]:
-    """Every ``hostside`` module ``source`` needs, its own imports included, dependencies first."""
+def _modules(source: str, folder: Path | None = None) -> dict[str, str]:
+    """Every ``hostside`` module ``source`` needs, its own imports included, dependencies first
+    (from ``folder``, ``HOSTSIDE`` unless told)."""
+    where = folder or HOSTSIDE
     found: dict[str, str] = {}
     seen: set[str] = set()
 
@@ -81,7 +101,7 @@ def _modules(source: str) -> dict[str, str]:
         for name in _imported(text):
             if name not in seen:
                 seen.add(name)
-                module = (HOSTSIDE / f"{name}.py").read_text(encoding="utf-8")
+                module = (where / f"{name}.py").read_text(encoding="utf-8")
                 visit(module)
                 found[name] = module
 
@@ -91,8 +111,15 @@ def _modules(source: str) -> dict[str, str]:
 
 def bundle(script: str) -> str:
     """``hostside/<script>`` as one self-contained Python source, with the modules it imports."""
-    source = (HOSTSIDE / script).read_text(encoding="utf-8")
-    modules = _modules(source)
+    return _bundled(script, HOSTSIDE)
+
+
+@functools.cache
+def _bundled(script: str, folder: Path) -> str:
+    """``bundle``, made once per run (``folder`` is ``HOSTSIDE``, here to key the cache): the
+    scrub's program is rendered for every host of a run."""
+    source = (folder / script).read_text(encoding="utf-8")
+    modules = _modules(source, folder)
     if not modules:
         return source
     head = f"# hostside/{script} with the hostside modules it imports ({', '.join(modules)}), in one file\n"
@@ -107,9 +134,12 @@ def pack(data: Any) -> str:
 @functools.cache
 def _shipped(python: str, script: str, folder: Path) -> str:
     """The part of ``folder/<script>``'s command that is the same for every host (``folder`` is
-    ``HOSTSIDE``, here to key the cache): made once per run, not once per host."""
-    code = base64.b64encode(zlib.compress(bundle(script).encode(), 6)).decode()
-    return " ".join([shlex.quote(python), "-c", shlex.quote(_BOOT), code])
+    ``HOSTSIDE``, here to key the cache): made once per run, not once per host. The digest names
+    the host's compiled copy (hostside/boot.py)."""
+    source = bundle(script).encode()
+    code = base64.b64encode(zlib.compress(source, 6)).decode()
+    digest = hashlib.sha256(source).hexdigest()[:32]
+    return " ".join([shlex.quote(python), "-c", shlex.quote(_BOOT), shlex.quote(script), digest, code])
 
 
 def hostside_command(python: str, script: str, request: Any) -> str:

@@ -3,8 +3,10 @@ run from argv (``hostside_command``) or from a file, it sees them as ``hostside.
 
 from __future__ import annotations
 
+import marshal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,60 @@ def test_the_host_probe_runs_without_importing_typing() -> None:
     assert "typing" not in imported
     assert "http.client" not in imported
     assert {"json", "subprocess"} <= imported
+
+
+@pytest.fixture
+def kept(programs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The boot's cache in a folder of the test's own (hostside/boot.py's CACHE)."""
+    folder = tmp_path / "cache"
+    monkeypatch.setattr(hc, "_BOOT", hc._BOOT.replace("'/var/cache/kimi-deploy'", repr(str(folder))))
+    hc._shipped.cache_clear()
+    hc._bundled.cache_clear()
+    yield folder
+    hc._shipped.cache_clear()
+    hc._bundled.cache_clear()
+
+
+def _run(script: str, request: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(hc.hostside_command(sys.executable, script, request), shell=True,
+                          capture_output=True, text=True, check=False, cwd="/")  # fmt: skip
+
+
+def test_a_host_compiles_each_version_of_a_program_once(kept: Path, programs: Path) -> None:
+    first = _run("prog.py", "ab")
+    assert first.returncode == 0, first.stderr
+    [entry] = kept.iterdir()
+    assert entry.name.startswith("prog.py-")
+    assert entry.stat().st_mode & 0o777 == 0o600
+    assert kept.stat().st_mode & 0o777 == 0o700
+    before = entry.stat().st_mtime_ns
+    assert _run("prog.py", "ab").stdout == first.stdout  # from the kept code: not written again
+    assert entry.stat().st_mtime_ns == before
+    # a new version of the program replaces the old one's entry
+    (programs / "boundary_b.py").write_text('def twice(text: str) -> str:\n    return text * 3\n')
+    hc._shipped.cache_clear()
+    hc._bundled.cache_clear()
+    assert _run("prog.py", "ab").stdout.startswith(hc.pack("ab").upper() * 3)
+    [newer] = kept.iterdir()
+    assert newer.name != entry.name
+
+
+def test_kept_code_that_is_damaged_or_writable_by_others_is_never_run(kept: Path) -> None:
+    assert _run("alone.py", "x").returncode == 0
+    [entry] = kept.iterdir()
+    entry.write_bytes(b"\x00garbage")
+    assert _run("alone.py", "x").stdout.startswith("alone")  # compiled again, and kept whole
+    planted = compile("print('planted')", "planted", "exec")
+    entry.write_bytes(marshal.dumps({"": planted}))
+    entry.chmod(0o666)
+    assert _run("alone.py", "x").stdout.startswith("alone")
+    entry.unlink()
+    entry.symlink_to(kept.parent / "elsewhere")
+    (kept.parent / "elsewhere").write_bytes(marshal.dumps({"": planted}))
+    (kept.parent / "elsewhere").chmod(0o600)
+    assert _run("alone.py", "x").stdout.startswith("alone")
+    # a folder others may write is not used at all
+    kept.chmod(0o777)
+    entry.unlink()
+    assert _run("alone.py", "x").stdout.startswith("alone")
+    assert list(kept.iterdir()) == []

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -IS
 """Stand-in ``nvidia-smi`` for the local test cluster, installed as /usr/bin/nvidia-smi by fake_nvidia.py.
 
 It reads the host's accelerators from /etc/kimi-fake-accelerators.json (``KIMI_FAKE_ACCELERATORS``
@@ -7,7 +7,8 @@ overrides the path) and answers like the real tool, output and exit status alike
 ``--query-compute-apps`` (no processes) and ``topo -m``. The file's ``driver_version`` is what it
 reports, ``driver_loaded: false`` makes it fail as with no kernel module (exit 9), and an
 ``nvml_version`` other than the driver's as after a driver upgrade without a reboot (exit 18).
-Stdlib only: it runs with the host's python3.
+Stdlib only: it runs with the host's python3, isolated and without site (``-IS``: one word, as the kernel passes a shebang's options); typing is
+imported for type checkers only: every probe of a host runs it once, and these imports were half its cost.
 """
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    Gpu = dict[str, Any]
 
 CONFIG = "/etc/kimi-fake-accelerators.json"
 DEFAULT_DRIVER = "580.95.05"
@@ -41,8 +47,6 @@ Legend:
   PIX  = Connection traversing at most a single PCIe bridge
   NV#  = Connection traversing a bonded set of # NVLinks
 """
-
-Gpu = dict[str, Any]
 
 
 def _mib(n: int) -> str:
