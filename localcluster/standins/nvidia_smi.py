@@ -7,8 +7,9 @@ overrides the path) and answers like the real tool, output and exit status alike
 ``--query-compute-apps`` (no processes) and ``topo -m``. The file's ``driver_version`` is what it
 reports, ``driver_loaded: false`` makes it fail as with no kernel module (exit 9), and an
 ``nvml_version`` other than the driver's as after a driver upgrade without a reboot (exit 18).
-Stdlib only: it runs with the host's python3, isolated and without site (``-IS``: one word, as the kernel passes a shebang's options); typing is
-imported for type checkers only: every probe of a host runs it once, and these imports were half its cost.
+Stdlib only: it runs with the host's python3, isolated and without site (``-IS``: one word,
+as the kernel passes a shebang's options as one); typing is imported for type checkers only.
+Every probe of a host runs it once, and these imports were half its cost.
 """
 
 from __future__ import annotations
