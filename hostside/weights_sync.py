@@ -14,8 +14,9 @@ again for every path opened, linked or removed, symlinks resolved).
 Files come from ``peers`` first (a local mirror folder such as a network mount, then hosts of the
 same run serving what they verified or relaying what they receive, see weights_peer.py), each
 hashed while it streams in and recorded in the verification cache once placed; whatever no source
-could give comes from the Hub (one file at a time in the lock's order with ``in_order``: the host
-others fetch from while it fetches).
+could give comes from the Hub. With ``in_order`` (the host others fetch from while it fetches),
+files come from the Hub in the lock's order, a few at a time, each streamed into its partial file
+like a peer's and hashed as it arrives, so the next host receives it at once.
 Verification results are cached in DIR/.kimi/verify-cache.json by (size, mtime_ns, inode), so an
 unchanged file is never hashed twice; a verified file not readable by all gets mode 0644 back. A
 scrub re-hashes every file whatever the cache says. Syncs and scrubs of one revision take turns (a
@@ -43,9 +44,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, BinaryIO
 
 from hostside.boundary_names import BadName, check_names, inside
 from hostside.boundary_text import shown
@@ -197,13 +198,35 @@ def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
     return urllib.request.urlopen(request, timeout=30)  # noqa: S310
 
 
-def _fetch_from(
-    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None
-) -> tuple[list[Any], int]:
-    """Stream one file from a source into a partial file, hashing as it arrives (and written as it
-    arrives, so that a host fetching from this one gets it at once); move it into place only when
-    it matches the lock. Returns the cache entry of the placed file and its size. A failed try
-    leaves no partial file: a host relaying it sees it gone and ends its own answer short."""
+class _Sink:
+    """Where a file's bytes land as they arrive: hashed and written to its partial file, flushed
+    at once (a host fetching from this one relays them as they come). A restarted body cannot be
+    relayed: seeking back refuses, and the file is fetched again whole."""
+
+    def __init__(self, out: BinaryIO, digest: Any) -> None:
+        self.out, self.digest, self.got = out, digest, 0
+
+    def write(self, block: bytes) -> int:
+        self.digest.update(block)
+        self.out.write(block)
+        self.out.flush()
+        self.got += len(block)
+        return len(block)
+
+    def tell(self) -> int:
+        return self.got
+
+    def seek(self, *_: object) -> int:
+        raise OSError("the source restarted the body: fetched again whole")
+
+    truncate = seek
+
+
+def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None]) -> tuple[list[Any], int]:
+    """One file into a partial file, hashed as it arrives (``fill`` writes its bytes to the sink,
+    from a peer, a mirror or the Hub); moved into place only when it matches the lock. Returns the
+    cache entry of the placed file and its size. A failed try leaves no partial file: a host
+    relaying it sees it gone and ends its own answer short."""
     size, want = entry
     kind = want.split(":", 1)[0]
     target = inside(root, rel)
@@ -211,16 +234,11 @@ def _fetch_from(
     os.makedirs(os.path.dirname(partial), exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.remove(partial)  # every try a new inode: a relay of an earlier try cannot read this one
-    digest = _digest_of(kind, size)
-    got = 0
     try:
-        with _open_source(source, rel, key) as answer, open(partial, "wb") as out:
-            for block in iter(lambda: answer.read1(1 << 20), b""):
-                digest.update(block)
-                out.write(block)
-                out.flush()
-                got += len(block)
-        found = f"{kind}:{digest.hexdigest()}" if got == size else f"size:{got}"
+        with open(partial, "wb") as out:
+            sink = _Sink(out, _digest_of(kind, size))
+            fill(sink)
+        found = f"{kind}:{sink.digest.hexdigest()}" if sink.got == size else f"size:{sink.got}"
         if found != want:
             raise ValueError(f"expected {want}, found {found}")
     except BaseException:
@@ -231,6 +249,19 @@ def _fetch_from(
     os.replace(partial, target)
     st = os.stat(target)
     return [st.st_size, st.st_mtime_ns, st.st_ino, found], size
+
+
+def _fetch_from(
+    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None
+) -> tuple[list[Any], int]:
+    """``_receive`` of one file from a source: a peer's URL or a local folder."""
+
+    def fill(sink: _Sink) -> None:
+        with _open_source(source, rel, key) as answer:
+            for block in iter(lambda: answer.read1(1 << 20), b""):
+                sink.write(block)
+
+    return _receive(root, rel, entry, fill)
 
 
 def _fetch_busy(
@@ -458,15 +489,33 @@ def _from_hub(
     if req.get("in_order"):
         # Hosts fetch from this one as its files arrive: files in the lock's order (theirs too),
         # IN_ORDER_AT_ONCE at a time (one alone would leave the link idle between files), each
-        # recorded verified as soon as it is placed.
+        # streamed into its partial file, where this host's peer service relays it at once (a
+        # whole file sent in one burst would fill the link that carries this host's own
+        # acknowledgements), and recorded verified as soon as it is placed. huggingface_hub's own
+        # GET (``http_get``, what ``hf_hub_download`` runs after its metadata request) follows the
+        # Hub's redirect, dropping the token on another origin; a file that does not match the
+        # lock is left for the retries below.
+        from huggingface_hub import constants, hf_hub_url  # noqa: PLC0415
+        from huggingface_hub.file_download import http_get  # noqa: PLC0415
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
+
+        # Bytes as the network gives them (up to 64 KiB a read), not gathered by 10 MiB first:
+        # the next host receives them from this one's partial file at once.
+        constants.DOWNLOAD_CHUNK_SIZE = None  # type: ignore[assignment]
+        headers = build_hf_headers()
         mutex = threading.Lock()
 
         def one(rel: str) -> None:
-            inside(root, rel)  # huggingface_hub writes <root>/<rel>
-            hf_hub_download(req["repo"], rel, revision=req["revision"], local_dir=root)
+            url = hf_hub_url(req["repo"], rel, revision=req["revision"], endpoint=req.get("endpoint") or None)
+            size = int(lock[rel][0])
+            try:
+                entry, _ = _receive(root, rel, lock[rel],
+                                    lambda sink: http_get(url, sink, headers=dict(headers), expected_size=size))  # type: ignore[arg-type]  # fmt: skip
+            except ValueError:
+                return  # not the lock's bytes: fetched again below
             with mutex:
                 fetched.append(rel)
-                _verify(root, {rel: lock[rel]}, cache, 1)
+                cache[rel] = entry
                 _save_cache(root, lock, cache)
 
         with ThreadPoolExecutor(max_workers=IN_ORDER_AT_ONCE) as pool:

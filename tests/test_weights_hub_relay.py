@@ -1,0 +1,140 @@
+"""The chain's source relays what it fetches from the Hub while it arrives, run locally.
+
+Real processes on loopback: the fake Hub (``localcluster.hub``, a repository written here in its
+layout, an LFS file behind its ``/resolve`` redirect), talked to by the real huggingface_hub
+client inside ``hostside/weights_sync.py`` with ``in_order`` (the host others fetch from while it
+fetches); its ``hostside/weights_peer.py`` with ``fetching``; and the next host's sync, fetching
+from that peer. The next host holds bytes of a file before the source has it whole, each file
+leaves the Hub once, and a file the Hub serves wrong is fetched again, then named, never verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hostside.revision_files import load_cache, partial_path
+from kimi_deploy.hostside_command import pack
+from localcluster.hub import HubServer, serve, write_faults
+from localcluster.tiny_model import git_blob_sha1
+from tests.bundled import bundled_program
+from tests.test_weights_peer import key_file
+from tests.test_weights_peer import serve as serve_peer
+
+__all__ = ["key_file"]  # the fixture, shared
+
+REPO = "org/model"
+COMMIT = hashlib.sha1(b"a revision relayed from the Hub", usedforsecurity=False).hexdigest()
+WEIGHTS = os.urandom(1 << 20)
+CONFIG = b'{"model_type": "llama"}\n'
+# About 3 s for the LFS file: time enough to see it relayed before it is whole.
+BYTES_PER_S = 350_000
+
+
+def _write_repo(root: Path) -> dict[str, list[Any]]:
+    """``REPO`` at ``COMMIT`` in the fake Hub's layout: an LFS file and a small one; its lock."""
+    files = {"w.safetensors": (WEIGHTS, True), "config.json": (CONFIG, False)}
+    (root / "objects").mkdir(parents=True)
+    entries, lock = {}, {}
+    for name, (data, lfs) in files.items():
+        sha256 = hashlib.sha256(data).hexdigest()
+        (root / "objects" / sha256).write_bytes(data)
+        oid = git_blob_sha1(data)
+        entries[name] = {"size": len(data), "sha256": sha256, "oid": oid,
+                         "lfs": {"oid": sha256, "size": len(data), "pointerSize": 130} if lfs else None}  # fmt: skip
+        lock[name] = [len(data), f"sha256:{sha256}" if lfs else f"gitblob:{oid}"]
+    manifest = {"format": 1, "id": COMMIT, "parents": [], "author": "a <a@example.invalid>", "time": 1767225600,
+                "title": "weights", "message": "", "trees": {}, "files": entries}  # fmt: skip
+    repo = root / "repos" / REPO
+    (repo / "commits").mkdir(parents=True)
+    (repo / "commits" / f"{COMMIT}.json").write_text(json.dumps(manifest))
+    (repo / "refs.json").write_text(json.dumps({"branches": {"main": COMMIT}, "tags": {}}))
+    return lock
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[tuple[HubServer, dict[str, list[Any]]]]:
+    lock = _write_repo(tmp_path / "hub")
+    write_faults(tmp_path / "hub", {"slow_bytes_per_s": BYTES_PER_S})
+    server = serve(tmp_path / "hub", "127.0.0.1", 0, log_stream=None)
+    try:
+        yield server, lock
+    finally:
+        server.stop()
+
+
+def _sync(root: Path, lock: dict[str, list[Any]], key: Path, **more: Any) -> subprocess.Popen[str]:
+    request = {"repo": REPO, "revision": COMMIT, "dir": str(root), "lock": lock, "endpoint": None, "token_file": None,
+               "retries": 1, "peers": [], "peer_key_file": str(key), **more}  # fmt: skip
+    program = bundled_program("weights_sync.py", key.parent)
+    # the test's own Python, which has huggingface_hub as the hosts' tools venv does
+    return subprocess.Popen([sys.executable, str(program), pack(request)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _until_grown(path: Path, size: int, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size >= size:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_next_host_receives_a_file_while_the_source_still_fetches_it_from_the_hub(
+    tmp_path: Path, key_file: Path, hub: tuple[HubServer, dict[str, list[Any]]]
+) -> None:
+    server, lock = hub
+    a_root, c_root = tmp_path / "a" / "revision", tmp_path / "c" / "revision"
+    a_root.mkdir(parents=True)
+    for url in serve_peer(a_root, lock, key_file, "127.0.0.1", ["127.0.0.1"], fetching=True):
+        a = _sync(a_root, lock, key_file, endpoint=server.url, in_order=True)
+        c = _sync(c_root, lock, key_file, peers=[{"host": "a", "url": url}])
+        try:
+            c_partial = Path(partial_path(str(c_root), "w.safetensors"))
+            assert _until_grown(c_partial, len(WEIGHTS) // 4)
+            # A quarter of it is on the next host, and the source has not the whole of it yet.
+            assert not (a_root / "w.safetensors").exists()
+            assert a.poll() is None
+            a_out, a_err = a.communicate(timeout=60)
+            c_out, c_err = c.communicate(timeout=60)
+        finally:
+            for proc in (a, c):
+                if proc.poll() is None:
+                    proc.kill()
+    assert a.returncode == 0, a_err
+    assert c.returncode == 0, c_err
+    assert sorted(json.loads(a_out.splitlines()[-1])["fetched"]) == sorted(lock)
+    assert json.loads(c_out.splitlines()[-1])["from_peers"] == {"a": len(WEIGHTS) + len(CONFIG)}
+    assert (c_root / "w.safetensors").read_bytes() == WEIGHTS
+    assert (c_root / "config.json").read_bytes() == CONFIG
+    # Each file left the Hub once (one body each), for both hosts.
+    assert server.stats.snapshot()["downloads"] == {"w.safetensors": 1, "config.json": 1}
+
+
+def test_a_file_the_hub_serves_wrong_is_fetched_again_then_named_and_never_verified(
+    tmp_path: Path, key_file: Path, hub: tuple[HubServer, dict[str, list[Any]]]
+) -> None:
+    server, lock = hub
+    write_faults(tmp_path / "hub", {"corrupt": ["w.safetensors"]})
+    root = tmp_path / "a" / "revision"
+    sync = _sync(root, lock, key_file, endpoint=server.url, in_order=True)
+    out, err = sync.communicate(timeout=60)
+    assert sync.returncode == 4, err
+    assert err.splitlines()[-1].startswith("kimi-deploy: w.safetensors does not match the lock after retries: ")
+    assert json.loads(out)["file"] == "w.safetensors"
+    # Nothing relayable is left of it, and nothing a peer would serve: it is not recorded verified.
+    assert not Path(partial_path(str(root), "w.safetensors")).exists()
+    assert load_cache(str(root))["w.safetensors"][3] != lock["w.safetensors"][1]
+    assert (root / "config.json").read_bytes() == CONFIG
+    # the streamed try, then the one retry the request allows
+    assert server.stats.snapshot()["downloads"]["w.safetensors"] == 2
