@@ -200,11 +200,14 @@ def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
 
 class _Sink:
     """Where a file's bytes land as they arrive: hashed and written to its partial file, flushed
-    at once (a host fetching from this one relays them as they come). A restarted body cannot be
-    relayed: seeking back refuses, and the file is fetched again whole."""
+    at once (a host fetching from this one relays them as they come). A body resumed with
+    ``Range`` goes on where it stopped; a source that sends the whole body again instead (huggingface_hub
+    seeks back to 0 and truncates) starts the file and its hash over, and a host relaying it
+    waits until the file is past what it sent: the same bytes, or its own hash finds them wrong."""
 
-    def __init__(self, out: BinaryIO, digest: Any) -> None:
-        self.out, self.digest, self.got = out, digest, 0
+    def __init__(self, out: BinaryIO, fresh: Callable[[], Any]) -> None:
+        self.out, self.fresh = out, fresh
+        self.digest, self.got = fresh(), 0
 
     def write(self, block: bytes) -> int:
         self.digest.update(block)
@@ -216,10 +219,18 @@ class _Sink:
     def tell(self) -> int:
         return self.got
 
-    def seek(self, *_: object) -> int:
-        raise OSError("the source restarted the body: fetched again whole")
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if (offset, whence) != (0, os.SEEK_SET):
+            raise OSError(f"a body cannot go back to byte {offset} of {self.got}: only to its start")
+        self.out.seek(0)
+        self.out.truncate()
+        self.digest, self.got = self.fresh(), 0
+        return 0
 
-    truncate = seek
+    def truncate(self, size: int | None = None) -> int:
+        if size not in (None, self.got):
+            raise OSError(f"a body cannot be cut to {size} bytes of {self.got}")
+        return self.got
 
 
 def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None]) -> tuple[list[Any], int]:
@@ -236,7 +247,7 @@ def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None
         os.remove(partial)  # every try a new inode: a relay of an earlier try cannot read this one
     try:
         with open(partial, "wb") as out:
-            sink = _Sink(out, _digest_of(kind, size))
+            sink = _Sink(out, lambda: _digest_of(kind, size))
             fill(sink)
         found = f"{kind}:{sink.digest.hexdigest()}" if sink.got == size else f"size:{sink.got}"
         if found != want:

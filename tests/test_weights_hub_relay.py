@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from hostside.revision_files import load_cache, partial_path
+from hostside.weights_sync import _Sink
 from kimi_deploy.hostside_command import pack
 from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import git_blob_sha1
@@ -138,3 +139,40 @@ def test_a_file_the_hub_serves_wrong_is_fetched_again_then_named_and_never_verif
     assert (root / "config.json").read_bytes() == CONFIG
     # the streamed try, then the one retry the request allows
     assert server.stats.snapshot()["downloads"]["w.safetensors"] == 2
+
+
+def test_a_body_the_hub_drops_resumes_where_it_stopped_and_reaches_the_next_host_whole(
+    tmp_path: Path, key_file: Path, hub: tuple[HubServer, dict[str, list[Any]]]
+) -> None:
+    server, lock = hub
+    write_faults(tmp_path / "hub", {"truncate": {"w.safetensors": 300_000}, "truncate_times": 1})
+    a_root, c_root = tmp_path / "a" / "revision", tmp_path / "c" / "revision"
+    a_root.mkdir(parents=True)
+    for url in serve_peer(a_root, lock, key_file, "127.0.0.1", ["127.0.0.1"], fetching=True):
+        a = _sync(a_root, lock, key_file, endpoint=server.url, in_order=True)
+        c = _sync(c_root, lock, key_file, peers=[{"host": "a", "url": url}])
+        _, a_err = a.communicate(timeout=60)
+        c_out, c_err = c.communicate(timeout=60)
+    assert a.returncode == 0, a_err
+    assert c.returncode == 0, c_err
+    assert json.loads(c_out.splitlines()[-1])["from_peers"] == {"a": len(WEIGHTS) + len(CONFIG)}
+    assert (c_root / "w.safetensors").read_bytes() == WEIGHTS
+    stats = server.stats.snapshot()
+    # Two bodies: the one dropped at 300,000 bytes and the rest of it (Range), not the whole again.
+    assert stats["downloads"]["w.safetensors"] == 2
+    assert stats["bytes"]["w.safetensors"] == len(WEIGHTS)
+
+
+def test_a_body_sent_again_from_its_start_starts_the_file_and_its_hash_over(tmp_path: Path) -> None:
+    with open(tmp_path / "partial", "wb") as out:
+        sink = _Sink(out, hashlib.sha256)
+        sink.write(b"a first try that ")
+        sink.write(b"broke off")
+        # what huggingface_hub's http_get does when a source answers a Range with the whole body
+        sink.seek(max(sink.tell() - 26, 0))
+        sink.truncate()
+        sink.write(b"the whole body")
+        with pytest.raises(OSError, match="only to its start"):
+            sink.seek(3)
+    assert sink.digest.hexdigest() == hashlib.sha256(b"the whole body").hexdigest()
+    assert (tmp_path / "partial").read_bytes() == b"the whole body"
