@@ -14,8 +14,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +22,11 @@ import pytest
 
 from hostside.revision_files import load_cache, partial_path
 from hostside.weights_sync import _Sink
-from kimi_deploy.hostside_command import pack
 from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import git_blob_sha1
-from tests.bundled import bundled_program
 from tests.test_weights_peer import key_file
 from tests.test_weights_peer import serve as serve_peer
+from tests.test_weights_relay import _grown, _sync_proc, _until
 
 __all__ = ["key_file"]  # the fixture, shared
 
@@ -74,21 +71,7 @@ def hub(tmp_path: Path) -> Iterator[tuple[HubServer, dict[str, list[Any]]]]:
 
 
 def _sync(root: Path, lock: dict[str, list[Any]], key: Path, **more: Any) -> subprocess.Popen[str]:
-    request = {"repo": REPO, "revision": COMMIT, "dir": str(root), "lock": lock, "endpoint": None, "token_file": None,
-               "retries": 1, "peers": [], "peer_key_file": str(key), **more}  # fmt: skip
-    program = bundled_program("weights_sync.py", key.parent)
-    # the test's own Python, which has huggingface_hub as the hosts' tools venv does
-    return subprocess.Popen([sys.executable, str(program), pack(request)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
-def _until_grown(path: Path, size: int, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if path.exists() and path.stat().st_size >= size:
-            return True
-        time.sleep(0.02)
-    return False
+    return _sync_proc(root, lock, more.pop("peers", []), key, repo=REPO, revision=COMMIT, retries=1, **more)
 
 
 def test_the_next_host_receives_a_file_while_the_source_still_fetches_it_from_the_hub(
@@ -102,7 +85,7 @@ def test_the_next_host_receives_a_file_while_the_source_still_fetches_it_from_th
         c = _sync(c_root, lock, key_file, peers=[{"host": "a", "url": url}])
         try:
             c_partial = Path(partial_path(str(c_root), "w.safetensors"))
-            assert _until_grown(c_partial, len(WEIGHTS) // 4)
+            assert _until(_grown(c_partial, len(WEIGHTS) // 4))
             # A quarter of it is on the next host, and the source has not the whole of it yet.
             assert not (a_root / "w.safetensors").exists()
             assert a.poll() is None

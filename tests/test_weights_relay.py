@@ -143,7 +143,9 @@ def test_a_file_still_to_come_is_waited_for(
     assert (reader.status, bytes(reader.body)) == (200, data)
 
 
-def test_a_sync_stamped_by_the_coarse_clock_just_after_the_start_counts_as_begun(tmp_path: Path, key_file: Path) -> None:
+def test_a_sync_stamped_by_the_coarse_clock_just_after_the_start_counts_as_begun(
+    tmp_path: Path, key_file: Path
+) -> None:
     """File times lag time.time_ns() by up to a clock tick: a sync that began and ended right after
     the service started may carry times a few ms before its start, and must still count as this
     run's (ended: nothing more to come), not leave the peer waiting out PENDING_S."""
@@ -174,9 +176,13 @@ def _grown(path: Path, size: int) -> Callable[[], bool]:
     return lambda: path.exists() and path.stat().st_size >= size
 
 
-def _sync_proc(root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]], key: Path) -> subprocess.Popen[str]:
+def _sync_proc(
+    root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]], key: Path, **more: Any
+) -> subprocess.Popen[str]:
+    """The bundled sync of ``root``, as a host runs it, with the test's own Python (which has
+    huggingface_hub, as the hosts' tools venv does); ``more`` adds to its request or overrides it."""
     request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": None,
-               "token_file": None, "retries": 0, "peers": peers, "peer_key_file": str(key)}  # fmt: skip
+               "token_file": None, "retries": 0, "peers": peers, "peer_key_file": str(key), **more}  # fmt: skip
     program = bundled_program("weights_sync.py", key.parent)
     command = [sys.executable, str(program), pack(request)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
