@@ -9,8 +9,11 @@ the first converge's time and errors, how many instances answer a chat request, 
 the Hub sent of any one file (1: each file once for the whole run), the median no-op re-run and
 the median floor (connect to every host and read one fact: bench/floor.py) measured in the same
 run, and their ratio; then the median of a run that reads only the converge's own probe
-(bench/probe_floor.py: the floor with the probe as its one fact), the no-op's ratio to it, and
-the controller's CPU seconds for the no-op and for the floor.
+(bench/probe_floor.py: the floor with the probe as its one fact), the no-op's ratio to it, the
+controller's CPU seconds for the no-op and for the floor, and the whole machine's (the
+controller's and every host's: they share its cores), with the least wall time the no-op's CPU
+takes on those cores and its ratio to the floor: on this one machine the no-op / floor cannot go
+below it, whatever the controller does.
 """
 
 from __future__ import annotations
@@ -53,17 +56,19 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
         print(f"N={n}: {failed('first converge', first.log).splitlines()[0]}", flush=True)
         # converge the rest before timing a no-op
         timed(FLEET, inv)
-    noop, floor, probe, noop_cpu, floor_cpu = [], [], [], [], []
+    noop, floor, probe, noop_cpu, floor_cpu, noop_all, floor_all = [], [], [], [], [], [], []
     for _ in range(runs):
-        cpu = _children_cpu()
+        cpu, machine = _children_cpu(), _machine_cpu()
         run, seconds = timed(FLEET, inv)
         noop_cpu.append(_children_cpu() - cpu)
+        noop_all.append(_machine_cpu() - machine)
         if run.code != 0 or run.changed():
             sys.exit(f"N={n}: the re-run was not a no-op: {run.changed()}; {failed('re-run', run.log)}")
         noop.append(seconds)
-        cpu = _children_cpu()
+        cpu, machine = _children_cpu(), _machine_cpu()
         run, seconds = timed(FLEET, inv, deploy="bench/floor.py")
         floor_cpu.append(_children_cpu() - cpu)
+        floor_all.append(_machine_cpu() - machine)
         floor.append(seconds)
         run, seconds = timed(FLEET, inv, deploy="bench/probe_floor.py")
         if run.code != 0:
@@ -83,7 +88,18 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
         "probe_s": statistics.median(probe),
         "noop_cpu_s": statistics.median(noop_cpu),
         "floor_cpu_s": statistics.median(floor_cpu),
+        "noop_all_s": statistics.median(noop_all),
+        "floor_all_s": statistics.median(floor_all),
     }
+
+
+def _machine_cpu() -> float:
+    """CPU seconds this whole machine has spent busy since boot (every core, ``/proc/stat``): the
+    controller and every host, whose processes all run on its cores."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(v) for v in f.readline().split()[1:8]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _children_cpu() -> float:
@@ -94,14 +110,19 @@ def _children_cpu() -> float:
 
 def line(n: int, runs: int, folder: Path) -> str:
     row = one(n, runs, folder)
+    cores = os.cpu_count() or 1
+    noop, floor, probe = float(row["noop_s"]), float(row["floor_s"]), float(row["probe_s"])  # type: ignore[arg-type]
+    # The least wall time the no-op's CPU (controller and hosts alike) takes on this machine's cores.
+    least = float(row["noop_all_s"]) / cores  # type: ignore[arg-type]
     return (
         f"N={row['hosts']:>3}  up {row['up_s']:6.1f} s  first converge {row['first_s']:6.1f} s "
         f"rc {row['first_rc']} errors {row['op_errors']}  answering {row['answering']}  "
         f"Hub: {row['files']} files, at most {row['max_bodies']} bodies each  "
-        f"no-op {row['noop_s']:.2f} s  floor {row['floor_s']:.2f} s  "
-        f"ratio {float(row['noop_s']) / float(row['floor_s']):.2f}  "  # type: ignore[arg-type]
-        f"probe alone {row['probe_s']:.2f} s  no-op / probe alone {float(row['noop_s']) / float(row['probe_s']):.2f}  "  # type: ignore[arg-type]
-        f"controller CPU no-op {row['noop_cpu_s']:.2f} s floor {row['floor_cpu_s']:.2f} s"
+        f"no-op {noop:.2f} s  floor {floor:.2f} s  ratio {noop / floor:.2f}  "
+        f"probe alone {probe:.2f} s  no-op / probe alone {noop / probe:.2f}  "
+        f"controller CPU no-op {row['noop_cpu_s']:.2f} s floor {row['floor_cpu_s']:.2f} s  "
+        f"machine CPU no-op {row['noop_all_s']:.2f} s floor {row['floor_all_s']:.2f} s: "
+        f"the no-op needs at least {least:.2f} s on {cores} cores ({least / floor:.2f} x the floor)"
     )
 
 
