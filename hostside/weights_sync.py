@@ -198,6 +198,10 @@ def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
     return urllib.request.urlopen(request, timeout=30)  # noqa: S310
 
 
+class Mismatch(ValueError):
+    """The bytes a source gave are not the lock's (``_receive``)."""
+
+
 class _Sink:
     """Where a file's bytes land as they arrive: hashed and written to its partial file, flushed
     at once (a host fetching from this one relays them as they come). A body resumed with
@@ -251,7 +255,7 @@ def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None
             fill(sink)
         found = f"{kind}:{sink.digest.hexdigest()}" if sink.got == size else f"size:{sink.got}"
         if found != want:
-            raise ValueError(f"expected {want}, found {found}")
+            raise Mismatch(f"expected {want}, found {found}")
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(partial)
@@ -522,7 +526,7 @@ def _from_hub(
             try:
                 entry, _ = _receive(root, rel, lock[rel],
                                     lambda sink: http_get(url, sink, headers=dict(headers), expected_size=size))  # type: ignore[arg-type]  # fmt: skip
-            except ValueError:
+            except Mismatch:
                 return  # not the lock's bytes: fetched again below
             with mutex:
                 fetched.append(rel)

@@ -10,6 +10,7 @@ leaves the Hub once, and a file the Hub serves wrong is fetched again, then name
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import git_blob_sha1
 from tests.test_weights_peer import key_file
 from tests.test_weights_peer import serve as serve_peer
-from tests.test_weights_relay import _grown, _sync_proc, _until
+from tests.test_weights_relay import _ending, _grown, _sync_proc, _until
 
 __all__ = ["key_file"]  # the fixture, shared
 
@@ -74,27 +75,35 @@ def _sync(root: Path, lock: dict[str, list[Any]], key: Path, **more: Any) -> sub
     return _sync_proc(root, lock, more.pop("peers", []), key, repo=REPO, revision=COMMIT, retries=1, **more)
 
 
+@contextlib.contextmanager
+def _chain(
+    tmp_path: Path, key: Path, hub: tuple[HubServer, dict[str, list[Any]]]
+) -> Iterator[tuple[subprocess.Popen[str], subprocess.Popen[str]]]:
+    """Host A syncing from the Hub with ``in_order`` and serving with ``fetching``, host C syncing
+    from A: their running syncs (under ``tmp_path/a`` and ``tmp_path/c``), ended with the block."""
+    server, lock = hub
+    a_root = tmp_path / "a" / "revision"
+    a_root.mkdir(parents=True)
+    for url in serve_peer(a_root, lock, key, "127.0.0.1", ["127.0.0.1"], fetching=True):
+        a = _sync(a_root, lock, key, endpoint=server.url, in_order=True)
+        c = _sync(tmp_path / "c" / "revision", lock, key, peers=[{"host": "a", "url": url}])
+        with _ending(a, c):
+            yield a, c
+
+
 def test_the_next_host_receives_a_file_while_the_source_still_fetches_it_from_the_hub(
     tmp_path: Path, key_file: Path, hub: tuple[HubServer, dict[str, list[Any]]]
 ) -> None:
     server, lock = hub
     a_root, c_root = tmp_path / "a" / "revision", tmp_path / "c" / "revision"
-    a_root.mkdir(parents=True)
-    for url in serve_peer(a_root, lock, key_file, "127.0.0.1", ["127.0.0.1"], fetching=True):
-        a = _sync(a_root, lock, key_file, endpoint=server.url, in_order=True)
-        c = _sync(c_root, lock, key_file, peers=[{"host": "a", "url": url}])
-        try:
-            c_partial = Path(partial_path(str(c_root), "w.safetensors"))
-            assert _until(_grown(c_partial, len(WEIGHTS) // 4))
-            # A quarter of it is on the next host, and the source has not the whole of it yet.
-            assert not (a_root / "w.safetensors").exists()
-            assert a.poll() is None
-            a_out, a_err = a.communicate(timeout=60)
-            c_out, c_err = c.communicate(timeout=60)
-        finally:
-            for proc in (a, c):
-                if proc.poll() is None:
-                    proc.kill()
+    with _chain(tmp_path, key_file, hub) as (a, c):
+        c_partial = Path(partial_path(str(c_root), "w.safetensors"))
+        assert _until(_grown(c_partial, len(WEIGHTS) // 4))
+        # A quarter of it is on the next host, and the source has not the whole of it yet.
+        assert not (a_root / "w.safetensors").exists()
+        assert a.poll() is None
+        a_out, a_err = a.communicate(timeout=60)
+        c_out, c_err = c.communicate(timeout=60)
     assert a.returncode == 0, a_err
     assert c.returncode == 0, c_err
     assert sorted(json.loads(a_out.splitlines()[-1])["fetched"]) == sorted(lock)
@@ -127,13 +136,10 @@ def test_a_file_the_hub_serves_wrong_is_fetched_again_then_named_and_never_verif
 def test_a_body_the_hub_drops_resumes_where_it_stopped_and_reaches_the_next_host_whole(
     tmp_path: Path, key_file: Path, hub: tuple[HubServer, dict[str, list[Any]]]
 ) -> None:
-    server, lock = hub
+    server = hub[0]
     write_faults(tmp_path / "hub", {"truncate": {"w.safetensors": 300_000}, "truncate_times": 1})
-    a_root, c_root = tmp_path / "a" / "revision", tmp_path / "c" / "revision"
-    a_root.mkdir(parents=True)
-    for url in serve_peer(a_root, lock, key_file, "127.0.0.1", ["127.0.0.1"], fetching=True):
-        a = _sync(a_root, lock, key_file, endpoint=server.url, in_order=True)
-        c = _sync(c_root, lock, key_file, peers=[{"host": "a", "url": url}])
+    c_root = tmp_path / "c" / "revision"
+    with _chain(tmp_path, key_file, hub) as (a, c):
         _, a_err = a.communicate(timeout=60)
         c_out, c_err = c.communicate(timeout=60)
     assert a.returncode == 0, a_err

@@ -9,6 +9,7 @@ while the first is still receiving it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -176,6 +177,17 @@ def _grown(path: Path, size: int) -> Callable[[], bool]:
     return lambda: path.exists() and path.stat().st_size >= size
 
 
+@contextlib.contextmanager
+def _ending(*procs: subprocess.Popen[str]) -> Iterator[None]:
+    """Whatever the test found, none of ``procs`` outlives it."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
 def _sync_proc(
     root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]], key: Path, **more: Any
 ) -> subprocess.Popen[str]:
@@ -205,7 +217,7 @@ def test_the_next_host_of_a_chain_receives_a_file_while_the_host_before_it_still
         b = _sync_proc(b_root, lock, [{"host": "mirror", "path": str(mirror)}], key_file)
         c = _sync_proc(c_root, lock, [{"host": "b", "url": url}], key_file)
         c_partial = Path(partial_path(str(c_root), "w.bin"))
-        try:
+        with _ending(b, c):
             with open(mirror / "w.bin", "wb") as pipe:
                 for piece in range(4):
                     pipe.write(data[piece * SIZE // 4 : (piece + 1) * SIZE // 4])
@@ -215,10 +227,6 @@ def test_the_next_host_of_a_chain_receives_a_file_while_the_host_before_it_still
                         assert b.poll() is None  # B is still receiving
             _, b_err = b.communicate(timeout=30)
             c_out, c_err = c.communicate(timeout=30)
-        finally:
-            for proc in (b, c):
-                if proc.poll() is None:
-                    proc.kill()
     assert b.returncode == 0, b_err
     assert c.returncode == 0, c_err
     assert json.loads(c_out.splitlines()[-1])["from_peers"] == {"b": SIZE}
