@@ -6,6 +6,9 @@ from collections.abc import Mapping
 
 from kimi_deploy.recipe import EngineName, Recipe, RouterName
 
+# A unit's cache folder (its CacheDirectory=kimi/<unit>, under systemd's /var/cache: templates/_hardening.j2).
+UNIT_CACHE_ROOT = "/var/cache/kimi"
+
 
 def release_dir(base: str, package: str, version: str, packages: Mapping[str, str] | None = None) -> str:
     """``BASE/vllm-0.34.0+fastsafetensors-0.5.0``: every pin is in the name, so a release with
@@ -34,3 +37,8 @@ def tool_dir(recipe: Recipe, package: str, version: str) -> str:
 def model_dir(recipe: Recipe) -> str:
     """The weights at the pinned revision."""
     return f"{recipe.paths.models}/{recipe.model.dir_name}/{recipe.model.revision}"
+
+
+def unit_cache_dir(unit: str) -> str:
+    """The cache folder systemd gives ``unit`` (its ``XDG_CACHE_HOME``)."""
+    return f"{UNIT_CACHE_ROOT}/{unit}"

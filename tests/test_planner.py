@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 
 from kimi_deploy import catalog as catalog_module
+from kimi_deploy.accelerator_devices import devices_per_accelerator
 from kimi_deploy.catalog import Catalog, engine_catalog, load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory, InventoryHost
 from kimi_deploy.planner import plan
-from kimi_deploy.recipe import EngineName, Ports, Recipe
+from kimi_deploy.recipe import EngineName, Expose, Ports, Recipe, SecretRef
 from kimi_deploy.servespec import Plan
 from tests.conftest import RECIPE
 
@@ -116,16 +117,74 @@ def test_kv_transport_is_explicit(full: Plan) -> None:
     assert files["/etc/kimi/mooncake.json"].data["mooncake"]["protocol"] == "rdma"
 
 
-def test_tpu_slice_runs_sglang_across_eight_hosts_with_hicache(full: Plan) -> None:
-    w0 = full.for_host("tpu7x-w0").units[0].argv
-    w7 = full.for_host("tpu7x-w7").units[0].argv
-    assert w0[:2] == ("/opt/kimi/engines/sglang-0.5.23/bin/sglang", "serve")
-    for argv, rank in ((w0, "0"), (w7, "7")):
+def test_tpu_slice_runs_sglang_jax_across_eight_hosts_counting_two_devices_a_chip(full: Plan) -> None:
+    w0, w7 = full.for_host("tpu7x-w0").units[0], full.for_host("tpu7x-w7").units[0]
+    venv = "/opt/kimi/engines/sglang-jax-0.1.0rc0+jax-0.10.2+jaxlib-0.10.2+libtpu-0.0.42.1"
+    for unit, rank in ((w0, "0"), (w7, "7")):
+        argv = unit.argv
+        # the wheel has no console script: its module, run by the release's own Python
+        assert argv[:3] == (f"{venv}/bin/python", "-m", "sgl_jax.launch_server")
         assert argv[argv.index("--node-rank") + 1] == rank
         assert argv[argv.index("--dist-init-addr") + 1] == "10.61.0.10:29500"
-        assert argv[argv.index("--tp-size") + 1] == "32"
+        # 32 TPU7x chips, each two JAX devices: the runtime's tensor-parallel size is 64
+        assert argv[argv.index("--tp-size") + 1] == "64"
+        assert argv[argv.index("--device") + 1] == "tpu"
+        # EP is honoured by the epmoe backend alone
         assert argv[argv.index("--ep-size") + 1] == "8"
-        assert argv[argv.index("--hicache-ratio") + 1] == "2"
+        assert argv[argv.index("--moe-backend") + 1] == "epmoe"
+        # KDA layers: the radix cache off, no host-memory offload, no parser it lacks
+        assert "--disable-radix-cache" in argv
+        assert not [a for a in argv if "hicache" in a or "hierarchical" in a or a.endswith("-parser")]
+        assert unit.env["JAX_PLATFORMS"] == "tpu"
+        assert unit.env["JAX_COMPILATION_CACHE_DIR"] == "/var/cache/kimi/kimi-sglang-jax/jax"
+    assert w0.listens == {"api": 30000, "dist_init": 29500}
+    assert w7.listens == {}
+
+
+@pytest.mark.parametrize(
+    ("parallel", "expected"),
+    [
+        (
+            {"tp": 32, "ep": 48},
+            "topologies.tpu7x.pools.serve.parallel: sglang-jax needs ep to divide the instance's 64 devices "
+            "(32 x TPU7x at 2 each), found ep 48",
+        ),
+        ({"tp": 16, "pp": 2}, "topologies.tpu7x.pools.serve.parallel: sglang-jax has no pipeline parallelism, found pp 2"),
+    ],
+)
+def test_tpu_layout_the_runtime_cannot_run_is_refused(
+    recipe: Recipe, prod: Inventory, parallel: dict[str, int], expected: str
+) -> None:
+    pools = recipe.topologies["tpu7x"].pools
+    serve = pools["serve"].model_copy(update={"parallel": pools["serve"].parallel.model_copy(update=parallel)})
+    with pytest.raises(ConfigError) as err:
+        plan(_with_topology(recipe, "tpu7x", pools={"serve": serve}), RECIPE, prod, "tpu7x")
+    assert str(err.value) == f"{RECIPE}: {expected}"
+
+
+@pytest.mark.parametrize(
+    ("topology", "said"),
+    [("tpu7x", "sglang-jax takes its API key only on the command line (--api-key)"),
+     ("tokenspeed-single", "TokenSpeed takes its API key only on the command line")],
+)  # fmt: skip
+def test_an_engine_taking_its_key_in_argv_is_served_on_loopback_only(
+    recipe: Recipe, prod: Inventory, topology: str, said: str
+) -> None:
+    exposed = _with_topology(recipe, topology, expose=Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY")))
+    with pytest.raises(ConfigError) as err:
+        plan(exposed, RECIPE, prod, topology)
+    label = said.split(" takes", 1)[0]
+    assert str(err.value) == (
+        f"{RECIPE}: topologies.{topology}.expose: {said}, which kimi-deploy never does with a secret: "
+        f"serve {label} on loopback"
+    )
+
+
+def test_devices_the_runtime_counts_on_an_accelerator(recipe: Recipe) -> None:
+    assert devices_per_accelerator(recipe.topologies["tpu7x"].accelerators) == 2
+    assert devices_per_accelerator(recipe.topologies["tpu7x"].accelerators.model_copy(update={"model": "tpu7X"})) == 2
+    assert devices_per_accelerator(recipe.topologies["single-node"].accelerators) == 1
+    assert devices_per_accelerator(recipe.topologies["gb300-pd"].accelerators) == 1
 
 
 def test_port_clash_on_a_host_is_refused(recipe: Recipe, prod: Inventory) -> None:
@@ -138,19 +197,15 @@ def test_port_clash_on_a_host_is_refused(recipe: Recipe, prod: Inventory) -> Non
 
 
 def test_parser_the_pinned_engine_lacks_is_refused(recipe: Recipe, prod: Inventory) -> None:
-    bad = _with_topology(
-        recipe,
-        "tpu7x",
-        parsers=recipe.topologies["tpu7x"].parsers.model_copy(update={"tool_call": "kimi_k9"}),
-    )
+    # sglang-jax has no kimi_k3 parser: the recipe's tpu7x names none, and one that does is refused
+    parsers = recipe.topologies["single-node"].parsers
     with pytest.raises(ConfigError) as err:
-        plan(bad, RECIPE, prod, "tpu7x")
+        plan(_with_topology(recipe, "tpu7x", parsers=parsers), RECIPE, prod, "tpu7x")
     message = str(err.value)
-    assert message.startswith(
-        f"{RECIPE}: topologies.tpu7x.parsers.tool_call: sglang 0.5.23 has no tool_call_parser 'kimi_k9' (known: "
+    assert message == (
+        f"{RECIPE}: topologies.tpu7x.parsers.tool_call: sglang-jax 0.1.0rc0 has no tool_call_parser 'kimi_k3' "
+        "(known: glm45, glm47, mimo, qwen25, qwen3_coder)"
     )
-    assert "kimi_k3" in message
-    assert "\n" not in message
 
 
 def test_engine_release_without_catalog_is_refused(recipe: Recipe, prod: Inventory) -> None:

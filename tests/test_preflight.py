@@ -10,9 +10,9 @@ import pytest
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, check
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import HiCache, Recipe
 from kimi_deploy.servespec import Plan
-from tests.conftest import RECIPE
+from tests.conftest import RECIPE, sglang_slice
 
 TB = 10**12
 GIB = 2**30
@@ -87,11 +87,11 @@ def test_disk_too_small_now_and_for_a_rollback_copy(recipe: Recipe, full: Plan) 
     assert check(_needs(recipe, full, "b300-01", missing=0), small) == []
 
 
-def test_hicache_needs_host_ram(recipe: Recipe, full: Plan) -> None:
-    tpu = _profile(4, "TPU 7x", 0, vendor="tpu")
-    tpu["accelerators"]["model"] = "TPU7x"
-    tpu["memory"]["total_bytes"] = 1024 * GIB
-    assert check(_needs(recipe, full, "tpu7x-w0"), tpu) == [
+def test_hicache_needs_host_ram(recipe: Recipe, prod: Inventory) -> None:
+    offloads = sglang_slice(recipe, hicache=HiCache(ratio=2.0))
+    host = copy.deepcopy(GB300)
+    host["memory"]["total_bytes"] = 1024 * GIB
+    assert check(_needs(offloads, plan(offloads, RECIPE, prod, "tpu7x"), "tpu7x-w0"), host) == [
         "tpu7x-w0: host RAM: HiCache ratio 2 needs 1424 GiB (90% of RAM at most), found 1024 GiB"
     ]
 

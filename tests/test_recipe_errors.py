@@ -159,7 +159,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     (
         "engine-unknown",
         _set(((TOPO, "tpu7x", "engine"), "trt")),
-        "topologies.tpu7x.engine: Input should be 'vllm', 'sglang' or 'tokenspeed', found str 'trt'",
+        "topologies.tpu7x.engine: Input should be 'vllm', 'sglang', 'sglang-jax' or 'tokenspeed', found str 'trt'",
     ),
     (
         "revision-a-branch",
@@ -235,8 +235,8 @@ CASES: list[tuple[str, Mutation, str]] = [
     ),
     (
         "engine-not-pinned",
-        _delete(("engines", "sglang")),
-        "topologies.tpu7x.engine: 'sglang' has no pinned release under engines",
+        _delete(("engines", "sglang-jax")),
+        "topologies.tpu7x.engine: 'sglang-jax' has no pinned release under engines",
     ),
     (
         "router-not-pinned",
@@ -250,8 +250,14 @@ CASES: list[tuple[str, Mutation, str]] = [
     ),
     (
         "tpu-runtime-not-pinned",
-        _delete(("drivers", "tpu")),
-        "topologies.tpu7x.accelerators: tpu hosts need drivers.tpu pinned",
+        _delete(("engines", "sglang-jax", "packages", "libtpu")),
+        "topologies.tpu7x.accelerators: tpu hosts run the TPU runtime of their engine's release: "
+        "pin libtpu (with the jax and jaxlib it was built for) under engines.sglang-jax.packages",
+    ),
+    (
+        "tpu-runtime-as-a-driver",
+        _set((("drivers", "tpu"), {"libtpu": "0.0.51"})),
+        "drivers.tpu: unknown key",
     ),
     (
         "pd-without-kv_transfer",
@@ -302,8 +308,14 @@ CASES: list[tuple[str, Mutation, str]] = [
     ),
     (
         "hicache-ratio-not-above-1",
-        _set(((TOPO, "tpu7x", "hicache", "ratio"), 1.0)),
+        _set(((TOPO, "tpu7x", "hicache"), {"ratio": 1.0})),
         "topologies.tpu7x.hicache.ratio: Input should be greater than 1, found float 1.0",
+    ),
+    (
+        "hicache-on-sglang-jax",
+        _set(((TOPO, "tpu7x", "hicache"), {"ratio": 2.0})),
+        "topologies.tpu7x: hicache: sglang-jax refuses host-memory offload (--hicache-storage) for a model "
+        "with linear-attention (KDA) layers such as Kimi's: its recurrent state stays on the TPU",
     ),
     (
         "expose-without-api_key",
@@ -482,7 +494,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     (
         "cpu-accelerators-for-sglang",
         _set(((*TPU, "accelerators"), {**CPU, "per_host": 4}), ((*TPU, "cpu"), {"kv_cache_gib": 1})),
-        "topologies.tpu7x: accelerators.vendor: cpu is served by vLLM's CPU build, engine is sglang",
+        "topologies.tpu7x: accelerators.vendor: cpu is served by vLLM's CPU build, engine is sglang-jax",
     ),
     (
         "cpu-memory-fraction-above-one",

@@ -28,7 +28,7 @@ from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
 from kimi_deploy.render import RenderedFile, render_host
 from operations import units
-from tests.conftest import RECIPE, ROOT
+from tests.conftest import RECIPE, ROOT, sglang_slice
 from tests.host_converge import host_converge, probe_answer
 
 KEY = "sk-kimi-d41c9a0e77b2"
@@ -48,10 +48,7 @@ def _commands(files: list[RenderedFile], group: str, current: dict[str, str | No
 def _secret_files(recipe: Recipe, prod: Inventory) -> list[RenderedFile]:
     """The secret files of the router of gb300-pd and of an exposed SGLang leader (the gateway's in
     front of the router: tests/test_router_fallback.py)."""
-    topo = recipe.topologies["tpu7x"].model_copy(
-        update={"expose": Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY"))}
-    )
-    exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "tpu7x": topo}})
+    exposed = sglang_slice(recipe, expose=Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY")))
     files = render_host(recipe, plan(recipe, RECIPE, prod).for_host(ROUTER), SECRETS)
     files += render_host(exposed, plan(exposed, RECIPE, prod, "tpu7x").for_host("tpu7x-w0"), SECRETS)
     return [f for f in files if f.secret and "kimi-gateway" not in f.path]

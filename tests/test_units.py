@@ -17,7 +17,7 @@ from kimi_deploy.planner import argv_positionals, plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.servespec import HostPlan, Plan
-from tests.conftest import RECIPE
+from tests.conftest import RECIPE, sglang_slice
 from tests.unit_file import directives, exec_argv
 
 SECRET = "sk-kimi-test-9f1c2e7a"
@@ -121,10 +121,7 @@ def test_plan_render_without_secrets_writes_no_secret_file(recipe: Recipe, full_
 
 
 def _exposed_sglang_leader(recipe: Recipe, prod: Inventory) -> tuple[Recipe, HostPlan]:
-    topo = recipe.topologies["tpu7x"].model_copy(
-        update={"expose": Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY"))}
-    )
-    exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "tpu7x": topo}})
+    exposed = sglang_slice(recipe, expose=Expose(bind="address", api_key=SecretRef(env="KIMI_API_KEY")))
     return exposed, plan(exposed, RECIPE, prod, "tpu7x").for_host("tpu7x-w0")
 
 

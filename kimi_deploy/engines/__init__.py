@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kimi_deploy.engines import sglang, tokenspeed, vllm
+from kimi_deploy.engines import sglang, sglang_jax, tokenspeed, vllm
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.recipe import EngineName
 
-ENGINES: Mapping[EngineName, Engine] = {e.name: e for e in (vllm.ENGINE, sglang.ENGINE, tokenspeed.ENGINE)}
+ENGINES: Mapping[EngineName, Engine] = {
+    e.name: e for e in (vllm.ENGINE, sglang.ENGINE, sglang_jax.ENGINE, tokenspeed.ENGINE)
+}
 
 
 def engine(name: EngineName) -> Engine:

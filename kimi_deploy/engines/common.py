@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kimi_deploy.engines.interface import Engine
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.listen import bind_address
 from kimi_deploy.placement import Placement
 from kimi_deploy.recipe import Parallel, Recipe
 from kimi_deploy.servespec import ConfigFile, NodeRole, Unit
@@ -14,6 +17,30 @@ def node_role(placement: Placement) -> NodeRole:
     if placement.node_rank:
         return "worker"
     return "leader" if placement.nodes > 1 else "single"
+
+
+def loopback_only(recipe_file: str, placement: Placement, label: str, key_option: str = "") -> None:
+    """What an engine that takes its API key only on its command line (``key_option``), and moves
+    no KV cache between instances, refuses: ``expose`` (argv is readable by every local user, and
+    kimi-deploy never puts a secret there) and ``kv_transfer``."""
+    where = f"topologies.{placement.topology_name}"
+    if placement.topology.expose is not None:
+        said = f" ({key_option})" if key_option else ""
+        raise ConfigError(
+            recipe_file,
+            f"{where}.expose",
+            f"{label} takes its API key only on the command line{said}, which kimi-deploy never does "
+            f"with a secret: serve {label} on loopback",
+        )
+    if placement.topology.kv_transfer is not None:
+        raise ConfigError(recipe_file, f"{where}.kv_transfer", f"not supported with {label}")
+
+
+def api_listen(placement: Placement, engine: Engine) -> tuple[str, int, dict[str, int]]:
+    """Where an instance of ``engine`` serves its API (``bind_address``, ``Engine.api_port``) and
+    what this host of it listens on for that: the API, on rank 0 only."""
+    port = engine.api_port(placement.topology)
+    return bind_address(placement.topology, placement.host), port, ({} if placement.node_rank else {"api": port})
 
 
 def size_flags(parallel: Parallel, *, tp: str, dp: str, pp: str, ep: tuple[str, ...]) -> list[str]:

@@ -234,6 +234,20 @@ PROFILES: dict[str, Profile] = {
             ),
         ),
     ),
+    # SGLang's JAX backend (PyPI sglang-jax, import package sgl_jax): its wheel has no console
+    # script; the server is ``python -m sgl_jax.launch_server``, whose main() parses with
+    # ServerArgs.add_cli_args. Its parser names are class-level dicts, read as that flag's choices.
+    "sglang-jax": Profile(
+        engine="sglang-jax",
+        launch=("python", "-m", "sgl_jax.launch_server"),
+        roots=(Root("sgl_jax.srt.server_args", "ServerArgs.add_cli_args"),),
+        registries=(
+            ("tool_call_parser", (RegistrySource("flag_choices", "", "--tool-call-parser"),)),
+            ("reasoning_parser", (RegistrySource("flag_choices", "", "--reasoning-parser"),)),
+            ("load_format", (RegistrySource("flag_choices", "", "--load-format"),)),
+            ("hicache_write_policy", (RegistrySource("flag_choices", "", "--hicache-write-policy"),)),
+        ),
+    ),
     "tokenspeed": Profile(
         engine="tokenspeed",
         launch=("tokenspeed", "serve"),
