@@ -11,13 +11,21 @@ Input: one argument, base64 of zlib-compressed JSON (the same ``run``, ``port``,
    "bandwidth": {"bytes": int, "min_mbit_s": float, "max_s": float} | null,
    "deadline_s": float,
    "phase": "all" | "listen" | "probe" | "verdict",   # default "all"
-   "lifetime_s": float}                                # how long a listener may live (listen)
+   "lifetime_s": float,                                # how long a listener may live (listen)
+   "ephemeral": int}                                   # ports of the ephemeral range, default 0
 
 Each host listens on ``port`` and every ``listen`` port of ``address`` only, answers only the peers'
 addresses, connects to every peer port (retrying until the probe cutoff, as peers start their
 listeners at slightly different times), measures the bandwidth to each peer over ``port`` if asked,
 then sends its result to every peer and waits, until ``deadline_s``, for every peer's. A listen port
 already taken by a process that accepts connections (the serving engine) is noted, not failed.
+
+The ephemeral range. NCCL, Gloo, UCX and the engines' own sockets also listen on ports the kernel
+picks from ``net.ipv4.ip_local_port_range`` when they start, which no plan can name: a firewall
+that lets the plan's ports through and drops the rest passes a check of the plan's ports alone and
+fails at start. So each host also listens on ``ephemeral`` ports spread over its own range (the
+first free one from each of as many evenly spaced points) and names them in its hello; every peer
+reaches them, as it reaches the plan's, labelled ``ephemeral range``.
 
 Phases. ``all`` does everything in one process, so every host must start it within the probes'
 window of the others. A converge driving many hosts cannot promise that, so it takes the check in
@@ -70,6 +78,13 @@ REPORT_FAILURES_MAX = 200
 FAILURE_TEXT_MAX = 1000
 REJECTED_MAX = 20
 CHUNK = 1 << 18
+EPHEMERAL_LABEL = "ephemeral range"
+EPHEMERAL_MAX = 8
+# Where Linux keeps the range, and its default when it cannot be read (ip-sysctl.rst).
+PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+DEFAULT_PORT_RANGE = (32768, 60999)
+# How far past each spaced point a host looks for a free port of its range.
+EPHEMERAL_TRIES = 64
 
 # Ordered so that every host names a root cause first: a host's own setup (its address, its ports),
 # a host that never ran, then links, then what follows from lost reports.
@@ -128,6 +143,7 @@ class Request:
     deadline_s: float
     phase: str = "all"
     lifetime_s: float = 900.0
+    ephemeral: int = 0
 
 
 _KINDS = {str: "a string", int: "an integer", list: "a list", (int, float): "a number"}
@@ -218,6 +234,9 @@ def parse(raw: Any) -> Request:
     lifetime = float(_get(raw, "lifetime_s", (int, float), "request")) if "lifetime_s" in raw else 900.0
     if not 0 < lifetime <= LIFETIME_MAX_S:
         raise BadRequest(f"request.lifetime_s: {lifetime:g} must be > 0 and <= {LIFETIME_MAX_S:g}")
+    ephemeral: int = _get(raw, "ephemeral", int, "request") if "ephemeral" in raw else 0
+    if not 0 <= ephemeral <= EPHEMERAL_MAX:
+        raise BadRequest(f"request.ephemeral: {ephemeral} must be from 0 to {EPHEMERAL_MAX}")
     return Request(
         run=_get(raw, "run", str, "request"),
         me=me,
@@ -230,7 +249,29 @@ def parse(raw: Any) -> Request:
         deadline_s=deadline,
         phase=phase,
         lifetime_s=lifetime,
+        ephemeral=ephemeral,
     )
+
+
+def _port_range() -> tuple[int, int]:
+    """This host's ephemeral port range (``DEFAULT_PORT_RANGE`` when it cannot be read)."""
+    try:
+        with open(PORT_RANGE_FILE, encoding="ascii") as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        return DEFAULT_PORT_RANGE
+    return (low, high) if 1024 <= low < high <= 65535 else DEFAULT_PORT_RANGE
+
+
+def _announced(hello: dict[str, Any], check_port: int) -> list[int] | None:
+    """The ephemeral ports a peer's hello names; None when they are not a short list of TCP ports
+    (a peer is outside this host's recipe: what it says is checked before it is used)."""
+    ports = hello.get("ephemeral", [])
+    if not isinstance(ports, list) or len(ports) > EPHEMERAL_MAX:
+        return None
+    if not all(type(p) is int and 1024 <= p <= 65535 and p != check_port for p in ports):
+        return None
+    return list(dict.fromkeys(ports))
 
 
 def _cause(exc: BaseException) -> str:
@@ -330,6 +371,8 @@ class Check:
         self.rejected: list[str] = []
         self.local: list[dict[str, Any]] = []
         self.stop = threading.Event()
+        self.ephemeral: list[int] = []  # this host's listeners in its ephemeral range
+        self.greeted: dict[str, dict[str, Any]] = {}  # peer -> the hello of its comm check port
 
     def _left(self, until: float) -> float:
         return until - time.monotonic()
@@ -382,6 +425,43 @@ class Check:
                     )
                 continue
             self.listening[sock] = entry
+        self._open_ephemeral()
+        self.hello = _line({"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me, "ephemeral": self.ephemeral})
+
+    def _open_ephemeral(self) -> None:
+        """Listeners on ``ephemeral`` ports of this host's range: the first free port from each of
+        as many evenly spaced points (a port the kernel gave a client socket is skipped)."""
+        req = self.req
+        if not req.ephemeral:
+            return
+        low, high = _port_range()
+        taken = {req.port, *(p.port for p in req.listen)}
+        step = (high - low) // (req.ephemeral + 1)
+        for k in range(1, req.ephemeral + 1):
+            start = low + k * step
+            for port in range(start, min(high, start + EPHEMERAL_TRIES) + 1):
+                if port in taken:
+                    continue
+                sock = socket.socket(req.family, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind((req.address, port))
+                    sock.listen(socket.SOMAXCONN)
+                    sock.setblocking(False)
+                except OSError:
+                    sock.close()
+                    continue
+                taken.add(port)
+                entry = {"port": port, "label": EPHEMERAL_LABEL, "state": "listening", "error": None,
+                         "accepted_from": []}  # fmt: skip
+                self.listen.append(entry)
+                self.listening[sock] = entry
+                self.ephemeral.append(port)
+                break
+        if len(self.ephemeral) < req.ephemeral:
+            said = (f"{req.me}: cannot listen on {req.ephemeral - len(self.ephemeral)} of the "
+                    f"{req.ephemeral} ports of its ephemeral range {low}-{high} it looked at")  # fmt: skip
+            self.local.append(_failure("local", req.me, None, None, said))
 
     def _serve(self) -> None:
         with selectors.DefaultSelector() as selector:
@@ -536,6 +616,9 @@ class Check:
             return "other", None
         if hello.get("host") != peer.host:
             return None, f"answered by {hello.get('host')}'s comm check, not {peer.host}'s (address mix-up?)"
+        if check:
+            with self.cond:
+                self.greeted[peer.host] = hello
         return CHECK_LABEL, None
 
     def _probe(self, peer: Peer, port: Port, check: bool = False) -> dict[str, Any]:
@@ -628,7 +711,29 @@ class Check:
                 pairs.append(
                     self._unmeasured(peer, self.req.bandwidth, "not measured: the comm check port was not reached")
                 )
+        if pair["ok"]:
+            pairs += self._ephemeral_pairs(peer, pair)
         return pairs
+
+    def _ephemeral_pairs(self, peer: Peer, check_pair: dict[str, Any]) -> list[dict[str, Any]]:
+        """The ports of its ephemeral range ``peer`` named in its hello, all reached at once."""
+        with self.cond:
+            hello = self.greeted.get(peer.host, {})
+        ports = _announced(hello, self.req.port)
+        if ports is None:
+            cause = "its hello names ephemeral ports that are not a short list of TCP ports"
+            return [{**check_pair, "ok": False, "cause": cause, "label": EPHEMERAL_LABEL}]
+        results: list[dict[str, Any]] = [{} for _ in ports]
+
+        def work(i: int, port: int) -> None:
+            results[i] = self._probe(peer, Port(port, EPHEMERAL_LABEL))
+
+        threads = [threading.Thread(target=work, args=(i, port), daemon=True) for i, port in enumerate(ports)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
 
     def _deliver(self, peer: Peer, report: bytes) -> None:
         cause = "timed out"

@@ -4,8 +4,10 @@ Pure: from the plan. A topology needs the check when its hosts talk to each othe
 spanning hosts, prefill/decode pools, a router). Every host of it listens on the ports its peers
 will reach (each unit's ports on the host's address; an API bound to loopback is nobody else's
 business) and reaches every port every other host listens on, plus the check's own port, where a
-bounded bandwidth test also runs. The hosts run ``hostside/commcheck.py`` at the same time and
-exchange results, so a failure anywhere fails every host of the topology.
+bounded bandwidth test also runs, and ``comm_check.ephemeral_ports`` ports of each host's
+ephemeral range, where NCCL, Gloo, UCX and the engines listen on ports no plan can name. The
+hosts run ``hostside/commcheck.py`` at the same time and exchange results, so a failure anywhere
+fails every host of the topology.
 """
 
 from __future__ import annotations
@@ -62,4 +64,5 @@ def check_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: 
         ],
         "bandwidth": {"bytes": check.bytes, "min_mbit_s": check.min_mbit_s, "max_s": check.max_s},
         "deadline_s": check.deadline_s,
+        "ephemeral": check.ephemeral_ports,
     }

@@ -33,9 +33,11 @@ def _checks(recipe: Recipe, hosts: Sequence[HostPlan]) -> str | None:
     """What gates an engine (re)start of the topology, in one line; None when nothing does."""
     topology = recipe.topologies[hosts[0].topology]
     parts = []
+    comm = topology.comm_check
     if needs_check(hosts):
-        parts.append(f"communication check (every port between hosts, >= {topology.comm_check.min_mbit_s:g} Mbit/s)")
-    check = topology.comm_check.all_reduce
+        sample = f" and {comm.ephemeral_ports} of each host's ephemeral range" if comm.ephemeral_ports else ""
+        parts.append(f"communication check (every port between hosts{sample}, >= {comm.min_mbit_s:g} Mbit/s)")
+    check = comm.all_reduce
     if check is not None:
         instances: dict[tuple[str, str, int], int] = {}
         for h in hosts:

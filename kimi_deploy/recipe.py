@@ -402,6 +402,9 @@ class CommCheck(Strict):
     bytes: Positive = 32 * 2**20
     max_s: Annotated[float, Field(gt=0, le=60)] = 3.0
     deadline_s: Annotated[float, Field(ge=2, le=600)] = 20.0
+    # ports of each host's ephemeral range (net.ipv4.ip_local_port_range) every peer must reach too:
+    # NCCL, Gloo, UCX and the engines listen on ports the kernel picks from it at start
+    ephemeral_ports: Annotated[int, Field(ge=0, le=8)] = 2
     # an all-reduce across the topology's engine hosts, with the engine release's own torch
     all_reduce: AllReduce | None = None
 

@@ -105,9 +105,9 @@ def test_plan_says_what_gates_an_engine_start() -> None:
             gates[topology] = line.removeprefix("  before start: ")
     assert gates == {
         "single-node": "all-reduce per instance (nccl, 8 ranks), busbw >= 370 GB/s at 1 GiB",
-        "gb300-pd": "communication check (every port between hosts, >= 1000 Mbit/s)",
-        "tpu7x": "communication check (every port between hosts, >= 1000 Mbit/s)",
-        "tokenspeed-multi": "communication check (every port between hosts, >= 1000 Mbit/s); "
+        "gb300-pd": "communication check (every port between hosts and 2 of each host's ephemeral range, >= 1000 Mbit/s)",
+        "tpu7x": "communication check (every port between hosts and 2 of each host's ephemeral range, >= 1000 Mbit/s)",
+        "tokenspeed-multi": "communication check (every port between hosts and 2 of each host's ephemeral range, >= 1000 Mbit/s); "
         "then all-reduce per instance (nccl, 16 ranks), busbw >= 300 GB/s at 1 GiB",
     }
 

@@ -436,3 +436,60 @@ def test_a_peer_failure_text_that_would_break_the_log_line_is_not_taken() -> Non
         ("peer", "kimi-h1\u2028"),
     ]:
         assert not check._valid_failure({**good, field: bad}), (field, bad)
+
+
+def _ephemeral_starts(count: int) -> list[int]:
+    """Where hostside/commcheck.py starts looking for a free port of this host's ephemeral range."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+        low, high = (int(v) for v in f.read().split())
+    step = (high - low) // (count + 1)
+    return [low + k * step for k in range(1, count + 1)]
+
+
+def test_every_peer_reaches_ports_of_each_hosts_ephemeral_range() -> None:
+    topo = topology(3)
+    requests = [{**r, "ephemeral": 2} for r in topo.requests]
+    outcomes = run(requests)
+    starts = _ephemeral_starts(2)
+    listening: dict[str, list[int]] = {}
+    for outcome in outcomes:
+        assert (outcome.rc, outcome.stderr) == (0, ""), outcome.stderr
+        ports = [e["port"] for e in outcome.result["listen"] if e["label"] == "ephemeral range"]
+        # the first free port from each of two points spread over the range
+        assert len(ports) == 2
+        assert all(start <= port < start + 64 for start, port in zip(starts, ports, strict=True))
+        listening[outcome.result["host"]] = ports
+    for outcome in outcomes:
+        reached = {(p["to"], p["port"]) for p in outcome.result["pairs"] if p["label"] == "ephemeral range" and p["ok"]}
+        others = [h for h in listening if h != outcome.result["host"]]
+        assert reached == {(h, port) for h in others for port in listening[h]}
+
+
+def test_an_ephemeral_port_a_client_socket_holds_is_passed_over() -> None:
+    topo = topology(2)
+    first = _ephemeral_starts(1)[0]
+    taken = topo.requests[1]["address"]
+    # kimi-h2's first candidate is bound by some client socket: it listens on the next port instead
+    with held(taken, first, listen=False):
+        outcomes = run([{**r, "ephemeral": 1} for r in topo.requests])
+    assert [o.rc for o in outcomes] == [0, 0], [o.stderr for o in outcomes]
+    h1, h2 = outcomes
+    assert [e["port"] for e in h2.result["listen"] if e["label"] == "ephemeral range"] == [first + 1]
+    assert pair(h1, "kimi-h2", first + 1)["ok"] is True
+
+
+@pytest.mark.parametrize(
+    ("said", "taken"),
+    [
+        ([40001, 40002], [40001, 40002]),
+        ([40001, 40001], [40001]),
+        (["40001"], None),
+        ([80], None),
+        ([40001.0], None),
+        (list(range(40001, 40010)), None),
+        ([12345], None),  # the check's own port
+        ("40001", None),
+    ],
+)
+def test_a_peers_ephemeral_ports_are_taken_only_as_a_short_list_of_tcp_ports(said: Any, taken: Any) -> None:
+    assert _commcheck()._announced({"ephemeral": said}, 12345) == taken
