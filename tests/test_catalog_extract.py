@@ -690,7 +690,7 @@ def test_a_release_recorded_as_base_and_additions_reads_as_both(
 ) -> None:
     # How a pinned release not yet on the index is recorded until its wheel is published.
     (tmp_path / "vllm-0.33.0.json").write_text((CATALOG_DIR / "vllm-0.33.0.json").read_text(encoding="utf-8"))
-    added = {"--kimi-future-flag": {"aliases": [], "choices": None, "takes_value": False}}
+    added: dict[str, Any] = {"--kimi-future-flag": {"aliases": [], "choices": None, "takes_value": False}}
     record = {"engine": "vllm", "version": "9.9.9", "base": "0.33.0", "note": "not yet published",
               "additions": {"flags": added, "registries": {"tool_call_parser": ["kimi_k9"]}}}  # fmt: skip
     (tmp_path / "vllm-9.9.9.json").write_text(json.dumps(record), encoding="utf-8")
