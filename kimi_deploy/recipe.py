@@ -38,6 +38,14 @@ Positive = Annotated[int, Field(ge=1)]
 _HEADROOM_PERCENT = 110
 # The distribution of the Mooncake store's master (``mooncake_master``) and client.
 MOONCAKE_PACKAGE = "mooncake-transfer-engine"
+# What a KV connector imports, and the distributions that install it (vLLM 0.34.0: NixlConnector
+# imports nixl._api, which only the nixl package provides, 1.5.0 or newer (distributed/nixl_utils.py);
+# MooncakeStoreConnector imports mooncake.store (kv_connector/v1/mooncake/store/worker.py), from
+# mooncake-transfer-engine, built for CUDA 12, or its CUDA 13 build; vLLM's wheel has no extra for either).
+CONNECTOR_PACKAGES: dict[str, tuple[str, ...]] = {
+    "NixlConnector": ("nixl",),
+    "MooncakeStoreConnector": ("mooncake-transfer-engine-cuda13", "mooncake-transfer-engine"),
+}
 # The TPU runtime a TPU engine loads (jax[tpu] requires it: jax 0.10.2 takes libtpu 0.0.42.*).
 TPU_RUNTIME = "libtpu"
 
@@ -559,6 +567,14 @@ class Recipe(Strict):
                 raise ValueError(f"{where}.engine: {topo.engine!r} has no pinned release under engines")
             if topo.max_model_len not in ladder:
                 raise ValueError(f"{where}.max_model_len: {topo.max_model_len} is not a context_ladder step {ladder}")
+            release = self.engines[topo.engine]
+            for connector in topo.kv_transfer.connectors if topo.kv_transfer else []:
+                needed = CONNECTOR_PACKAGES.get(connector, ())
+                if needed and not set(needed) & set(release.packages):
+                    raise ValueError(
+                        f"{where}.kv_transfer.connectors: {connector} needs {' or '.join(needed)} in the "
+                        f"engine's release: pin it under engines.{topo.engine}.packages"
+                    )
             if topo.router is not None and topo.router.package not in self.routers:
                 raise ValueError(f"{where}.router.package: {topo.router.package!r} has no pinned release under routers")
             if topo.mooncake_master:

@@ -3,8 +3,11 @@
 ``build_all(index_root)`` writes ``index_root/files/*.whl`` (what ``localcluster.pkgindex`` serves):
 ``vllm``, ``sglang`` and ``tokenspeed`` with their real console scripts and module paths running the
 stand-in engine of ``standins/kimi_standin`` (shipped in each) with the flag catalog of the release
-they stand in for, and ``fastsafetensors`` (an empty module). The routers are the real wheels from
-PyPI (``localcluster.pypi_mirror``): they run on CPU.
+they stand in for, and ``fastsafetensors`` and ``nixl`` (empty modules: the GPU weight loader, and
+NIXL, whose real wheels are CUDA builds that pull torch in, for the KV transfers the stand-in engines
+do not make; the deploy relies on nothing of either but that its pin installs in the release). The
+routers are the real wheels from PyPI (``localcluster.pypi_mirror``): they run on CPU, as does the
+Mooncake client and master of mooncake-transfer-engine.
 Wheels are byte-for-byte reproducible (fixed timestamps and order): rebuilding changes no file.
 """
 
@@ -32,6 +35,7 @@ DEFAULT_RELEASES: dict[str, list[str]] = {
     "sglang": ["0.5.23"],
     "tokenspeed": ["0.1.1"],
     "fastsafetensors": ["0.5.0"],
+    "nixl": ["1.5.1"],
 }
 # The earliest time a zip entry can carry: a wheel's bytes must not depend on when it was built.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -65,6 +69,7 @@ PROJECTS: dict[str, Project] = {
         engine="tokenspeed",
     ),
     "fastsafetensors": Project("fastsafetensors"),
+    "nixl": Project("nixl"),
 }
 
 

@@ -51,7 +51,7 @@ def test_plan_json_is_the_full_spec() -> None:
     assert len(data["hosts"]) == 23
     d2 = next(h for h in data["hosts"] if h["host"] == "gb300-d02")
     assert (d2["pool"], d2["node_rank"], d2["dp_start_rank"], d2["leader"]) == ("decode", 1, 4, "gb300-d01")
-    assert d2["units"][0]["argv"][:2] == ["/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0/bin/vllm", "serve"]
+    assert d2["units"][0]["argv"][:2] == ["/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm", "serve"]
 
 
 def test_render_writes_each_hosts_files_and_no_secret(tmp_path: Path) -> None:

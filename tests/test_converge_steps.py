@@ -138,7 +138,7 @@ def test_an_engine_change_installs_the_release_and_restarts_every_engine_in_its_
     after = _plans(_with(recipe, vllm="0.34.1"), prod)
     probed = {h: probe(todo) for h, (_, todo) in before.items()}
     first, second, router = (steps_of(h, after, probed) for h in ("gb300-p01", "gb300-p03", "gb300-rt01"))
-    assert first.releases[0].release.path.endswith("/vllm-0.34.1+fastsafetensors-0.5.0")
+    assert first.releases[0].release.path.endswith("/vllm-0.34.1+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1")
     assert first.releases[0].current is None  # a new release folder: installed beside the old one
     assert first.releases[0].lock is not None
     assert first.restarting == {"kimi-vllm"}
@@ -188,7 +188,7 @@ def test_converging_back_to_earlier_pins_returns_to_the_earlier_release(recipe: 
     assert todo.release == _plans(recipe, prod)["gb300-p01"][1].release
     assert steps.restarting == {"kimi-vllm"}
     assert [b.place for b in steps.batches] == [True, False, False]
-    assert steps.releases[0].release.path.endswith("/vllm-0.34.0+fastsafetensors-0.5.0")
+    assert steps.releases[0].release.path.endswith("/vllm-0.34.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1")
     # converged back, the next run is a no-op again
     back = {h: probe(t) for h, (_, t) in earlier.items()}
     assert steps_of("gb300-p01", earlier, back).restarting == frozenset()

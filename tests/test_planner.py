@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -32,7 +33,7 @@ def _with_topology(recipe: Recipe, name: str, **update: object) -> Recipe:
 def test_single_node_is_the_reference_vllm_command(full: Plan) -> None:
     (unit,) = full.for_host("b300-01").units
     assert unit.argv == (
-        "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0/bin/vllm",
+        "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm",
         "serve",
         MODEL,
         "--served-model-name",
@@ -115,6 +116,41 @@ def test_kv_transport_is_explicit(full: Plan) -> None:
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
     files = full.for_host("gb300-d01").units[0].files
     assert files["/etc/kimi/mooncake.json"].data["mooncake"]["protocol"] == "rdma"
+
+
+def test_pd_connectors_take_the_roles_of_their_pool(full: Plan) -> None:
+    def kv_config(host: str) -> dict[str, object]:
+        argv = full.for_host(host).units[0].argv
+        config: dict[str, object] = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        return config
+
+    def connectors(role: str, nixl: str, store: str) -> dict[str, object]:
+        return {
+            "kv_connector": "MultiConnector",
+            "kv_role": role,
+            "kv_connector_extra_config": {"connectors": [
+                {"kv_connector": "NixlConnector", "kv_role": nixl},
+                {"kv_connector": "MooncakeStoreConnector", "kv_role": store},
+            ]},
+        }  # fmt: skip
+
+    # NIXL first (a MultiConnector loads from the first connector that holds the blocks)
+    assert kv_config("gb300-p01") == connectors("kv_producer", "kv_producer", "kv_both")
+    assert kv_config("gb300-d01") == connectors("kv_consumer", "kv_consumer", "kv_consumer")
+    for host in ("gb300-p01", "gb300-d01"):
+        unit = full.for_host(host).units[0]
+        assert unit.env["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
+        assert unit.env["MOONCAKE_REQUESTER_LOCAL_HOSTNAME"] == full.for_host(host).address
+        assert unit.files["/etc/kimi/mooncake.json"].data["mooncake"] == {
+            "metadata_server": "http://10.41.0.50:8080/metadata",
+            "master_server_address": "10.41.0.50:50051",
+            "protocol": "rdma",
+            "device_name": "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+            "mode": "embedded",
+            "global_segment_size": "4GB",
+            "local_buffer_size": "4GB",
+            "enable_offload": False,
+        }
 
 
 def test_tpu_slice_runs_sglang_jax_across_eight_hosts_counting_two_devices_a_chip(full: Plan) -> None:

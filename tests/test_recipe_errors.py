@@ -239,6 +239,18 @@ CASES: list[tuple[str, Mutation, str]] = [
         "topologies.tpu7x.engine: 'sglang-jax' has no pinned release under engines",
     ),
     (
+        "connector-package-not-pinned",
+        _delete(("engines", "vllm", "packages", "nixl")),
+        "topologies.gb300-pd.kv_transfer.connectors: NixlConnector needs nixl in the engine's release: "
+        "pin it under engines.vllm.packages",
+    ),
+    (
+        "store-client-not-pinned",
+        _delete(("engines", "vllm", "packages", "mooncake-transfer-engine-cuda13")),
+        "topologies.gb300-pd.kv_transfer.connectors: MooncakeStoreConnector needs mooncake-transfer-engine-cuda13 "
+        "or mooncake-transfer-engine in the engine's release: pin it under engines.vllm.packages",
+    ),
+    (
         "router-not-pinned",
         _delete(("routers", "vllm-router")),
         "topologies.gb300-pd.router.package: 'vllm-router' has no pinned release under routers",

@@ -79,35 +79,63 @@ def check_layout(recipe_file: str, placement: Placement) -> None:
         )
 
 
+# Each connector's kv_role by the pool's role (vLLM 0.34.0). NixlConnector: kv_producer on prefill,
+# kv_consumer on decode (kv_both is deprecated: kv_connector/v1/nixl/connector.py).
+# MooncakeStoreConnector: kv_both on prefill (it stores and loads, as kv_producer does:
+# mooncake/store/worker.py), kv_consumer on decode (loads, stores nothing of its own), as vLLM's
+# docs/features/mooncake_store_connector_usage.md pairs them. Under MultiConnector every connector
+# needs a role of its own (multi_connector.py builds a KVTransferConfig per connector), and the
+# MultiConnector's own role decides what the scheduler does (a consumer frees its blocks late).
+ROLES: dict[str, dict[str, str]] = {
+    "prefill": {"MooncakeStoreConnector": "kv_both", "*": "kv_producer"},
+    "decode": {"*": "kv_consumer"},
+    "serve": {"*": "kv_both"},
+}
+# What vLLM 0.34.0's mooncake_store.py takes when the file leaves it out; written out all the same.
+MOONCAKE_SEGMENT = "4GB"  # each rank's share of the store, pinned host memory (global_segment_size)
+MOONCAKE_BUFFER = "4GB"  # each rank's transfer buffer (local_buffer_size)
+
+
+def _kv_role(placement: Placement, connector: str) -> str:
+    roles = ROLES[placement.pool.role]
+    return roles.get(connector, roles["*"])
+
+
 def _kv_transfer_config(recipe: Recipe, placement: Placement) -> str:
     kv = placement.topology.kv_transfer
     assert kv is not None
-    parts: list[dict[str, object]] = [{"kv_connector": n, "kv_role": "kv_both"} for n in kv.connectors]
+    parts: list[dict[str, object]] = [{"kv_connector": n, "kv_role": _kv_role(placement, n)} for n in kv.connectors]
     config: dict[str, object]
     if len(parts) == 1:
         config = parts[0]
     else:
         config = {
             "kv_connector": "MultiConnector",
-            "kv_role": "kv_both",
+            "kv_role": _kv_role(placement, "MultiConnector"),
             "kv_connector_extra_config": {"connectors": parts},
         }
     return json.dumps(config, separators=(",", ":"), sort_keys=True)
 
 
 def _mooncake_config(placement: Placement) -> dict[str, object]:
-    """The Mooncake store client's config: master and metadata on the store host, explicit transport."""
+    """The Mooncake store client's config, every key vLLM 0.34.0 reads (distributed/mooncake_store.py,
+    ``MooncakeStoreConfig.from_file``): master and metadata on the store host, the explicit
+    transport, each rank's segment in the store (``embedded``) and its transfer buffer. The
+    client's own address is not one of them: vLLM takes it from MOONCAKE_REQUESTER_LOCAL_HOSTNAME."""
     topo = placement.topology
     kv = topo.kv_transfer
     assert kv is not None
     store = placement.store_address or placement.leader.address
     devices = placement.host.vars.kimi_rdma_devices or []
     return {
-        "local_hostname": placement.host.address,
         "metadata_server": f"http://{store}:{topo.ports.mooncake_metadata}/metadata",
         "master_server_address": f"{store}:{topo.ports.mooncake_master}",
         "protocol": kv.transport,
         "device_name": ",".join(devices) if kv.transport == "rdma" else "",
+        "mode": "embedded",
+        "global_segment_size": MOONCAKE_SEGMENT,
+        "local_buffer_size": MOONCAKE_BUFFER,
+        "enable_offload": False,
     }
 
 
@@ -145,6 +173,10 @@ def _kv_transfer(
     files: dict[str, ConfigFile] = {}
     devices = host.vars.kimi_rdma_devices
     if "NixlConnector" in kv.connectors:
+        # Kimi K3's KDA layers keep Mamba-style state (models/kimi_k3/nvidia/kda.py: a MambaSpec),
+        # and NIXL moves it only in the "DS" conv-state layout: it asserts so at start, whatever
+        # the two sides' TP (kv_connector/v1/nixl/base_worker.py, vLLM 0.34.0). Other layers ignore it.
+        env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host.address
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(topo.ports.nixl_side_channel)
         for i in range(placement.dp_local):
@@ -159,6 +191,9 @@ def _kv_transfer(
     if "MooncakeStoreConnector" in kv.connectors:
         path = f"{config_dir}/{MOONCAKE_CONFIG}"
         env["MOONCAKE_CONFIG_PATH"] = path
+        # The address the store's peers reach this client at; else vLLM guesses it from the route to
+        # a public address (VLLM_HOST_IP unset: mooncake/rdma_utils.py, utils/network_utils.get_ip).
+        env["MOONCAKE_REQUESTER_LOCAL_HOSTNAME"] = host.address
         files[path] = ConfigFile("mooncake.json.j2", {"mooncake": _mooncake_config(placement)})
     return ["--kv-transfer-config", _kv_transfer_config(recipe, placement)], files
 

@@ -57,6 +57,9 @@ def pd_cluster() -> Iterator[dict[str, Any]]:
 def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
     data = gpu_recipe_data()
     vllm = data["topologies"]["demo-vllm"]
+    # The connectors' packages in the engines' release: NIXL (a stand-in: its real builds need CUDA)
+    # and the real Mooncake client (its CUDA 12 build, which runs here as the master beside it does).
+    data["engines"]["vllm"]["packages"].update({"nixl": "1.5.1", "mooncake-transfer-engine": MOONCAKE})
     data["routers"] = {"vllm-router": {"version": "0.1.17", "packages": {"mooncake-transfer-engine": MOONCAKE}}}
     data["topologies"] = {
         "demo-pd": {
