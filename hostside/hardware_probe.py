@@ -384,6 +384,8 @@ def _host(root: str) -> HostSection:
         "cpu_count": count,
         "os_release": _os_release(root),
         "kernel": kernel,
+        # the python3 the releases are installed with (hostside/venv_install.py runs under it too)
+        "python": ".".join(str(n) for n in sys.version_info[:3]),
     }
 
 

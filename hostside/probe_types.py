@@ -235,6 +235,7 @@ class HostSection(TypedDict):
     cpu_count: int | None
     os_release: dict[str, str | None]
     kernel: str
+    python: str
 
 
 class DiskRead(TypedDict):

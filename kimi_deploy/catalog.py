@@ -37,6 +37,8 @@ class Catalog:
     flags: dict[str, Flag]
     aliases: dict[str, str]
     registries: dict[str, tuple[str, ...]]
+    # the Pythons the release installs on, as its wheel's Requires-Python says (None: any)
+    requires_python: str | None = None
 
     def flag(self, token: str) -> Flag | None:
         name = self.aliases.get(token, token)
@@ -119,6 +121,7 @@ def load_catalog(engine: str, version: str) -> Catalog:
         flags=flags,
         aliases=aliases,
         registries={k: tuple(v) for k, v in (data.get("registries") or {}).items()},
+        requires_python=data.get("requires_python"),
     )
 
 

@@ -99,6 +99,7 @@ def parse_profile(raw: dict[str, Any]) -> dict[str, Any]:
             "version_id": host.get("os_release", {}).get("VERSION_ID"),
             "pretty": host.get("os_release", {}).get("PRETTY_NAME"),
             "kernel": host.get("kernel"),
+            "python": host.get("python"),
         },
         "disk": _disk(sections["disk"], errors),
         "drivers": _drivers(sections["drivers"]),

@@ -11,6 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.host_profile import matches_model
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import CPU_ANY, HostPlan
@@ -129,8 +133,34 @@ def rdma(needs: Needs, profile: dict[str, Any]) -> str | None:
     return None
 
 
+def python(needs: Needs, profile: dict[str, Any]) -> str | None:
+    """The host's python3, which every release is installed with, against the Pythons the
+    engine's release installs on (its wheel's Requires-Python, in its catalog): a host it cannot
+    install on is named before anything changes, not by the resolver's error at install."""
+    spec = needs.spec
+    if spec.role == "router":
+        return None
+    engine = needs.recipe.topologies[spec.topology].engine
+    catalog = engine_catalog(needs.recipe, engine)
+    found = (profile.get("os") or {}).get("python")
+    if catalog.requires_python is None or not found:
+        return None
+    try:
+        fits = Version(found) in SpecifierSet(catalog.requires_python)
+    except (InvalidSpecifier, InvalidVersion):
+        return None
+    if fits:
+        return None
+    release = needs.recipe.engines[engine]
+    return (
+        f"python3: {release.distribution(engine)} {release.version} installs on Python "
+        f"{catalog.requires_python}, found {found}"
+    )
+
+
 GATES: tuple[Callable[[Needs, dict[str, Any]], str | None], ...] = (
     accelerators,
+    python,
     disk,
     host_ram,
     rdma,

@@ -405,6 +405,7 @@ BASE_KEYS = {
     "version",
     "source",
     "entry_points",
+    "requires_python",
     "launch",
     "flags",
     "registries",

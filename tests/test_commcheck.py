@@ -465,13 +465,25 @@ def test_every_peer_reaches_ports_of_each_hosts_ephemeral_range() -> None:
         assert reached == {(h, port) for h in others for port in listening[h]}
 
 
+def _moved(request: dict[str, Any], by: int) -> dict[str, Any]:
+    """``request`` with every host's loopback address moved ``by`` (127.0.0.2 -> 127.0.0.12): its
+    ports are in no TIME_WAIT another test's connections left on the addresses every test uses."""
+
+    def move(address: str) -> str:
+        head, last = address.rsplit(".", 1)
+        return f"{head}.{int(last) + by}"
+
+    peers = [{**p, "address": move(p["address"])} for p in request["peers"]]
+    return {**request, "address": move(request["address"]), "peers": peers}
+
+
 def test_an_ephemeral_port_a_client_socket_holds_is_passed_over() -> None:
     topo = topology(2)
+    requests = [_moved({**r, "ephemeral": 1}, 10) for r in topo.requests]
     first = _ephemeral_starts(1)[0]
-    taken = topo.requests[1]["address"]
     # kimi-h2's first candidate is bound by some client socket: it listens on the next port instead
-    with held(taken, first, listen=False):
-        outcomes = run([{**r, "ephemeral": 1} for r in topo.requests])
+    with held(requests[1]["address"], first, listen=False):
+        outcomes = run(requests)
     assert [o.rc for o in outcomes] == [0, 0], [o.stderr for o in outcomes]
     h1, h2 = outcomes
     assert [e["port"] for e in h2.result["listen"] if e["label"] == "ephemeral range"] == [first + 1]

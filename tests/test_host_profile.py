@@ -298,6 +298,8 @@ def test_b300_host_through_nvidia_smi(tmp_path: Path, listener: socket.socket) -
         "version_id": "24.04",
         "pretty": "Ubuntu 24.04.2 LTS",
         "kernel": "6.8.0-60-generic",
+        # the Python the probe ran under, here this one
+        "python": ".".join(str(n) for n in sys.version_info[:3]),
     }
     disk = profile["disk"]
     # The weights directory does not exist yet: its nearest existing parent, on the xfs mount.

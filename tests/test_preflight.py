@@ -48,6 +48,27 @@ def test_a_host_that_matches_passes(recipe: Recipe, full: Plan) -> None:
     assert check(_needs(recipe, full, "gb300-p02"), GB300) == []
 
 
+@pytest.mark.parametrize(
+    ("host", "python", "line"),
+    [
+        ("b300-01", "3.12.3", None),
+        # Ubuntu 22.04's python3: vLLM 0.34.0's wheel requires 3.11 or newer
+        ("b300-01", "3.10.12", "b300-01: python3: vllm 0.34.0 installs on Python <3.15,>=3.11, found 3.10.12"),
+        ("tpu7x-w0", "3.12.3", None),
+        # Debian 12's: sglang-jax has needed 3.12 since 0.0.1.post2
+        ("tpu7x-w0", "3.11.2", "tpu7x-w0: python3: sglang-jax 0.1.0rc0 installs on Python <3.14,>=3.12, found 3.11.2"),
+        ("gb300-rt01", "3.9.2", None),  # the router host installs no engine
+    ],
+)
+def test_a_host_whose_python_the_engine_release_does_not_install_on_is_named(
+    recipe: Recipe, full: Plan, host: str, python: str, line: str | None
+) -> None:
+    spec = full.for_host(host)
+    profile = _profile(4, "TPU7x", 0, vendor="tpu") if spec.accelerator_vendor == "tpu" else copy.deepcopy(B300)
+    profile["os"] = {"id": "ubuntu", "python": python}
+    assert [f for f in check(_needs(recipe, full, host), profile) if ": python3: " in f] == ([line] if line else [])
+
+
 def test_wrong_accelerators(recipe: Recipe, full: Plan) -> None:
     h100 = _profile(4, "NVIDIA H100 80GB HBM3", 81559)
     assert check(_needs(recipe, full, "gb300-d03"), h100) == [

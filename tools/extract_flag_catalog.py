@@ -88,6 +88,8 @@ def build_catalog(wheel_path: Path, profile: Profile) -> tuple[dict[str, object]
             "extractor": EXTRACTOR,
         },
         "entry_points": wheel.console_scripts(),
+        # the Pythons the release installs on (its wheel's Requires-Python; None: any)
+        "requires_python": meta.get("Requires-Python") or None,
         "launch": list(profile.launch),
         "flags": flags,
         "registries": extractor.registries(),

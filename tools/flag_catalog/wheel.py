@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import email.parser
 import hashlib
 import zipfile
 from collections.abc import Sequence
@@ -159,14 +160,13 @@ class Wheel:
         return mod
 
     def metadata(self) -> dict[str, str]:
+        """The first value of each field of the wheel's METADATA: an RFC 822 header (the core
+        metadata spec), whose fields may run on over indented lines, a License text for one."""
         text = self.read_text(f"{self.dist_info}/METADATA")
+        headers = email.parser.HeaderParser().parsestr(text)
         out: dict[str, str] = {}
-        for line in text.splitlines():
-            if not line.strip():
-                break
-            key, sep, value = line.partition(":")
-            if sep and key not in out:
-                out[key] = value.strip()
+        for key, value in headers.items():
+            out.setdefault(key, str(value).strip())
         return out
 
     def console_scripts(self) -> dict[str, str]:
