@@ -20,11 +20,11 @@ from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
-from kimi_deploy.host_paths import model_dir, router_dir, tool_dir
+from kimi_deploy.host_paths import model_dir, router_dir, store_dir, tool_dir
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import MOONCAKE_PACKAGE, Recipe
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
@@ -219,13 +219,22 @@ def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] |
     return secrets
 
 
+def _venv(package: str, version: str, packages: Mapping[str, str], path: str) -> VenvRelease:
+    """The release of ``package`` at ``version`` with its pinned ``packages``, installed at ``path``."""
+    requirements = [f"{package}=={version}", *(f"{name}=={pin}" for name, pin in sorted(packages.items()))]
+    return VenvRelease(package, version, path, requirements)
+
+
 def _releases(recipe: Recipe, spec: HostPlan) -> list[VenvRelease]:
-    """The host's releases: its router's, or its engine's and the Hub client's (weights syncs)."""
+    """The host's releases: its router's (and its KV store master's), or its engine's and the Hub
+    client's (weights syncs)."""
     if spec.role == "router":
-        router_release = recipe.routers[spec.engine]  # type: ignore[index]
-        requirements = [f"{spec.engine}=={router_release.version}"]
-        requirements += [f"{name}=={version}" for name, version in sorted(router_release.packages.items())]
-        return [VenvRelease(spec.engine, router_release.version, router_dir(recipe, spec.engine), requirements)]  # type: ignore[arg-type]
+        router = recipe.routers[spec.engine]  # type: ignore[index]
+        releases = [_venv(spec.engine, router.version, router.packages, router_dir(recipe, spec.engine))]  # type: ignore[arg-type]
+        if recipe.topologies[spec.topology].mooncake_master:
+            store = recipe.stores[MOONCAKE_PACKAGE]
+            releases.append(_venv(MOONCAKE_PACKAGE, store.version, store.packages, store_dir(recipe, MOONCAKE_PACKAGE)))
+        return releases
     release = recipe.engines[spec.engine]  # type: ignore[index]
     package = release.distribution(spec.engine)
     requirements = [f"{package}=={release.version}"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kimi_deploy.recipe import EngineName, Recipe, RouterName
+from kimi_deploy.recipe import EngineName, Recipe, RouterName, StoreName
 
 # A unit's cache folder (its CacheDirectory=kimi/<unit>, under systemd's /var/cache: templates/_hardening.j2).
 UNIT_CACHE_ROOT = "/var/cache/kimi"
@@ -26,6 +26,12 @@ def engine_dir(recipe: Recipe, engine: EngineName) -> str:
 def router_dir(recipe: Recipe, package: RouterName) -> str:
     """The virtual environment of the pinned router release (with its pinned extra packages)."""
     release = recipe.routers[package]
+    return release_dir(recipe.paths.engines, package, release.version, release.packages)
+
+
+def store_dir(recipe: Recipe, package: StoreName) -> str:
+    """The virtual environment of the pinned KV store release (the Mooncake master's)."""
+    release = recipe.stores[package]
     return release_dir(recipe.paths.engines, package, release.version, release.packages)
 
 

@@ -21,6 +21,8 @@ from kimi_deploy.yaml_file import read_yaml_mapping
 
 EngineName = Literal["vllm", "sglang", "sglang-jax", "tokenspeed"]
 RouterName = Literal["vllm-router", "sglang-router"]
+# Services a topology's router host keeps beside its router, each from a release of its own.
+StoreName = Literal["mooncake-transfer-engine"]
 PoolRole = Literal["serve", "prefill", "decode"]
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=63)]
@@ -37,7 +39,7 @@ Positive = Annotated[int, Field(ge=1)]
 # Weights must fit an instance's accelerator memory with room left for activations and KV cache.
 _HEADROOM_PERCENT = 110
 # The distribution of the Mooncake store's master (``mooncake_master``) and client.
-MOONCAKE_PACKAGE = "mooncake-transfer-engine"
+MOONCAKE_PACKAGE: StoreName = "mooncake-transfer-engine"
 # What a KV connector imports, and the distributions that install it (vLLM 0.34.0: NixlConnector
 # imports nixl._api, which only the nixl package provides, 1.5.0 or newer (distributed/nixl_utils.py);
 # MooncakeStoreConnector imports mooncake.store (kv_connector/v1/mooncake/store/worker.py), from
@@ -119,6 +121,15 @@ class EngineRelease(Strict):
     def distribution(self, engine: str) -> str:
         """The name the index knows the release by."""
         return self.package or engine
+
+
+class StoreRelease(Strict):
+    """One pinned release of a KV store's server (the Mooncake master of MooncakeStoreConnector:
+    ``mooncake_master`` of mooncake-transfer-engine), installed on the router host in a folder of
+    its own, beside the router's release rather than in it."""
+
+    version: Version
+    packages: dict[PackageName, Version] = {}
 
 
 class RouterRelease(Strict):
@@ -538,6 +549,7 @@ class Recipe(Strict):
     model: ModelSpec
     engines: dict[EngineName, EngineRelease]
     routers: dict[RouterName, RouterRelease] = {}
+    stores: dict[StoreName, StoreRelease] = {}
     drivers: Drivers = Drivers()
     tools: Tools
     weights: Weights = Weights()
@@ -577,14 +589,11 @@ class Recipe(Strict):
                     )
             if topo.router is not None and topo.router.package not in self.routers:
                 raise ValueError(f"{where}.router.package: {topo.router.package!r} has no pinned release under routers")
-            if topo.mooncake_master:
-                assert topo.router is not None
-                package = topo.router.package
-                if MOONCAKE_PACKAGE not in self.routers[package].packages:
-                    raise ValueError(
-                        f"{where}.kv_transfer.connectors: MooncakeStoreConnector's master runs on the router "
-                        f"host from {MOONCAKE_PACKAGE}: pin it under routers.{package}.packages"
-                    )
+            if topo.mooncake_master and MOONCAKE_PACKAGE not in self.stores:
+                raise ValueError(
+                    f"{where}.kv_transfer.connectors: MooncakeStoreConnector's master runs on the router "
+                    f"host from a release of its own: pin {MOONCAKE_PACKAGE} under stores"
+                )
             acc = topo.accelerators
             for pool_name, pool in topo.pools.items():
                 devices = pool.parallel.replica_devices

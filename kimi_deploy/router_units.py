@@ -5,10 +5,10 @@ router is ``kimi_deploy.gateway``)."""
 from __future__ import annotations
 
 from kimi_deploy.engines import engine
-from kimi_deploy.host_paths import router_dir
+from kimi_deploy.host_paths import router_dir, store_dir
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.placement import TopologyPlacement
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import MOONCAKE_PACKAGE, Recipe
 from kimi_deploy.servespec import Unit
 
 ROUTER_UNIT = "kimi-router"
@@ -67,7 +67,7 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
 
 
 def mooncake_master_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
-    """The Mooncake store's master, from the router's release (its pinned mooncake-transfer-engine).
+    """The Mooncake store's master, from its own release (``stores``: mooncake-transfer-engine).
 
     mooncake_master 0.3.13.post1 binds its HTTP metadata server to every address whatever
     ``--http_metadata_server_host`` says (measured: ``ss -ltn`` shows 0.0.0.0:8080; its RPC and
@@ -81,7 +81,7 @@ def mooncake_master_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
     address = tp.router.address
     ports = topo.ports
     argv = (
-        f"{router_dir(recipe, topo.router.package)}/bin/mooncake_master",
+        f"{store_dir(recipe, MOONCAKE_PACKAGE)}/bin/mooncake_master",
         f"--rpc_port={ports.mooncake_master}",
         f"--rpc_address={address}",
         "--enable_http_metadata_server=true",

@@ -297,13 +297,10 @@ def test_a_mooncake_topology_names_its_hosts_by_ip_address(recipe: Recipe, prod:
     )
 
 
-def test_the_mooncake_master_comes_from_the_routers_release_and_lets_in_its_topology_alone(full: Plan) -> None:
+def test_the_mooncake_master_comes_from_its_own_release_and_lets_in_its_topology_alone(full: Plan) -> None:
     master = full.for_host("gb300-rt01").units[0]
     argv = dict(a.removeprefix("--").split("=", 1) for a in master.argv[1:])
-    assert (
-        master.argv[0]
-        == "/opt/kimi/engines/vllm-router-0.1.17+mooncake-transfer-engine-0.3.13.post1/bin/mooncake_master"
-    )
+    assert master.argv[0] == "/opt/kimi/engines/mooncake-transfer-engine-0.3.13.post1/bin/mooncake_master"
     assert argv["rpc_address"] == argv["http_metadata_server_host"] == "10.41.0.50"
     assert (argv["rpc_port"], argv["http_metadata_server_port"]) == ("50051", "8080")
     # Its metrics and admin server would bind every address by default: loopback, told so.

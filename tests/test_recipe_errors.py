@@ -91,10 +91,10 @@ CASES: list[tuple[str, Mutation, str]] = [
         "smoke.tool_call.name: String should match pattern '^[A-Za-z0-9_-]{1,64}$', found str 'get weather; rm'",
     ),
     (
-        "mooncake-master-without-its-package",
-        _set((("routers", "vllm-router", "packages"), {})),
+        "mooncake-master-without-its-release",
+        _delete(("stores", "mooncake-transfer-engine")),
         "topologies.gb300-pd.kv_transfer.connectors: MooncakeStoreConnector's master runs on the router "
-        "host from mooncake-transfer-engine: pin it under routers.vllm-router.packages",
+        "host from a release of its own: pin mooncake-transfer-engine under stores",
     ),
     (
         "typo-max_model_len",

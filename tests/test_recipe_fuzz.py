@@ -67,7 +67,7 @@ _values: st.SearchStrategy[Any] = st.recursive(
 )
 
 # Mappings whose keys are names the user picks; every other mapping is a schema object.
-_NAME_MAPS = {"engines", "routers", "topologies", "pools", "env", "packages"}
+_NAME_MAPS = {"engines", "routers", "stores", "topologies", "pools", "env", "packages"}
 
 
 def _walk(node: Any, prefix: TreePath = ()) -> list[tuple[TreePath, Any]]:

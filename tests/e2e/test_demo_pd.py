@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
 )
 
-# The Mooncake master is the real one: mooncake-transfer-engine from PyPI, in the router's release.
+# The Mooncake master is the real one: mooncake-transfer-engine from PyPI, in a release of its own.
 MOONCAKE = "0.3.13.post1"
 PD = OwnCluster({
     "KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-pd", "KIMI_CLUSTER_SUBNET": "10.213.13.0/24",
@@ -60,7 +60,8 @@ def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
     # The connectors' packages in the engines' release: NIXL (a stand-in: its real builds need CUDA)
     # and the real Mooncake client (its CUDA 12 build, which runs here as the master beside it does).
     data["engines"]["vllm"]["packages"].update({"nixl": "1.5.1", "mooncake-transfer-engine": MOONCAKE})
-    data["routers"] = {"vllm-router": {"version": "0.1.17", "packages": {"mooncake-transfer-engine": MOONCAKE}}}
+    data["routers"] = {"vllm-router": {"version": "0.1.17"}}
+    data["stores"] = {"mooncake-transfer-engine": {"version": MOONCAKE}}
     data["topologies"] = {
         "demo-pd": {
             "engine": "vllm",
@@ -141,11 +142,14 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
 
 def _the_real_mooncake_master_serves_the_engines_config(pd_cluster: dict[str, Any], router: str) -> None:
     """The router host's Mooncake master (the real mooncake_master of mooncake-transfer-engine
-    0.3.13.post1, from the router's release) runs under the unit's hardening, binds where the
+    0.3.13.post1, from its own release beside the router's) runs under the unit's hardening, binds where the
     unit says, and answers at the addresses an engine's rendered mooncake.json names."""
     assert ssh("kimi-h4", "systemctl is-active kimi-mooncake-master", cluster_state=pd_cluster) == "active"
     pid = ssh("kimi-h4", "systemctl show -p MainPID --value kimi-mooncake-master", cluster_state=pd_cluster)
     assert ssh("kimi-h4", f"cat /proc/{pid}/comm", cluster_state=pd_cluster) == "mooncake_master"
+    # the binary of its own release, not the router's (its console script execs the bundled one)
+    exe = ssh("kimi-h4", f"readlink /proc/{pid}/exe", cluster_state=pd_cluster)
+    assert exe.startswith(f"/opt/kimi/engines/mooncake-transfer-engine-{MOONCAKE}/"), exe
     assert ssh("kimi-h4", f"ps -o user= -p {pid}", cluster_state=pd_cluster) == "kimi"
     listening = ssh("kimi-h4", f"ss -ltnpH | grep 'pid={pid},' | awk '{{print $4}}' | sort", cluster_state=pd_cluster)
     # The RPC port and the metrics follow their flags; the HTTP metadata server binds every address
