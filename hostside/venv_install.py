@@ -39,48 +39,27 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import zlib
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
+from hostside.boundary_index import project_versions
 from hostside.boundary_lock import check_lock, freeze_pins, is_name
 from hostside.boundary_text import shown
 
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
 # Names in the index's file links: "name-1.2.3-py3-none-any.whl", "name-1.2.3.tar.gz".
-_FILE = re.compile(r'href="(?:[^"]*/)?([^/"#]+?)(?:\.whl|\.tar\.gz|\.zip)[#"]')
 _DOWN = (
     r"503|502|504|Connection refused|tcp connect error|error sending request|timed out|"
     r"Network is unreachable|dns error|Max retries exceeded|Could not fetch URL"
 )
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _available(index_url: str, project: str) -> str | None:
     """The versions of ``project`` the index lists, in its order ("none": it lists none); None
     when the index does not answer."""
-    try:
-        with urllib.request.urlopen(f"{index_url.rstrip('/')}/{_norm(project)}/", timeout=10) as page:  # noqa: S310
-            html = page.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return "none" if exc.code == 404 else None
-    except (OSError, ValueError):
-        return None
-    versions: list[str] = []
-    for stem in _FILE.findall(html):
-        name, _, rest = stem.partition("-")
-        while rest and _norm(name) != _norm(project):  # a project name with "-" in an sdist's name
-            more, _, rest = rest.partition("-")
-            name = f"{name}-{more}"
-        version = rest.split("-")[0]
-        if version and version not in versions:
-            versions.append(version)
-    return ", ".join(versions) or "none"
+    versions = project_versions(index_url, project)
+    return None if versions is None else ", ".join(versions) or "none"
 
 
 def _reason(output: str, index_url: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hub_lock import make_lock
+from kimi_deploy.index_pins import missing_pins
 from kimi_deploy.lockfile import lock_path
 from kimi_deploy.parsers import ParseError, ibstat, ibv_devinfo, nccl_tests, nvidia_smi_query, nvidia_smi_topo, tpu_pci
 from kimi_deploy.plan_table import format_plan
@@ -31,9 +32,17 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    _, result = _plan(args)
+    recipe, result = _plan(args)
     topologies = sorted({h.topology for h in result.hosts})
+    if args.index:
+        missing = missing_pins(recipe, args.index)
+        for line in missing:
+            print(f"kimi-deploy: {args.recipe}: {line}", file=sys.stderr)
+        if missing:
+            return 1
     print(f"ok: {args.recipe} x {args.inventory}: {len(result.hosts)} hosts in {', '.join(topologies)}")
+    if args.index:
+        print(f"ok: every release the recipe pins is on {args.index}")
     return 0
 
 
@@ -125,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a recipe and an inventory together; change nothing")
     validate.add_argument("recipe")
     validate.add_argument("inventory")
+    validate.add_argument(
+        "--index",
+        metavar="URL",
+        help="also ask this package index (PEP 503 simple URL, e.g. https://pypi.org/simple) whether it lists "
+        "every release the recipe pins",
+    )
     validate.set_defaults(func=_validate)
     show = sub.add_parser("plan", help="print every host's serve spec (pool, rank, ports, argv)")
     show.add_argument("recipe")

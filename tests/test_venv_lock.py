@@ -237,8 +237,8 @@ def test_available_versions_are_read_from_the_index_page(monkeypatch: pytest.Mon
         def __exit__(self, *exc: object) -> None:
             pass
 
-        def read(self) -> bytes:
-            return page.encode()
+        def read(self, limit: int = -1) -> bytes:
+            return page.encode()[:limit] if limit >= 0 else page.encode()
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: Page())
     assert venv_install._available(INDEX, "fastsafetensors") == "0.5.0, 0.4.2"
