@@ -362,7 +362,8 @@ class Check:
         # This host itself, as its own listener sees its probe step (phases ``probe``, ``verdict``)
         self.me = Peer(req.me, req.address, ())
         self.probed: dict[str, Any] | None = None
-        self.hello = _line({"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me})
+        self.ephemeral: list[int] = []  # this host's listeners in its ephemeral range
+        self.hello = self._hello()
         self.cond = threading.Condition()
         self.reports: dict[str, dict[str, Any]] = {}
         self.delivered: dict[str, str | None] = {}  # peer -> None when acknowledged, else why not
@@ -371,7 +372,6 @@ class Check:
         self.rejected: list[str] = []
         self.local: list[dict[str, Any]] = []
         self.stop = threading.Event()
-        self.ephemeral: list[int] = []  # this host's listeners in its ephemeral range
         self.greeted: dict[str, dict[str, Any]] = {}  # peer -> the hello of its comm check port
 
     def _left(self, until: float) -> float:
@@ -426,7 +426,12 @@ class Check:
                 continue
             self.listening[sock] = entry
         self._open_ephemeral()
-        self.hello = _line({"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me, "ephemeral": self.ephemeral})
+        self.hello = self._hello()
+
+    def _hello(self) -> bytes:
+        """What this host's listeners say first: the run, the host, its ports of the ephemeral range."""
+        req = self.req
+        return _line({"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me, "ephemeral": self.ephemeral})
 
     def _open_ephemeral(self) -> None:
         """Listeners on ``ephemeral`` ports of this host's range: the first free port from each of

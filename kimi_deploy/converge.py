@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,10 +219,12 @@ def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] |
     return secrets
 
 
-def _venv(package: str, version: str, packages: Mapping[str, str], path: str) -> VenvRelease:
+def _venv(
+    package: str, version: str, packages: Mapping[str, str], path: str, without: Sequence[str] = ()
+) -> VenvRelease:
     """The release of ``package`` at ``version`` with its pinned ``packages``, installed at ``path``."""
     requirements = [f"{package}=={version}", *(f"{name}=={pin}" for name, pin in sorted(packages.items()))]
-    return VenvRelease(package, version, path, requirements)
+    return VenvRelease(package, version, path, requirements, sorted(without))
 
 
 def _releases(recipe: Recipe, spec: HostPlan) -> list[VenvRelease]:
@@ -236,13 +238,10 @@ def _releases(recipe: Recipe, spec: HostPlan) -> list[VenvRelease]:
             releases.append(_venv(MOONCAKE_PACKAGE, store.version, store.packages, store_dir(recipe, MOONCAKE_PACKAGE)))
         return releases
     release = recipe.engines[spec.engine]  # type: ignore[index]
-    package = release.distribution(spec.engine)
-    requirements = [f"{package}=={release.version}"]
-    requirements += [f"{name}=={version}" for name, version in sorted(release.packages.items())]
     hub = recipe.tools.huggingface_hub
     return [
-        VenvRelease(package, release.version, spec.engine_dir, requirements, sorted(release.without)),
-        VenvRelease("huggingface_hub", hub, tool_dir(recipe, "huggingface_hub", hub), [f"huggingface_hub=={hub}"]),
+        _venv(release.distribution(spec.engine), release.version, release.packages, spec.engine_dir, release.without),
+        _venv("huggingface_hub", hub, {}, tool_dir(recipe, "huggingface_hub", hub)),
     ]
 
 
