@@ -379,26 +379,34 @@ class Check:
 
     # --- listening side -------------------------------------------------------------------------
 
+    def _listener(self, port: int) -> socket.socket:
+        """A non-blocking listener on ``port`` of this host's address (raises OSError)."""
+        sock = socket.socket(self.req.family, socket.SOCK_STREAM)
+        # SO_REUSEADDR only passes sockets in TIME_WAIT; a live listener still makes bind fail.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.req.address, port))
+            sock.listen(socket.SOMAXCONN)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _entry(self, port: Port) -> dict[str, Any]:
+        """``port``'s line of this host's answer (``listen``), listening until told otherwise."""
+        entry: dict[str, Any] = {"port": port.port, "label": port.label, "state": "listening", "error": None,
+                                 "accepted_from": []}  # fmt: skip
+        self.listen.append(entry)
+        return entry
+
     def _open(self) -> None:
         req = self.req
         for port in (Port(req.port, CHECK_LABEL), *req.listen):
-            entry: dict[str, Any] = {
-                "port": port.port,
-                "label": port.label,
-                "state": "listening",
-                "error": None,
-                "accepted_from": [],
-            }
-            self.listen.append(entry)
-            sock = socket.socket(req.family, socket.SOCK_STREAM)
-            # SO_REUSEADDR only passes sockets in TIME_WAIT; a live listener still makes bind fail.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            entry = self._entry(port)
             try:
-                sock.bind((req.address, port.port))
-                sock.listen(socket.SOMAXCONN)
-                sock.setblocking(False)
+                sock = self._listener(port.port)
             except OSError as exc:
-                sock.close()
                 where = f"{req.me}: {_hostport(req.address, port.port)} ({port.label})"
                 if exc.errno == errno.EADDRINUSE and port.port != req.port:
                     # Whoever holds it (the engine serving now) answers the peers in our stead.
@@ -447,20 +455,12 @@ class Check:
             for port in range(start, min(high, start + EPHEMERAL_TRIES) + 1):
                 if port in taken:
                     continue
-                sock = socket.socket(req.family, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    sock.bind((req.address, port))
-                    sock.listen(socket.SOMAXCONN)
-                    sock.setblocking(False)
+                    sock = self._listener(port)
                 except OSError:
-                    sock.close()
                     continue
                 taken.add(port)
-                entry = {"port": port, "label": EPHEMERAL_LABEL, "state": "listening", "error": None,
-                         "accepted_from": []}  # fmt: skip
-                self.listen.append(entry)
-                self.listening[sock] = entry
+                self.listening[sock] = self._entry(Port(port, EPHEMERAL_LABEL))
                 self.ephemeral.append(port)
                 break
         if len(self.ephemeral) < req.ephemeral:

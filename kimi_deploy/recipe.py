@@ -609,7 +609,7 @@ class Recipe(Strict):
             vendor = acc.vendor
             if vendor == "nvidia" and self.drivers.nvidia is None:
                 raise ValueError(f"{where}.accelerators: nvidia hosts need drivers.nvidia pinned")
-            if vendor == "tpu" and TPU_RUNTIME not in self.engines[topo.engine].packages:
+            if vendor == "tpu" and TPU_RUNTIME not in release.packages:
                 raise ValueError(
                     f"{where}.accelerators: tpu hosts run the TPU runtime of their engine's release: "
                     f"pin {TPU_RUNTIME} (with the jax and jaxlib it was built for) under engines.{topo.engine}.packages"
