@@ -41,10 +41,12 @@ HGX_GPUS = 8
 # Grace Blackwell trays: their GPUs reach the NVLink switch trays of the rack (GB200/GB300 NVL).
 NVL_PREFIX = "GB"
 
-# The kernel's default (65530) caps the memory mappings of a process; an engine mapping ~1.5 TB of
-# weight shards beside a host-DRAM KV cache twice the size of HBM needs far more of them.
+# The kernel's default (65530) caps the memory mappings of a process; the TPU runtime maps far more.
+# 8388608 is what vLLM's TPU backend sets on v7x hosts, "Required to prevent vLLM crashes due to
+# memory mapping limits" (vllm-project/tpu-inference .buildkite/kubernetes/manifests/v7x/
+# single_decode.yaml:51-53, commit b8692ff0); sglang-jax's documents name no value.
 TPU_SYSCTL_FILE = "/etc/sysctl.d/60-kimi-tpu.conf"
-TPU_SYSCTL = {"vm.max_map_count": "1048576"}
+TPU_SYSCTL = {"vm.max_map_count": "8388608"}
 
 Reboot = Literal["no", "yes", "check"]
 

@@ -19,7 +19,10 @@ def common_env(placement: Placement) -> dict[str, str]:
     }
     host_vars = placement.host.vars
     nvidia = placement.topology.accelerators.vendor == "nvidia"
-    if host_vars.kimi_socket_ifname:
+    # Gloo is torch.distributed's: a TPU engine runs on JAX (sglang-jax installs no torch), whose
+    # hosts meet through its coordinator (--dist-init-addr) and the TPU runtime.
+    torch = placement.topology.accelerators.vendor != "tpu"
+    if host_vars.kimi_socket_ifname and torch:
         env["GLOO_SOCKET_IFNAME"] = host_vars.kimi_socket_ifname
         if nvidia:
             env["NCCL_SOCKET_IFNAME"] = host_vars.kimi_socket_ifname

@@ -11,7 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kimi_deploy.emitted import emissions
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.fidelity_ledger import gaps, read_citations, render
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.index_pins import missing_pins
 from kimi_deploy.lockfile import lock_path
@@ -119,6 +121,32 @@ def _facts_parse(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ledger(args: argparse.Namespace) -> int:
+    recipe, result = _plan(args)
+    emitted = emissions(recipe, result)
+    citations = read_citations({e.program for e in emitted})
+    found = gaps(emitted, citations)
+    for line in found.lines():
+        print(f"kimi-deploy: {line}", file=sys.stderr)
+    text = render(args.recipe, args.inventory, emitted, citations)
+    if args.check is None:
+        sys.stdout.write(text)
+    else:
+        try:
+            kept = Path(args.check).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(args.check, "", f"cannot read: {exc.strerror or exc}") from None
+        if kept != text:
+            print(
+                f"kimi-deploy: {args.check}: differs from the ledger of the plan; "
+                f"make it anew with: kimi-deploy ledger {args.recipe} {args.inventory} > {args.check}",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"ok: {args.check} is the ledger of {args.recipe} x {args.inventory}: {len(emitted)} emissions")
+    return 1 if found.uncited else 0
+
+
 def _init(args: argparse.Namespace) -> int:
     target = Path(args.dir)
     written = init(target)
@@ -148,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print the plan as JSON")
     show.add_argument("--render", metavar="DIR", help="write every host's rendered files under DIR/<host>/")
     show.set_defaults(func=_show_plan)
+    ledger = sub.add_parser(
+        "ledger", help="every flag, variable, config key and unit directive the plan emits, with its source"
+    )
+    ledger.add_argument("recipe")
+    ledger.add_argument("inventory")
+    ledger.add_argument("--topology", help="only this topology of the recipe")
+    ledger.add_argument("--check", metavar="FILE", help="compare with a ledger kept in FILE instead of printing")
+    ledger.set_defaults(func=_ledger)
     lock = sub.add_parser("lock", help="record every file's size and digest at the recipe's pinned revision")
     lock.add_argument("recipe")
     lock.add_argument("--endpoint", help="Hub or mirror URL (default: HF_ENDPOINT or huggingface.co)")

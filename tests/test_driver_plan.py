@@ -200,7 +200,7 @@ def test_tpu_hosts_get_kernel_settings_and_nothing_of_nvidia(recipe: Recipe, ful
     assert p.refusals == ()
     assert p.sysctl is not None
     assert p.sysctl.file.path == "/etc/sysctl.d/60-kimi-tpu.conf"
-    assert p.sysctl.file.content.splitlines()[-1] == "vm.max_map_count = 1048576"
+    assert p.sysctl.file.content.splitlines()[-1] == "vm.max_map_count = 8388608"
     assert p.sysctl.current == {"vm.max_map_count": "65530"}
 
 
