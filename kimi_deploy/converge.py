@@ -24,7 +24,7 @@ from kimi_deploy.host_paths import model_dir, router_dir, store_dir, tool_dir
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
-from kimi_deploy.recipe import MOONCAKE_PACKAGE, Recipe
+from kimi_deploy.recipe import MOONCAKE_PACKAGE, Recipe, RouterFallback
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
@@ -200,22 +200,34 @@ def _hub_token(config_dir: str, environ: Mapping[str, str]) -> RenderedFile | No
     return RenderedFile(f"{config_dir}/secrets/hf-token", token + "\n", 0o600, "root", secret=True)
 
 
+def key_names(recipe: Recipe, spec: HostPlan) -> list[str]:
+    """Every name ``spec``'s units read the topology's key under: their secret environment
+    variables, and the engine's key in its secret config file."""
+    names = list(dict.fromkeys(name for u in spec.units for name in u.secret_env))
+    file_key = engine(recipe.topologies[spec.topology].engine).secret_file_key
+    if file_key is not None and any(u.kind == "engine" and u.secret_files for u in spec.units):
+        names.append(file_key)
+    return names
+
+
+def hosted_fallback(recipe: Recipe, spec: HostPlan) -> RouterFallback | None:
+    """The hosted API whose key (KIMI_FALLBACK_API_KEY) ``spec``'s host is handed: a router host's,
+    in a topology with a fallback."""
+    router = recipe.topologies[spec.topology].router
+    return router.fallback if spec.role == "router" and router is not None else None
+
+
 def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] | None:
     expose = deploy.recipe.topologies[deploy.spec.topology].expose
     if expose is None:
         return None
     field = f"topologies.{deploy.spec.topology}.expose.api_key"
     key = read_secret(expose.api_key, deploy.recipe_file, field, environ)
-    # under every name the host's units read it: their secret environment variables, and the
-    # engine's key in its secret config file
-    secrets = {name: key for u in deploy.spec.units for name in u.secret_env}
-    file_key = engine(deploy.recipe.topologies[deploy.spec.topology].engine).secret_file_key
-    if file_key is not None and any(u.kind == "engine" and u.secret_files for u in deploy.spec.units):
-        secrets[file_key] = key
-    router = deploy.recipe.topologies[deploy.spec.topology].router
-    if deploy.spec.role == "router" and router is not None and router.fallback is not None:
+    secrets = dict.fromkeys(key_names(deploy.recipe, deploy.spec), key)
+    hosted = hosted_fallback(deploy.recipe, deploy.spec)
+    if hosted is not None:
         where = f"topologies.{deploy.spec.topology}.router.fallback.api_key"
-        secrets["KIMI_FALLBACK_API_KEY"] = read_secret(router.fallback.api_key, deploy.recipe_file, where, environ)
+        secrets["KIMI_FALLBACK_API_KEY"] = read_secret(hosted.api_key, deploy.recipe_file, where, environ)
     return secrets
 
 

@@ -18,7 +18,7 @@ from typing import Literal
 import crossplane  # type: ignore[import-untyped]
 import yaml
 
-from kimi_deploy.engines import engine
+from kimi_deploy.converge import hosted_fallback, key_names
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.render import UNIT_DIR, RenderedFile, render_host
 from kimi_deploy.servespec import HostPlan, Plan, Unit
@@ -134,13 +134,8 @@ def _config_keys(f: RenderedFile) -> Iterator[tuple[str, str]]:
 
 
 def _secrets(spec: HostPlan, recipe: Recipe) -> dict[str, str]:
-    names = {n for u in spec.units for n in u.secret_env}
-    key = engine(recipe.topologies[spec.topology].engine).secret_file_key
-    if key is not None:
-        names.add(key)
-    router = recipe.topologies[spec.topology].router
-    if spec.role == "router" and router is not None and router.fallback is not None:
-        names.add("KIMI_FALLBACK_API_KEY")
+    hosted = hosted_fallback(recipe, spec) is not None
+    names = key_names(recipe, spec) + (["KIMI_FALLBACK_API_KEY"] if hosted else [])
     return dict.fromkeys(names, PLACEHOLDER)
 
 
