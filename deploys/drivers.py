@@ -3,7 +3,8 @@
 NVIDIA hosts get NVIDIA's driver from its apt repository (host data ``kimi_nvidia_repo_url``,
 default NVIDIA's own), in the order NVIDIA's guide gives: ``cuda-keyring``, the pinning package of
 ``drivers.nvidia`` (branch or exact version), then the driver set with the fabric manager
-(NVSwitch systems) and IMEX (an engine instance over several Grace Blackwell trays, its node list
+(hosts with NVSwitches: 8-GPU HGX boards; one left on a Grace Blackwell tray is removed) and IMEX
+(an engine instance over several Grace Blackwell trays, with IMEX channel 0's module option, its node list
 rendered from the plan) at the driver's version, all held. A host whose installed driver is not
 the loaded one reboots only with ``--data kimi_reboot=allowed``, one host at a time, and NVML must
 report the installed driver when it is back; without it the host stops with one line saying so.

@@ -30,6 +30,11 @@ REBOOT_FLAG = "--data kimi_reboot=allowed"
 FABRIC_MANAGER = "nvidia-fabricmanager"
 IMEX = "nvidia-imex"
 IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
+# IMEX channels are not created by default, and CUDA's fabric memory calls across trays need one:
+# the nvidia module creates /dev/nvidia-caps-imex-channels/channel0 when loaded with this option
+# (NVIDIA IMEX guide, "IMEX Channels": https://docs.nvidia.com/multi-node-nvlink-systems/imex-guide/imexchannels.html).
+IMEX_CHANNEL_CONF = "/etc/modprobe.d/nvidia-imex-channel.conf"
+IMEX_CHANNEL_OPTION = "options nvidia NVreg_CreateImexChannel0=1"
 PIN_PREFIX = "nvidia-driver-pinning-"
 KEYRING = "cuda-keyring"
 # Debian's architecture -> the directory NVIDIA's repository keeps it in.
@@ -38,7 +43,12 @@ REPO_ARCHES = {"amd64": "x86_64", "arm64": "sbsa"}
 # fewer (HGX H100 4-GPU, PCIe cards) links its GPUs directly and runs no fabric manager.
 HGX_MODELS = ("A100", "H100", "H200", "B200", "B300")
 HGX_GPUS = 8
-# Grace Blackwell trays: their GPUs reach the NVLink switch trays of the rack (GB200/GB300 NVL).
+# Grace Blackwell trays: their GPUs reach the NVLink switch trays of the rack (GB200/GB300 NVL),
+# whose own OS (NVOS) runs the fabric manager and the NVLink subnet manager. A compute tray has no
+# NVSwitch: nv-fabricmanager there exits with NV_WARN_NOTHING_TO_DO and its unit fails
+# (NVIDIA/gpu-operator#610; https://docs.nvidia.com/multi-node-nvlink-systems/mnnvl-user-guide/overview.html:
+# "NVOS software image includes the NMX-C application, the FM application, and the NVLSM
+# application"); multi-node NVLink on the trays is IMEX's.
 NVL_PREFIX = "GB"
 
 # The kernel's default (65530) caps the memory mappings of a process; the TPU runtime maps far more.
@@ -57,10 +67,8 @@ def upstream(deb_version: str) -> str:
 
 
 def needs_fabric_manager(model: str, per_host: int) -> bool:
-    """NVSwitch systems: 8-GPU HGX boards and Grace Blackwell NVL trays."""
+    """Hosts with NVSwitches of their own: 8-GPU HGX boards, not Grace Blackwell trays."""
     words = model.upper().replace("NVIDIA", " ").split()
-    if any(w.startswith(NVL_PREFIX) for w in words):
-        return True
     return per_host == HGX_GPUS and any(w in HGX_MODELS for w in words)
 
 
@@ -92,7 +100,7 @@ def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
     if spec.role == "router":
         return {}
     if spec.accelerator_vendor == "nvidia" and recipe.drivers.nvidia is not None:
-        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": [IMEX_NODES]}
+        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": [IMEX_NODES, IMEX_CHANNEL_CONF]}
     if spec.accelerator_vendor == "tpu":
         return {"files": [TPU_SYSCTL_FILE], "sysctl": sorted(TPU_SYSCTL)}
     return {}
@@ -130,6 +138,11 @@ class NvidiaPlan:
     loaded: str | None
     reboot: Reboot
     imex_nodes: RenderedFile | None
+    # fabric manager packages on a host without NVSwitch (a Grace Blackwell tray set up earlier),
+    # removed before the driver set moves: their unit can only fail there
+    remove: tuple[str, ...]
+    # the nvidia module's options file (IMEX channel 0), written before the driver is installed
+    module_options: RenderedFile | None
     services: tuple[Service, ...]
     # No reboot allowed and apt picks the release: the install must keep this version loaded, and
     # stops with ``reboot_line`` (``{version}``: apt's candidate) before installing anything else.
@@ -210,14 +223,19 @@ def _imex_nodes(host: str, spec: HostPlan, topology: tuple[HostPlan, ...]) -> Re
     return RenderedFile(IMEX_NODES, why + "".join(f"{p.address}\n" for p in domain), 0o644, "root")
 
 
+def _imex_channel() -> RenderedFile:
+    why = "# IMEX channel 0 for CUDA's fabric memory across trays, from kimi-deploy; read when nvidia loads.\n"
+    return RenderedFile(IMEX_CHANNEL_CONF, why + IMEX_CHANNEL_OPTION + "\n", 0o644, "root")
+
+
 def _foreign(
     host: str, managed: tuple[str, ...], target: str | None, branch: str, found: Mapping[str, Any]
 ) -> str | None:
     """A fabric manager or IMEX package this plan leaves as it is, at another version than the driver."""
     for name, package in sorted((found.get("packages") or {}).items()):
         kind = "fabric manager" if name.startswith(FABRIC_MANAGER) else "IMEX" if name.startswith(IMEX) else None
-        if kind is None or name in managed:
-            continue
+        if kind is None or name in managed or (kind == "fabric manager" and FABRIC_MANAGER not in managed):
+            continue  # a fabric manager where none belongs is removed, whatever its version
         if target is None or upstream(package["version"]) != target:
             expected = target or f"the newest {branch} driver (pin drivers.nvidia.version to choose)"
             return (
@@ -309,6 +327,8 @@ def plan_nvidia(
         loaded=loaded,
         reboot=reboot,
         imex_nodes=imex_nodes,
+        remove=() if FABRIC_MANAGER in extras else tuple(sorted(n for n in installed if n.startswith(FABRIC_MANAGER))),
+        module_options=_imex_channel() if imex_nodes is not None else None,
         services=tuple(services),
     )
 

@@ -47,6 +47,12 @@ def driver_steps(
         do(nvidia.repository, name="NVIDIA repository", url=repo.url, keyring=repo.keyring, present=repo.present,
            refresh=repo.refresh)  # fmt: skip
         do(nvidia.pinned, name="NVIDIA driver pin", package=nv.pin, installed=nv.pin_installed)
+        if nv.remove:
+            do(nvidia.removed, name="NVIDIA fabric manager removed", packages=list(nv.remove))
+        if nv.module_options is not None:
+            # before the driver: its module reads the options when it loads, after the install's reboot
+            do(units.rendered, name="NVIDIA module options", files=[nv.module_options], group="root",
+               current=found["files"])  # fmt: skip
         do(nvidia.packages, name="NVIDIA driver packages", install=list(nv.install), hold=list(nv.packages),
            unheld=list(nv.unheld), headers=nv.headers, version=nv.target_text, keep_loaded=nv.keep_loaded,
            reboot_line=nv.reboot_line)  # fmt: skip

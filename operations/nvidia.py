@@ -100,6 +100,20 @@ def pinned(package: str, installed: bool) -> Generator[str, None, None]:
 
 
 @operation()
+def removed(packages: list[str]) -> Generator[str, None, None]:
+    """
+    Remove NVIDIA packages a host must not run (a fabric manager on a host without NVSwitch), held or not.
+
+    + packages: the installed packages to remove with their configuration
+    """
+    if not packages:
+        host.noop("no NVIDIA package to remove")
+        return
+    q = " ".join(shlex.quote(p) for p in packages)
+    yield f"apt-mark unhold {q} >/dev/null && {APT_ENV} apt-get -q -y --allow-change-held-packages remove --purge {q}"
+
+
+@operation()
 def packages(
     install: list[str],
     hold: list[str],

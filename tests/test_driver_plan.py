@@ -122,8 +122,10 @@ def test_host_keys_of_the_drivers_step_are_checked() -> None:
 def test_nvswitch_systems_run_a_fabric_manager() -> None:
     assert needs_fabric_manager("B300", 8)
     assert needs_fabric_manager("NVIDIA H200", 8)
-    assert needs_fabric_manager("GB300", 4)
-    assert needs_fabric_manager("NVIDIA GB200", 4)
+    # Grace Blackwell trays have no NVSwitch: the switch trays' NVOS runs the fabric manager, and
+    # nv-fabricmanager on a compute tray exits with NV_WARN_NOTHING_TO_DO.
+    assert not needs_fabric_manager("GB300", 4)
+    assert not needs_fabric_manager("NVIDIA GB200", 4)
     assert not needs_fabric_manager("H100", 4)  # HGX H100 4-GPU: GPUs linked directly
     assert not needs_fabric_manager("L40S", 8)
 
@@ -141,29 +143,43 @@ def test_a_fresh_b300_host_gets_repository_pin_driver_and_fabric_manager(recipe:
     # The test host's nvidia-smi reports 580.95.05 before any package: installing it needs no reboot.
     assert (p.target, p.loaded, p.reboot) == ("580.95.05", "580.95.05", "no")
     assert p.imex_nodes is None
+    assert p.module_options is None  # no IMEX, no channel
     assert [(s.unit, s.active, s.restart) for s in p.services] == [("nvidia-fabricmanager", "inactive", True)]
+
+
+def tray(**changes: Any) -> dict[str, Any]:
+    """The converged capture, less the fabric manager an earlier release gave the tray."""
+    found = converged(**changes)
+    del found["packages"]["nvidia-fabricmanager"], found["services"]["nvidia-fabricmanager"]
+    return found
 
 
 def test_a_converged_host_has_nothing_to_do(recipe: Recipe, full_plan: Plan) -> None:
     want = pinned(recipe, version="580.95.05")
-    found = converged(files={IMEX_NODES: None})
+    found = tray(files={IMEX_NODES: None})
     p = nvidia_of(drivers(want, full_plan, "gb300-p01", found))
     assert (p.repository.present, p.repository.refresh, p.pin_installed) == (True, False, True)
-    assert (p.install, p.unheld, p.headers, p.reboot) == ((), (), None, "no")
+    assert (p.install, p.unheld, p.headers, p.reboot, p.remove) == ((), (), None, "no", ())
     assert p.imex_nodes is not None
     imex = [s for s in p.services if s.unit == "nvidia-imex"]
     # Only the node list differs from the capture's (another domain): it is written, IMEX restarted.
     assert [s.restart for s in imex] == [True]
     nodes = p.imex_nodes.content
-    found = converged(files={IMEX_NODES: hashlib.sha256(nodes.encode()).hexdigest()})
+    found = tray(files={IMEX_NODES: hashlib.sha256(nodes.encode()).hexdigest()})
     p = nvidia_of(drivers(want, full_plan, "gb300-p01", found))
     assert not any(s.restart for s in p.services)
+    assert [s.unit for s in p.services] == ["nvidia-imex"]
 
 
 def test_imex_lists_the_hosts_of_the_instance(recipe: Recipe, full_plan: Plan) -> None:
     fresh = probe("gb300-fresh")
     prefill = nvidia_of(drivers(recipe, full_plan, "gb300-p03", fresh))
-    assert prefill.packages == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager", "nvidia-imex")
+    assert prefill.packages == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-imex")
+    assert [s.unit for s in prefill.services] == ["nvidia-imex"]
+    # IMEX channel 0, which CUDA's fabric memory calls across trays need, made by the module option
+    assert prefill.module_options is not None
+    assert prefill.module_options.path == "/etc/modprobe.d/nvidia-imex-channel.conf"
+    assert prefill.module_options.content.splitlines()[-1] == "options nvidia NVreg_CreateImexChannel0=1"
     assert prefill.imex_nodes is not None
     assert prefill.imex_nodes.path == "/etc/nvidia-imex/nodes_config.cfg"
     assert prefill.imex_nodes.content.splitlines()[1:] == ["10.41.0.13", "10.41.0.14"]
@@ -265,9 +281,9 @@ def test_a_branch_pin_keeps_the_installed_release_and_adds_what_is_missing(recip
 
 def test_an_unheld_package_is_held(recipe: Recipe, full_plan: Plan) -> None:
     found = converged()
-    found["packages"]["nvidia-fabricmanager"]["held"] = False
+    found["packages"]["nvidia-imex"]["held"] = False
     p = nvidia_of(drivers(pinned(recipe, version="580.95.05"), full_plan, "gb300-p01", found))
-    assert (p.install, p.unheld) == ((), ("nvidia-fabricmanager",))
+    assert (p.install, p.unheld) == ((), ("nvidia-imex",))
 
 
 def test_a_branch_change_needs_a_reboot_and_stops_without_the_flag(recipe: Recipe, full_plan: Plan) -> None:
@@ -311,8 +327,8 @@ def test_when_apt_picks_the_release_the_install_decides_the_reboot(recipe: Recip
 def test_a_fabric_manager_of_another_version_is_refused(recipe: Recipe, full_plan: Plan) -> None:
     found = converged()
     found["packages"]["nvidia-fabricmanager-580"] = {"version": "580.82.07-1", "held": False}
-    assert drivers(recipe, full_plan, "gb300-p01", found).refusals == (
-        "gb300-p01: drivers: fabric manager nvidia-fabricmanager-580 would not match the driver: "
+    assert drivers(recipe, full_plan, "b300-01", found).refusals == (
+        "b300-01: drivers: fabric manager nvidia-fabricmanager-580 would not match the driver: "
         "expected 580.95.05, found 580.82.07-1",
     )
     fresh = probe("gb300-fresh", packages={"nvidia-imex-580": {"version": "580.95.05-1", "held": True}})
@@ -332,26 +348,40 @@ NAMES = (
 )
 
 
+def test_a_tray_set_up_with_a_fabric_manager_has_it_removed(recipe: Recipe, full_plan: Plan) -> None:
+    """The capture is of a tray an earlier release gave a fabric manager (with its service): whatever
+    its version, it is removed, before the driver set moves, and its service is left alone."""
+    found = converged()
+    found["packages"]["nvidia-fabricmanager-580"] = {"version": "580.82.07-1", "held": False}
+    p = nvidia_of(drivers(pinned(recipe, branch="590"), full_plan, "gb300-p01", found, allowed=True))
+    assert p.remove == ("nvidia-fabricmanager", "nvidia-fabricmanager-580")
+    assert "nvidia-fabricmanager" not in p.packages
+    assert [s.unit for s in p.services] == ["nvidia-imex"]
+    # a host that has NVSwitches keeps its fabric manager
+    assert nvidia_of(drivers(recipe, full_plan, "b300-01", converged())).remove == ()
+
+
 @given(
+    host=st.sampled_from(("gb300-p01", "b300-01")),
     installed=st.dictionaries(st.sampled_from(NAMES), st.sampled_from(VERSIONS)),
     loaded=st.sampled_from(("580.95.05", "590.48.01", None)),
     branch=st.sampled_from(("580", "590")),
     exact=st.booleans(),
 )
 def test_no_plan_leaves_fabric_manager_and_driver_apart(
-    installed: dict[str, str], loaded: str | None, branch: str, exact: bool
+    host: str, installed: dict[str, str], loaded: str | None, branch: str, exact: bool
 ) -> None:
     recipe, full_plan = _prod()
     version = {"580": "580.105.08", "590": "590.48.01"}[branch] if exact else None
     found = copy.deepcopy(converged(nvml={"version": loaded} if loaded else None))
     found["packages"] = {n: {"version": v, "held": True} for n, v in installed.items()}
-    p = drivers(pinned(recipe, branch=branch, version=version), full_plan, "gb300-p01", found, allowed=True)
+    p = drivers(pinned(recipe, branch=branch, version=version), full_plan, host, found, allowed=True)
     if p.nvidia is None:
         assert len(p.refusals) == 1
         return
     # Each package's version after the run: as installed, or what the install names (a bare name
     # gets the pinned version, or the release apt picks on the branch: one for all of them).
-    after = {n: upstream(v) for n, v in installed.items()}
+    after = {n: upstream(v) for n, v in installed.items() if n not in p.nvidia.remove}
     for arg in p.nvidia.install:
         name, _, named = arg.partition("=")
         after[name] = upstream(named) if named else p.nvidia.target or "apt's pick"

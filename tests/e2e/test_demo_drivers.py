@@ -1,12 +1,13 @@
 """The drivers step on two GB300 trays of a cluster of its own, from its apt repository.
 
-The trays hold one TP=8 instance across both, so each gets the driver, the fabric manager and IMEX
-with a node list naming both. In order: a first install at 580.95.05 (the version the trays' GPUs
-report: no reboot), a re-run that runs no command, a branch change to 590 refused without
-``--data kimi_reboot=allowed`` and, with it, both trays rebooted one after the other and running
-590 (NVML agrees) with their services, a fabric manager of another version refused before any
-change, and apt's own refusal as one line. The cluster (its own state directory and subnet) is
-brought down at the end.
+The trays hold one TP=8 instance across both, so each gets the driver and IMEX with a node list
+naming both, and the nvidia module's option that creates IMEX channel 0; no fabric manager (a
+Grace Blackwell tray has no NVSwitch: the switch trays run it). In order: a first install at
+580.95.05 (the version the trays' GPUs report: no reboot), a re-run that runs no command, a branch
+change to 590 refused without ``--data kimi_reboot=allowed`` and, with it, both trays rebooted one
+after the other and running 590 (NVML agrees) with IMEX, a fabric manager an earlier setup left on a
+tray removed, and apt's own refusal as one line. The cluster (its own state directory and subnet)
+is brought down at the end.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ ENV = {"KIMI_CLUSTER_DIR": str(HW_DIR), "KIMI_CLUSTER_SUBNET": "10.213.11.0/24"}
 HOSTS = ("kimi-h1", "kimi-h2")
 FIRST, NEW = "580.95.05", "590.48.01"
 SMI = "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
-PACKAGES = ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager", "nvidia-imex")
+PACKAGES = ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-imex")
 FLAG = "allow it with --data kimi_reboot=allowed"
 TIMES: dict[str, float] = {}
 
@@ -125,15 +126,18 @@ def installed(cluster: dict[str, Any]) -> dict[str, Any]:
     return cluster
 
 
-def test_first_install_pins_holds_and_starts_fabric_manager_and_imex(installed: dict[str, Any]) -> None:
+def test_first_install_pins_holds_and_starts_imex_with_its_channel(installed: dict[str, Any]) -> None:
     st = installed
     addresses = [h["address"] for h in st["hosts"]]
     for host in HOSTS:
         found = packages(st, host)
         assert {p: found[p] for p in PACKAGES} == dict.fromkeys(PACKAGES, f"{FIRST}-1 hi")
         assert found[f"nvidia-driver-pinning-{FIRST}"] == f"{FIRST}-1 ii"
+        assert not any(p.startswith("nvidia-fabricmanager") for p in found)
         assert sh(st, host, f"{SMI} | sort -u") == FIRST
-        assert sh(st, host, "systemctl is-active nvidia-fabricmanager nvidia-imex").split() == ["active", "active"]
+        assert sh(st, host, "systemctl is-active nvidia-imex") == "active"
+        option = sh(st, host, "grep -v '^#' /etc/modprobe.d/nvidia-imex-channel.conf")
+        assert option == "options nvidia NVreg_CreateImexChannel0=1"
         nodes = sh(st, host, "grep -v '^#' /etc/nvidia-imex/nodes_config.cfg").split()
         assert nodes == addresses
         said = sh(st, host, "journalctl -u nvidia-imex -o cat --no-pager | tail -n 1")
@@ -188,34 +192,29 @@ def test_a_branch_change_reboots_only_with_the_flag_and_one_host_at_a_time(insta
         assert {p: found[p] for p in PACKAGES} == dict.fromkeys(PACKAGES, f"{NEW}-1 hi")
         assert found["nvidia-driver-pinning-590"] == "590-1 ii"
         assert f"nvidia-driver-pinning-{FIRST}" not in found
-        assert sh(st, host, "systemctl is-active nvidia-fabricmanager nvidia-imex").split() == ["active", "active"]
+        assert sh(st, host, "systemctl is-active nvidia-imex") == "active"
         assert sh(st, host, "tail -n 1 /var/log/kimi/drivers.log").endswith(f"back: driver {NEW} loaded, NVML agrees")
     again = deploy(st)
     assert again.code == 0, again.log[-3000:]
     assert again.changed() == {}
 
 
-def test_a_fabric_manager_of_another_version_is_refused_before_any_change(
-    installed: dict[str, Any], tmp_path: Path
-) -> None:
+def test_a_fabric_manager_left_on_a_tray_is_removed(installed: dict[str, Any], tmp_path: Path) -> None:
     st = installed
     recipe(st, branch="590")
-    # An older, branch-named fabric manager package (580.82.07-1), as a host set up earlier may hold.
+    # A branch-named fabric manager package (580.82.07-1), as a tray set up earlier may hold.
     install_fabric_manager(st, "kimi-h1", tmp_path)
     before = packages(st, "kimi-h1")
-    try:
-        run = deploy(st)
-        assert run.code != 0
-        assert host_lines(run.log, "kimi-deploy: preflight: ", HOSTS) == {
-            "kimi-h1": [
-                "kimi-h1: drivers: fabric manager nvidia-fabricmanager-580 would not match the driver: "
-                f"expected {NEW}, found 580.82.07-1"
-            ],
-            "kimi-h2": [],
-        }
-        assert packages(st, "kimi-h1") == before
-    finally:
-        sh(st, "kimi-h1", "dpkg -r nvidia-fabricmanager-580")
+    assert "nvidia-fabricmanager-580" in before
+    run = deploy(st)
+    assert run.code == 0, run.log[-3000:]
+    assert run.changed() == {"NVIDIA fabric manager removed": ["kimi-h1"]}
+    after = packages(st, "kimi-h1")
+    assert "nvidia-fabricmanager-580" not in after
+    assert after == {p: v for p, v in before.items() if p != "nvidia-fabricmanager-580"}
+    again = deploy(st)
+    assert again.code == 0, again.log[-3000:]
+    assert again.changed() == {}
 
 
 def test_apt_refusing_says_why_in_one_line(installed: dict[str, Any]) -> None:
