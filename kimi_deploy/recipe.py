@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from hostside.boundary_text import shown
+from kimi_deploy.nvidia_models import open_modules_only
 from kimi_deploy.safe_text import is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line
 from kimi_deploy.yaml_file import read_yaml_mapping
@@ -609,6 +610,12 @@ class Recipe(Strict):
             vendor = acc.vendor
             if vendor == "nvidia" and self.drivers.nvidia is None:
                 raise ValueError(f"{where}.accelerators: nvidia hosts need drivers.nvidia pinned")
+            nvidia = self.drivers.nvidia if vendor == "nvidia" else None
+            if nvidia is not None and nvidia.flavor != "open" and open_modules_only(acc.model or ""):
+                raise ValueError(
+                    f"{where}.accelerators: {acc.model} GPUs run only NVIDIA's open kernel modules: "
+                    f"set drivers.nvidia.flavor to open, found {nvidia.flavor}"
+                )
             if vendor == "tpu" and TPU_RUNTIME not in release.packages:
                 raise ValueError(
                     f"{where}.accelerators: tpu hosts run the TPU runtime of their engine's release: "

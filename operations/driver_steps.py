@@ -46,7 +46,7 @@ def driver_steps(
         repo = nv.repository
         do(nvidia.repository, name="NVIDIA repository", url=repo.url, keyring=repo.keyring, present=repo.present,
            refresh=repo.refresh)  # fmt: skip
-        do(nvidia.pinned, name="NVIDIA driver pin", package=nv.pin, installed=nv.pin_installed)
+        do(nvidia.pinned, name="NVIDIA driver pin", package=nv.pin, installed=nv.pin_installed, repository=repo.url)
         if nv.remove:
             do(nvidia.removed, name="NVIDIA fabric manager removed", packages=list(nv.remove))
         if nv.module_options is not None:

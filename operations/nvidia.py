@@ -21,7 +21,7 @@ from pyinfra.context import host
 
 from facts.drivers import DriversState
 from hostside.host_dirs import LOG_DIR
-from kimi_deploy.driver_plan import Reboot, loaded_driver, reboot_reason, reboot_refusal, upstream
+from kimi_deploy.driver_plan import PIN_PREFIX, Reboot, loaded_driver, reboot_reason, reboot_refusal, upstream
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
 # Held packages move only when a deploy says so; a changed config file the host holds stays.
@@ -85,17 +85,38 @@ def repository(url: str, keyring: str, present: bool, refresh: bool) -> Generato
     yield "apt-get -q update --error-on=any"
 
 
+def pin_offered(package: str, repository: str) -> str:
+    """Stop, before any driver package changes, when the host's repository tree has no ``package``,
+    with one line naming the branches and releases it does pin (a tree per OS and architecture:
+    ``debian12/sbsa`` carries other branches than ``debian12/x86_64``)."""
+    q = shlex.quote
+    said = (
+        f"kimi-deploy: drivers: {repository} has no {package}: "
+        "it pins branches %s and releases %s\n"
+    )
+    listed = f"apt-cache pkgnames {q(PIN_PREFIX)} | sed 's/^{PIN_PREFIX}//' | sort -V"
+    return (
+        f"apt-cache show {q(package)} >/dev/null 2>&1 || {{ p=$({listed}); "
+        "b=$(printf '%s\n' $p | grep -v '[.]' | paste -sd, - | sed 's/,/, /g'); "
+        "r=$(printf '%s\n' $p | grep '[.]' | paste -sd, - | sed 's/,/, /g'); "
+        f'printf {q(said)} "${{b:-none}}" "${{r:-none}}" >&2; exit 1; }}'
+    )
+
+
 @operation()
-def pinned(package: str, installed: bool) -> Generator[str, None, None]:
+def pinned(package: str, installed: bool, repository: str) -> Generator[str, None, None]:
     """
     Install the pinning package (before the driver, as NVIDIA's guide asks); it replaces any other.
+    A repository tree without it stops the host first, naming what the tree pins.
 
     + package: ``nvidia-driver-pinning-<branch>`` or ``nvidia-driver-pinning-<version>``
     + installed: whether the probe found it installed
+    + repository: the host's repository tree (``<base>/debian12/sbsa``), for the refusal
     """
     if installed:
         host.noop(f"{package} is installed")
         return
+    yield pin_offered(package, repository)
     yield apt_install([package])
 
 

@@ -31,6 +31,7 @@ from kimi_deploy.driver_plan import (
 )
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory, make_host
+from kimi_deploy.nvidia_models import open_modules_only
 from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, check
 from kimi_deploy.recipe import Drivers, NvidiaDriver, Recipe, load_recipe
@@ -419,3 +420,10 @@ def test_the_drivers_step_takes_over_the_fabric_manager_and_imex_gates(recipe: R
     # which installs both at the driver's version (or refuses the host with its own line).
     needs = Needs(recipe, spec, 10**9, 0, ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"])
     assert check(needs, profile) == []
+
+
+def test_blackwell_and_grace_hopper_run_only_the_open_modules() -> None:
+    for model in ("B300", "NVIDIA B200", "GB300", "NVIDIA GB200", "GH200", "NVIDIA RTX PRO 6000 Blackwell"):
+        assert open_modules_only(model), model
+    for model in ("H200", "NVIDIA H100 80GB HBM3", "A100", "L40S"):
+        assert not open_modules_only(model), model

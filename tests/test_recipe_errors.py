@@ -261,6 +261,12 @@ CASES: list[tuple[str, Mutation, str]] = [
         "topologies.single-node.accelerators: nvidia hosts need drivers.nvidia pinned",
     ),
     (
+        "proprietary-modules-on-blackwell",
+        _set((("drivers", "nvidia", "flavor"), "proprietary")),
+        "topologies.single-node.accelerators: B300 GPUs run only NVIDIA's open kernel modules: "
+        "set drivers.nvidia.flavor to open, found proprietary",
+    ),
+    (
         "tpu-runtime-not-pinned",
         _delete(("engines", "sglang-jax", "packages", "libtpu")),
         "topologies.tpu7x.accelerators: tpu hosts run the TPU runtime of their engine's release: "

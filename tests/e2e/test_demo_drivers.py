@@ -217,12 +217,16 @@ def test_a_fabric_manager_left_on_a_tray_is_removed(installed: dict[str, Any], t
     assert again.changed() == {}
 
 
-def test_apt_refusing_says_why_in_one_line(installed: dict[str, Any]) -> None:
+def test_a_release_the_repository_lacks_is_refused_naming_what_it_has(installed: dict[str, Any]) -> None:
     st = installed
     recipe(st, branch="590", version="590.44.01")  # no such release in the repository
+    before = packages(st, "kimi-h2")
     run = deploy(st, "--limit", "kimi-h2", "--data", "kimi_reboot=allowed")
     assert run.code != 0
+    tree = f"{st['services']['apt']['url'].rstrip('/')}/debian12/x86_64"
     assert host_lines(run.log, "kimi-deploy: drivers: ", HOSTS)["kimi-h2"] == [
-        "apt-get install refused: E: Unable to locate package nvidia-driver-pinning-590.44.01"
+        f"{tree} has no nvidia-driver-pinning-590.44.01: it pins branches 580, 590 "
+        "and releases 580.95.05, 580.105.08, 590.48.01"
     ]
+    assert packages(st, "kimi-h2") == before
     assert sh(st, "kimi-h2", f"{SMI} | sort -u") == NEW
