@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -237,10 +238,21 @@ def test_the_hub_token_reaches_the_hosts_only_in_a_root_only_file(converged: Non
     ssh("kimi-h1", "rm", "/etc/kimi/secrets/hf-token")
 
 
-def _served_by_peers(host: str) -> dict[str, int]:
-    """Files the host's peer service sent to others in its last run, whole or relayed as they
-    arrived (from its journal)."""
-    lines = ssh(host, "journalctl -u kimi-weights-peer -o cat --no-pager -n 2000 | grep -E '^(served|relayed) ' || true")
+def _journal_cursor(host: str) -> str:
+    """Where the host's journal stands now: what is logged later comes after it."""
+    shown = ssh(host, "journalctl -n 0 --show-cursor --no-pager")
+    return shown.strip().rsplit("-- cursor: ", 1)[1]
+
+
+def _served_by_peers(host: str, after: str) -> dict[str, int]:
+    """Files the host's peer service sent to others since the journal cursor ``after``, whole or
+    relayed as they arrived (from its journal: an earlier test's lines stay out, however recent)."""
+    cursor = shlex.quote(after)
+    lines = ssh(
+        host,
+        f"journalctl -u kimi-weights-peer --after-cursor={cursor} -o cat --no-pager "
+        "| grep -E '^(served|relayed) ' || true",
+    )
     out: dict[str, int] = {}
     for line in lines.splitlines():
         if line.startswith(("served ", "relayed ")) and " bytes) to " in line:
@@ -250,8 +262,10 @@ def _served_by_peers(host: str) -> dict[str, int]:
 
 
 def test_fan_out_on_four_hosts_takes_each_file_from_the_hub_once(converged: None) -> None:
+    cursors = {}
     for host in ENGINE_HOSTS:
-        ssh(host, f"rm -rf {WEIGHTS}; journalctl --rotate -q; journalctl --vacuum-time=1s -q")
+        ssh(host, f"rm -rf {WEIGHTS}")
+        cursors[host] = _journal_cursor(host)
     changed = _converge()
     # One step: kimi-h1 from the Hub while the others take each file from the host before them.
     assert changed["Weights at the pinned revision"] == list(ENGINE_HOSTS)
@@ -261,9 +275,9 @@ def test_fan_out_on_four_hosts_takes_each_file_from_the_hub_once(converged: None
     # A chain: kimi-h1 gave every file once (to kimi-h2), which gave it once to kimi-h3, and so
     # on; no host's link carried the revision twice. Then they stopped listening.
     for host in ENGINE_HOSTS[:-1]:
-        served = _served_by_peers(host)
+        served = _served_by_peers(host, cursors[host])
         assert (len(served), set(served.values())) == (103, {1}), host
-    assert _served_by_peers(ENGINE_HOSTS[-1]) == {}
+    assert _served_by_peers(ENGINE_HOSTS[-1], cursors[ENGINE_HOSTS[-1]]) == {}
     assert ssh("kimi-h1", "systemctl is-active kimi-weights-peer || true") in ("inactive", "unknown")
     assert "8479" not in ssh("kimi-h1", "ss -ltnH")
     assert ssh("kimi-h1", "stat -c '%a %U %G' /etc/kimi/secrets/weights-transfer-key") == "440 root kimi"
