@@ -78,6 +78,43 @@ def needs_imex(spec: HostPlan) -> bool:
     return spec.role != "router" and spec.nodes > 1 and spec.accelerator_model.upper().startswith(NVL_PREFIX)
 
 
+def extras_for(spec: HostPlan) -> tuple[str, ...]:
+    """The services a host's driver set gets beside it: the fabric manager where the board has
+    NVSwitches, IMEX on an instance over several Grace Blackwell trays."""
+    fabric = (FABRIC_MANAGER,) if needs_fabric_manager(spec.accelerator_model, spec.accelerators) else ()
+    return fabric + ((IMEX,) if needs_imex(spec) else ())
+
+
+def host_kind_lines(recipe: Recipe, hosts: tuple[HostPlan, ...]) -> list[str]:
+    """What the drivers step installs on each kind of host of a topology, one line a kind, as
+    ``kimi-deploy plan`` shows it (the host's OS and architecture pick NVIDIA's repository tree)."""
+    kinds: dict[str, list[str]] = {}
+    for spec in hosts:
+        if spec.role == "router":
+            continue
+        if spec.accelerator_vendor == "tpu":
+            settings = ", ".join(f"{k} = {v}" for k, v in sorted(TPU_SYSCTL.items()))
+            what = f"{spec.accelerator_model}: host settings {settings} ({TPU_SYSCTL_FILE})"
+            kinds.setdefault(what, []).append(spec.host)
+            continue
+        want = recipe.drivers.nvidia
+        if spec.accelerator_vendor != "nvidia" or want is None:
+            continue
+        extras = extras_for(spec)
+        what = f"{spec.accelerator_model} x{spec.accelerators}: pin {pin_package(want)}; packages "
+        what += " ".join((*driver_packages(want), *extras))
+        if extras:
+            what += f"; services {' '.join(extras)}"
+        if IMEX in extras:
+            what += f"; files {IMEX_NODES}, {IMEX_CHANNEL_CONF} ({IMEX_CHANNEL_OPTION})"
+        kinds.setdefault(what, []).append(spec.host)
+    lines = []
+    for what, names in kinds.items():
+        shown = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}, {len(names)} hosts"
+        lines.append(f"drivers ({shown}): {what}")
+    return lines
+
+
 def imex_domain(spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[HostPlan, ...]:
     """The hosts of ``spec``'s engine instance: one IMEX domain, in plan order."""
     return tuple(p for p in topology if p.pool == spec.pool and p.instance == spec.instance)
@@ -258,13 +295,13 @@ def plan_nvidia(
     if isinstance(repository, str):
         return repository
     driver = driver_packages(want)
-    extras = (FABRIC_MANAGER,) if needs_fabric_manager(spec.accelerator_model, spec.accelerators) else ()
+    extras = extras_for(spec)
     imex_nodes: RenderedFile | None = None
-    if needs_imex(spec):
+    if IMEX in extras:
         nodes = _imex_nodes(host, spec, topology)
         if isinstance(nodes, str):
             return nodes
-        extras, imex_nodes = (*extras, IMEX), nodes
+        imex_nodes = nodes
     managed = driver + extras
     installed: dict[str, dict[str, Any]] = found.get("packages") or {}
 

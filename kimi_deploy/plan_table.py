@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from kimi_deploy.allreduce_plan import instance_of, ranks_on
 from kimi_deploy.commcheck_plan import needs_check
+from kimi_deploy.driver_plan import host_kind_lines
 from kimi_deploy.parsers.nccl_tests import format_bytes
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan, Plan
@@ -82,6 +83,8 @@ def format_plan(plan: Plan, recipe: Recipe | None = None) -> str:
         checks = _checks(recipe, hosts) if recipe is not None else None
         if checks:
             lines.append(f"  {checks}")
+        if recipe is not None:
+            lines += [f"  {line}" for line in host_kind_lines(recipe, hosts)]
         lines.append("")
         for h in hosts:
             for unit in h.units:

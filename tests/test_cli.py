@@ -112,6 +112,44 @@ def test_plan_says_what_gates_an_engine_start() -> None:
     }
 
 
+def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
+    """HGX boards get the fabric manager; Grace Blackwell trays, which have no NVSwitch, get IMEX with
+    its node list and channel instead; TPU hosts get their kernel setting."""
+    run = kimi("plan", RECIPE, PROD)
+    assert run.returncode == 0, run.stderr
+    drivers: dict[str, list[str]] = {}
+    topology = ""
+    for line in run.stdout.splitlines():
+        if line.startswith("topology "):
+            topology = line.split()[1].rstrip(":")
+        if line.startswith("  drivers ("):
+            drivers.setdefault(topology, []).append(line.removeprefix("  "))
+    driver = "nvidia-driver-cuda nvidia-kernel-open-dkms"
+    assert drivers == {
+        "single-node": [
+            f"drivers (b300-01): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager; "
+            "services nvidia-fabricmanager"
+        ],
+        "gb300-pd": [
+            f"drivers (gb300-p01 .. gb300-d04, 10 hosts): GB300 x4: pin nvidia-driver-pinning-580; packages {driver} "
+            "nvidia-imex; services nvidia-imex; files /etc/nvidia-imex/nodes_config.cfg, "
+            "/etc/modprobe.d/nvidia-imex-channel.conf (options nvidia NVreg_CreateImexChannel0=1)"
+        ],
+        "tpu7x": [
+            "drivers (tpu7x-w0 .. tpu7x-w7, 8 hosts): TPU7x: host settings vm.max_map_count = 8388608 "
+            "(/etc/sysctl.d/60-kimi-tpu.conf)"
+        ],
+        "tokenspeed-single": [
+            f"drivers (b300-02): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager; "
+            "services nvidia-fabricmanager"
+        ],
+        "tokenspeed-multi": [
+            f"drivers (h200-01 .. h200-02, 2 hosts): H200 x8: pin nvidia-driver-pinning-580; packages {driver} "
+            "nvidia-fabricmanager; services nvidia-fabricmanager"
+        ],
+    }
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     """``kimi-deploy plan ... | head``: no traceback, the exit status a shell gives a tool SIGPIPE ended."""
     proc = subprocess.Popen(
