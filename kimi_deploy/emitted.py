@@ -32,7 +32,7 @@ PLACEHOLDER = "placeholder-secret"
 _VALUE_BLOCKS = {"map", "types"}
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Emission:
     """One thing a unit of ``topology`` hands to ``program``: ``kind`` ``name`` (a flag such as
     ``--tensor-parallel-size``, a variable, ``mooncake.json: mode``, ``[Service] User``), with

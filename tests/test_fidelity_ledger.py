@@ -64,8 +64,6 @@ def test_an_emission_without_a_source_fails_by_name(tmp_path: Path) -> None:
     tree["topologies"]["single-node"]["env"]["VLLM_SOMETHING_NEW"] = "1"
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
-    # the recipe names its lock file relative to itself
-    (tmp_path / "locks").symlink_to(ROOT / "recipes" / "locks")
     done = _cli("ledger", str(path), PROD, "--topology", "single-node")
     assert done.returncode == 1
     assert (
