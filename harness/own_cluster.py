@@ -72,11 +72,12 @@ class OwnCluster:
         return data
 
     @contextlib.contextmanager
-    def fresh(self, hardware: str, folder: Path) -> Iterator[dict[str, Any]]:
-        """Fresh hosts of ``hardware`` (nothing left of an earlier run), their state with
-        ``"dir": folder``; down again at the end, whatever happened."""
+    def fresh(self, hardware: str, folder: Path, hosts: int | None = None) -> Iterator[dict[str, Any]]:
+        """Fresh hosts of ``hardware`` (nothing left of an earlier run; ``hosts`` of them, else the
+        cluster's default number), their state with ``"dir": folder``; down again at the end,
+        whatever happened."""
         self.cli("down")
-        self.cli("up", "--hardware", hardware)
+        self.cli("up", "--hardware", hardware, *(["--hosts", str(hosts)] if hosts else []))
         try:
             yield {**self.state(), "dir": folder}
         finally:

@@ -16,6 +16,7 @@ import os
 # NVIDIA's packages and the keyring, one line each: name, version, db:Status-Abbrev ("ii ").
 NVIDIA_PACKAGES = [
     "dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", "nvidia-*", "cuda-keyring", "cuda-drivers*",
+    "nvlsm", "infiniband-diags",
 ]  # fmt: skip
 SERVICE_STATES = ["systemctl", "show", "--property=Id,ActiveState,UnitFileState"]
 

@@ -50,6 +50,17 @@ HGX_GPUS = 8
 # "NVOS software image includes the NMX-C application, the FM application, and the NVLSM
 # application"); multi-node NVLink on the trays is IMEX's.
 NVL_PREFIX = "GB"
+# HGX boards of the NVLink 5 generation: their NVSwitches are reached through a ConnectX bridge, and
+# the fabric manager's start script (nvidia-fabricmanager-start.sh) runs the NVLink subnet manager
+# over InfiniBand management datagrams: it needs ``nvlsm``, ``ibstat`` (infiniband-diags) and the
+# ``ib_umad`` module. NVIDIA's driver container installs ``nvlsm infiniband-diags`` unversioned and
+# waits for ib_umad before starting it (NVIDIA/gpu-driver-container ubuntu24.04/install.sh:67-69,
+# ubuntu24.04/nvidia-driver:169-191 and 636-648, commit 06a208ca).
+NVLINK5_HGX = ("B200", "B300")
+NVLSM_PACKAGES = ("nvlsm", "infiniband-diags")
+NVLSM_MODULES = ("ib_umad",)
+# Read by systemd-modules-load at every boot (modules-load.d(5)): the module is back after a reboot.
+NVLSM_MODULES_FILE = "/etc/modules-load.d/nvidia-nvlsm.conf"
 
 # The kernel's default (65530) caps the memory mappings of a process; the TPU runtime maps far more.
 # 8388608 is what vLLM's TPU backend sets on v7x hosts, "Required to prevent vLLM crashes due to
@@ -70,6 +81,12 @@ def needs_fabric_manager(model: str, per_host: int) -> bool:
     """Hosts with NVSwitches of their own: 8-GPU HGX boards, not Grace Blackwell trays."""
     words = model.upper().replace("NVIDIA", " ").split()
     return per_host == HGX_GPUS and any(w in HGX_MODELS for w in words)
+
+
+def needs_nvlsm(model: str, per_host: int) -> bool:
+    """An HGX board of the NVLink 5 generation, whose fabric manager starts the NVLink subnet manager."""
+    words = model.upper().replace("NVIDIA", " ").split()
+    return needs_fabric_manager(model, per_host) and any(w in NVLINK5_HGX for w in words)
 
 
 def needs_imex(spec: HostPlan) -> bool:
@@ -101,10 +118,13 @@ def host_kind_lines(recipe: Recipe, hosts: tuple[HostPlan, ...]) -> list[str]:
         if spec.accelerator_vendor != "nvidia" or want is None:
             continue
         extras = extras_for(spec)
+        tools = NVLSM_PACKAGES if needs_nvlsm(spec.accelerator_model, spec.accelerators) else ()
         what = f"{spec.accelerator_model} x{spec.accelerators}: pin {pin_package(want)}; packages "
-        what += " ".join((*driver_packages(want), *extras))
+        what += " ".join((*driver_packages(want), *extras, *tools))
         if extras:
             what += f"; services {' '.join(extras)}"
+        if tools:
+            what += f"; modules {' '.join(NVLSM_MODULES)} ({NVLSM_MODULES_FILE})"
         if IMEX in extras:
             what += f"; files {IMEX_NODES}, {IMEX_CHANNEL_CONF} ({IMEX_CHANNEL_OPTION})"
         kinds.setdefault(what, []).append(spec.host)
@@ -137,7 +157,8 @@ def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
     if spec.role == "router":
         return {}
     if spec.accelerator_vendor == "nvidia" and recipe.drivers.nvidia is not None:
-        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": [IMEX_NODES, IMEX_CHANNEL_CONF]}
+        files = [IMEX_NODES, IMEX_CHANNEL_CONF, NVLSM_MODULES_FILE]
+        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": files}
     if spec.accelerator_vendor == "tpu":
         return {"files": [TPU_SYSCTL_FILE], "sysctl": sorted(TPU_SYSCTL)}
     return {}
@@ -159,6 +180,7 @@ class Service:
     active: str
     enabled: str
     restart: bool  # its package or its configuration changes this run
+    modules: tuple[str, ...] = ()  # kernel modules loaded before it starts (modprobe)
 
 
 @dataclass(frozen=True)
@@ -181,6 +203,12 @@ class NvidiaPlan:
     # the nvidia module's options file (IMEX channel 0), written before the driver is installed
     module_options: RenderedFile | None
     services: tuple[Service, ...]
+    # what the fabric manager of an NVLink 5 board runs beside it: packages of their own versions
+    # (installed with the driver set, not held), and the kernel modules loaded before it starts,
+    # listed for every boot in ``modules_file``
+    tools: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    modules_file: RenderedFile | None = None
     # No reboot allowed and apt picks the release: the install must keep this version loaded, and
     # stops with ``reboot_line`` (``{version}``: apt's candidate) before installing anything else.
     keep_loaded: str | None = None
@@ -260,6 +288,11 @@ def _imex_nodes(host: str, spec: HostPlan, topology: tuple[HostPlan, ...]) -> Re
     return RenderedFile(IMEX_NODES, why + "".join(f"{p.address}\n" for p in domain), 0o644, "root")
 
 
+def _nvlsm_modules() -> RenderedFile:
+    why = "# Kernel modules the NVLink subnet manager needs, loaded at every boot; from kimi-deploy.\n"
+    return RenderedFile(NVLSM_MODULES_FILE, why + "".join(f"{m}\n" for m in NVLSM_MODULES), 0o644, "root")
+
+
 def _imex_channel() -> RenderedFile:
     why = "# IMEX channel 0 for CUDA's fabric memory across trays, from kimi-deploy; read when nvidia loads.\n"
     return RenderedFile(IMEX_CHANNEL_CONF, why + IMEX_CHANNEL_OPTION + "\n", 0o644, "root")
@@ -324,6 +357,11 @@ def plan_nvidia(
         install = tuple(f"{n}={installed[driver[0]]['version']}" for n in stale)
     else:
         install = stale
+    nvlsm = needs_nvlsm(spec.accelerator_model, spec.accelerators)
+    tools = NVLSM_PACKAGES if nvlsm else ()
+    modules_file = _nvlsm_modules() if nvlsm else None
+    missing_tools = tuple(n for n in tools if n not in installed)
+    install += missing_tools
     pin = pin_package(want)
     changes_driver = any(n in stale for n in driver)
     loaded, error = loaded_driver(found)
@@ -340,12 +378,17 @@ def plan_nvidia(
     for unit in extras:
         state = (found.get("services") or {}).get(unit) or {}
         nodes_changed = unit == IMEX and imex_nodes is not None and _changed(imex_nodes, found)
+        # the subnet manager's tools or modules change under a running fabric manager: it restarts
+        fabric_changed = unit == FABRIC_MANAGER and (
+            bool(missing_tools) or (modules_file is not None and _changed(modules_file, found))
+        )
         services.append(
             Service(
                 unit,
                 state.get("active", ""),
                 state.get("enabled", ""),
-                restart=reboot != "yes" and (unit in stale or nodes_changed),
+                restart=reboot != "yes" and (unit in stale or nodes_changed or fabric_changed),
+                modules=NVLSM_MODULES if unit == FABRIC_MANAGER and nvlsm else (),
             )
         )
     pin_installed = pin in installed
@@ -367,6 +410,9 @@ def plan_nvidia(
         remove=() if FABRIC_MANAGER in extras else tuple(sorted(n for n in installed if n.startswith(FABRIC_MANAGER))),
         module_options=_imex_channel() if imex_nodes is not None else None,
         services=tuple(services),
+        tools=tools,
+        modules=NVLSM_MODULES if nvlsm else (),
+        modules_file=modules_file,
     )
 
 

@@ -31,7 +31,11 @@ CPU_ENGINE_PACKAGES = CPU_PACKAGES
 # What a router host running a Mooncake master gets: libibverbs1 with the two libnl libraries it
 # depends on (its other dependencies, adduser and libc6, are in the base image), and libnuma1.
 MOONCAKE_PACKAGES = (*MOONCAKE_HOST_PACKAGES, "libnl-3-200", "libnl-route-3-200")
-DEBIAN_PACKAGES = tuple(dict.fromkeys(NGINX_PACKAGES + CPU_ENGINE_PACKAGES + MOONCAKE_PACKAGES))
+# What an HGX B300 host gets beside NVIDIA's nvlsm: infiniband-diags (ibstat, which the fabric
+# manager's start script runs) with its three libraries; its other dependencies (perl, libc6) are in
+# the base image.
+NVLSM_PACKAGES = ("infiniband-diags", "libibmad5", "libibnetdisc5", "libibumad3")
+DEBIAN_PACKAGES = tuple(dict.fromkeys(NGINX_PACKAGES + CPU_ENGINE_PACKAGES + MOONCAKE_PACKAGES + NVLSM_PACKAGES))
 CACHE_NAME = "debian-debs"
 STAMP = ".done"
 DOWNLOAD_TIMEOUT_S = 600

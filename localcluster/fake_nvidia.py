@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from localcluster.host_root import write_changed
 
 CONFIG_PATH = "etc/kimi-fake-accelerators.json"
 NVIDIA_SMI_PATH = "usr/bin/nvidia-smi"
@@ -67,6 +68,10 @@ class Layout:
     attached: dict[int, tuple[int, str]]  # GPU -> (NIC behind the same switch, relation)
     nic_pairs: frozenset[tuple[int, int]]  # NIC ports of one card: PIX
     near: str  # GPU/NIC or NIC/NIC relation within a NUMA node
+    # How the GPUs' NVLinks meet: "nvlink5" (NVSwitches managed through a ConnectX bridge: the fabric
+    # manager starts the NVLink subnet manager), "nvswitch" (NVSwitches the fabric manager drives
+    # itself), "none" (no NVSwitch on the host: a Grace Blackwell tray, whose switch trays manage it)
+    fabric: str
     link: str = "NV18"
 
 
@@ -82,6 +87,7 @@ LAYOUTS = {
         {i: (i, "PIX") for i in range(8)},
         frozenset(),
         "NODE",
+        "nvlink5",
     ),
     # As in ../shared/fixtures/nvidia/h200x8_topo_m.txt: 12 NICs, two of them dual-port cards.
     "h200x8": Layout(
@@ -94,6 +100,7 @@ LAYOUTS = {
         {gpu: (nic, "PXB") for gpu, nic in enumerate((0, 3, 4, 5, 6, 9, 10, 11))},
         frozenset({(1, 2), (7, 8)}),
         "NODE",
+        "nvswitch",
     ),
     # A Grace Blackwell Ultra compute tray (two Grace CPUs, four GPUs): every NIC hangs off a CPU.
     "gb300x4": Layout(
@@ -106,6 +113,7 @@ LAYOUTS = {
         {},
         frozenset({(2, 3), (6, 7)}),
         "SYS",
+        "none",
     ),
 }
 TPU_CHIPS = {"tpu7x4": 4}
@@ -177,6 +185,7 @@ def describe(hardware: str, seed: str) -> dict[str, Any]:
         "hardware": hardware,
         "vendor": "nvidia",
         "driver_version": DEFAULT_DRIVER,
+        "fabric": layout.fabric,
         "gpus": gpus,
         "topology": {
             "link": layout.link,
@@ -187,24 +196,13 @@ def describe(hardware: str, seed: str) -> dict[str, Any]:
     }
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Write only what differs, so that installing twice changes nothing (not even a timestamp)."""
-    if path.is_file() and path.read_bytes() == data and (path.stat().st_mode & 0o777) == mode:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
-
-
 def install(root: Path, hardware: str) -> None:
     """Give the host whose root filesystem is ``root`` the accelerators of ``hardware`` (see HARDWARE)."""
     description = describe(hardware, str(root.resolve()))
     config = root / CONFIG_PATH
     smi = root / NVIDIA_SMI_PATH
-    _write(config, (json.dumps(description, indent=1) + "\n").encode(), 0o644)
+    write_changed(config, (json.dumps(description, indent=1) + "\n").encode(), 0o644)
     if description["vendor"] == "nvidia":
-        _write(smi, _SCRIPT.read_bytes(), 0o755)
+        write_changed(smi, _SCRIPT.read_bytes(), 0o755)
     elif smi.is_file() and _MARKER in smi.read_bytes():
         smi.unlink()

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from localcluster import bootloop, debian_sources, hook, launch_detached, log, network, process_argv, run
+from localcluster import bootloop, debian_sources, fake_kernel, hook, launch_detached, log, network, process_argv, run
 from localcluster.hardware_spec import MODELS_DIR, parse_spec
 from localcluster.image import write_into
 from localcluster.state import ClusterError, HostRecord, Settings, write_atomic
@@ -214,6 +214,7 @@ def prepare(settings: Settings, host: HostRecord, base: Path) -> None:
     install = hook("localcluster.fake_nvidia", "install")
     if install is not None:
         install(merged, spec.accelerators)
+    fake_kernel.install(merged)
     disk = models_disk(settings, host)
     if spec.models_disk_bytes is not None and not is_mounted(disk):
         disk.mkdir(parents=True, exist_ok=True)

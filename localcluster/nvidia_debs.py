@@ -26,9 +26,12 @@ describes it:
   ("headless") install on Debian is ``apt-get install nvidia-driver-cuda nvidia-kernel-open-dkms``;
   its full install is ``apt-get install nvidia-open``. Every piece depends on the others at exactly
   ``V-1``, so apt moves them together.
-- ``nvidia-fabricmanager`` (NVSwitch systems: HGX B300/H200; unit ``nvidia-fabricmanager.service``,
-  config ``/usr/share/nvidia/nvswitch/fabricmanager.cfg``) and ``nvidia-imex`` (NVLink domains such
-  as GB300 NVL72; unit ``nvidia-imex.service``, ``/etc/nvidia-imex/config.cfg`` and
+- ``nvidia-fabricmanager`` (NVSwitch systems: HGX B300/H200; unit ``nvidia-fabricmanager.service``
+  running ``nvidia-fabricmanager-start.sh --mode precheck`` then ``--mode start``, config
+  ``/usr/share/nvidia/nvswitch/fabricmanager.cfg``; on a host without NVSwitches the daemon exits
+  with NV_WARN_NOTHING_TO_DO, NVIDIA/gpu-operator#610; on an NVLink 5 board the start script needs
+  ``nvlsm``, ``ibstat`` and ``ib_umad``, see ``standins/nvidia_fabricmanager_start.sh``) and
+  ``nvidia-imex`` (NVLink domains such as GB300 NVL72; unit ``nvidia-imex.service``, ``/etc/nvidia-imex/config.cfg`` and
   ``nodes_config.cfg``), at version ``V-1`` too. Both depend on the driver at exactly ``V-1``: the
   real fabric manager refuses a driver of another version, so apt refuses to install one.
 
@@ -38,6 +41,9 @@ are Debian 12, so Debian's names are the ones built. Left out as beside the poin
 desktop half (``nvidia-driver``, X and GL libraries), the proprietary modules (``cuda-drivers``,
 ``nvidia-kernel-dkms``), ``dkms`` itself and the library packages ``nvidia-driver-cuda`` pulls in.
 The versions are real releases: 580.95.05 and 580.105.08 (branch 580) and 590.48.01 (branch 590).
+``nvlsm`` (the NVLink subnet manager, ``Depends: libibumad3``, installed with ``infiniband-diags``
+from Debian, as NVIDIA's driver container does: gpu-driver-container ubuntu24.04/install.sh:67-69,
+commit 06a208ca) is one package of its own version.
 
 What a stand-in does: maintainer scripts (shell) call ``/usr/lib/nvidia/standin-driver-state``
 (``standins/nvidia_driver_state.py``), which keeps ``/etc/kimi-fake-accelerators.json`` as a real
@@ -58,8 +64,17 @@ import tempfile
 from pathlib import Path
 
 from localcluster import run
+from localcluster.host_root import early_boot_unit
 
 DRIVER_VERSIONS = ("580.95.05", "580.105.08", "590.48.01")
+# nvlsm is released on its own calendar (2025.06.5 .. 2025.12.211 in NVIDIA's trees).
+NVLSM_VERSION = "2025.06.5-1"
+# The configuration NVIDIA's driver container hands the start script (gpu-driver-container,
+# ubuntu24.04/nvidia-driver:641, commit 06a208ca).
+NVLSM_CONF = "usr/share/nvidia/nvlsm/nvlsm.conf"
+# Where nvlsm is installed (aws/aws-parallelcluster-cookbook, commit 02106c37, cookbooks/
+# aws-parallelcluster-platform/resources/nvidia_nvlsm/partial/_nvidia_nvlsm_common.rb: nvlsm_installed?).
+NVLSM_BINARY = "opt/nvidia/nvlsm/sbin/nvlsm"
 KEYRING_VERSION = "1.1-1"
 # Each driver package's version is the driver version with this Debian revision.
 DEBIAN_REVISION = "1"
@@ -188,21 +203,11 @@ def driver_debs(driver: str, architecture: str) -> list[Deb]:
             ),
         }
 
-    boot_unit = f"""\
-[Unit]
-Description=Load the installed NVIDIA kernel module (stand-in driver of the local test cluster)
-DefaultDependencies=no
-After=local-fs.target
-Before=sysinit.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart={helper} boot
-
-[Install]
-WantedBy=sysinit.target
-"""
+    boot_unit = early_boot_unit(
+        "Load the installed NVIDIA kernel module (stand-in driver of the local test cluster)", f"{helper} boot"
+    )
+    # From branch 580 the unit runs NVIDIA's start script, which checks the host first (--mode
+    # precheck), then starts the daemon, and on an NVLink 5 board the subnet manager beside it.
     fabricmanager_unit = """\
 [Unit]
 Description=NVIDIA fabric manager service
@@ -214,7 +219,8 @@ User=root
 PrivateTmp=false
 Type=simple
 TimeoutStartSec=240
-ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg
+ExecStartPre=/usr/bin/nvidia-fabricmanager-start.sh --mode precheck
+ExecStart=/usr/bin/nvidia-fabricmanager-start.sh --mode start
 LimitCORE=infinity
 
 [Install]
@@ -319,6 +325,7 @@ DEST_MODULE_LOCATION[0]="/kernel/drivers/video"
             depends=(f"nvidia-kernel-common {exact}",),
             files={
                 "usr/bin/nv-fabricmanager": _standin("nv_fabricmanager.sh", driver),
+                "usr/bin/nvidia-fabricmanager-start.sh": _standin("nvidia_fabricmanager_start.sh", driver),
                 "usr/share/nvidia/nvswitch/fabricmanager.cfg": File(fabricmanager_cfg.encode()),
                 f"{UNIT_DIR}/nvidia-fabricmanager.service": _unit(fabricmanager_unit),
             },
@@ -342,6 +349,24 @@ DEST_MODULE_LOCATION[0]="/kernel/drivers/video"
             scripts=reload,
         ),
     ]
+
+
+def nvlsm_deb(architecture: str) -> Deb:
+    """``nvlsm``, the NVLink subnet manager the fabric manager of an NVLink 5 board starts: versioned
+    on its own (not the driver's, not pinned), depending on libibumad3 (Debian's), with the
+    configuration file the fabric manager's start script is given."""
+    conf = "# NVLink subnet manager configuration (stand-in: read, not interpreted).\nlog_file /var/log/nvlsm.log\n"
+    return Deb(
+        "nvlsm",
+        NVLSM_VERSION,
+        architecture,
+        "NVIDIA NVLink Subnet Manager",
+        f"The subnet manager of the NVLink 5 fabric of HGX B200/B300 boards, started by the\n"
+        f"fabric manager.\n\n{_STANDIN_NOTE}",
+        depends=("libibumad3",),
+        files={NVLSM_CONF: File(conf.encode()), NVLSM_BINARY: _standin("nvlsm.sh", NVLSM_VERSION)},
+        conffiles=(f"/{NVLSM_CONF}",),
+    )
 
 
 def pinning_deb(target: str) -> Deb:
@@ -398,6 +423,7 @@ def catalogue(repo: Repository) -> list[Deb]:
         debs.append(pinning_deb(target))
     for driver in DRIVER_VERSIONS:
         debs += driver_debs(driver, repo.architecture)
+    debs.append(nvlsm_deb(repo.architecture))
     return debs
 
 

@@ -56,6 +56,10 @@ def driver_steps(
         do(nvidia.packages, name="NVIDIA driver packages", install=list(nv.install), hold=list(nv.packages),
            unheld=list(nv.unheld), headers=nv.headers, version=nv.target_text, keep_loaded=nv.keep_loaded,
            reboot_line=nv.reboot_line)  # fmt: skip
+        if nv.modules_file is not None:
+            # read by systemd-modules-load at boot; loaded now by the fabric manager's service step
+            do(units.rendered, name="NVLink subnet manager modules", files=[nv.modules_file], group="root",
+               current=found["files"])  # fmt: skip
         if nv.imex_nodes is not None:
             do(units.rendered, name="IMEX nodes", files=[nv.imex_nodes], group="root", current=found["files"])
         do(nvidia.rebooted, name="Reboot into the NVIDIA driver", reboot=nv.reboot,

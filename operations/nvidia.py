@@ -259,18 +259,28 @@ def _back(state: State, host: Host, old_boot: str, timeout_s: float) -> bool:
 
 
 @operation()
-def service(unit: str, active: str, enabled: str, restart: bool) -> Generator[str, None, None]:
+def service(
+    unit: str, active: str, enabled: str, restart: bool, modules: list[str] | tuple[str, ...] = ()
+) -> Generator[str, None, None]:
     """
     Keep an NVIDIA service (fabric manager, IMEX) enabled and running, restarted when it changed.
 
     + unit: the unit's name without ``.service``
     + active, enabled: its state from the probe
     + restart: whether its package or configuration changes this run
+    + modules: kernel modules it needs loaded (``ib_umad`` for the NVLink subnet manager), loaded
+      with ``modprobe`` before it starts; a module the kernel lacks stops the host in one line
     """
     if active == "active" and enabled == "enabled" and not restart:
         host.noop(f"{unit} is enabled and active")
         return
     q = shlex.quote(f"{unit}.service")
+    if modules:
+        names = " ".join(shlex.quote(m) for m in modules)
+        yield (
+            f"out=$(modprobe -a {names} 2>&1) || {{ printf 'kimi-deploy: drivers: %s needs kernel modules %s: %s\\n' "
+            f"{q} {shlex.quote(', '.join(modules))} \"$(printf '%s' \"$out\" | head -n 1)\" >&2; exit 1; }}"
+        )
     start = f"systemctl restart {q}" if restart and active == "active" else f"systemctl start {q}"
     # Both daemons refuse a driver of another version, and exit: say so instead of reporting success.
     yield (

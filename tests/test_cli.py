@@ -113,7 +113,7 @@ def test_plan_says_what_gates_an_engine_start() -> None:
 
 
 def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
-    """HGX boards get the fabric manager; Grace Blackwell trays, which have no NVSwitch, get IMEX with
+    """HGX boards get the fabric manager, B300 boards the NVLink subnet manager with it; Grace Blackwell trays, which have no NVSwitch, get IMEX with
     its node list and channel instead; TPU hosts get their kernel setting."""
     run = kimi("plan", RECIPE, PROD)
     assert run.returncode == 0, run.stderr
@@ -125,10 +125,15 @@ def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
         if line.startswith("  drivers ("):
             drivers.setdefault(topology, []).append(line.removeprefix("  "))
     driver = "nvidia-driver-cuda nvidia-kernel-open-dkms"
+    # B300 boards (NVLink 5) get the NVLink subnet manager their fabric manager starts, and its module
+    nvlsm = (
+        "nvlsm infiniband-diags; services nvidia-fabricmanager; "
+        "modules ib_umad (/etc/modules-load.d/nvidia-nvlsm.conf)"
+    )
     assert drivers == {
         "single-node": [
-            f"drivers (b300-01): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager; "
-            "services nvidia-fabricmanager"
+            f"drivers (b300-01): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager "
+            f"{nvlsm}"
         ],
         "gb300-pd": [
             f"drivers (gb300-p01 .. gb300-d04, 10 hosts): GB300 x4: pin nvidia-driver-pinning-580; packages {driver} "
@@ -140,8 +145,8 @@ def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
             "(/etc/sysctl.d/60-kimi-tpu.conf)"
         ],
         "tokenspeed-single": [
-            f"drivers (b300-02): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager; "
-            "services nvidia-fabricmanager"
+            f"drivers (b300-02): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager "
+            f"{nvlsm}"
         ],
         "tokenspeed-multi": [
             f"drivers (h200-01 .. h200-02, 2 hosts): H200 x8: pin nvidia-driver-pinning-580; packages {driver} "

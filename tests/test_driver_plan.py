@@ -25,6 +25,7 @@ from kimi_deploy.driver_plan import (
     DriversPlan,
     NvidiaPlan,
     needs_fabric_manager,
+    needs_nvlsm,
     plan_drivers,
     probe_request,
     upstream,
@@ -138,14 +139,60 @@ def test_a_fresh_b300_host_gets_repository_pin_driver_and_fabric_manager(recipe:
     assert p.repository.keyring == "cuda-keyring_1.1-1_all.deb"
     assert (p.repository.present, p.repository.refresh) == (False, True)
     assert (p.pin, p.pin_installed) == ("nvidia-driver-pinning-580.95.05", False)
-    assert p.install == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager")
-    assert p.packages == p.install
+    # B300 is an NVLink 5 board: its fabric manager runs the NVLink subnet manager, whose packages
+    # come in the same apt transaction, unversioned and not held
+    assert p.install == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager", "nvlsm",
+                         "infiniband-diags")  # fmt: skip
+    assert p.packages == p.install[:3]
+    assert p.tools == ("nvlsm", "infiniband-diags")
     assert p.headers == "linux-headers-6.18.44-fc-v657"
     # The test host's nvidia-smi reports 580.95.05 before any package: installing it needs no reboot.
     assert (p.target, p.loaded, p.reboot) == ("580.95.05", "580.95.05", "no")
     assert p.imex_nodes is None
     assert p.module_options is None  # no IMEX, no channel
-    assert [(s.unit, s.active, s.restart) for s in p.services] == [("nvidia-fabricmanager", "inactive", True)]
+    assert p.modules_file is not None
+    assert (p.modules_file.path, p.modules_file.content.splitlines()[-1]) == (
+        "/etc/modules-load.d/nvidia-nvlsm.conf", "ib_umad")  # fmt: skip
+    assert [(s.unit, s.active, s.restart, s.modules) for s in p.services] == [
+        ("nvidia-fabricmanager", "inactive", True, ("ib_umad",))
+    ]
+
+
+def test_only_nvlink5_boards_get_the_subnet_manager(recipe: Recipe, full_plan: Plan) -> None:
+    assert needs_nvlsm("B300", 8)
+    assert needs_nvlsm("NVIDIA B200", 8)
+    assert not needs_nvlsm("H200", 8)  # NVSwitches on the board, managed by the fabric manager alone
+    assert not needs_nvlsm("GB300", 4)
+    assert not needs_nvlsm("B300", 4)
+    h200 = nvidia_of(drivers(recipe, full_plan, "h200-01", probe("gb300-fresh")))
+    assert (h200.tools, h200.modules, h200.modules_file) == ((), (), None)
+    assert [s.modules for s in h200.services] == [()]
+
+
+def test_a_b300_host_missing_its_subnet_manager_gets_it_and_restarts_the_fabric_manager(
+    recipe: Recipe, full_plan: Plan
+) -> None:
+    want = pinned(recipe, version="580.95.05")
+    fresh = nvidia_of(drivers(want, full_plan, "b300-01", probe("gb300-fresh")))
+    assert fresh.modules_file is not None
+    modules = hashlib.sha256(fresh.modules_file.content.encode()).hexdigest()
+    found = converged(files={fresh.modules_file.path: modules})
+    found["packages"] |= {"nvlsm": {"version": "2025.06.5-1", "held": False},
+                          "infiniband-diags": {"version": "44.0-2", "held": False}}  # fmt: skip
+    done = nvidia_of(drivers(want, full_plan, "b300-01", found))
+    assert (done.install, done.repository.refresh) == ((), False)
+    assert [(s.unit, s.restart) for s in done.services] == [("nvidia-fabricmanager", False)]
+    # nvlsm removed by hand: installed again (alone: the driver set is in place), the fabric manager restarted
+    del found["packages"]["nvlsm"]
+    again = nvidia_of(drivers(want, full_plan, "b300-01", found))
+    assert (again.install, again.reboot, again.headers) == (("nvlsm",), "no", None)
+    assert [(s.unit, s.restart) for s in again.services] == [("nvidia-fabricmanager", True)]
+    # the modules file changed: written again, the fabric manager restarted after loading them
+    found["packages"]["nvlsm"] = {"version": "2025.06.5-1", "held": False}
+    found["files"][fresh.modules_file.path] = "0" * 64
+    edited = nvidia_of(drivers(want, full_plan, "b300-01", found))
+    assert edited.install == ()
+    assert [(s.unit, s.restart) for s in edited.services] == [("nvidia-fabricmanager", True)]
 
 
 def tray(**changes: Any) -> dict[str, Any]:

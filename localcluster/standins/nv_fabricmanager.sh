@@ -1,7 +1,8 @@
 #!/bin/sh
 # Stand-in nv-fabricmanager of the local test cluster, installed by the stand-in nvidia-fabricmanager
 # package as /usr/bin/nv-fabricmanager. Like the real one it runs only against the driver version
-# it was built for, and exits with an error otherwise; then it stays up (there is no fabric to manage).
+# it was built for, and exits with an error otherwise, as it does on a host without NVSwitches; then it
+# stays up (there is no fabric to manage).
 set -u
 VERSION="@VERSION@"
 config=/usr/share/nvidia/nvswitch/fabricmanager.cfg
@@ -14,6 +15,12 @@ while [ $# -gt 0 ]; do
 done
 if [ ! -r "$config" ]; then
     echo "failed to open fabric manager config file $config" >&2
+    exit 1
+fi
+# A host without NVSwitches (a Grace Blackwell compute tray: the switch trays' NVOS runs the fabric
+# manager) has nothing to manage; the real daemon says so and exits (NVIDIA/gpu-operator#610).
+if grep -q '"fabric": "none"' /etc/kimi-fake-accelerators.json 2>/dev/null; then
+    echo "request to query NVSwitch device information failed: WARNING Nothing to do [NV_WARN_NOTHING_TO_DO]" >&2
     exit 1
 fi
 if ! driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1); then

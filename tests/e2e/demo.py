@@ -34,6 +34,24 @@ def gpu_recipe_data() -> dict[str, Any]:
     return demo_gpu_data(STATE_DIR / "api-key")
 
 
+def drivers_recipe(path: Path, nvidia: dict[str, Any], topology: str, accelerators: dict[str, Any], hosts: int) -> None:
+    """The demo recipe at ``path`` with ``drivers.nvidia`` and one topology alone: ``hosts`` of the
+    inventory group named like it (``-`` as ``_``), one TP=8 instance over them."""
+    data = gpu_recipe_data()
+    data["drivers"] = {"nvidia": {k: v for k, v in nvidia.items() if v is not None}}
+    group = topology.replace("-", "_")
+    data["topologies"] = {
+        topology: {
+            "engine": "vllm",
+            "group": group,
+            "accelerators": {"vendor": "nvidia", **accelerators},
+            "max_model_len": 32768,
+            "pools": {"serve": {"group": group, "role": "serve", "hosts": hosts, "parallel": {"tp": 8}}},
+        }
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+
 def _written(data: dict[str, Any]) -> str:
     folder = Path(tempfile.mkdtemp(prefix="kimi-e2e-recipe-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from harness.own_cluster import BIN, ROOT, Run
-from tests.e2e.demo import gpu_recipe_data, host_lines, install_fabric_manager, ssh
+from tests.e2e.demo import drivers_recipe, host_lines, install_fabric_manager, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -70,18 +69,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
 
 def recipe(st: dict[str, Any], **nvidia: Any) -> None:
-    data = gpu_recipe_data()
-    data["drivers"] = {"nvidia": {k: v for k, v in nvidia.items() if v is not None}}
-    data["topologies"] = {
-        "drivers-gb": {
-            "engine": "vllm",
-            "group": "drivers_gb",
-            "accelerators": {"vendor": "nvidia", "model": "GB300", "per_host": 4, "memory_gib": 260},
-            "max_model_len": 32768,
-            "pools": {"serve": {"group": "drivers_gb", "role": "serve", "hosts": 2, "parallel": {"tp": 8}}},
-        }
-    }
-    (st["dir"] / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    gb300 = {"model": "GB300", "per_host": 4, "memory_gib": 260}
+    drivers_recipe(st["dir"] / "recipe.yaml", nvidia, "drivers-gb", gb300, hosts=2)
 
 
 def deploy(st: dict[str, Any], *args: str, timed: str | None = None) -> Run:

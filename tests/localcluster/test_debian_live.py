@@ -110,6 +110,18 @@ def test_apt_installs_nginx_and_its_js_module_from_the_mirror(clean_host: Cluste
     assert port_80(c)
 
 
+def test_apt_installs_what_the_nvlink_subnet_manager_needs_from_the_mirror(clean_host: Cluster) -> None:
+    c = clean_host
+    assert update(c).returncode == 0
+    out = sh(c, f"{APT} install infiniband-diags")
+    # Its libraries come along; perl and libc6 are in the base image.
+    unpacked = [
+        name.removesuffix(":amd64").removesuffix(":arm64") for name in re.findall(r"^Unpacking (\S+) ", out, re.M)
+    ]
+    assert sorted(unpacked) == sorted(debian_debs.NVLSM_PACKAGES)
+    assert sh(c, "command -v ibstat").strip() == "/usr/sbin/ibstat"
+
+
 def test_apt_refuses_the_mirror_without_the_cluster_key(deb_cluster: Cluster) -> None:
     keyring = f"/{debian_sources.KEYRING_FILE}"
     # Without lists from before: with them apt only warns and keeps the old (signed) ones.

@@ -1,7 +1,8 @@
 """End to end on a one-host cluster of its own: the pinned NVIDIA driver from the cluster's apt repository.
 
 A host installs ``cuda-keyring``, a version pin and the compute-only driver with the fabric manager
-the way the NVIDIA Driver Installation Guide says, is refused a fabric manager of another version,
+the way the NVIDIA Driver Installation Guide says (which on this B300 board starts only with the
+NVLink subnet manager and ``ib_umad``, loaded again at boot), is refused a fabric manager of another version,
 upgrades within the branch (nvidia-smi then reports the NVML mismatch and a reboot is required),
 reboots with ``systemctl reboot`` and comes back with the new driver loaded. Then every process of
 the cluster is killed with SIGKILL and ``down`` still removes all of it.
@@ -106,8 +107,24 @@ def test_pinned_driver_install_refusal_upgrade_and_reboot(apt_cluster: Cluster) 
     sh(c, f"{APT} install {PACKAGES}")
     assert sh(c, SMI_VERSION).split() == [DRIVER] * 8
     assert sh(c, "test -e /var/run/reboot-required && echo pending || echo none").strip() == "none"
-    sh(c, "systemctl enable --now nvidia-fabricmanager.service")
+    # A B300 board is NVLink 5: its fabric manager starts only with the NVLink subnet manager beside it.
+    bare = c.ssh(HOST, "systemctl enable --now nvidia-fabricmanager.service", check=False)
+    assert bare.returncode != 0
+    said = sh(c, "journalctl -u nvidia-fabricmanager.service -o cat --no-pager | grep 'cannot start'")
+    assert said.strip() == (
+        "NVLink subnet manager cannot start: missing nvlsm (no /opt/nvidia/nvlsm/sbin/nvlsm), "
+        "nvlsm's configuration /usr/share/nvidia/nvlsm/nvlsm.conf, ibstat (infiniband-diags), the ib_umad kernel module"
+    )
+    sh(c, f"{APT} install nvlsm infiniband-diags")
+    # The hosts are containers: the cluster's stand-in modprobe records the module (fake_kernel.py),
+    # and loads what modules-load.d lists at every boot.
+    sh(c, "modprobe ib_umad && echo ib_umad > /etc/modules-load.d/ib_umad.conf")
+    sh(c, "systemctl restart nvidia-fabricmanager.service")
     assert sh(c, "systemctl is-active nvidia-fabricmanager.service").strip() == "active"
+    unknown = c.ssh(HOST, "modprobe no_such_module", check=False)
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        1, f"modprobe: FATAL: Module no_such_module not found in directory /lib/modules/{sh(c, 'uname -r').strip()}"
+    )  # fmt: skip
 
     # Converged: installing the same again changes nothing.
     again = sh(c, f"{APT} install {PACKAGES}")

@@ -129,6 +129,7 @@ def test_packages_mirror_nvidia_names_and_versions(repo: Repo) -> None:
         for name in ("nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-common", "nvidia-kernel-open-dkms",
                      "nvidia-fabricmanager", "nvidia-imex")
     }  # fmt: skip
+    expected.add(f"nvlsm_{nvidia_debs.NVLSM_VERSION}_{arch}.deb")
     assert names == expected
     info = subprocess.run(
         ["dpkg-deb", "--info", str(repo.deb("cuda-keyring"))], capture_output=True, text=True, check=False
@@ -153,9 +154,15 @@ def test_every_driver_piece_depends_on_the_same_version(repo: Repo) -> None:
 def test_fabric_manager_and_imex_ship_their_units_and_config(repo: Repo) -> None:
     fm = members(repo.driver_deb("nvidia-fabricmanager", DRIVER))
     unit = fm["/lib/systemd/system/nvidia-fabricmanager.service"].decode()
-    assert "ExecStart=/usr/bin/nv-fabricmanager -c /usr/share/nvidia/nvswitch/fabricmanager.cfg" in unit
+    assert "ExecStartPre=/usr/bin/nvidia-fabricmanager-start.sh --mode precheck" in unit
+    assert "ExecStart=/usr/bin/nvidia-fabricmanager-start.sh --mode start" in unit
     assert "/usr/share/nvidia/nvswitch/fabricmanager.cfg" in fm
     assert f'VERSION="{DRIVER}"' in fm["/usr/bin/nv-fabricmanager"].decode()
+    assert "exec /usr/bin/nv-fabricmanager" in fm["/usr/bin/nvidia-fabricmanager-start.sh"].decode()
+    # The NVLink subnet manager: its own version, Debian's libibumad3, the configuration the start script reads.
+    nvlsm = repo.deb("nvlsm")
+    assert (field(nvlsm, "Version"), field(nvlsm, "Depends")) == (nvidia_debs.NVLSM_VERSION, "libibumad3")
+    assert {"/usr/share/nvidia/nvlsm/nvlsm.conf", "/opt/nvidia/nvlsm/sbin/nvlsm"} <= set(members(nvlsm))
     imex_deb = repo.driver_deb("nvidia-imex", DRIVER)
     imex = members(imex_deb)
     assert (
