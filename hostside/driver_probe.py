@@ -13,7 +13,9 @@ Output:
    "nvml": {"version": "580.95.05"} | {"error": "Failed to initialize NVML: ..."} | None (no nvidia-smi),
    "reboot_required": ["nvidia-driver-cuda", ...] | None (no reboot asked for),
    "services": {unit: {"active": "active", "enabled": "enabled" | "" (no such unit)}},
-   "files": {path: sha256 | None}, "sysctl": {key: value | None}, "boot_id": str}
+   "files": {path: sha256 | None}, "sysctl": {key: value | None}, "boot_id": str,
+   "secure_boot": {"enabled": bool | None, "keys": {path: "enrolled" | "not enrolled" | "missing" |
+                   "unknown: ..."}} | None   (asked with "secure_boot": [DKMS signing key paths])}
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from hostside.probe_types import DriversAnswer, Nvml, ServiceState
+    from hostside.probe_types import DriversAnswer, Nvml, SecureBoot, ServiceState
 
 
 SOURCES_DIR = "/etc/apt/sources.list.d"
+EFI_DIR = "/sys/firmware/efi"
+# UEFI's global variable (UEFI spec, "Globally Defined Variables"): 4 bytes of attributes, then 1
+# when Secure Boot is on.
+SECURE_BOOT_VAR = "efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e9e2e6c2dd3b"
 _NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
 _ENV = {**os.environ, "LC_ALL": "C", "LANG": "C"}
 
@@ -51,11 +57,13 @@ def _text(path: str) -> str | None:
 
 
 def _start(argv: list[str]) -> subprocess.Popen[str] | None:
-    if on_path(argv[0]) is None:
+    found = on_path(argv[0])
+    if found is None:
         return None
     return subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV
-    )
+        [found, *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_ENV,
+    )  # fmt: skip
 
 
 def _finish(proc: subprocess.Popen[str] | _Read | None, timeout: float) -> tuple[int | None, str, str]:
@@ -118,6 +126,38 @@ def _services(units: list[str], stdout: str) -> dict[str, ServiceState]:
         if unit in units:
             found[unit] = {"active": props.get("ActiveState", ""), "enabled": props.get("UnitFileState", "")}
     return {u: found.get(u, {"active": "unknown", "enabled": ""}) for u in units}
+
+
+def secure_boot(keys: list[str], timeout: float, efi_dir: str = EFI_DIR) -> SecureBoot:
+    """Whether Secure Boot is on and, when it is, whether ``mokutil --test-key`` finds each key
+    enrolled (a machine booted without UEFI, or whose firmware has no such variable, has it off).
+    mokutil prints ``<key> is already enrolled`` (also when its enrollment waits for the next boot)
+    or ``<key> is not enrolled`` (lcp/mokutil src/mokutil.c, test_key)."""
+    if not os.path.isdir(efi_dir):
+        return {"enabled": False, "keys": {}}
+    try:
+        with open(os.path.join(efi_dir, SECURE_BOOT_VAR), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return {"enabled": False, "keys": {}}
+    except OSError:
+        return {"enabled": None, "keys": {}}
+    if len(data) < 5 or data[4] != 1:
+        return {"enabled": False, "keys": {}}
+    found: dict[str, str] = {}
+    for key in keys:
+        if not os.path.exists(key):
+            found[key] = "missing"
+            continue
+        rc, out, err = _finish(_start(["mokutil", "--test-key", key]), timeout)
+        said = " ".join((out + err).split())
+        if "is already enrolled" in said:
+            found[key] = "enrolled"
+        elif "is not enrolled" in said:
+            found[key] = "not enrolled"
+        else:
+            found[key] = f"unknown: {said or ('mokutil is not installed' if rc is None else f'mokutil exited {rc}')}"
+    return {"enabled": True, "keys": found}
 
 
 def _digest(path: str) -> str | None:
@@ -187,6 +227,7 @@ def probe(
     smi = _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if ask else None
     show = _started([*SERVICE_STATES, *units], hardware) if units else None
     pending = _text("/run/reboot-required.pkgs")
+    keys = request.get("secure_boot")
     # nvidia-smi's answer: read here, or already (``known``); None: not asked, or no nvidia-smi
     read = known if nvidia and known is not None else (_finish(smi, timeout) if smi is not None else None)
     release = _os_release()
@@ -211,6 +252,7 @@ def probe(
             for k in request.get("sysctl") or []
         },
         "boot_id": (_text("/proc/sys/kernel/random/boot_id") or "").strip(),
+        "secure_boot": secure_boot([str(k) for k in keys], timeout) if keys is not None else None,
     }
 
 

@@ -148,6 +148,15 @@ class ServiceState(TypedDict):
     enabled: str
 
 
+class SecureBoot(TypedDict):
+    """UEFI Secure Boot and the DKMS signing keys: what decides whether a module DKMS builds loads."""
+
+    # None: the firmware's variable could not be read
+    enabled: bool | None
+    # asked key -> "enrolled" | "not enrolled" | "missing" | "unknown: <why>" (only when enabled)
+    keys: dict[str, str]
+
+
 class DriversAnswer(TypedDict):
     """What ``hostside/driver_probe.py`` prints (unless it prints ``{"error": ...}``)."""
 
@@ -169,6 +178,8 @@ class DriversAnswer(TypedDict):
     files: dict[str, str | None]
     sysctl: dict[str, str | None]
     boot_id: str
+    # None: not asked
+    secure_boot: NotRequired[SecureBoot | None]
 
 
 class SectionError(TypedDict):

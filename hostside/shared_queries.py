@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 
-# NVIDIA's packages and the keyring, one line each: name, version, db:Status-Abbrev ("ii ").
+# NVIDIA's packages (Debian's and Ubuntu's names) and the keyring, one line each: name, version,
+# db:Status-Abbrev ("ii ").
 NVIDIA_PACKAGES = [
     "dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", "nvidia-*", "cuda-keyring", "cuda-drivers*",
-    "nvlsm", "infiniband-diags",
+    "libnvidia-compute*", "nvlsm", "infiniband-diags",
 ]  # fmt: skip
 SERVICE_STATES = ["systemctl", "show", "--property=Id,ActiveState,UnitFileState"]
 

@@ -7,10 +7,11 @@ node list and whether the host must reboot into the driver; for a TPU host, the 
 serving needs. What would leave a host inconsistent is refused before any change, each refusal one
 line ``HOST: drivers: WHAT: expected ..., found ...``.
 
-Package names are those of NVIDIA's CUDA repository for Debian (the NVIDIA Driver Installation
-Guide, "Debian": compute-only ``nvidia-driver-cuda`` with ``nvidia-kernel-open-dkms`` or
-``nvidia-kernel-dkms``, full ``nvidia-open`` or ``cuda-drivers``; ``nvidia-driver-pinning-<branch>``
-or ``-<version>`` before the driver, "Version locking").
+Package names are those of NVIDIA's CUDA repository for the host's OS (the NVIDIA Driver
+Installation Guide, "Debian": compute-only ``nvidia-driver-cuda`` with ``nvidia-kernel-open-dkms``
+or ``nvidia-kernel-dkms``; "Ubuntu": compute-only ``libnvidia-compute`` with ``nvidia-dkms-open`` or
+``nvidia-dkms``, named by branch up to 580; full ``nvidia-open`` or ``cuda-drivers`` on both;
+``nvidia-driver-pinning-<branch>`` or ``-<version>`` before the driver, "Version locking").
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ PIN_PREFIX = "nvidia-driver-pinning-"
 KEYRING = "cuda-keyring"
 # Debian's architecture -> the directory NVIDIA's repository keeps it in.
 REPO_ARCHES = {"amd64": "x86_64", "arm64": "sbsa"}
+# Ubuntu releases (os-release VERSION_ID) -> NVIDIA's tree for them; Debian's is debian<major>.
+UBUNTU_TREES = {"22.04": "ubuntu2204", "24.04": "ubuntu2404"}
+# From this branch on, Ubuntu's tree names the compute-only packages without the branch:
+# ``libnvidia-compute nvidia-dkms-open`` (590, 595, 610), ``libnvidia-compute-580
+# nvidia-dkms-580-open`` before (installs from NVIDIA's ubuntu2204 and ubuntu2404 trees as users
+# report them; the guide's "Ubuntu" section names the unsuffixed ones).
+UBUNTU_UNSUFFIXED_FROM = 590
 # Baseboards whose GPUs meet in NVSwitches when a host carries eight of them (HGX); a board with
 # fewer (HGX H100 4-GPU, PCIe cards) links its GPUs directly and runs no fabric manager.
 HGX_MODELS = ("A100", "H100", "H200", "B200", "B300")
@@ -61,6 +69,13 @@ NVLSM_PACKAGES = ("nvlsm", "infiniband-diags")
 NVLSM_MODULES = ("ib_umad",)
 # Read by systemd-modules-load at every boot (modules-load.d(5)): the module is back after a reboot.
 NVLSM_MODULES_FILE = "/etc/modules-load.d/nvidia-nvlsm.conf"
+
+# The key DKMS signs the modules it builds with when Secure Boot is on; the firmware loads them only
+# once it is enrolled (mokutil --import, confirmed at the next boot). DKMS's default is
+# /var/lib/dkms/mok.pub, made at its first build when missing (dkms-project/dkms
+# dkms_framework.conf.in, mok_certificate); Ubuntu's dkms signs with the shim-signed MOK
+# (update-secureboot-policy --enroll-key).
+DKMS_KEYS = {"debian": "/var/lib/dkms/mok.pub", "ubuntu": "/var/lib/shim-signed/mok/MOK.der"}
 
 # The kernel's default (65530) caps the memory mappings of a process; the TPU runtime maps far more.
 # 8388608 is what vLLM's TPU backend sets on v7x hosts, "Required to prevent vLLM crashes due to
@@ -119,8 +134,11 @@ def host_kind_lines(recipe: Recipe, hosts: tuple[HostPlan, ...]) -> list[str]:
             continue
         extras = extras_for(spec)
         tools = NVLSM_PACKAGES if needs_nvlsm(spec.accelerator_model, spec.accelerators) else ()
-        what = f"{spec.accelerator_model} x{spec.accelerators}: pin {pin_package(want)}; packages "
-        what += " ".join((*driver_packages(want), *extras, *tools))
+        others = "".join(f" ({arch}: {pin_package(want.for_arch(arch))})" for arch in sorted(want.per_arch))
+        what = f"{spec.accelerator_model} x{spec.accelerators}: pin {pin_package(want)}{others}; packages "
+        debian, ubuntu = driver_packages(want), driver_packages(want, "ubuntu2404")
+        what += " ".join(debian) + (f" (Ubuntu: {' '.join(ubuntu)})" if ubuntu != debian else "")
+        what += "".join(f" {name}" for name in (*extras, *tools))
         if extras:
             what += f"; services {' '.join(extras)}"
         if tools:
@@ -140,12 +158,26 @@ def imex_domain(spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[HostPla
     return tuple(p for p in topology if p.pool == spec.pool and p.instance == spec.instance)
 
 
-def driver_packages(want: NvidiaDriver) -> tuple[str, ...]:
-    """The driver set: the first package carries the driver's version."""
+def driver_packages(want: NvidiaDriver, tree: str = "debian12") -> tuple[str, ...]:
+    """The driver set in NVIDIA's repository tree ``tree`` (``debian12``, ``ubuntu2404``): the first
+    package carries the driver's version."""
+    if want.compute_only and tree.startswith("ubuntu"):
+        suffix = f"-{want.branch}" if int(want.branch) < UBUNTU_UNSUFFIXED_FROM else ""
+        return (f"libnvidia-compute{suffix}", f"nvidia-dkms{suffix}" + ("-open" if want.flavor == "open" else ""))
     if want.compute_only:
         dkms = "nvidia-kernel-open-dkms" if want.flavor == "open" else "nvidia-kernel-dkms"
         return ("nvidia-driver-cuda", dkms)
     return ("nvidia-open",) if want.flavor == "open" else ("cuda-drivers",)
+
+
+def repository_tree(os_release: Mapping[str, Any]) -> str | None:
+    """NVIDIA's repository tree for a host's OS (``debian12``, ``ubuntu2404``); None: none planned."""
+    version = str(os_release.get("version_id") or "")
+    if os_release.get("id") == "debian" and version:
+        return f"debian{version.partition('.')[0]}"
+    if os_release.get("id") == "ubuntu":
+        return UBUNTU_TREES.get(version)
+    return None
 
 
 def pin_package(want: NvidiaDriver) -> str:
@@ -158,7 +190,8 @@ def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
         return {}
     if spec.accelerator_vendor == "nvidia" and recipe.drivers.nvidia is not None:
         files = [IMEX_NODES, IMEX_CHANNEL_CONF, NVLSM_MODULES_FILE]
-        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": files}
+        keys = sorted(DKMS_KEYS.values())
+        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": files, "secure_boot": keys}
     if spec.accelerator_vendor == "tpu":
         return {"files": [TPU_SYSCTL_FILE], "sysctl": sorted(TPU_SYSCTL)}
     return {}
@@ -263,15 +296,37 @@ def reboot_refusal(host: str, what: str, found: Mapping[str, Any]) -> str:
 
 def _repository(host: str, base: str, want: NvidiaDriver, found: Mapping[str, Any]) -> Repository | str:
     os_ = found.get("os") or {}
-    if os_.get("id") != "debian" or not os_.get("version_id"):
-        return f"{host}: drivers: NVIDIA's packages are planned for Debian, found {os_.get('pretty') or os_.get('id')}"
+    tree = repository_tree(os_)
+    if tree is None:
+        planned, found_os = f"Debian and Ubuntu {', '.join(UBUNTU_TREES)}", os_.get("pretty") or os_.get("id")
+        return f"{host}: drivers: NVIDIA's packages are planned for {planned}, found {found_os}"
     arch = os_.get("arch")
     if arch not in REPO_ARCHES:
         return f"{host}: drivers: NVIDIA's repository has {', '.join(REPO_ARCHES)} packages, found {arch}"
-    url = f"{base.rstrip('/')}/debian{str(os_['version_id']).split('.')[0]}/{REPO_ARCHES[arch]}"
+    url = f"{base.rstrip('/')}/{tree}/{REPO_ARCHES[arch]}"
     sources = [line.split() for line in found.get("sources") or []]
     present = KEYRING in (found.get("packages") or {}) and any(url in words or f"{url}/" in words for words in sources)
     return Repository(url, f"{KEYRING}_{want.keyring}_all.deb", present, refresh=False)
+
+
+def secure_boot_refusal(host: str, tree: str, found: Mapping[str, Any]) -> str | None:
+    """The line stopping a host whose firmware would refuse the module DKMS is about to build:
+    Secure Boot on and DKMS's signing key not enrolled (None: nothing stands in the way)."""
+    state = found.get("secure_boot") or {}
+    if state.get("enabled") is not True:
+        return None
+    key = DKMS_KEYS["ubuntu" if tree.startswith("ubuntu") else "debian"]
+    said = (state.get("keys") or {}).get(key) or "not checked"
+    if said == "enrolled":
+        return None
+    make = "make it with `dkms generate_mok`, " if said == "missing" else ""
+    if said not in ("missing", "not enrolled"):
+        said = f"not known to be enrolled ({said.removeprefix('unknown: ')})"
+    return (
+        f"{host}: drivers: Secure Boot is on and the DKMS signing key {key} is {said}: the NVIDIA module "
+        f"built now would not load; {make}import it with `mokutil --import {key}`, enroll it at the next boot, "
+        "then run again (or turn Secure Boot off)"
+    )
 
 
 def _imex_nodes(host: str, spec: HostPlan, topology: tuple[HostPlan, ...]) -> RenderedFile | str:
@@ -324,10 +379,12 @@ def plan_nvidia(
 ) -> NvidiaPlan | str:
     """The NVIDIA plan of one host, or the line refusing it."""
     host = spec.host
+    want = want.for_arch((found.get("os") or {}).get("arch"))
     repository = _repository(host, repo_url, want, found)
     if isinstance(repository, str):
         return repository
-    driver = driver_packages(want)
+    tree = repository_tree(found.get("os") or {}) or "debian12"
+    driver = driver_packages(want, tree)
     extras = extras_for(spec)
     imex_nodes: RenderedFile | None = None
     if IMEX in extras:
@@ -364,6 +421,10 @@ def plan_nvidia(
     install += missing_tools
     pin = pin_package(want)
     changes_driver = any(n in stale for n in driver)
+    if changes_driver:
+        blocked = secure_boot_refusal(host, tree, found)
+        if blocked:
+            return blocked
     loaded, error = loaded_driver(found)
     reboot: Reboot
     if not changes_driver:

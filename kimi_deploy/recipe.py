@@ -141,13 +141,37 @@ class RouterRelease(Strict):
     packages: dict[PackageName, Version] = {}
 
 
+DriverBranch = Annotated[str, StringConstraints(pattern=r"^[0-9]{3}$")]
+DriverVersion = Annotated[str, StringConstraints(pattern=r"^[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?$")]
+
+
+def _on_branch(branch: str, version: str | None) -> None:
+    if version is not None and version.split(".", 1)[0] != branch:
+        raise ValueError(f"version {version} is not on branch {branch}")
+
+
+class ArchPin(Strict):
+    """The pin of one architecture's hosts where NVIDIA's tree for it differs (``debian12/sbsa``,
+    the Grace hosts', carries other branches than ``debian12/x86_64``)."""
+
+    branch: DriverBranch
+    version: DriverVersion | None = None
+
+    @model_validator(mode="after")
+    def _version_on_branch(self) -> ArchPin:
+        _on_branch(self.branch, self.version)
+        return self
+
+
 class NvidiaDriver(Strict):
     """The NVIDIA driver from NVIDIA's apt repository: a branch (``"580"``: the newest release of
-    it at first install, kept afterwards) or, with ``version``, exactly one release; the open or
-    proprietary kernel modules; the compute-only set or the full driver."""
+    it at first install, kept afterwards) or, with ``version``, exactly one release, for hosts of
+    every architecture but those ``per_arch`` (Debian's name: ``amd64``, ``arm64``) pins otherwise;
+    the open or proprietary kernel modules; the compute-only set or the full driver."""
 
-    branch: Annotated[str, StringConstraints(pattern=r"^[0-9]{3}$")]
-    version: Annotated[str, StringConstraints(pattern=r"^[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?$")] | None = None
+    branch: DriverBranch
+    version: DriverVersion | None = None
+    per_arch: dict[Literal["amd64", "arm64"], ArchPin] = {}
     flavor: Literal["open", "proprietary"] = "open"
     compute_only: bool = True
     # The package that installs the repository's key and source, fetched from the repository itself.
@@ -155,9 +179,15 @@ class NvidiaDriver(Strict):
 
     @model_validator(mode="after")
     def _version_on_branch(self) -> NvidiaDriver:
-        if self.version is not None and self.version.split(".", 1)[0] != self.branch:
-            raise ValueError(f"version {self.version} is not on branch {self.branch}")
+        _on_branch(self.branch, self.version)
         return self
+
+    def for_arch(self, arch: str | None) -> NvidiaDriver:
+        """The pin of a host of Debian architecture ``arch``."""
+        pin = next((p for a, p in self.per_arch.items() if a == arch), None)
+        if pin is None:
+            return self
+        return self.model_copy(update={"branch": pin.branch, "version": pin.version, "per_arch": {}})
 
 
 class Drivers(Strict):

@@ -35,12 +35,14 @@ from localcluster.state import ClusterError
 
 # ensure_key and public_key too: the cluster's signing key is reached through this module as well.
 __all__ = [
-    "DISTROS", "LABEL", "ORIGIN", "REPO_ARCHES", "build", "deb_architecture", "distro", "ensure_key", "public_key",
-    "repo_dir",
+    "DISTROS", "LABEL", "ORIGIN", "REPO_ARCHES", "UBUNTU_TREE", "build", "build_tree", "deb_architecture", "distro",
+    "ensure_key", "public_key", "repo_dir",
 ]  # fmt: skip
 
-# NVIDIA's names for a distribution release and an architecture in its repository paths.
+# NVIDIA's names for a distribution release and an architecture in its repository paths: the
+# Debian hosts' tree first, then the tree of the hosts standing for Ubuntu 24.04 machines.
 DISTROS = {"bookworm": "debian12"}
+UBUNTU_TREE = "ubuntu2404"
 REPO_ARCHES = {"amd64": "x86_64", "arm64": "sbsa"}
 ORIGIN, LABEL = "NVIDIA", "NVIDIA CUDA"
 
@@ -58,24 +60,33 @@ def deb_architecture() -> str:
     return arch
 
 
-def repo_dir(root: Path, url: str, architecture: str) -> Path:
-    """Where the repository served under ``url`` lies in the service's ``root``."""
-    return root / "public" / urlsplit(url).path.strip("/") / distro() / REPO_ARCHES[architecture]
+def repo_dir(root: Path, url: str, architecture: str, tree: str | None = None) -> Path:
+    """Where the repository of ``tree`` (default: the Debian hosts') served under ``url`` lies in
+    the service's ``root``."""
+    return root / "public" / urlsplit(url).path.strip("/") / (tree or distro()) / REPO_ARCHES[architecture]
 
 
 def build(root: Path, url: str) -> Path:
-    """Build the signed repository under ``root/public`` for hosts reaching it at ``url``; return its directory.
+    """Build the signed repositories under ``root/public`` for hosts reaching them at ``url`` (the
+    Debian hosts' tree and Ubuntu's); return the Debian hosts' directory.
 
     The signing key is kept across builds (and across ``down``), everything else is made anew.
     """
+    first = build_tree(root, url, distro())
+    build_tree(root, url, UBUNTU_TREE)
+    return first
+
+
+def build_tree(root: Path, url: str, tree: str) -> Path:
+    """Build the signed repository of NVIDIA's tree ``tree`` (``debian12``) under ``root/public``."""
     home = signing_home(root)
     fingerprint = ensure_key(home)
     architecture = deb_architecture()
-    target = repo_dir(root, url, architecture)
+    target = repo_dir(root, url, architecture, tree)
     staging = target.with_name(f".{target.name}.building")
     repo = nvidia_debs.Repository(
-        url=f"{url.rstrip('/')}/{distro()}/{REPO_ARCHES[architecture]}/",
-        distro=distro(),
+        url=f"{url.rstrip('/')}/{tree}/{REPO_ARCHES[architecture]}/",
+        distro=tree,
         architecture=architecture,
         arch_dir=REPO_ARCHES[architecture],
         public_key=public_key(home, fingerprint),

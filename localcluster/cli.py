@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from localcluster import hosts, image, kernel_limits, log, network, services
+from localcluster.hardware_spec import parse_spec
 from localcluster.state import (
     MAX_HOSTS,
     ClusterError,
@@ -84,7 +85,7 @@ def up(settings: Settings, hardware: list[str], with_services: bool = True) -> C
         # forking thread).
         fetched = early.submit(services.prefetch) if with_services else None
         image.ensure_tools()
-        base = image.ensure_base(settings)
+        bases = {o: image.ensure_base(settings, o) for o in sorted({parse_spec(h).os for h in hardware})}
         hosts.ensure_ssh_key(settings)
         hosts.ensure_api_key(settings)
         state = load(settings) or ClusterState.empty(settings)
@@ -95,7 +96,9 @@ def up(settings: Settings, hardware: list[str], with_services: bool = True) -> C
         def outdated(old: HostRecord) -> bool:
             new = asked.get(old.name)
             made_on = hosts.base_of(settings, old.name)
-            return new is None or new.hardware != old.hardware or made_on not in (None, str(base))
+            if new is None or new.hardware != old.hardware:
+                return True
+            return made_on not in (None, str(bases[parse_spec(new.hardware).os]))
 
         dropped = [h for h in state.hosts if outdated(h)]
         if dropped:
@@ -120,7 +123,7 @@ def up(settings: Settings, hardware: list[str], with_services: bool = True) -> C
         def make(host: HostRecord) -> None:
             if host in to_boot:
                 hosts.end_leftovers(settings, host)
-                hosts.prepare(settings, host, base)
+                hosts.prepare(settings, host, bases[parse_spec(host.hardware).os])
             else:
                 # A running host keeps its namespace; its link to a remade bridge may need mending.
                 network.ensure_host_link(settings, host.name, host.address)
@@ -242,7 +245,9 @@ def build_parser(prog: str = "python -m localcluster") -> argparse.ArgumentParse
         nargs="+",
         action="extend",
         metavar="SPEC",
-        help=f"hardware per host (b300x8, h200x8, tpu7x4, ...; comma or space separated; default {DEFAULT_HARDWARE})",
+        help=f"hardware per host (b300x8, h200x8, gb300x4, tpu7x4, none; '-smalldisk' after it: a small weights "
+        f"disk; '-ubuntu24.04' last: Ubuntu 24.04 instead of Debian 12; comma or space separated; default "
+        f"{DEFAULT_HARDWARE})",
     )
     start.add_argument(
         "--no-services", action="store_true", help="hosts only: no fake Hub, no package index, no apt repository"

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from localcluster import bootloop, debian_sources, fake_kernel, hook, launch_detached, log, network, process_argv, run
-from localcluster.hardware_spec import MODELS_DIR, parse_spec
+from localcluster.hardware_spec import DEFAULT_OS, MODELS_DIR, parse_spec
 from localcluster.image import write_into
 from localcluster.state import ClusterError, HostRecord, Settings, write_atomic
 
@@ -192,8 +192,10 @@ def write_identity(settings: Settings, host: HostRecord, hosts: Sequence[HostRec
     # The key lives in the state directory, which a cached base shared by clusters cannot know.
     public = settings.ssh_key.with_suffix(".pub").read_text(encoding="utf-8")
     write_into(root, "root/.ssh/authorized_keys", public, 0o600)
-    # Likewise the mirror's address and signing key: this cluster's, not the base image's.
-    debian_sources.write(settings, root)
+    # Likewise the mirror's address and signing key: this cluster's, not the base image's. A host
+    # standing for an Ubuntu machine gets none: the mirror is Debian's.
+    if parse_spec(host.hardware).os == DEFAULT_OS:
+        debian_sources.write(settings, root)
 
 
 def prepare(settings: Settings, host: HostRecord, base: Path) -> None:

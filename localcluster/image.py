@@ -1,4 +1,5 @@
-"""The controller's tools and the hosts' shared base image (Debian 12, built once, cached by recipe).
+"""The controller's tools and the hosts' shared base images (Debian 12, or Ubuntu 24.04 for hosts
+asked for with it; each built once, cached by recipe).
 
 The base is ``<cache>/base-<hash>``, where the hash covers the mmdebstrap command (its package list
 and the mirror) and every change made to the result; ``base-<hash>.recipe.json`` next to it records
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from localcluster import log, run
+from localcluster import log, run, ubuntu_archive
 from localcluster.state import ClusterError, Settings, write_atomic
 
 # command -> Debian package that brings it, for a fresh Debian 12 controller.
@@ -33,6 +34,10 @@ CONTROLLER_TOOLS = {
     "gpgconf": "gpgconf",
 }
 SUITE = "bookworm"
+# The hosts' systems: the default, and Ubuntu for hosts whose hardware spec ends in "-ubuntu24.04".
+DEBIAN = "debian12"
+UBUNTU = "ubuntu24.04"
+HOST_OSES = (DEBIAN, UBUNTU)
 # Hosts have no internet: whatever the deploy needs on a bare host is baked in here.
 INCLUDE = (
     "systemd",
@@ -143,14 +148,14 @@ def debian_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
     raise ClusterError(f"{apt_dir}: no 'deb' source for Debian {SUITE} in sources.list or sources.list.d/")
 
 
-def mmdebstrap_argv(mirror: str, target: Path | str) -> list[str]:
-    return ["mmdebstrap", "--variant=minbase", f"--include={','.join(INCLUDE)}", SUITE, str(target), mirror]
+def mmdebstrap_argv(mirror: str, target: Path | str, options: tuple[str, ...] = (), suite: str = SUITE) -> list[str]:
+    return ["mmdebstrap", "--variant=minbase", *options, f"--include={','.join(INCLUDE)}", suite, str(target), mirror]
 
 
-def recipe(mirror: str) -> dict[str, object]:
+def recipe(mirror: str, options: tuple[str, ...] = (), suite: str = SUITE) -> dict[str, object]:
     """Everything that decides the base's content: change any of it and the base is rebuilt."""
     return {
-        "mmdebstrap": mmdebstrap_argv(mirror, "DIR"),
+        "mmdebstrap": mmdebstrap_argv(mirror, "DIR", options, suite),
         "files": FILES,
         "masked": list(MASKED_UNITS),
         "removed": ["etc/ssh/ssh_host_*"],
@@ -158,8 +163,8 @@ def recipe(mirror: str) -> dict[str, object]:
     }
 
 
-def recipe_hash(mirror: str) -> str:
-    blob = json.dumps(recipe(mirror), sort_keys=True).encode()
+def recipe_hash(mirror: str, options: tuple[str, ...] = (), suite: str = SUITE) -> str:
+    blob = json.dumps(recipe(mirror, options, suite), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -210,10 +215,17 @@ def cache_lock(cache: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def ensure_base(settings: Settings) -> Path:
-    """The cached base root filesystem for the current recipe, built when missing (~30 s)."""
-    mirror = debian_mirror()
-    digest = recipe_hash(mirror)
+def ensure_base(settings: Settings, host_os: str = DEBIAN) -> Path:
+    """The cached base root filesystem of ``host_os`` for the current recipe, built when missing (~30 s)."""
+    if host_os == UBUNTU:
+        keyring = ubuntu_archive.keyring(settings.cache_dir)
+        mirror, suite = ubuntu_archive.MIRROR, ubuntu_archive.SUITE
+        options = tuple(ubuntu_archive.mmdebstrap_options(keyring))
+    elif host_os == DEBIAN:
+        mirror, suite, options = debian_mirror(), SUITE, ()
+    else:
+        raise ClusterError(f"host system {host_os!r}: known are {', '.join(HOST_OSES)}")
+    digest = recipe_hash(mirror, options, suite)
     base = settings.cache_dir / f"base-{digest}"
     marker = settings.cache_dir / f"base-{digest}.recipe.json"
     with cache_lock(settings.cache_dir):
@@ -229,9 +241,10 @@ def ensure_base(settings: Settings) -> Path:
                 stale.unlink()
         log.info("image: building base %s from %s (about 30 s)", base.name, mirror)
         started = time.monotonic()
-        run(mmdebstrap_argv(mirror, building), timeout=BUILD_TIMEOUT_S)
+        run(mmdebstrap_argv(mirror, building, options, suite), timeout=BUILD_TIMEOUT_S)
         _customize(building)
         building.rename(base)
-        write_atomic(marker, json.dumps({"hash": digest, **recipe(mirror)}, indent=2, sort_keys=True) + "\n")
+        written = {"hash": digest, **recipe(mirror, options, suite)}
+        write_atomic(marker, json.dumps(written, indent=2, sort_keys=True) + "\n")
         log.info("image: built %s in %.1f s", base.name, time.monotonic() - started)
     return base

@@ -78,6 +78,8 @@ NVLSM_BINARY = "opt/nvidia/nvlsm/sbin/nvlsm"
 KEYRING_VERSION = "1.1-1"
 # Each driver package's version is the driver version with this Debian revision.
 DEBIAN_REVISION = "1"
+UBUNTU_REVISION = "1ubuntu1"
+UBUNTU_UNSUFFIXED_FROM = 590
 MAINTAINER = "kimi-deploy local test cluster <kimi-cluster@localhost>"
 SECTION = "NVIDIA"
 # Every file and archive member carries this time (2025-01-01 UTC): a rebuild gives the same bytes.
@@ -160,8 +162,34 @@ class Deb:
         return f"{body}Description: {self.summary}\n{long}\n"
 
 
-def deb_version(driver: str) -> str:
-    return f"{driver}-{DEBIAN_REVISION}"
+@dataclasses.dataclass(frozen=True)
+class Names:
+    """One driver version's package names and Debian revision in one of NVIDIA's trees."""
+
+    compute: str  # the compute userspace: nvidia-driver-cuda; Ubuntu: libnvidia-compute[-580]
+    dkms: str  # the open kernel modules: nvidia-kernel-open-dkms; Ubuntu: nvidia-dkms[-580]-open
+    proprietary: str  # what the open modules conflict with: nvidia-kernel-dkms; Ubuntu: nvidia-dkms[-580]
+    common: str  # module support files: nvidia-kernel-common; Ubuntu: nvidia-kernel-common[-580]
+    revision: str  # 1; Ubuntu: 1ubuntu1
+
+
+def names(distro: str, driver: str) -> Names:
+    """The names in tree ``distro`` (``debian12``, ``ubuntu2404``): Ubuntu's tree names the compute
+    packages by branch up to 580 and not from 590 (``libnvidia-compute-580 nvidia-dkms-580-open``,
+    ``libnvidia-compute nvidia-dkms-open``: NVIDIA Driver Installation Guide, "Ubuntu", and installs
+    from NVIDIA's ubuntu2204 tree), with ``-1ubuntu1`` revisions (its pinning packages, e.g.
+    ``nvidia-driver-pinning-595.71.05 595.71.05-1ubuntu1``)."""
+    if not distro.startswith("ubuntu"):
+        return Names("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-kernel-common",
+                     DEBIAN_REVISION)  # fmt: skip
+    branch = branch_of(driver)
+    suffix = f"-{branch}" if int(branch) < UBUNTU_UNSUFFIXED_FROM else ""
+    return Names(f"libnvidia-compute{suffix}", f"nvidia-dkms{suffix}-open", f"nvidia-dkms{suffix}",
+                 f"nvidia-kernel-common{suffix}", UBUNTU_REVISION)  # fmt: skip
+
+
+def deb_version(driver: str, distro: str = "debian12") -> str:
+    return f"{driver}-{names(distro, driver).revision}"
 
 
 def branch_of(driver: str) -> str:
@@ -188,9 +216,10 @@ def _unit(text: str) -> File:
     return File(text.encode())
 
 
-def driver_debs(driver: str, architecture: str) -> list[Deb]:
-    """The driver packages of one driver version (see the module docstring)."""
-    version = deb_version(driver)
+def driver_debs(driver: str, architecture: str, distro: str = "debian12") -> list[Deb]:
+    """The driver packages of one driver version in tree ``distro`` (see the module docstring)."""
+    version = deb_version(driver, distro)
+    n = names(distro, driver)
     exact = f"(= {version})"
     helper = f"/{STATE_HELPER}"
 
@@ -273,7 +302,7 @@ DEST_MODULE_LOCATION[0]="/kernel/drivers/video"
     reload = {"postinst": _script(_RELOAD), "postrm": _script(_RELOAD)}
     return [
         Deb(
-            "nvidia-kernel-common",
+            n.common,
             version,
             architecture,
             "NVIDIA binary kernel module support files",
@@ -286,26 +315,26 @@ DEST_MODULE_LOCATION[0]="/kernel/drivers/video"
             scripts=reload,
         ),
         Deb(
-            "nvidia-kernel-open-dkms",
+            n.dkms,
             version,
             architecture,
             "NVIDIA binary kernel module DKMS source (open kernel module flavor)",
             f"The open NVIDIA kernel modules, version {driver}, built by DKMS for the installed\n"
             f"kernels and loaded at the next boot.\n\n{_STANDIN_NOTE}",
-            depends=(f"nvidia-kernel-common {exact}",),
-            conflicts=("nvidia-kernel-dkms",),
+            depends=(f"{n.common} {exact}",),
+            conflicts=(n.proprietary,),
             files={f"usr/src/nvidia-{driver}/dkms.conf": File(dkms_conf.encode())},
-            scripts=installed("module", "nvidia-kernel-open-dkms"),
+            scripts=installed("module", n.dkms),
         ),
         Deb(
-            "nvidia-driver-cuda",
+            n.compute,
             version,
             architecture,
             "NVIDIA driver CUDA integration components",
             f"The compute part of the NVIDIA driver {driver}: libcuda, NVML and nvidia-smi.\n\n{_STANDIN_NOTE}",
-            depends=(f"nvidia-kernel-common {exact}",),
+            depends=(f"{n.common} {exact}",),
             files={"usr/bin/nvidia-smi": File((STANDINS / "nvidia_smi.py").read_bytes(), 0o755)},
-            scripts=installed("userspace", "nvidia-driver-cuda"),
+            scripts=installed("userspace", n.compute),
         ),
         Deb(
             "nvidia-open",
@@ -313,7 +342,7 @@ DEST_MODULE_LOCATION[0]="/kernel/drivers/video"
             architecture,
             "NVIDIA driver with open kernel modules (metapackage)",
             f"Installs the NVIDIA driver {driver} with the open kernel modules.\n\n{_STANDIN_NOTE}",
-            depends=(f"nvidia-driver-cuda {exact}", f"nvidia-kernel-open-dkms {exact}"),
+            depends=(f"{n.compute} {exact}", f"{n.dkms} {exact}"),
         ),
         Deb(
             "nvidia-fabricmanager",
@@ -322,7 +351,7 @@ DEST_MODULE_LOCATION[0]="/kernel/drivers/video"
             "Fabric Manager for NVSwitch based systems.",
             f"Fabric Manager {driver} configures the NVSwitches of HGX systems; it runs only with\n"
             f"the NVIDIA driver of the same version.\n\n{_STANDIN_NOTE}",
-            depends=(f"nvidia-kernel-common {exact}",),
+            depends=(f"{n.common} {exact}",),
             files={
                 "usr/bin/nv-fabricmanager": _standin("nv_fabricmanager.sh", driver),
                 "usr/bin/nvidia-fabricmanager-start.sh": _standin("nvidia_fabricmanager_start.sh", driver),
@@ -338,7 +367,7 @@ DEST_MODULE_LOCATION[0]="/kernel/drivers/video"
             "NVIDIA Internode Memory Exchange service",
             f"The IMEX daemon {driver} shares GPU memory across the nodes of an NVLink domain;\n"
             f"it runs only with the NVIDIA driver of the same version.\n\n{_STANDIN_NOTE}",
-            depends=(f"nvidia-kernel-common {exact}",),
+            depends=(f"{n.common} {exact}",),
             files={
                 "usr/bin/nvidia-imex": _standin("nvidia_imex.sh", driver),
                 "etc/nvidia-imex/config.cfg": File(imex_cfg.encode()),
@@ -369,21 +398,26 @@ def nvlsm_deb(architecture: str) -> Deb:
     )
 
 
-def pinning_deb(target: str) -> Deb:
-    """``nvidia-driver-pinning-<target>``: a branch (``580``) or one driver version (``580.95.05``)."""
+def pinning_deb(target: str, distro: str = "debian12") -> Deb:
+    """``nvidia-driver-pinning-<target>``: a branch (``580``) or one driver version (``580.95.05``),
+    pinning the driver packages of tree ``distro`` by their names there."""
     is_branch = "." not in target
+    pinned = [*DRIVER_PACKAGES]
+    for driver in DRIVER_VERSIONS:
+        n = names(distro, driver)
+        pinned += [n.compute, n.dkms, n.common]
     what = f"driver branch {target}" if is_branch else f"driver version {target}"
     pattern = f"{target}.*" if is_branch else f"{target}-*"
     name = f"nvidia-driver-pinning-{target}"
     preferences = (
         f"# {name}: APT driver pinning file for {what}.\n"
-        f"Package: {' '.join(DRIVER_PACKAGES)}\n"
+        f"Package: {' '.join(dict.fromkeys(pinned))}\n"
         f"Pin: version {pattern}\n"
         "Pin-Priority: 1000\n"
     )
     return Deb(
         name,
-        f"{target}-1",
+        f"{target}-{names(distro, DRIVER_VERSIONS[0]).revision}",
         "all",
         f"APT driver pinning file for {what}",
         f"Pins the NVIDIA driver packages to {what}.\n\n{_STANDIN_NOTE}",
@@ -420,9 +454,9 @@ def catalogue(repo: Repository) -> list[Deb]:
     """Every package of the repository: keyring, pinning packages, and the driver at each version."""
     debs = [keyring_deb(repo)]
     for target in sorted({branch_of(v) for v in DRIVER_VERSIONS}) + list(DRIVER_VERSIONS):
-        debs.append(pinning_deb(target))
+        debs.append(pinning_deb(target, repo.distro))
     for driver in DRIVER_VERSIONS:
-        debs += driver_debs(driver, repo.architecture)
+        debs += driver_debs(driver, repo.architecture, repo.distro)
     debs.append(nvlsm_deb(repo.architecture))
     return debs
 

@@ -124,7 +124,8 @@ def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
             topology = line.split()[1].rstrip(":")
         if line.startswith("  drivers ("):
             drivers.setdefault(topology, []).append(line.removeprefix("  "))
-    driver = "nvidia-driver-cuda nvidia-kernel-open-dkms"
+    # Debian's names, and Ubuntu's where its tree names them otherwise
+    driver = "nvidia-driver-cuda nvidia-kernel-open-dkms (Ubuntu: libnvidia-compute-580 nvidia-dkms-580-open)"
     # B300 boards (NVLink 5) get the NVLink subnet manager their fabric manager starts, and its module
     nvlsm = (
         "nvlsm infiniband-diags; services nvidia-fabricmanager; "

@@ -24,6 +24,7 @@ from kimi_deploy.driver_plan import (
     TPU_SYSCTL_FILE,
     DriversPlan,
     NvidiaPlan,
+    host_kind_lines,
     needs_fabric_manager,
     needs_nvlsm,
     plan_drivers,
@@ -102,6 +103,38 @@ def test_a_bad_driver_pin_is_one_line(tmp_path: Path, nvidia: dict[str, Any], li
     with pytest.raises(ConfigError) as err:
         _load(tmp_path, **nvidia)
     assert str(err.value) == f"{tmp_path / 'r.yaml'}: {line}"
+
+
+@pytest.mark.parametrize(
+    ("per_arch", "line"),
+    [
+        ({"arm64": {"branch": "590", "version": "580.95.05"}},
+         "drivers.nvidia.per_arch.arm64: version 580.95.05 is not on branch 590"),
+        ({"ppc64el": {"branch": "590"}},
+         "drivers.nvidia.per_arch.ppc64el.[key]: Input should be 'amd64' or 'arm64', found str 'ppc64el'"),
+    ],
+)  # fmt: skip
+def test_a_bad_architecture_pin_is_one_line(tmp_path: Path, per_arch: dict[str, Any], line: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, per_arch=per_arch)
+    assert str(err.value) == f"{tmp_path / 'r.yaml'}: {line}"
+
+
+def test_grace_hosts_take_their_architectures_pin(tmp_path: Path, full_plan: Plan) -> None:
+    """NVIDIA's sbsa tree (Grace hosts) may carry other branches than x86_64's: a pin per architecture."""
+    want = _load(tmp_path, per_arch={"arm64": {"branch": "590", "version": "590.48.01"}})
+    arm = probe("gb300-fresh", os={"id": "debian", "version_id": "12", "pretty": "Debian 12", "arch": "arm64"})
+    grace = nvidia_of(drivers(want, full_plan, "gb300-p01", arm))
+    assert (grace.pin, grace.target, grace.repository.url) == (
+        "nvidia-driver-pinning-590.48.01", "590.48.01", f"{LOCAL_REPO}/debian12/sbsa"
+    )  # fmt: skip
+    x86 = nvidia_of(drivers(want, full_plan, "b300-01", probe("gb300-fresh")))
+    assert (x86.pin, x86.target, x86.branch) == ("nvidia-driver-pinning-580", None, "580")
+    lines = host_kind_lines(want, full_plan.topology("gb300-pd"))
+    assert lines[0].startswith(
+        "drivers (gb300-p01 .. gb300-d04, 10 hosts): GB300 x4: pin nvidia-driver-pinning-580 "
+        "(arm64: nvidia-driver-pinning-590.48.01); packages "
+    )
 
 
 def test_an_exact_version_on_the_branch_loads(tmp_path: Path) -> None:
@@ -301,12 +334,52 @@ def test_the_repository_follows_release_and_architecture(recipe: Recipe, full_pl
     assert not nvidia_of(drivers(recipe, full_plan, "gb300-p01", moved)).repository.present
 
 
+UBUNTU = {"id": "ubuntu", "version_id": "24.04", "pretty": "Ubuntu 24.04.3 LTS", "arch": "amd64"}
+
+
+@pytest.mark.parametrize(
+    ("branch", "flavor", "packages"),
+    [
+        ("580", "open", ("libnvidia-compute-580", "nvidia-dkms-580-open")),
+        ("580", "proprietary", ("libnvidia-compute-580", "nvidia-dkms-580")),
+        ("590", "open", ("libnvidia-compute", "nvidia-dkms-open")),
+    ],
+)
+def test_ubuntu_hosts_get_ubuntus_tree_and_names(
+    recipe: Recipe, full_plan: Plan, branch: str, flavor: str, packages: tuple[str, ...]
+) -> None:
+    want = pinned(recipe, branch=branch, flavor=flavor)
+    p = nvidia_of(drivers(want, full_plan, "h200-01", probe("gb300-fresh", os=UBUNTU)))
+    assert p.repository.url == f"{LOCAL_REPO}/ubuntu2404/x86_64"
+    assert p.packages == (*packages, "nvidia-fabricmanager")
+    assert p.pin == f"nvidia-driver-pinning-{branch}"
+    jammy = probe("gb300-fresh", os={**UBUNTU, "version_id": "22.04", "arch": "arm64"})
+    assert nvidia_of(drivers(want, full_plan, "h200-01", jammy)).repository.url == f"{LOCAL_REPO}/ubuntu2204/sbsa"
+
+
+def test_a_converged_ubuntu_host_has_nothing_to_do(recipe: Recipe, full_plan: Plan) -> None:
+    want = pinned(recipe, version="580.95.05")
+    tree = f"{LOCAL_REPO}/ubuntu2404/x86_64"
+    at = {"version": "580.95.05-1ubuntu1", "held": True}
+    found = converged(os=UBUNTU, sources=[f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {tree}/ /"])
+    found["packages"] = {
+        "cuda-keyring": {"version": "1.1-1", "held": False},
+        "nvidia-driver-pinning-580.95.05": {"version": "580.95.05-1ubuntu1", "held": False},
+        "libnvidia-compute-580": at, "nvidia-dkms-580-open": at, "nvidia-fabricmanager": at,
+    }  # fmt: skip
+    p = nvidia_of(drivers(want, full_plan, "h200-01", found))
+    assert (p.repository.present, p.pin_installed, p.install, p.unheld, p.reboot) == (True, True, (), (), "no")
+    assert (p.target, p.loaded) == ("580.95.05", "580.95.05")
+
+
 def test_other_systems_are_refused(recipe: Recipe, full_plan: Plan) -> None:
-    ubuntu = probe(
-        "gb300-fresh", os={"id": "ubuntu", "version_id": "24.04", "pretty": "Ubuntu 24.04.3 LTS", "arch": "amd64"}
+    focal = probe("gb300-fresh", os={**UBUNTU, "version_id": "20.04", "pretty": "Ubuntu 20.04.6 LTS"})
+    assert drivers(recipe, full_plan, "b300-01", focal).refusals == (
+        "b300-01: drivers: NVIDIA's packages are planned for Debian and Ubuntu 22.04, 24.04, found Ubuntu 20.04.6 LTS",
     )
-    assert drivers(recipe, full_plan, "b300-01", ubuntu).refusals == (
-        "b300-01: drivers: NVIDIA's packages are planned for Debian, found Ubuntu 24.04.3 LTS",
+    rocky = probe("gb300-fresh", os={"id": "rocky", "version_id": "9.4", "pretty": "Rocky Linux 9.4", "arch": "amd64"})
+    assert drivers(recipe, full_plan, "b300-01", rocky).refusals == (
+        "b300-01: drivers: NVIDIA's packages are planned for Debian and Ubuntu 22.04, 24.04, found Rocky Linux 9.4",
     )
     power = probe("gb300-fresh", os={"id": "debian", "version_id": "12", "pretty": "Debian 12", "arch": "ppc64el"})
     assert drivers(recipe, full_plan, "b300-01", power).refusals == (

@@ -19,32 +19,29 @@ from typing import Any
 
 import pytest
 
-from harness.own_cluster import OwnCluster, Run
-from tests.e2e.demo import drivers_recipe, ssh
+from harness.own_cluster import OwnCluster
+from tests.e2e.demo import ssh
+from tests.e2e.drivers_cluster import DriversHosts
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
 )
 
-NVLSM = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-nvlsm", "KIMI_CLUSTER_SUBNET": "10.213.18.0/24"})
 HOST = "kimi-h1"
 DRIVER = "580.95.05"
 MISSING = "NVLink subnet manager cannot start: missing nvlsm (no /opt/nvidia/nvlsm/sbin/nvlsm)"
 
 
+NVLSM = DriversHosts(
+    OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-nvlsm", "KIMI_CLUSTER_SUBNET": "10.213.18.0/24"}),
+    "b300x8", 1, {"model": "B300", "per_host": 8, "memory_gib": 260}, {"branch": "580", "version": DRIVER},
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("nvlsm")
-    recipe = folder / "recipe.yaml"
-    b300 = {"model": "B300", "per_host": 8, "memory_gib": 260}
-    drivers_recipe(recipe, {"branch": "580", "version": DRIVER}, "drivers-b300", b300, hosts=1)
-    with NVLSM.fresh("b300x8", folder, hosts=1) as st:
-        st["inventory"] = NVLSM.inventory(folder / "inventory.py", recipe, "drivers_b300 = _hosts")
+    with NVLSM.fresh(tmp_path_factory.mktemp("nvlsm")) as st:
         yield st
-
-
-def drivers(st: dict[str, Any], *args: str) -> Run:
-    return NVLSM.pyinfra(st["inventory"], *args, deploy="deploys/drivers.py")
 
 
 def sh(st: dict[str, Any], command: str) -> str:
@@ -58,7 +55,7 @@ def installed(st: dict[str, Any]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def converged(board: dict[str, Any]) -> dict[str, Any]:
-    run = drivers(board)
+    run = NVLSM.run(board)
     assert run.code == 0, run.log[-4000:]
     return board
 
@@ -70,7 +67,7 @@ def test_the_fabric_manager_runs_with_the_subnet_manager_and_its_module(converge
     assert sh(st, "test -e /run/kimi-standin-modules/ib_umad && echo loaded") == "loaded"
     assert sh(st, "systemctl is-active nvidia-fabricmanager") == "active"
     assert "Detected NVL5 system" in sh(st, "journalctl -u nvidia-fabricmanager -o cat --no-pager")
-    again = drivers(st)
+    again = NVLSM.run(st)
     assert again.code == 0, again.log[-3000:]
     assert again.changed() == {}
 
@@ -82,7 +79,7 @@ def test_without_nvlsm_the_fabric_manager_stops_and_the_converge_puts_it_back(co
     assert sh(st, "systemctl restart nvidia-fabricmanager && echo started || echo failed") == "failed"
     said = sh(st, f"journalctl -u nvidia-fabricmanager --after-cursor '{cursor}' -o cat --no-pager")
     assert MISSING in said
-    run = drivers(st)
+    run = NVLSM.run(st)
     assert run.code == 0, run.log[-3000:]
     changed = run.changed()
     assert changed.pop("NVIDIA driver packages") == [HOST]
@@ -90,4 +87,4 @@ def test_without_nvlsm_the_fabric_manager_stops_and_the_converge_puts_it_back(co
     assert set(changed) <= {"NVIDIA repository"}  # apt reads the repository before installing
     assert installed(st)["nvlsm"] == "ii"
     assert sh(st, "systemctl is-active nvidia-fabricmanager") == "active"
-    assert drivers(st).changed() == {}
+    assert NVLSM.run(st).changed() == {}

@@ -16,6 +16,7 @@ import pytest
 
 from localcluster import process_argv
 from localcluster.cli import hardware_plan
+from localcluster.hardware_spec import SMALL_DISK_BYTES, HardwareSpec, parse_spec
 from localcluster.image import debian_mirror
 from localcluster.state import ClusterError, Settings
 from tests.localcluster.conftest import HOSTS, TIMINGS, Cluster, checked, cluster_cli, why_not_here
@@ -226,3 +227,10 @@ def test_the_debian_mirror_is_read_from_apt_sources(tmp_path: Path) -> None:
     (tmp_path / "sources.list.d" / "debian.sources").write_text("")
     with pytest.raises(ClusterError, match=r"no 'deb' source for Debian bookworm"):
         debian_mirror(tmp_path)
+
+
+def test_a_hardware_spec_names_the_accelerators_the_disk_and_the_system() -> None:
+    assert parse_spec("b300x8") == HardwareSpec("b300x8", None, "debian12")
+    assert parse_spec("gb300x4-ubuntu24.04") == HardwareSpec("gb300x4", None, "ubuntu24.04")
+    assert parse_spec("b300x8-smalldisk-ubuntu24.04") == HardwareSpec("b300x8", SMALL_DISK_BYTES, "ubuntu24.04")
+    assert hardware_plan(None, ["gb300x4-ubuntu24.04,b300x8"]) == ["gb300x4-ubuntu24.04", "b300x8"]

@@ -138,6 +138,32 @@ def test_packages_mirror_nvidia_names_and_versions(repo: Repo) -> None:
     assert " Package: cuda-keyring\n Version: 1.1-1\n Architecture: all\n" in info.stdout
 
 
+def test_the_ubuntu_tree_names_the_compute_packages_as_ubuntus_does(repo: Repo) -> None:
+    """Ubuntu 24.04 hosts read ``ubuntu2404``: the compute packages named by branch up to 580 and
+    not from 590, every revision ``-1ubuntu1``; the fabric manager and IMEX keep their names."""
+    arch = apt_repo.deb_architecture()
+    tree = apt_repo.repo_dir(repo.root, repo.url, arch, apt_repo.UBUNTU_TREE)
+    names = {p.name for p in tree.glob("*.deb")}
+    for name in (f"libnvidia-compute-580_{DRIVER}", f"nvidia-dkms-580-open_{DRIVER}", f"nvidia-kernel-common-580_{NEWER}",
+                 f"libnvidia-compute_{OTHER_BRANCH}", f"nvidia-dkms-open_{OTHER_BRANCH}", f"nvidia-imex_{DRIVER}",
+                 f"nvidia-fabricmanager_{DRIVER}"):  # fmt: skip
+        assert f"{name}-1ubuntu1_{arch}.deb" in names, name
+    assert {
+        "nvidia-driver-pinning-580_580-1ubuntu1_all.deb",
+        f"nvidia-driver-pinning-{DRIVER}_{DRIVER}-1ubuntu1_all.deb",
+    } <= names
+    assert not [n for n in names if n.startswith(("nvidia-driver-cuda_", "nvidia-kernel-open-dkms_"))]
+    dkms = tree / f"nvidia-dkms-580-open_{DRIVER}-1ubuntu1_{arch}.deb"
+    assert field(dkms, "Depends") == f"nvidia-kernel-common-580 (= {DRIVER}-1ubuntu1)"
+    assert field(dkms, "Conflicts") == "nvidia-dkms-580"
+    prefs = text(tree / f"nvidia-driver-pinning-{DRIVER}_{DRIVER}-1ubuntu1_all.deb",
+                 f"/etc/apt/preferences.d/nvidia-driver-pinning-{DRIVER}.pref")  # fmt: skip
+    pinned = prefs.split("Package:")[1].splitlines()[0].split()
+    assert {"libnvidia-compute-580", "nvidia-dkms-580-open", "libnvidia-compute", "nvidia-imex"} <= set(pinned)
+    keyring = members(tree / "cuda-keyring_1.1-1_all.deb")
+    assert f"/etc/apt/sources.list.d/cuda-ubuntu2404-{apt_repo.REPO_ARCHES[arch]}.list" in keyring
+
+
 def test_every_driver_piece_depends_on_the_same_version(repo: Repo) -> None:
     fm = repo.driver_deb("nvidia-fabricmanager", DRIVER)
     assert field(fm, "Depends") == f"nvidia-kernel-common (= {DRIVER}-1)"
