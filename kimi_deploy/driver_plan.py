@@ -36,6 +36,14 @@ IMEX_NODES = "/etc/nvidia-imex/nodes_config.cfg"
 # (NVIDIA IMEX guide, "IMEX Channels": https://docs.nvidia.com/multi-node-nvlink-systems/imex-guide/imexchannels.html).
 IMEX_CHANNEL_CONF = "/etc/modprobe.d/nvidia-imex-channel.conf"
 IMEX_CHANNEL_OPTION = "options nvidia NVreg_CreateImexChannel0=1"
+# The channel's device node, made as nvidia-modprobe makes it (NVIDIA/nvidia-modprobe
+# modprobe-utils/nvidia-modprobe-utils.c:1063, nvidia_cap_imex_channel_mknod: the major of
+# nvidia-caps-imex-channels in /proc/devices, the channel as minor; 0666, nvidia-modprobe's default
+# device file mode) and the IMEX guide's manual way, at every boot (/dev is made anew) and now: a
+# driver loaded before the option was written makes no channel of its own until it loads again.
+IMEX_CHANNEL_UNIT = "nvidia-imex-channel"
+IMEX_CHANNEL_UNIT_FILE = f"/etc/systemd/system/{IMEX_CHANNEL_UNIT}.service"
+IMEX_CHANNEL_DEVICE = "/dev/nvidia-caps-imex-channels/channel0"
 PIN_PREFIX = "nvidia-driver-pinning-"
 KEYRING = "cuda-keyring"
 # Debian's architecture -> the directory NVIDIA's repository keeps it in.
@@ -140,11 +148,12 @@ def host_kind_lines(recipe: Recipe, hosts: tuple[HostPlan, ...]) -> list[str]:
         what += " ".join(debian) + (f" (Ubuntu: {' '.join(ubuntu)})" if ubuntu != debian else "")
         what += "".join(f" {name}" for name in (*extras, *tools))
         if extras:
-            what += f"; services {' '.join(extras)}"
+            units = [IMEX_CHANNEL_UNIT] if IMEX in extras else []
+            what += f"; services {' '.join([*units, *extras])}"
         if tools:
             what += f"; modules {' '.join(NVLSM_MODULES)} ({NVLSM_MODULES_FILE})"
         if IMEX in extras:
-            what += f"; files {IMEX_NODES}, {IMEX_CHANNEL_CONF} ({IMEX_CHANNEL_OPTION})"
+            what += f"; files {IMEX_NODES}, {IMEX_CHANNEL_CONF} ({IMEX_CHANNEL_OPTION}), {IMEX_CHANNEL_UNIT_FILE}"
         kinds.setdefault(what, []).append(spec.host)
     lines = []
     for what, names in kinds.items():
@@ -189,9 +198,10 @@ def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
     if spec.role == "router":
         return {}
     if spec.accelerator_vendor == "nvidia" and recipe.drivers.nvidia is not None:
-        files = [IMEX_NODES, IMEX_CHANNEL_CONF, NVLSM_MODULES_FILE]
+        files = [IMEX_NODES, IMEX_CHANNEL_CONF, IMEX_CHANNEL_UNIT_FILE, NVLSM_MODULES_FILE]
         keys = sorted(DKMS_KEYS.values())
-        return {"nvidia": True, "services": [FABRIC_MANAGER, IMEX], "files": files, "secure_boot": keys}
+        services = [FABRIC_MANAGER, IMEX_CHANNEL_UNIT, IMEX]
+        return {"nvidia": True, "services": services, "files": files, "secure_boot": keys}
     if spec.accelerator_vendor == "tpu":
         return {"files": [TPU_SYSCTL_FILE], "sysctl": sorted(TPU_SYSCTL)}
     return {}
@@ -235,6 +245,8 @@ class NvidiaPlan:
     remove: tuple[str, ...]
     # the nvidia module's options file (IMEX channel 0), written before the driver is installed
     module_options: RenderedFile | None
+    # the unit making IMEX channel 0's device node, at every boot and now
+    imex_channel: RenderedFile | None
     services: tuple[Service, ...]
     # what the fabric manager of an NVLink 5 board runs beside it: packages of their own versions
     # (installed with the driver set, not held), and the kernel modules loaded before it starts,
@@ -348,6 +360,35 @@ def _nvlsm_modules() -> RenderedFile:
     return RenderedFile(NVLSM_MODULES_FILE, why + "".join(f"{m}\n" for m in NVLSM_MODULES), 0o644, "root")
 
 
+def _imex_channel_unit() -> RenderedFile:
+    folder = IMEX_CHANNEL_DEVICE.rsplit("/", 1)[0]
+    # systemd reads "$$" as "$" (systemd.service(5), "Command lines"); no backslash and no single
+    # quote inside the single-quoted script, so systemd hands sh the script as written.
+    script = (
+        "m=; while read -r n d; do [ \"$$d\" = nvidia-caps-imex-channels ] && m=$$n; done < /proc/devices; "
+        '[ -n "$$m" ] || { echo "no nvidia-caps-imex-channels in /proc/devices: the nvidia module is not loaded" '
+        f">&2; exit 1; }}; mkdir -p {folder} && {{ [ -c {IMEX_CHANNEL_DEVICE} ] || "
+        f"mknod -m 0666 {IMEX_CHANNEL_DEVICE} c \"$$m\" 0; }}"
+    )
+    unit = f"""\
+# From kimi-deploy: IMEX channel 0, which CUDA's fabric memory calls across trays open.
+[Unit]
+Description=IMEX channel 0 for CUDA's fabric memory across trays
+Before=nvidia-imex.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+# The module (with its channel option) when udev has not loaded it yet.
+ExecStartPre=-/sbin/modprobe nvidia
+ExecStart=/bin/sh -c '{script}'
+
+[Install]
+WantedBy=multi-user.target
+"""
+    return RenderedFile(IMEX_CHANNEL_UNIT_FILE, unit, 0o644, "root")
+
+
 def _imex_channel() -> RenderedFile:
     why = "# IMEX channel 0 for CUDA's fabric memory across trays, from kimi-deploy; read when nvidia loads.\n"
     return RenderedFile(IMEX_CHANNEL_CONF, why + IMEX_CHANNEL_OPTION + "\n", 0o644, "root")
@@ -436,6 +477,11 @@ def plan_nvidia(
     else:
         reboot = "yes"
     services = []
+    channel = _imex_channel_unit() if IMEX in extras else None
+    if channel is not None:
+        state = (found.get("services") or {}).get(IMEX_CHANNEL_UNIT) or {}
+        restart = reboot != "yes" and _changed(channel, found)
+        services.append(Service(IMEX_CHANNEL_UNIT, state.get("active", ""), state.get("enabled", ""), restart=restart))
     for unit in extras:
         state = (found.get("services") or {}).get(unit) or {}
         nodes_changed = unit == IMEX and imex_nodes is not None and _changed(imex_nodes, found)
@@ -470,6 +516,7 @@ def plan_nvidia(
         imex_nodes=imex_nodes,
         remove=() if FABRIC_MANAGER in extras else tuple(sorted(n for n in installed if n.startswith(FABRIC_MANAGER))),
         module_options=_imex_channel() if imex_nodes is not None else None,
+        imex_channel=channel,
         services=tuple(services),
         tools=tools,
         modules=NVLSM_MODULES if nvlsm else (),

@@ -27,6 +27,12 @@ from localcluster.host_root import write_changed
 
 CONFIG_PATH = "etc/kimi-fake-accelerators.json"
 NVIDIA_SMI_PATH = "usr/bin/nvidia-smi"
+# What the host reads as /proc/devices (bound over it by localcluster.hosts): the controller's, plus
+# the character device the nvidia module registers for IMEX channels, under the name nvidia-modprobe
+# looks for (NVIDIA/nvidia-modprobe modprobe-utils/nvidia-modprobe-utils.h:51,
+# NV_CAPS_IMEX_CHANNELS_MODULE_NAME; nvidia_cap_imex_channel_mknod reads its major from /proc/devices).
+PROC_DEVICES_PATH = "usr/lib/kimi-standin/proc-devices"
+IMEX_CHANNELS = "nvidia-caps-imex-channels"
 DEFAULT_DRIVER = "580.95.05"
 _SCRIPT = Path(__file__).resolve().parent / "standins" / "nvidia_smi.py"
 # How install() recognises a nvidia-smi it wrote (and may remove when the hardware changes).
@@ -202,7 +208,22 @@ def install(root: Path, hardware: str) -> None:
     config = root / CONFIG_PATH
     smi = root / NVIDIA_SMI_PATH
     write_changed(config, (json.dumps(description, indent=1) + "\n").encode(), 0o644)
+    devices = root / PROC_DEVICES_PATH
     if description["vendor"] == "nvidia":
         write_changed(smi, _SCRIPT.read_bytes(), 0o755)
-    elif smi.is_file() and _MARKER in smi.read_bytes():
-        smi.unlink()
+        write_changed(devices, proc_devices(Path("/proc/devices").read_text(encoding="utf-8")).encode(), 0o444)
+    else:
+        devices.unlink(missing_ok=True)
+        if smi.is_file() and _MARKER in smi.read_bytes():
+            smi.unlink()
+
+
+def proc_devices(real: str) -> str:
+    """``real`` (a /proc/devices) with the IMEX channels' character device registered as the kernel
+    registers a dynamic one: the highest free major from 254 down (Linux fs/char_dev.c, find_dynamic_major)."""
+    head, sep, block = real.partition("\nBlock devices:")
+    used = {int(line.split()[0]) for line in head.splitlines()[1:] if line.split() and line.split()[0].isdigit()}
+    major = next(m for m in range(254, 233, -1) if m not in used)
+    lines = [*head.rstrip("\n").splitlines(), f"{major:3d} {IMEX_CHANNELS}"]
+    body = [lines[0], *sorted(lines[1:], key=lambda line: int(line.split()[0]))]
+    return "\n".join(body) + "\n" + sep + block

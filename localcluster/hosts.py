@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from localcluster import bootloop, debian_sources, fake_kernel, hook, launch_detached, log, network, process_argv, run
+from localcluster.fake_nvidia import PROC_DEVICES_PATH
 from localcluster.hardware_spec import DEFAULT_OS, MODELS_DIR, parse_spec
 from localcluster.image import write_into
 from localcluster.state import ClusterError, HostRecord, Settings, write_atomic
@@ -262,6 +263,9 @@ def nspawn_argv(settings: Settings, host: HostRecord) -> list[str]:
         "--timezone=off",
         # tc (bandwidth shaping) inside the host.
         "--capability=CAP_NET_ADMIN",
+        # A host with NVIDIA's stand-in driver sees the character devices its module registers. (nspawn
+        # takes the source of a bind under /proc from inside the host's root.)
+        *([f"--bind-ro=/{PROC_DEVICES_PATH}:/proc/devices"] if (Path(host.root) / PROC_DEVICES_PATH).is_file() else []),
         *(
             [f"--bind={models_disk(settings, host)}:{MODELS_DIR}"]
             if parse_spec(host.hardware).models_disk_bytes is not None

@@ -62,6 +62,9 @@ def driver_steps(
                current=found["files"])  # fmt: skip
         if nv.imex_nodes is not None:
             do(units.rendered, name="IMEX nodes", files=[nv.imex_nodes], group="root", current=found["files"])
+        if nv.imex_channel is not None:
+            do(units.rendered, name="IMEX channel unit", files=[nv.imex_channel], group="root",
+               current=found["files"])  # fmt: skip
         do(nvidia.rebooted, name="Reboot into the NVIDIA driver", reboot=nv.reboot,
            allowed=deploy.host.vars.kimi_reboot == "allowed", driver_package=nv.packages[0], request=request,
            _serial=True)  # fmt: skip

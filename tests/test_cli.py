@@ -138,8 +138,9 @@ def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
         ],
         "gb300-pd": [
             f"drivers (gb300-p01 .. gb300-d04, 10 hosts): GB300 x4: pin nvidia-driver-pinning-580; packages {driver} "
-            "nvidia-imex; services nvidia-imex; files /etc/nvidia-imex/nodes_config.cfg, "
-            "/etc/modprobe.d/nvidia-imex-channel.conf (options nvidia NVreg_CreateImexChannel0=1)"
+            "nvidia-imex; services nvidia-imex-channel nvidia-imex; files /etc/nvidia-imex/nodes_config.cfg, "
+            "/etc/modprobe.d/nvidia-imex-channel.conf (options nvidia NVreg_CreateImexChannel0=1), "
+            "/etc/systemd/system/nvidia-imex-channel.service"
         ],
         "tpu7x": [
             "drivers (tpu7x-w0 .. tpu7x-w7, 8 hosts): TPU7x: host settings vm.max_map_count = 8388608 "

@@ -245,18 +245,24 @@ def test_a_converged_host_has_nothing_to_do(recipe: Recipe, full_plan: Plan) -> 
     imex = [s for s in p.services if s.unit == "nvidia-imex"]
     # Only the node list differs from the capture's (another domain): it is written, IMEX restarted.
     assert [s.restart for s in imex] == [True]
-    nodes = p.imex_nodes.content
-    found = tray(files={IMEX_NODES: hashlib.sha256(nodes.encode()).hexdigest()})
+    assert p.imex_channel is not None
+    written = {f.path: hashlib.sha256(f.content.encode()).hexdigest() for f in (p.imex_nodes, p.imex_channel)}
+    found = tray(files=written)
+    found["services"]["nvidia-imex-channel"] = {"active": "active", "enabled": "enabled"}
     p = nvidia_of(drivers(want, full_plan, "gb300-p01", found))
     assert not any(s.restart for s in p.services)
-    assert [s.unit for s in p.services] == ["nvidia-imex"]
+    assert [(s.unit, s.active) for s in p.services] == [("nvidia-imex-channel", "active"), ("nvidia-imex", "active")]
 
 
 def test_imex_lists_the_hosts_of_the_instance(recipe: Recipe, full_plan: Plan) -> None:
     fresh = probe("gb300-fresh")
     prefill = nvidia_of(drivers(recipe, full_plan, "gb300-p03", fresh))
     assert prefill.packages == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-imex")
-    assert [s.unit for s in prefill.services] == ["nvidia-imex"]
+    # channel 0's device node, made by a unit at every boot and now (before IMEX)
+    assert [s.unit for s in prefill.services] == ["nvidia-imex-channel", "nvidia-imex"]
+    assert prefill.imex_channel is not None
+    assert prefill.imex_channel.path == "/etc/systemd/system/nvidia-imex-channel.service"
+    assert "mknod -m 0666 /dev/nvidia-caps-imex-channels/channel0 c" in prefill.imex_channel.content
     # IMEX channel 0, which CUDA's fabric memory calls across trays need, made by the module option
     assert prefill.module_options is not None
     assert prefill.module_options.path == "/etc/modprobe.d/nvidia-imex-channel.conf"
@@ -477,7 +483,7 @@ def test_a_tray_set_up_with_a_fabric_manager_has_it_removed(recipe: Recipe, full
     p = nvidia_of(drivers(pinned(recipe, branch="590"), full_plan, "gb300-p01", found, allowed=True))
     assert p.remove == ("nvidia-fabricmanager", "nvidia-fabricmanager-580")
     assert "nvidia-fabricmanager" not in p.packages
-    assert [s.unit for s in p.services] == ["nvidia-imex"]
+    assert [s.unit for s in p.services] == ["nvidia-imex-channel", "nvidia-imex"]
     # a host that has NVSwitches keeps its fabric manager
     assert nvidia_of(drivers(recipe, full_plan, "b300-01", converged())).remove == ()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.own_cluster import OwnCluster, Run
-from tests.e2e.demo import drivers_recipe
+from tests.e2e.demo import drivers_recipe, ssh
 
 
 @dataclass(frozen=True)
@@ -34,3 +34,15 @@ class DriversHosts:
 
     def run(self, st: dict[str, Any], *args: str) -> Run:
         return self.cluster.pyinfra(st["inventory"], *args, deploy="deploys/drivers.py")
+
+
+def channel(st: dict[str, Any], host: str) -> str:
+    """IMEX channel 0's node as "c MAJOR:MINOR MODE" (or what stat says when it is not a character device)."""
+    said = ssh(host, "stat -c '%t %T %a %F' /dev/nvidia-caps-imex-channels/channel0 2>&1 || true", cluster_state=st)
+    major, minor, mode, kind = [*said.split(" ", 3), "", "", "", ""][:4]
+    return f"c {int(major, 16)}:{int(minor, 16)} {mode}" if kind == "character special file" else said
+
+
+def imex_major(st: dict[str, Any], host: str) -> int:
+    """The major the nvidia module registered for IMEX channels, as the host's /proc/devices says."""
+    return int(ssh(host, "awk '$2 == \"nvidia-caps-imex-channels\" { print $1 }' /proc/devices", cluster_state=st))

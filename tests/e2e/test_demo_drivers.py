@@ -26,6 +26,7 @@ import pytest
 
 from harness.own_cluster import BIN, ROOT, Run
 from tests.e2e.demo import drivers_recipe, host_lines, install_fabric_manager, ssh
+from tests.e2e.drivers_cluster import channel, imex_major
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -127,6 +128,10 @@ def test_first_install_pins_holds_and_starts_imex_with_its_channel(installed: di
         assert sh(st, host, "systemctl is-active nvidia-imex") == "active"
         option = sh(st, host, "grep -v '^#' /etc/modprobe.d/nvidia-imex-channel.conf")
         assert option == "options nvidia NVreg_CreateImexChannel0=1"
+        # The driver was loaded before the option: the channel's node is made now, with the major the
+        # module registered (the stand-in's /proc/devices), and again at every boot.
+        assert channel(st, host) == f"c {imex_major(st, host)}:0 666"
+        assert sh(st, host, "systemctl is-enabled nvidia-imex-channel") == "enabled"
         nodes = sh(st, host, "grep -v '^#' /etc/nvidia-imex/nodes_config.cfg").split()
         assert nodes == addresses
         said = sh(st, host, "journalctl -u nvidia-imex -o cat --no-pager | tail -n 1")
@@ -182,6 +187,7 @@ def test_a_branch_change_reboots_only_with_the_flag_and_one_host_at_a_time(insta
         assert found["nvidia-driver-pinning-590"] == "590-1 ii"
         assert f"nvidia-driver-pinning-{FIRST}" not in found
         assert sh(st, host, "systemctl is-active nvidia-imex") == "active"
+        assert channel(st, host) == f"c {imex_major(st, host)}:0 666"  # /dev is new after the reboot
         assert sh(st, host, "tail -n 1 /var/log/kimi/drivers.log").endswith(f"back: driver {NEW} loaded, NVML agrees")
     again = deploy(st)
     assert again.code == 0, again.log[-3000:]

@@ -18,7 +18,7 @@ import pytest
 
 from harness.own_cluster import OwnCluster
 from tests.e2e.demo import ssh
-from tests.e2e.drivers_cluster import DriversHosts
+from tests.e2e.drivers_cluster import DriversHosts, channel, imex_major
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -66,6 +66,7 @@ def test_ubuntu_trays_get_ubuntus_packages_and_imex(trays: dict[str, Any]) -> No
         )
         assert tree in sh(st, host, "cat /etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list")
         assert sh(st, host, "systemctl is-active nvidia-imex") == "active"
+        assert channel(st, host) == f"c {imex_major(st, host)}:0 666"
         assert sh(st, host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u") == DRIVER
     again = UBUNTU.run(st)
     assert again.code == 0, again.log[-3000:]

@@ -16,6 +16,7 @@ import pytest
 
 from localcluster import process_argv
 from localcluster.cli import hardware_plan
+from localcluster.fake_nvidia import proc_devices
 from localcluster.hardware_spec import SMALL_DISK_BYTES, HardwareSpec, parse_spec
 from localcluster.image import debian_mirror
 from localcluster.state import ClusterError, Settings
@@ -234,3 +235,11 @@ def test_a_hardware_spec_names_the_accelerators_the_disk_and_the_system() -> Non
     assert parse_spec("gb300x4-ubuntu24.04") == HardwareSpec("gb300x4", None, "ubuntu24.04")
     assert parse_spec("b300x8-smalldisk-ubuntu24.04") == HardwareSpec("b300x8", SMALL_DISK_BYTES, "ubuntu24.04")
     assert hardware_plan(None, ["gb300x4-ubuntu24.04,b300x8"]) == ["gb300x4-ubuntu24.04", "b300x8"]
+
+
+def test_nvidia_hosts_see_the_imex_channels_device_registered_at_a_free_dynamic_major() -> None:
+    real = "Character devices:\n  1 mem\n253 dimmctl\n254 ndctl\n\nBlock devices:\n  7 loop\n252 zram\n"
+    assert proc_devices(real) == (
+        "Character devices:\n  1 mem\n252 nvidia-caps-imex-channels\n253 dimmctl\n254 ndctl\n\n"
+        "Block devices:\n  7 loop\n252 zram\n"
+    )
