@@ -8,6 +8,8 @@ repository per distribution and architecture::
     <root>/public/compute/cuda/repos/debian12/x86_64/
         cuda-keyring_1.1-1_all.deb  nvidia-*.deb  Packages  Packages.gz
         Release  Release.gpg  InRelease  <key id>.pub
+    <root>/public/compute/cuda/repos/debian12/sbsa/      (the other architecture's: arm64 packages)
+    <root>/public/compute/cuda/repos/ubuntu2404/x86_64/  (Ubuntu's names: localcluster.nvidia_debs.names)
 
 ``Release`` says ``Origin: NVIDIA`` and ``Label: NVIDIA CUDA``, as NVIDIA's does, so that the pin
 ``cuda-keyring`` installs (``Pin: release l=NVIDIA CUDA``) applies. It is signed (``InRelease``
@@ -74,14 +76,19 @@ def build(root: Path, url: str) -> Path:
     """
     first = build_tree(root, url, distro())
     build_tree(root, url, UBUNTU_TREE)
+    # The other architecture's tree too (sbsa beside x86_64), as NVIDIA serves both: what a probe
+    # reporting it would be pointed at, though no host here runs its packages.
+    for other in sorted(set(REPO_ARCHES) - {deb_architecture()}):
+        build_tree(root, url, distro(), other)
     return first
 
 
-def build_tree(root: Path, url: str, tree: str) -> Path:
-    """Build the signed repository of NVIDIA's tree ``tree`` (``debian12``) under ``root/public``."""
+def build_tree(root: Path, url: str, tree: str, architecture: str | None = None) -> Path:
+    """Build the signed repository of NVIDIA's tree ``tree`` (``debian12``) for ``architecture``
+    (Debian's name; default: the controller's) under ``root/public``."""
     home = signing_home(root)
     fingerprint = ensure_key(home)
-    architecture = deb_architecture()
+    architecture = architecture or deb_architecture()
     target = repo_dir(root, url, architecture, tree)
     staging = target.with_name(f".{target.name}.building")
     repo = nvidia_debs.Repository(

@@ -457,7 +457,9 @@ def catalogue(repo: Repository) -> list[Deb]:
         debs.append(pinning_deb(target, repo.distro))
     for driver in DRIVER_VERSIONS:
         debs += driver_debs(driver, repo.architecture, repo.distro)
-    debs.append(nvlsm_deb(repo.architecture))
+    if repo.architecture == "amd64":
+        # the NVLink 5 HGX boards that need it are x86_64 machines; nvlsm is not known in sbsa trees
+        debs.append(nvlsm_deb(repo.architecture))
     return debs
 
 

@@ -407,6 +407,39 @@ def candidate(apt: Apt, package: str) -> str:
     return found.group(1)
 
 
+def test_an_arm64_host_resolves_the_pinned_driver_from_the_sbsa_tree(repo: Repo, tmp_path: Path) -> None:
+    """The other architecture's tree is served beside the controller's (sbsa beside x86_64): apt on
+    an arm64 machine (simulated: APT::Architecture) reads it and resolves the pinned compute-only set."""
+    other = next(a for a in apt_repo.REPO_ARCHES if a != apt_repo.deb_architecture())
+    tree = apt_repo.repo_dir(repo.root, repo.url, other)
+    assert field(tree / f"nvidia-driver-cuda_{DRIVER}-1_{other}.deb", "Architecture") == other
+    root = tmp_path / "arm"
+    for directory in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "var/lib/apt/lists/partial",
+                      "var/cache/apt/archives/partial", "keys"):  # fmt: skip
+        (root / directory).mkdir(parents=True)
+    (root / "status").write_text("")
+    for path, data in members(tree / "cuda-keyring_1.1-1_all.deb").items():
+        if path.endswith(".gpg"):
+            (root / "keys" / Path(path).name).write_bytes(data)
+        else:
+            (root / path.lstrip("/")).write_text(data.decode().replace("/usr/share/keyrings/", f"{root}/keys/"))
+    arm = Apt(root)
+
+    def on_arm(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return arm(tool, "-o", f"APT::Architecture={other}", "-o", f"APT::Architectures={other}", *args)
+
+    update = on_arm("apt-get", "update")
+    assert update.returncode == 0, update.stdout + update.stderr
+    arm.pin(tree / f"nvidia-driver-pinning-{DRIVER}_{DRIVER}-1_all.deb")
+    sim = on_arm("apt-get", "-s", "install", "nvidia-driver-cuda", "nvidia-kernel-open-dkms")
+    assert sim.returncode == 0, sim.stdout + sim.stderr
+    installs = sorted(re.findall(r"^Inst (\S+) \((\S+) .*\[(\S+)\]\)$", sim.stdout, re.M))
+    assert installs == [
+        (name, f"{DRIVER}-1", other)
+        for name in ("nvidia-driver-cuda", "nvidia-kernel-common", "nvidia-kernel-open-dkms")
+    ], sim.stdout
+
+
 def test_apt_trusts_the_repository_only_with_its_key(apt: Apt, repo: Repo, tmp_path: Path) -> None:
     assert "nvidia-driver-cuda" in apt("apt-cache", "pkgnames", "nvidia-").stdout.split()
     other = tmp_path / "other-home"
