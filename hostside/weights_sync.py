@@ -50,8 +50,11 @@ from typing import Any, BinaryIO
 
 from hostside.boundary_names import BadName, check_names, inside
 from hostside.boundary_text import shown
+from hostside.hub_access import GATED_ERROR, gated_line
 from hostside.revision_files import CACHE, META, load_cache, meta, partial_path
 
+# huggingface_hub's endpoint when the request names none (its constants.ENDPOINT default).
+HUB = "https://huggingface.co"
 # Every file of a revision is readable by all (the engines run as a user of their own), written by root.
 FILE_MODE = 0o644
 READABLE = 0o444
@@ -453,13 +456,21 @@ def main() -> None:
     except BadName as exc:
         _fail({"error": "name", "message": str(exc)}, f"{label}: {req['dir']}: {exc}", 6)
     except Exception as exc:  # noqa: BLE001 - whatever the Hub client raises, say it in one line
-        # The client often wraps the HTTP error ("failed due to the above error"): name the root.
-        root = exc
-        while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
-            root = root.__cause__ or root.__context__  # type: ignore[assignment]
-        first = (str(root).strip().splitlines() or [""])[0][:300]
-        exc = root
+        # The client often wraps the HTTP error ("failed due to the above error"): name the root,
+        # unless the client said on the way that the repository is gated.
+        chain = [exc]
+        while chain[-1].__cause__ is not None or (
+            chain[-1].__context__ is not None and not chain[-1].__suppress_context__
+        ):
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
         where = req.get("endpoint") or "the Hub"
+        gated = next((e for e in chain if type(e).__name__ == GATED_ERROR), None)
+        if gated is not None:
+            status = getattr(getattr(gated, "response", None), "status_code", None)
+            line = gated_line(req["repo"], req.get("endpoint") or HUB, status)
+            _fail({"error": "gated", "status": status, "message": line}, f"{label}: {where}: {line}", 5)
+        exc = chain[-1]
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
         _fail(
             {"error": "hub", "type": type(exc).__name__, "message": first},
             f"{label}: {where}: {type(exc).__name__}: {first}",

@@ -31,6 +31,15 @@ Keys (unknown keys are an error, answered 500):
   last changed. huggingface_hub retries, resuming with ``Range`` only from whole 10 MiB chunks it received:
   below that it starts over, so with no ``truncate_times`` a small file never completes (after 5 retries).
 * ``"slow_bytes_per_s": N``: every file body is sent at about N bytes per second.
+* ``"gated": {repo_id: [token, ...]}``: the repository is gated and only those tokens' accounts have
+  been granted access. Its files (``/resolve``) then answer as the Hub answers a gated repository:
+  ``X-Error-Code: GatedRepo`` with 401 when the request carries no ``Authorization: Bearer``
+  token, 403 when the token is not one granted, with the Hub's message (huggingface_hub 2.4.0
+  ``utils/_http.py`` raises ``GatedRepoError`` for that code, and says the Hub sends 401 for a
+  gated repository without a token; the 401 message as users quote it, bytedance/DreamO#8; a 403
+  for a token without access, huggingface/transformers#31367). Its metadata and listing stay
+  open: "it's now possible to list gated files with the API" (the Hub's team,
+  huggingface/huggingface.js#945).
 
 Run: ``python -m localcluster.hub --bind 127.0.0.1 --port 8088 --root DIR``, or in-process ``serve(root)``,
 which returns a started ``HubServer`` (``.url``, ``.stats``, ``.stop()``). Bind loopback or the test bridge
@@ -88,6 +97,11 @@ class Faults:
     truncate: tuple[tuple[str, int], ...] = ()
     truncate_times: int | None = None
     slow_bytes_per_s: int | None = None
+    gated: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def granted(self, repo_id: str) -> tuple[str, ...] | None:
+        """The tokens granted access to ``repo_id`` when it is gated (None: it is not)."""
+        return next((tokens for repo, tokens in self.gated if repo == repo_id), None)
 
     def corrupts(self, path: str) -> bool:
         return any(fnmatch.fnmatchcase(path, g) for g in self.corrupt)
@@ -111,7 +125,7 @@ def parse_faults(text: str) -> Faults:
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"{FAULTS_FILE}: expected a JSON object")
-    unknown = set(data) - {"down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s"}
+    unknown = set(data) - {"down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s", "gated"}
     if unknown:
         raise ValueError(f"{FAULTS_FILE}: unknown keys {sorted(unknown)}")
     corrupt = data.get("corrupt", [])
@@ -125,6 +139,12 @@ def parse_faults(text: str) -> Faults:
         raise ValueError(f"{FAULTS_FILE}: truncate must map globs to byte counts")
     if slow is not None and not (isinstance(slow, int) and slow > 0):
         raise ValueError(f"{FAULTS_FILE}: slow_bytes_per_s must be a positive integer")
+    gated = data.get("gated", {})
+    if not (
+        isinstance(gated, dict)
+        and all(isinstance(t, list) and all(isinstance(x, str) for x in t) for t in gated.values())
+    ):
+        raise ValueError(f"{FAULTS_FILE}: gated must map repository ids to lists of tokens")
     for key, value in (("retry_after", retry_after), ("truncate_times", times)):
         if value is not None and not (isinstance(value, int) and value >= 0):
             raise ValueError(f"{FAULTS_FILE}: {key} must be a non-negative integer")
@@ -135,6 +155,7 @@ def parse_faults(text: str) -> Faults:
         truncate=tuple(truncate.items()),
         truncate_times=times,
         slow_bytes_per_s=slow,
+        gated=tuple((repo, tuple(tokens)) for repo, tokens in gated.items()),
     )
 
 
@@ -444,7 +465,9 @@ class _Handler(BaseHTTPRequestHandler):
             at = segments.index("resolve", 1)
             if len(segments) < at + 3:
                 raise HubError(404, None, "Not Found")
-            repo = self._repo("/".join(segments[:at]))
+            repo_id = "/".join(segments[:at])
+            repo = self._repo(repo_id)
+            self._gate(repo_id, faults)
             self._resolve(method, repo, segments[at + 1], "/".join(segments[at + 2 :]), faults)
         elif segments[:1] in (["datasets"], ["spaces"], ["kernels"]) or segments[:2] in (
             ["api", "datasets"],
@@ -480,6 +503,20 @@ class _Handler(BaseHTTPRequestHandler):
             "X-Linked-Size": str(entry["size"]),
         }
         self._send(302, headers, b"", method)
+
+    def _gate(self, repo_id: str, faults: Faults) -> None:
+        """Refuse a gated repository's files as the Hub does (see ``"gated"`` in the module docstring)."""
+        granted = faults.granted(repo_id)
+        if granted is None:
+            return
+        words = (self.headers.get("Authorization") or "").split()
+        token = words[1] if len(words) == 2 and words[0].lower() == "bearer" else None
+        if token is None:
+            raise HubError(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it "
+                           "and be authenticated to access it. Please log in.")  # fmt: skip
+        if token not in granted:
+            raise HubError(403, "GatedRepo", f"Access to model {repo_id} is restricted and you are not in the "
+                           f"authorized list. Visit {self._origin()}/{repo_id} to ask for access.")  # fmt: skip
 
     def _cdn(self, method: str, oid: str, query: dict[str, list[str]], faults: Faults) -> None:
         if not _SHA256.match(oid) or not (self.hub.root / "objects" / oid).is_file():

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from hostside.hub_access import gated_line
 from localcluster.hub import write_faults
 from tests.e2e.demo import STATE_DIR, address, chat, demo_recipe, main_pid, pyinfra, ssh, state
 
@@ -64,6 +65,36 @@ def test_unreachable_hub(serving: dict[str, int], tmp_path: Path, hub_down: None
         assert "503" in line
     assert "Retrying" not in run.log
     _still_serving(serving)
+
+
+def test_a_gated_repository_fails_in_one_line_and_a_granted_token_proceeds(
+    serving: dict[str, int], tmp_path: Path
+) -> None:
+    """The Hub gates the model's files (its listing stays open, so the lock passes): without a token
+    every host says so in one line and nothing restarts; with a token the account was granted, the
+    same converge proceeds."""
+    repo, granted = "moonshotai/Kimi-K3.1-Pro-Tiny", "hf_granted_7c1e0d2b9a"
+
+    def to_revision_b(data: dict[str, Any]) -> None:
+        data["model"]["revision"] = REVISION_B
+
+    for host in ENGINES:  # revision B must have to come from the Hub
+        ssh(host, "rm", "-rf", f"/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/{REVISION_B}")
+    recipe = f"kimi_recipe={demo_recipe(tmp_path / 'recipe.yaml', to_revision_b)}"
+    hub = state()["services"]["hub"]["url"]
+    write_faults(STATE_DIR / "hub", {"gated": {repo: [granted]}})
+    try:
+        run = pyinfra("--data", recipe, env={"HF_TOKEN": ""})
+        assert run.code != 0
+        for host in ENGINES:
+            assert _lines(run.log, f"[{host}] kimi-deploy: weights") == [
+                f"[{host}] kimi-deploy: weights {repo}@{REVISION_B[:12]}: {hub}: {gated_line(repo, hub, 401)}"
+            ]
+        _still_serving(serving)
+        run = pyinfra("--data", recipe, env={"HF_TOKEN": granted})
+        assert run.code == 0, run.log[-3000:]
+    finally:
+        write_faults(STATE_DIR / "hub", None)
 
 
 def test_pinned_version_missing_from_the_index(serving: dict[str, int], tmp_path: Path) -> None:
