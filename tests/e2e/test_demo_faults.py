@@ -95,6 +95,11 @@ def test_a_gated_repository_fails_in_one_line_and_a_granted_token_proceeds(
         assert run.code == 0, run.log[-3000:]
     finally:
         write_faults(STATE_DIR / "hub", None)
+        # Leave the hosts as the other tests expect them: serving revision A, holding no revision B.
+        back = pyinfra()
+        for host in ENGINES:
+            ssh(host, "rm", "-rf", f"/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/{REVISION_B}")
+    assert back.code == 0, back.log[-3000:]
 
 
 def test_pinned_version_missing_from_the_index(serving: dict[str, int], tmp_path: Path) -> None:
