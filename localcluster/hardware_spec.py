@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 SMALL_DISK_SUFFIX = "-smalldisk"
 DEFAULT_OS = "debian12"
-OS_SUFFIXES = {"-ubuntu24.04": "ubuntu24.04"}
+UBUNTU_2404 = "ubuntu24.04"
+OS_SUFFIXES = {f"-{UBUNTU_2404}": UBUNTU_2404}
 SMALL_DISK_BYTES = 8 * 2**20
 MODELS_DIR = "/srv/models"
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from localcluster import log, run, ubuntu_archive
+from localcluster.hardware_spec import DEFAULT_OS, UBUNTU_2404
 from localcluster.state import ClusterError, Settings, write_atomic
 
 # command -> Debian package that brings it, for a fresh Debian 12 controller.
@@ -34,9 +35,9 @@ CONTROLLER_TOOLS = {
     "gpgconf": "gpgconf",
 }
 SUITE = "bookworm"
-# The hosts' systems: the default, and Ubuntu for hosts whose hardware spec ends in "-ubuntu24.04".
-DEBIAN = "debian12"
-UBUNTU = "ubuntu24.04"
+# The hosts' systems (localcluster.hardware_spec): the default, and Ubuntu for hosts whose hardware
+# spec ends in "-ubuntu24.04".
+DEBIAN, UBUNTU = DEFAULT_OS, UBUNTU_2404
 HOST_OSES = (DEBIAN, UBUNTU)
 # Hosts have no internet: whatever the deploy needs on a bare host is baked in here.
 INCLUDE = (
