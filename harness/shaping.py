@@ -27,11 +27,11 @@ def tbf(device: str, mbit: float | None) -> None:
     subprocess.run(tbf_argv(device, mbit), check=mbit is not None, capture_output=mbit is None)
 
 
-def shaped_from_port(device: str, port: int, mbit: float) -> None:
-    """Shape only what leaves ``device`` from TCP source ``port`` (the Hub's answers on the bridge)
-    to ``mbit`` Mbit/s: an htb qdisc (these machines' kernels have htb and tbf, not prio) whose
-    class 1:1, chosen by a u32 filter on the source port, has the rate; everything else (the
-    controller's SSH) takes class 1:2, unshaped. ``tbf(device, None)`` removes it."""
+def shaped_from_port(device: str, ports: tuple[int, ...], mbit: float) -> None:
+    """Shape only what leaves ``device`` from TCP source ``ports`` (the Hub's answers and its CDN's
+    on the bridge), together, to ``mbit`` Mbit/s: an htb qdisc (these machines' kernels have htb
+    and tbf, not prio) whose class 1:1, chosen by u32 filters on the source port, has the rate;
+    everything else (the controller's SSH) takes class 1:2, unshaped. ``tbf(device, None)`` removes it."""
     rate = f"{int(mbit * 1000)}kbit"
     burst = str(max(32_000, int(mbit * 1_000_000) // 8 // 100))
     for argv in (
@@ -39,7 +39,7 @@ def shaped_from_port(device: str, port: int, mbit: float) -> None:
         ["tc", "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
          "burst", burst],
         ["tc", "class", "add", "dev", device, "parent", "1:", "classid", "1:2", "htb", "rate", "10gbit"],
-        ["tc", "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-         "match", "ip", "sport", str(port), "0xffff", "flowid", "1:1"],
+        *(["tc", "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+            "match", "ip", "sport", str(port), "0xffff", "flowid", "1:1"] for port in ports),
     ):  # fmt: skip
         subprocess.run(argv, check=True)

@@ -4,19 +4,23 @@ Run with the python of the tools venv that has huggingface_hub. Input: one argum
 zlib-compressed JSON, or ``--config FILE`` naming the same JSON in a file (the scrub timer):
 {"repo", "revision", "dir", "lock": {path: [size, digest]}, "endpoint", "token_file", "retries",
 "workers", "full", "peers": [{"host", "url"} | {"host", "path"}], "peer_key_file", "progress_log", "scrub",
-"repair", "in_order"}.
+"repair", "in_order", "hub_attempts", "hub_backoff_s"}.
 Prints one JSON line; exit 0 when every file matches the lock, 3 when the disk is too small
 (nothing downloaded), 4 when a file still mismatches after retries (or, scrubbing without repair,
-when a file is corrupted), 5 when the Hub fails, 6 when the lock names a file that could leave the
+when a file is corrupted; or when the Hub's metadata contradicts the lock), 5 when the Hub fails
+(a file out of tries, the others placed; a gated repository), 6 when the lock names a file that could leave the
 revision folder (``hostside.boundary_names``: checked before anything is removed or written, and
 again for every path opened, linked or removed, symlinks resolved).
 
 Files come from ``peers`` first (a local mirror folder such as a network mount, then hosts of the
 same run serving what they verified or relaying what they receive, see weights_peer.py), each
 hashed while it streams in and recorded in the verification cache once placed; whatever no source
-could give comes from the Hub. With ``in_order`` (the host others fetch from while it fetches),
-files come from the Hub in the lock's order, a few at a time, each streamed into its partial file
-like a peer's and hashed as it arrives, so the next host receives it at once.
+could give comes from the Hub, each file on its own (``hostside.hub_fetch``: retried through
+rate limits, server errors and dropped connections with backoff, resumed with Range where it
+stopped, in this run or the next; each retry a line of the progress log), streamed into its
+partial file like a peer's and hashed as it arrives. With ``in_order`` (the host others fetch from
+while it fetches), files come in the lock's order, a few at a time, so the next host receives each
+at once.
 Verification results are cached in DIR/.kimi/verify-cache.json by (size, mtime_ns, inode), so an
 unchanged file is never hashed twice; a verified file not readable by all gets mode 0644 back. A
 scrub re-hashes every file whatever the cache says. Syncs and scrubs of one revision take turns (a
@@ -28,8 +32,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import glob
-import hashlib
 import http.client
 import json
 import os
@@ -46,15 +48,15 @@ import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from hostside.boundary_names import BadName, check_names, inside
 from hostside.boundary_text import shown
-from hostside.hub_access import GATED_ERROR, gated_line
+from hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
+from hostside.hub_fetch import BadToken, HubFiles, OutOfTries, Refused, Weather, fresh_digest
 from hostside.revision_files import CACHE, META, load_cache, meta, partial_path
 
-# huggingface_hub's endpoint when the request names none (its constants.ENDPOINT default).
-HUB = "https://huggingface.co"
 # Every file of a revision is readable by all (the engines run as a user of their own), written by root.
 FILE_MODE = 0o644
 READABLE = 0o444
@@ -62,23 +64,16 @@ PROGRESS_EVERY_S = 5.0
 # How long a fetch waits its turn at a peer that says it is busy or has the file still to come
 # (HTTP 503) before the next source: a chain's first hop waits for a whole file from the Hub.
 BUSY_WAIT_S = 3600.0
-# Files fetched from the Hub at once by a host that others fetch from while it fetches.
+# Files fetched from the Hub at once by a host that others fetch from while it fetches, and by
+# any other host (huggingface_hub's snapshot_download default).
 IN_ORDER_AT_ONCE = 4
+HUB_AT_ONCE = 8
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|gitblob:[0-9a-f]{40})$")
-
-
-def _digest_of(kind: str, size: int) -> Any:
-    """A fresh sha256 (LFS files), or sha1 primed with git's blob header (small files)."""
-    if kind == "gitblob":
-        digest = hashlib.sha1(usedforsecurity=False)
-        digest.update(f"blob {size}\0".encode())
-        return digest
-    return hashlib.sha256()
 
 
 def _hash(path: str, kind: str, size: int) -> str:
     """``sha256:<hex>`` (LFS files) or ``gitblob:<hex>`` (git's blob id, for small files)."""
-    digest = _digest_of(kind, size)
+    digest = fresh_digest(kind, size)
     with open(path, "rb") as f:
         # hashlib releases the GIL on large updates: threads hash files in parallel.
         for block in iter(lambda: f.read(8 << 20), b""):
@@ -110,11 +105,14 @@ def _prune(root: str, lock: dict[str, list[Any]]) -> list[str]:
             if rel not in lock:
                 os.remove(os.path.join(dirpath, name))
                 removed.append(rel)
-    # What a killed run left half-fetched from a peer (no other sync runs: the revision's lock).
+    # What a killed run left half-fetched (no other sync runs: the revision's lock), unless the
+    # lock names its file and that file is not in place: that one the Hub resumes.
     partials = os.path.dirname(partial_path(root, ""))
+    kept = {os.path.basename(partial_path(root, rel)) for rel in lock if not os.path.lexists(inside(root, rel))}
     for name in os.listdir(partials) if os.path.isdir(partials) else []:
-        os.remove(os.path.join(partials, name))
-        removed.append(os.path.join(META, "partial", name))
+        if name not in kept:
+            os.remove(os.path.join(partials, name))
+            removed.append(os.path.join(META, "partial", name))
     incomplete = os.path.join(root, ".cache", "huggingface", "download")
     for dirpath, _, filenames in os.walk(incomplete):
         for name in filenames:
@@ -206,14 +204,11 @@ class Mismatch(ValueError):
 
 
 class _Sink:
-    """Where a file's bytes land as they arrive: hashed and written to its partial file, flushed
-    at once (a host fetching from this one relays them as they come). A body resumed with
-    ``Range`` goes on where it stopped; a source that sends the whole body again instead (huggingface_hub
-    seeks back to 0 and truncates) starts the file and its hash over, and a host relaying it
-    waits until the file is past what it sent: the same bytes, or its own hash finds them wrong."""
+    """Where a file's bytes from a peer or a mirror land as they arrive: hashed and written to its
+    partial file, flushed at once (a host fetching from this one relays them as they come)."""
 
     def __init__(self, out: BinaryIO, fresh: Callable[[], Any]) -> None:
-        self.out, self.fresh = out, fresh
+        self.out = out
         self.digest, self.got = fresh(), 0
 
     def write(self, block: bytes) -> int:
@@ -223,28 +218,13 @@ class _Sink:
         self.got += len(block)
         return len(block)
 
-    def tell(self) -> int:
-        return self.got
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if (offset, whence) != (0, os.SEEK_SET):
-            raise OSError(f"a body cannot go back to byte {offset} of {self.got}: only to its start")
-        self.out.seek(0)
-        self.out.truncate()
-        self.digest, self.got = self.fresh(), 0
-        return 0
-
-    def truncate(self, size: int | None = None) -> int:
-        if size not in (None, self.got):
-            raise OSError(f"a body cannot be cut to {size} bytes of {self.got}")
-        return self.got
-
 
 def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None]) -> tuple[list[Any], int]:
     """One file into a partial file, hashed as it arrives (``fill`` writes its bytes to the sink,
     from a peer, a mirror or the Hub); moved into place only when it matches the lock. Returns the
     cache entry of the placed file and its size. A failed try leaves no partial file: a host
-    relaying it sees it gone and ends its own answer short."""
+    relaying it sees it gone and ends its own answer short. (The Hub's files are resumed instead:
+    ``hostside.hub_fetch``.)"""
     size, want = entry
     kind = want.split(":", 1)[0]
     target = inside(root, rel)
@@ -254,7 +234,7 @@ def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None
         os.remove(partial)  # every try a new inode: a relay of an earlier try cannot read this one
     try:
         with open(partial, "wb") as out:
-            sink = _Sink(out, lambda: _digest_of(kind, size))
+            sink = _Sink(out, lambda: fresh_digest(kind, size))
             fill(sink)
         found = f"{kind}:{sink.digest.hexdigest()}" if sink.got == size else f"size:{sink.got}"
         if found != want:
@@ -455,6 +435,8 @@ def main() -> None:
             sync(req)
     except BadName as exc:
         _fail({"error": "name", "message": str(exc)}, f"{label}: {req['dir']}: {exc}", 6)
+    except Refused as exc:
+        _fail({"error": "lock", "message": str(exc)}, f"{label}: {req.get('endpoint') or HUB}: {exc}", 4)
     except Exception as exc:  # noqa: BLE001 - whatever the Hub client raises, say it in one line
         # The client often wraps the HTTP error ("failed due to the above error"): name the root,
         # unless the client said on the way that the repository is gated.
@@ -469,6 +451,12 @@ def main() -> None:
             status = getattr(getattr(gated, "response", None), "status_code", None)
             line = gated_line(req["repo"], req.get("endpoint") or HUB, status)
             _fail({"error": "gated", "status": status, "message": line}, f"{label}: {where}: {line}", 5)
+        sent = bool(req.get("token_file")) and os.path.exists(req["token_file"])
+        refused = next((e for e in chain if isinstance(e, BadToken) or (
+            sent and _status_of(e) == 401 and type(e).__name__ != "RepositoryNotFoundError")), None)  # fmt: skip
+        if refused is not None:
+            line = token_line(req.get("endpoint") or HUB, req.get("token_file"))
+            _fail({"error": "token", "status": 401, "message": line}, f"{label}: {where}: {line}", 5)
         exc = chain[-1]
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         _fail(
@@ -476,6 +464,12 @@ def main() -> None:
             f"{label}: {where}: {type(exc).__name__}: {first}",
             5,
         )
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of the answer an exception carries (huggingface_hub's errors do), if any."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
 
 
 def _remove(root: str, names: list[str]) -> None:
@@ -486,16 +480,9 @@ def _remove(root: str, names: list[str]) -> None:
             os.remove(path)
 
 
-def _from_hub(
-    req: dict[str, Any],
-    *,
-    root: str,
-    lock: dict[str, list[Any]],
-    bad: list[str],
-    cache: dict[str, list[Any]],
-    workers: int,
-) -> tuple[list[str], list[str]]:
-    """Fetch ``bad`` from the Hub, retrying mismatches alone; returns (fetched, still bad)."""
+def _hub_environment(req: dict[str, Any]) -> None:
+    """huggingface_hub's settings, before it is imported: the endpoint, the token file, the HTTP
+    path (not Xet), no telemetry, no progress bars, no chatter that would bury the one line."""
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -503,65 +490,95 @@ def _from_hub(
         os.environ["HF_ENDPOINT"] = req["endpoint"]
     if req.get("token_file") and os.path.exists(req["token_file"]):
         os.environ["HF_TOKEN_PATH"] = req["token_file"]
-    # Imported after the environment above is set (huggingface_hub reads it at import), and only
-    # when the Hub is needed at all.
-    from huggingface_hub import hf_hub_download, snapshot_download  # noqa: PLC0415
     from huggingface_hub.utils import logging as hf_logging  # noqa: PLC0415
 
-    # Its retry chatter would bury the one line that says what failed.
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    fetched: list[str] = []
+
+
+@dataclass
+class HubOutcome:
+    """What ``_from_hub`` did: the files fetched, those still not the lock's, those out of tries
+    (and why), the retries of each file, and why the Hub counted as down (None: it did not)."""
+
+    fetched: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    out_of_tries: dict[str, OutOfTries] = field(default_factory=dict)
+    retried: dict[str, int] = field(default_factory=dict)
+    down: str | None = None
+
+
+def _from_hub(
+    req: dict[str, Any],
+    *,
+    root: str,
+    lock: dict[str, list[Any]],
+    bad: list[str],
+    cache: dict[str, list[Any]],
+    note: Callable[[str], None],
+) -> HubOutcome:
+    """Fetch ``bad`` from the Hub, each file on its own (``hostside.hub_fetch``: retried through
+    the Hub's weather, resumed where it stopped), a file whose bytes are not the lock's fetched
+    again up to ``retries`` times. A file out of tries stops no other. An error every file would
+    meet (a gated repository, a lock the Hub contradicts) stops the files not yet begun and is
+    raised."""
+    _hub_environment(req)
+    attempts, backoff = req.get("hub_attempts"), req.get("hub_backoff_s")
+    weather = Weather(attempts=Weather.attempts if attempts is None else int(attempts),
+                      backoff_s=Weather.backoff_s if backoff is None else float(backoff))  # fmt: skip
+    hub = HubFiles(req, note, weather)
+    hub.check_token()
     _remove(root, bad)
-    if req.get("in_order"):
-        # Hosts fetch from this one as its files arrive: files in the lock's order (theirs too),
-        # IN_ORDER_AT_ONCE at a time (one alone would leave the link idle between files), each
-        # streamed into its partial file, where this host's peer service relays it at once (a
-        # whole file sent in one burst would fill the link that carries this host's own
-        # acknowledgements), and recorded verified as soon as it is placed. huggingface_hub's own
-        # GET (``http_get``, what ``hf_hub_download`` runs after its metadata request) follows the
-        # Hub's redirect, dropping the token on another origin; a file that does not match the
-        # lock is left for the retries below.
-        from huggingface_hub import constants, hf_hub_url  # noqa: PLC0415
-        from huggingface_hub.file_download import http_get  # noqa: PLC0415
-        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
+    fetched: list[str] = []
+    mismatched: list[str] = []
+    out_of_tries: dict[str, OutOfTries] = {}
+    fatal: list[BaseException] = []
+    mutex = threading.Lock()
 
-        # Bytes as the network gives them (up to 64 KiB a read), not gathered by 10 MiB first:
-        # the next host receives them from this one's partial file at once.
-        constants.DOWNLOAD_CHUNK_SIZE = None  # type: ignore[assignment]
-        headers = build_hf_headers()
-        mutex = threading.Lock()
-
-        def one(rel: str) -> None:
-            url = hf_hub_url(req["repo"], rel, revision=req["revision"], endpoint=req.get("endpoint") or None)
-            size = int(lock[rel][0])
+    def one(rel: str) -> None:
+        size, want = lock[rel]
+        partial = partial_path(root, rel)
+        for attempt in range(int(req.get("retries", 2)) + 1):
+            if fatal:
+                return
             try:
-                entry, _ = _receive(root, rel, lock[rel],
-                                    lambda sink: http_get(url, sink, headers=dict(headers), expected_size=size))  # type: ignore[arg-type]  # fmt: skip
-            except Mismatch:
-                return  # not the lock's bytes: fetched again below
+                found = hub.fetch(rel, size, want, partial)
+            except OutOfTries as exc:
+                with mutex:
+                    out_of_tries[rel] = exc
+                return
+            except Exception as exc:  # noqa: BLE001 - raised again below, once the pool is done
+                with mutex:
+                    fatal.append(exc)
+                return
+            if found == want:
+                target = inside(root, rel)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.chmod(partial, FILE_MODE)
+                os.replace(partial, target)
+                st = os.stat(target)
+                with mutex:
+                    fetched.append(rel)
+                    cache[rel] = [st.st_size, st.st_mtime_ns, st.st_ino, found]
+                    _save_cache(root, lock, cache)
+                return
+            hub.forget(rel, partial)
             with mutex:
-                fetched.append(rel)
-                cache[rel] = entry
-                _save_cache(root, lock, cache)
+                cache[rel] = [None, None, None, found]
+            if attempt < int(req.get("retries", 2)):
+                note(f"{rel}: expected {want}, found {found}; fetched again ({attempt + 1} of {req.get('retries', 2)})")
+        with mutex:
+            mismatched.append(rel)
 
-        with ThreadPoolExecutor(max_workers=IN_ORDER_AT_ONCE) as pool:
-            list(pool.map(one, sorted(bad)))
-    else:
-        # Patterns are globs: escaped, each matches its one name, whatever the Hub lists beside it.
-        patterns = [glob.escape(rel) for rel in bad]
-        snapshot_download(req["repo"], revision=req["revision"], local_dir=root, allow_patterns=patterns)
-        fetched += bad
-    bad = _verify(root, lock, cache, workers)
-    for _ in range(int(req.get("retries", 2))):
-        if not bad:
-            break
-        _remove(root, bad)
-        for rel in bad:
-            inside(root, rel)  # huggingface_hub writes <root>/<rel>
-            hf_hub_download(req["repo"], rel, revision=req["revision"], local_dir=root, force_download=True)
-        fetched += bad
-        bad = _verify(root, lock, cache, workers)
-    return fetched, bad
+    # A host others fetch from while it fetches takes files in the lock's order (theirs too), a
+    # few at a time (one alone would leave the link idle between files; all at once would starve
+    # the file the next host waits for); every host otherwise takes as many at once as
+    # huggingface_hub's snapshot_download does.
+    at_once = IN_ORDER_AT_ONCE if req.get("in_order") else HUB_AT_ONCE
+    with ThreadPoolExecutor(max_workers=max(1, min(at_once, len(bad)))) as pool:
+        list(pool.map(one, sorted(bad)))
+    if fatal:
+        raise fatal[0]
+    return HubOutcome(fetched, sorted(mismatched), out_of_tries, dict(sorted(hub.retried.items())), hub.down)
 
 
 def sync(req: dict[str, Any]) -> None:
@@ -604,12 +621,27 @@ def sync(req: dict[str, Any]) -> None:
     from_peers: dict[str, int] = {}
     peer_causes: dict[str, str] = {}
     label = f"{req['repo']}@{req['revision'][:12]}"
-    with Progress(req.get("progress_log"), label, root, {r: lock[r][0] for r in bad}):
+    hub = HubOutcome()
+    with Progress(req.get("progress_log"), label, root, {r: lock[r][0] for r in bad}) as progress:
         placed, from_peers, peer_causes = _from_peers(root, lock, bad, req, cache)
         bad = [r for r in bad if r not in placed]
         if bad:
-            fetched, bad = _from_hub(req, root=root, lock=lock, bad=bad, cache=cache, workers=workers)
+            hub = _from_hub(req, root=root, lock=lock, bad=bad, cache=cache, note=progress.note)
+            fetched, bad = hub.fetched, hub.mismatched
     _save_cache(root, lock, cache)
+    if hub.out_of_tries:
+        failed = hub.out_of_tries
+        rel = sorted(failed)[0]
+        if hub.down is not None:
+            what = f"the Hub is down: {hub.down}; {len(failed)} of {len(lock)} files not fetched, first {rel}"
+        else:
+            first = failed[rel]
+            what = f"{len(failed)} of {len(lock)} files out of tries, first {rel} after {first.tries}: {first.cause}"
+        _fail(
+            {"error": "hub", "files": {r: e.cause for r, e in sorted(failed.items())}, "fetched": sorted(fetched)},
+            f"weights {label}: {req.get('endpoint') or HUB}: {what} (the rest are in place; a run again resumes)",
+            5,
+        )
     if bad:
         rel = bad[0]
         found = cache.get(rel, [None] * 4)[3]
@@ -621,9 +653,10 @@ def sync(req: dict[str, Any]) -> None:
     if placed or fetched:
         given = ", ".join(f"{n} bytes from {h}" for h, n in sorted(from_peers.items()))
         hub_bytes = sum(lock[r][0] for r in set(fetched))
+        retries = f", {sum(hub.retried.values())} retries" if hub.retried else ""
         Progress(req.get("progress_log"), label, root, {}).note(
             f"{len(placed)} files from peers ({given or 'none'}), {len(set(fetched))} files ({hub_bytes} bytes) "
-            f"from {req.get('endpoint') or 'the Hub'}"
+            f"from {req.get('endpoint') or 'the Hub'}{retries}"
         )
     if scrub and corrupted:
         _save_json(root, "scrub.json", {"time": time.time(), "checked": len(lock), "corrupted": corrupted,
@@ -631,7 +664,7 @@ def sync(req: dict[str, Any]) -> None:
         print(f"kimi-deploy: scrub: re-fetched {len(corrupted)} corrupted files", file=sys.stderr)
     print(json.dumps({
         "ok": True, "fetched": sorted(set(fetched)), "from_peers": from_peers, "peer_failures": peer_causes,
-        "linked": len(linked), "removed": removed, "corrupted": sorted(corrupted),
+        "linked": len(linked), "removed": removed, "corrupted": sorted(corrupted), "hub_retries": hub.retried,
         "seconds": round(time.monotonic() - started, 3),
     }))  # fmt: skip
 

@@ -12,7 +12,6 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hostside.probe_types import HostState, Listener, UnitState
@@ -21,6 +20,7 @@ from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
 from kimi_deploy.host_paths import model_dir, router_dir, store_dir, tool_dir
+from kimi_deploy.hub_token import controller_token
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
@@ -185,17 +185,10 @@ def unit_state(unit: UnitTarget, state: HostState) -> UnitState | None:
 
 
 def _hub_token(config_dir: str, environ: Mapping[str, str]) -> RenderedFile | None:
-    """The controller's Hub token (``HF_TOKEN``, else huggingface_hub's token file) as a host file
-    only root reads; None when the controller has none (public repositories need none)."""
-    token = environ.get("HF_TOKEN", "").strip()
-    if not token:
-        home = Path(environ.get("HOME") or Path.home())
-        path = Path(environ.get("HF_TOKEN_PATH") or home / ".cache/huggingface/token")
-        try:
-            token = path.read_text(encoding="utf-8").strip()
-        except OSError:
-            return None
-    if not token:
+    """The controller's Hub token (where huggingface_hub finds it: ``kimi_deploy.hub_token``) as a
+    host file only root reads; None when the controller has none (public repositories need none)."""
+    token = controller_token(environ)
+    if token is None:
         return None
     return RenderedFile(f"{config_dir}/secrets/hf-token", token + "\n", 0o600, "root", secret=True)
 

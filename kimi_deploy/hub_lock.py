@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from hostside.boundary_names import BadName, check_name
+from hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hub_token import controller_token
 from kimi_deploy.lockfile import Lock, LockedFile
 from kimi_deploy.recipe import Recipe
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
-def make_lock(recipe: Recipe, recipe_file: str, endpoint: str | None = None) -> Lock:
+def make_lock(
+    recipe: Recipe, recipe_file: str, endpoint: str | None = None, environ: Mapping[str, str] | None = None
+) -> Lock:
     """List every file of the pinned revision with its size and digest.
 
     Every name of the listing is checked by ``hostside.boundary_names.check_name``: a listing with
     a name that could leave the revision folder (``..``, ``/etc/passwd``, ...) makes no lock.
     The token, if any, comes from the environment or huggingface_hub's token file, never argv
-    (huggingface_hub reads them; the command line turns its telemetry and Xet off before).
+    (huggingface_hub reads them; the command line turns its telemetry and Xet off before). A
+    listing the Hub refuses for a gated repository, or for a token it no longer takes, is said in
+    the lines the hosts' sync uses (``hostside.hub_access``); ``environ`` (the controller's) tells
+    whether a token was sent.
     """
     model = recipe.model
     if not _COMMIT.match(model.revision):
@@ -32,10 +40,14 @@ def make_lock(recipe: Recipe, recipe_file: str, endpoint: str | None = None) -> 
     try:
         entries = list(api.list_repo_tree(model.repo, revision=model.revision, recursive=True))
     except HfHubHTTPError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(
-            recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {type(exc).__name__}: {first}"
-        ) from None
+        status = exc.response.status_code if exc.response is not None else None
+        if type(exc).__name__ == GATED_ERROR:
+            said = gated_line(model.repo, endpoint or HUB, status)
+        elif status == 401 and controller_token(environ or {}) is not None:
+            said = token_line(endpoint or HUB, None)
+        else:
+            said = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {said}") from None
     except OSError as exc:
         raise ConfigError(recipe_file, "model", f"{where} unreachable: {exc}") from None
     files: dict[str, LockedFile] = {}

@@ -86,7 +86,7 @@ def _lock(args: argparse.Namespace) -> int:
     # before huggingface_hub is imported: it reads these once
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-    lock = make_lock(recipe, args.recipe, args.endpoint)
+    lock = make_lock(recipe, args.recipe, args.endpoint, os.environ)
     path = lock_path(recipe)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(lock.to_json(), encoding="utf-8")

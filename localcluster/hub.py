@@ -6,9 +6,21 @@ It serves every repo that ``localcluster.hub_repo`` writes under a root director
 ``Authorization`` header is accepted and never logged). Endpoints, as huggingface_hub 2.x calls them:
 
 * ``HEAD|GET /{repo_id}/resolve/{rev}/{path}``: ``X-Repo-Commit``, quoted ``ETag`` (the git blob id), ``Range``
-  (206/416). LFS files answer 302 to ``/_cdn/lfs/{sha256}?repo=&commit=&path=`` on this same server, with
-  ``X-Linked-Etag`` (the sha256) and ``X-Linked-Size``. The client follows a same-origin redirect even on its
-  metadata HEAD, so the CDN answer repeats ``X-Repo-Commit`` and carries ``ETag: "<sha256>"``.
+  (206/416). LFS files answer 302 to ``/_cdn/lfs/{sha256}?repo=&commit=&path=`` on the CDN, another
+  origin (the same address, ``CDN_PORT_OFFSET`` ports up: ``HubServer.cdn``), as the Hub sends its large
+  files to a CDN host of its own, with ``X-Linked-Etag`` (the sha256), ``X-Linked-Size``, and the Xet
+  headers the Hub adds for a file stored in Xet (and ``xetHash`` in its tree entries): ``X-Xet-Hash``
+  and ``Link: <{endpoint}/api/models/{repo_id}/xet-read-token/{commit}>; rel="xet-auth"``
+  (huggingface_hub 2.4.0 ``utils/_xet.py`` ``parse_xet_file_data_from_response`` reads both; the hash
+  here is derived from the sha256, not Xet's chunk hash: nothing in the cluster speaks Xet, and
+  ``xet-read-token`` answers 501, counted, so a client taking the Xet path fails loudly).
+  huggingface_hub takes the metadata from the 302 itself and does not follow it on its HEAD
+  (``utils/_http.py`` ``_httpx2_follow_hub_redirects_with_backoff``), and sends no token to another
+  origin (``file_download._get_metadata_or_catch_error``); the CDN answers any request for its files,
+  counts the ones that carry ``Authorization`` (``cdn_authorized``: a token that left the Hub), and
+  nothing else.
+* ``GET /api/whoami-v2``: who the request's token belongs to, ``{"type": "user", "name": ...}`` (a
+  stand-in account; the deploy reads only the status), 401 without a token or with a revoked one.
 * ``GET /api/models/{repo_id}`` and ``.../revision/{rev}`` (``?blobs=true`` adds sizes and LFS info to siblings).
 * ``GET /api/models/{repo_id}/tree/{rev}[/{path}]?recursive=&expand=``, paged (``page_size`` entries, ``Link:
   <...>; rel="next"``, later pages pinned to the resolved commit).
@@ -17,8 +29,10 @@ It serves every repo that ``localcluster.hub_repo`` writes under a root director
 * Errors carry ``X-Error-Code`` ``RepoNotFound`` / ``RevisionNotFound`` / ``EntryNotFound`` with 404, which the
   client turns into RepositoryNotFoundError / RevisionNotFoundError / RemoteEntryNotFoundError.
 * ``GET /_stats``: ``{"requests_total", "requests": {"GET resolve": n, ...}, "downloads": {path: bodies
-  started}, "bytes": {path: body bytes sent}}``; paths are paths in the repo; ``/_stats`` calls are not
-  counted. ``POST /_stats/reset`` zeroes it.
+  started}, "bytes": {path: body bytes sent}, "files": {"HEAD path": n, "GET path": n}, "starts": {path:
+  [first byte of each body]}, "cdn_authorized": n}``; paths are paths in the repo (``files`` counts their
+  ``/resolve`` and CDN requests alike, failed ones too); ``/_stats`` calls are not counted.
+  ``POST /_stats/reset`` zeroes it.
 
 Faults: ``<root>/faults.json`` is read on every request (absent: none; write it with ``write_faults``).
 Keys (unknown keys are an error, answered 500):
@@ -30,6 +44,14 @@ Keys (unknown keys are an error, answered 500):
   (a dropped transfer); ``"truncate_times": K`` limits that to the first K bodies per path since faults.json
   last changed. huggingface_hub retries, resuming with ``Range`` only from whole 10 MiB chunks it received:
   below that it starts over, so with no ``truncate_times`` a small file never completes (after 5 retries).
+* ``"revoked": [token, ...]``: tokens no longer valid (expired or revoked). A request to the Hub carrying
+  one answers 401 ``{"error": "Invalid credentials in Authorization header"}``, whatever it asks for,
+  public repositories too, as the Hub does for a bad token (``/api/whoami-v2``: huggingface/huggingface_hub#3368;
+  ``/resolve`` of a public repository: deepbeepmeep/Wan2GP#455; model info: Comfy-Org/ComfyUI#9415).
+* ``"whole": [glob, ...]``: a ``Range`` of a matching path is ignored and the whole body answered
+  200, as RFC 9110 lets a server do (section 14.2: a server may ignore Range) and as a CDN does for a
+  compressed object (huggingface_hub 2.4.0 ``file_download.http_get``: "the server ignored our Range
+  header (e.g. CloudFront with Accept-Encoding: gzip)").
 * ``"slow_bytes_per_s": N``: every file body is sent at about N bytes per second.
 * ``"gated": {repo_id: [token, ...]}``: the repository is gated and only those tokens' accounts have
   been granted access. Its files (``/resolve``) then answer as the Hub answers a gated repository:
@@ -40,6 +62,16 @@ Keys (unknown keys are an error, answered 500):
   for a token without access, huggingface/transformers#31367). Its metadata and listing stay
   open: "it's now possible to list gated files with the API" (the Hub's team,
   huggingface/huggingface.js#945).
+* ``"fail": [rule, ...]``: count-limited faults of one file and method, each rule
+  ``{"path": glob, "method": "HEAD"|"GET", "times": K, ...}`` and one of ``"status": N`` (the request is
+  answered N instead, ``"retry_after": S`` adding ``Retry-After: S``) or ``"reset_at": F`` (a GET body
+  stops after that fraction of the file, 0 < F < 1, and the connection is reset: RST, as a dropped
+  link or a restarted load balancer leaves it). A rule applies to the requests of its path, on
+  ``/resolve`` and the CDN alike, the first K of them since faults.json last changed. A 429 carries
+  the Hub's rate-limit headers: ``RateLimit: "resolvers";r=0;t=S`` and ``RateLimit-Policy: "fixed
+  window";"resolvers";q=3000;w=300`` (the Hub limits ``/resolve`` URLs in their own "resolvers"
+  bucket over 5-minute windows, https://huggingface.co/docs/hub/rate-limits; the header format is the
+  one huggingface_hub 2.4.0 parses, ``utils/_http.py`` ``parse_ratelimit_headers``).
 
 Run: ``python -m localcluster.hub --bind 127.0.0.1 --port 8088 --root DIR``, or in-process ``serve(root)``,
 which returns a started ``HubServer`` (``.url``, ``.stats``, ``.stop()``). Bind loopback or the test bridge
@@ -52,10 +84,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
+import hashlib
 import json
 import os
 import re
 import socket
+import struct
 import sys
 import threading
 import time
@@ -64,20 +98,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, Self, TextIO, cast
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from localcluster.background_server import BackgroundServer
 
 DEFAULT_PAGE_SIZE = 50
 FAULTS_FILE = "faults.json"
+# The CDN's port beside a hub started on a port of its own (the cluster's): known to whoever shapes
+# or watches the Hub's traffic. A hub on a free port (0) has its CDN on another free port.
+CDN_PORT_OFFSET = 100
 
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _HOST = re.compile(r"^([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$")
 # Words that follow a repo id in API paths; a second path segment that is one of them is not part of the id.
-_API_SUBPATHS = {"revision", "tree", "paths-info", "refs", "commits", "resolve"}
+_API_SUBPATHS = {"revision", "tree", "paths-info", "refs", "commits", "resolve", "xet-read-token"}
 _CHUNK = 1 << 20
 _MAX_BODY = 1 << 20
 _INVERT = bytes(b ^ 0xFF for b in range(256))
@@ -98,6 +135,9 @@ class Faults:
     truncate_times: int | None = None
     slow_bytes_per_s: int | None = None
     gated: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    fail: tuple[FailRule, ...] = ()
+    whole: tuple[str, ...] = ()
+    revoked: tuple[str, ...] = ()
 
     def granted(self, repo_id: str) -> tuple[str, ...] | None:
         """The tokens granted access to ``repo_id`` when it is gated (None: it is not)."""
@@ -108,6 +148,52 @@ class Faults:
 
     def truncation(self, path: str) -> int | None:
         return next((n for g, n in self.truncate if fnmatch.fnmatchcase(path, g)), None)
+
+
+@dataclass(frozen=True)
+class FailRule:
+    """One ``"fail"`` rule of faults.json: the first ``times`` requests of ``method`` for a path
+    matching ``path`` get ``status`` instead of their answer, or have their body reset at ``reset_at``."""
+
+    path: str
+    method: str
+    times: int
+    status: int | None = None
+    retry_after: int | None = None
+    reset_at: float | None = None
+
+    def matches(self, method: str, path: str) -> bool:
+        return method == self.method and fnmatch.fnmatchcase(path, self.path)
+
+
+def _fail_rules(value: Any) -> tuple[FailRule, ...]:
+    """The ``"fail"`` list, checked; ValueError names the rule and what is wrong with it."""
+    if not isinstance(value, list):
+        raise ValueError(f"{FAULTS_FILE}: fail must be a list of rules")
+    rules = []
+    for n, rule in enumerate(value):
+        where = f"{FAULTS_FILE}: fail[{n}]"
+        if not isinstance(rule, dict):
+            raise ValueError(f"{where}: expected an object")
+        unknown = set(rule) - {"path", "method", "times", "status", "retry_after", "reset_at"}
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        path, method, times = rule.get("path"), rule.get("method"), rule.get("times", 1)
+        status, retry_after, reset_at = rule.get("status"), rule.get("retry_after"), rule.get("reset_at")
+        if not isinstance(path, str) or method not in ("HEAD", "GET"):
+            raise ValueError(f"{where}: path must be a glob and method HEAD or GET")
+        if not (isinstance(times, int) and times >= 1):
+            raise ValueError(f"{where}: times must be a positive integer")
+        if (status is None) == (reset_at is None):
+            raise ValueError(f"{where}: give one of status and reset_at")
+        if status is not None and not (isinstance(status, int) and 400 <= status <= 599):
+            raise ValueError(f"{where}: status must be an HTTP error status (400 to 599)")
+        if reset_at is not None and not (isinstance(reset_at, float) and 0 < reset_at < 1 and method == "GET"):
+            raise ValueError(f"{where}: reset_at must be a fraction between 0 and 1, of a GET")
+        if retry_after is not None and not (isinstance(retry_after, int) and retry_after >= 0 and status):
+            raise ValueError(f"{where}: retry_after must be a non-negative integer, with a status")
+        rules.append(FailRule(path, method, times, status, retry_after, reset_at))
+    return tuple(rules)
 
 
 def read_faults_text(root: Path) -> str:
@@ -125,7 +211,9 @@ def parse_faults(text: str) -> Faults:
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"{FAULTS_FILE}: expected a JSON object")
-    unknown = set(data) - {"down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s", "gated"}
+    known = {"down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s", "gated", "fail"}
+    known |= {"whole", "revoked"}
+    unknown = set(data) - known
     if unknown:
         raise ValueError(f"{FAULTS_FILE}: unknown keys {sorted(unknown)}")
     corrupt = data.get("corrupt", [])
@@ -133,8 +221,10 @@ def parse_faults(text: str) -> Faults:
     slow = data.get("slow_bytes_per_s")
     retry_after = data.get("retry_after")
     times = data.get("truncate_times")
-    if not (isinstance(corrupt, list) and all(isinstance(g, str) for g in corrupt)):
-        raise ValueError(f"{FAULTS_FILE}: corrupt must be a list of globs")
+    whole, revoked = data.get("whole", []), data.get("revoked", [])
+    for key, globs in (("corrupt", corrupt), ("whole", whole), ("revoked", revoked)):
+        if not (isinstance(globs, list) and all(isinstance(g, str) for g in globs)):
+            raise ValueError(f"{FAULTS_FILE}: {key} must be a list of strings")
     if not (isinstance(truncate, dict) and all(isinstance(n, int) and n >= 0 for n in truncate.values())):
         raise ValueError(f"{FAULTS_FILE}: truncate must map globs to byte counts")
     if slow is not None and not (isinstance(slow, int) and slow > 0):
@@ -156,6 +246,9 @@ def parse_faults(text: str) -> Faults:
         truncate_times=times,
         slow_bytes_per_s=slow,
         gated=tuple((repo, tuple(tokens)) for repo, tokens in gated.items()),
+        fail=_fail_rules(data.get("fail", [])),
+        whole=tuple(whole),
+        revoked=tuple(revoked),
     )
 
 
@@ -180,6 +273,9 @@ class Stats:
     requests: Counter[str] = field(default_factory=Counter)
     downloads: Counter[str] = field(default_factory=Counter)
     sent: Counter[str] = field(default_factory=Counter)
+    files: Counter[str] = field(default_factory=Counter)
+    starts: dict[str, list[int]] = field(default_factory=dict)
+    cdn_authorized: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, counter: Counter[str], key: str, n: int = 1) -> None:
@@ -193,13 +289,28 @@ class Stats:
                 "requests": dict(sorted(self.requests.items())),
                 "downloads": dict(sorted(self.downloads.items())),
                 "bytes": dict(sorted(self.sent.items())),
+                "files": dict(sorted(self.files.items())),
+                "starts": {path: list(firsts) for path, firsts in sorted(self.starts.items())},
+                "cdn_authorized": self.cdn_authorized,
             }
+
+    def authorized_at_cdn(self) -> None:
+        with self.lock:
+            self.cdn_authorized += 1
+
+    def started(self, path: str, first: int) -> None:
+        with self.lock:
+            self.downloads[path] += 1
+            self.starts.setdefault(path, []).append(first)
 
     def reset(self) -> None:
         with self.lock:
             self.requests.clear()
             self.downloads.clear()
             self.sent.clear()
+            self.files.clear()
+            self.starts.clear()
+            self.cdn_authorized = 0
 
 
 # ---- repos ----------------------------------------------------------------------------------------
@@ -295,6 +406,12 @@ def _git_order(path: str, is_dir: bool) -> str:
     return path + "/" if is_dir else path
 
 
+def _xet_hash(sha256: str) -> str:
+    """The Xet hash the Hub gives an LFS file in its tree entries and ``X-Xet-Hash``: here a stand-in
+    derived from its sha256, not Xet's chunk hash (nothing in the cluster speaks Xet)."""
+    return hashlib.sha256(f"xet:{sha256}".encode()).hexdigest()
+
+
 def _header_safe(text: str) -> str:
     """Printable ASCII only: messages echo request paths, which must not inject headers."""
     return "".join(c if " " <= c <= "~" else "?" for c in text)[:300]
@@ -335,7 +452,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def hub(self) -> HubServer:
-        return cast(HubServer, self.server)
+        server = self.server
+        return server.hub if isinstance(server, _Cdn) else cast(HubServer, server)
+
+    @property
+    def at_cdn(self) -> bool:
+        return isinstance(self.server, _Cdn)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -412,15 +534,23 @@ class _Handler(BaseHTTPRequestHandler):
         if segments[:2] == ["api", "models"] and len(segments) > 2:
             tail = _split_api(segments[2:])[1]
             word = tail[0] if tail else "revision"
-            return {"revision": "model_info", "paths-info": "paths_info"}.get(word, word)
+            return {"revision": "model_info", "paths-info": "paths_info", "xet-read-token": "xet_token"}.get(word, word)
         if "resolve" in segments[1:3]:
             return "resolve"
+        if segments == ["api", "whoami-v2"]:
+            return "whoami"
         return "other"
 
     def _origin(self) -> str:
         """Scheme and authority the client used (so redirects and page links work on any address)."""
         host = self.headers.get("Host", "")
         return f"http://{host}" if _HOST.match(host) else self.hub.url
+
+    def _cdn_origin(self) -> str:
+        """The CDN's origin on the address the client used: the CDN's own port."""
+        name = urlsplit(self._origin()).hostname or "127.0.0.1"
+        name = f"[{name}]" if ":" in name else name
+        return f"http://{name}:{self.hub.cdn.port}"
 
     def _send(self, status: int, headers: dict[str, str], body: bytes, method: str) -> None:
         self.send_response(status)
@@ -457,7 +587,21 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(
         self, method: str, kind: str, segments: list[str], *, query: dict[str, list[str]], body: bytes, faults: Faults
     ) -> None:
-        if kind == "cdn" and len(segments) == 3 and method in ("GET", "HEAD"):
+        token = self._token()
+        if not self.at_cdn and token is not None and token in faults.revoked:
+            raise HubError(401, None, "Invalid credentials in Authorization header")
+        if kind == "whoami" and method == "GET" and not self.at_cdn:
+            if token is None:
+                raise HubError(401, None, "Invalid credentials in Authorization header")
+            self._json(method, {"type": "user", "name": "kimi-tester", "auth": {"type": "access_token"}})
+            return
+        if self.at_cdn or kind == "cdn":
+            # The CDN is an origin of its own: it serves its files and nothing else, and the Hub none of them.
+            if not (self.at_cdn and kind == "cdn" and len(segments) == 3 and method in ("GET", "HEAD")):
+                raise HubError(404, None, "Not Found")
+            if self.headers.get("Authorization"):
+                self.hub.stats.authorized_at_cdn()
+            self._file_request(method, query.get("path", [segments[2]])[0], faults)
             self._cdn(method, segments[2], query, faults)
         elif segments[:2] == ["api", "models"] and len(segments) >= 3:
             self._api(method, segments[2:], query, body)
@@ -467,6 +611,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HubError(404, None, "Not Found")
             repo_id = "/".join(segments[:at])
             repo = self._repo(repo_id)
+            self._file_request(method, "/".join(segments[at + 2 :]), faults)
             self._gate(repo_id, faults)
             self._resolve(method, repo, segments[at + 1], "/".join(segments[at + 2 :]), faults)
         elif segments[:1] in (["datasets"], ["spaces"], ["kernels"]) or segments[:2] in (
@@ -497,20 +642,43 @@ class _Handler(BaseHTTPRequestHandler):
             self._blob(method, entry["sha256"], path, headers=headers, faults=faults, disposition="inline")
             return
         target = urlencode({"repo": repo.repo_id, "commit": sha, "path": path})
+        token_route = f"{self._origin()}/api/models/{repo.repo_id}/xet-read-token/{sha}"
         headers |= {
-            "Location": f"{self._origin()}/_cdn/lfs/{entry['sha256']}?{target}",
+            "Location": f"{self._cdn_origin()}/_cdn/lfs/{entry['sha256']}?{target}",
             "X-Linked-Etag": f'"{entry["sha256"]}"',
             "X-Linked-Size": str(entry["size"]),
+            "X-Xet-Hash": _xet_hash(entry["sha256"]),
+            "Link": f'<{token_route}>; rel="xet-auth"',
         }
         self._send(302, headers, b"", method)
+
+    def _file_request(self, method: str, path: str, faults: Faults) -> None:
+        """Count a request of a file; answer it with the error of a ``"fail"`` rule whose turn it is."""
+        self.hub.stats.count(self.hub.stats.files, f"{method} {path}")
+        rule = self.hub.take_rule(faults, method, path, body=False)
+        if rule is None or rule.status is None:
+            return
+        headers = {} if rule.retry_after is None else {"Retry-After": str(rule.retry_after)}
+        if rule.status == 429:
+            reset = rule.retry_after if rule.retry_after is not None else 60
+            headers |= {"RateLimit": f'"resolvers";r=0;t={reset}',
+                        "RateLimit-Policy": '"fixed window";"resolvers";q=3000;w=300'}  # fmt: skip
+        if rule.status == 401:  # as the Hub answers a token it no longer takes (see "revoked")
+            raise HubError(401, None, "Invalid credentials in Authorization header", headers)
+        phrase = {429: "Too Many Requests", 503: "Service Unavailable"}.get(rule.status, "Error")
+        raise HubError(rule.status, None, f"{phrase} (fault injected)", headers)
+
+    def _token(self) -> str | None:
+        """The request's ``Authorization: Bearer`` token, if it has one."""
+        words = (self.headers.get("Authorization") or "").split()
+        return words[1] if len(words) == 2 and words[0].lower() == "bearer" else None
 
     def _gate(self, repo_id: str, faults: Faults) -> None:
         """Refuse a gated repository's files as the Hub does (see ``"gated"`` in the module docstring)."""
         granted = faults.granted(repo_id)
         if granted is None:
             return
-        words = (self.headers.get("Authorization") or "").split()
-        token = words[1] if len(words) == 2 and words[0].lower() == "bearer" else None
+        token = self._token()
         if token is None:
             raise HubError(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it "
                            "and be authenticated to access it. Please log in.")  # fmt: skip
@@ -534,8 +702,9 @@ class _Handler(BaseHTTPRequestHandler):
         """Send object ``oid`` as file ``path``, honouring Range and the faults that apply to ``path``."""
         obj = self.hub.root / "objects" / oid
         size = obj.stat().st_size
+        ranged = not any(fnmatch.fnmatchcase(path, g) for g in faults.whole)
         try:
-            span = _range(self.headers.get("Range"), size)
+            span = _range(self.headers.get("Range") if ranged else None, size)
         except HubError:
             self._send(416, {"Content-Range": f"bytes */{size}", **headers}, b"", method)
             return
@@ -553,10 +722,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "HEAD":
             return
-        self.hub.stats.count(self.hub.stats.downloads, path)
+        self.hub.stats.started(path, first)
         cut = faults.truncation(path)
         if cut is not None and cut < length and not self.hub.may_truncate(path, faults.truncate_times):
             cut = None
+        reset = self.hub.take_rule(faults, method, path, body=True)
+        if reset is not None and reset.reset_at is not None:
+            cut = max(0, int(size * reset.reset_at) - first)
         corrupt = faults.corrupts(path)
         rate = faults.slow_bytes_per_s
         chunk_size = _CHUNK if rate is None else max(1, min(_CHUNK, rate // 10))
@@ -577,6 +749,9 @@ class _Handler(BaseHTTPRequestHandler):
                     if cut is not None:
                         want = min(want, cut - sent)
                         if want <= 0:
+                            if reset is not None:
+                                self._reset()
+                                return
                             # Fewer bytes than Content-Length, then EOF: what a dropped transfer looks like.
                             self.close_connection = True
                             return
@@ -595,6 +770,15 @@ class _Handler(BaseHTTPRequestHandler):
                     self._bytes += len(chunk)
         finally:
             self.hub.stats.count(self.hub.stats.sent, path, sent)
+
+    def _reset(self) -> None:
+        """End the connection with a reset (RST), not a close: after the bytes sent have had a moment
+        to reach the client, as they would over a link that then drops."""
+        self.wfile.flush()
+        time.sleep(0.2)
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
 
     @staticmethod
     def _corrupt(chunk: bytes, offset: int, size: int) -> bytes:
@@ -618,6 +802,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._paths_info(method, repo, repo.resolve(tail[1]), body)
         elif method in ("GET", "HEAD") and tail == ["refs"]:
             self._refs(method, repo)
+        elif word == "xet-read-token":
+            raise HubError(501, None, "Xet is not served here (a stand-in Hub: files come through its HTTP CDN)")
         elif method in ("GET", "HEAD") and word == "commits" and len(tail) == 2:
             self._commits(method, repo, repo.resolve(tail[1]), query)
         else:
@@ -688,6 +874,7 @@ class _Handler(BaseHTTPRequestHandler):
             out = {"type": "file", "oid": e["oid"], "size": e["size"], "path": path}
             if e["lfs"] is not None:
                 out["lfs"] = e["lfs"]
+                out["xetHash"] = _xet_hash(e["sha256"])  # huggingface_hub's RepoFile.xet_hash
         if expand:
             out["lastCommit"] = repo.last_commit(sha, path, is_dir=e is None)
             if e is not None:
@@ -783,32 +970,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(method, items, headers)
 
 
-class HubServer(BackgroundServer):
-    """The fake Hub bound to an address; ``start()`` serves it from a daemon thread, ``stop()`` ends it and
-    drops open connections. ``url`` is the endpoint to give huggingface_hub (``HF_ENDPOINT``/``endpoint=``)."""
+class _Origin(BackgroundServer):
+    """A listening address of the fake Hub that drops its open connections when stopped."""
 
     poll_interval = 0.1  # stop() returns within 0.1 s, as the hub always has (the base allows 0.2)
 
-    def __init__(
-        self,
-        root: Path,
-        address: tuple[str, int],
-        *,
-        page_size: int = DEFAULT_PAGE_SIZE,
-        log_stream: TextIO | None = sys.stderr,
-    ) -> None:
+    def __init__(self, address: tuple[str, int]) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
-        self.root = Path(root)
-        self.page_size = page_size
-        self.stats = Stats()
-        self.manifests: dict[str, dict[str, Any]] = {}
-        self._faults_text = ""
-        self._truncated: Counter[str] = Counter()
-        self._faults_lock = threading.Lock()
-        self._log_stream = log_stream
-        self._log_lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
 
@@ -822,30 +992,6 @@ class HubServer(BackgroundServer):
         # A wildcard bind is reachable on loopback; the wildcard itself is not an address to connect to.
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
-
-    def faults(self) -> Faults:
-        """The faults in force now (faults.json is re-read on every request)."""
-        text = read_faults_text(self.root)
-        with self._faults_lock:
-            if text != self._faults_text:
-                self._faults_text = text
-                self._truncated.clear()  # ``truncate_times`` counts from the last change
-        return parse_faults(text)
-
-    def may_truncate(self, path: str, times: int | None) -> bool:
-        """Whether a body of ``path`` may be cut now; counts the cut when ``times`` limits them."""
-        if times is None:
-            return True
-        with self._faults_lock:
-            if self._truncated[path] >= times:
-                return False
-            self._truncated[path] += 1
-            return True
-
-    def log(self, line: str) -> None:
-        if self._log_stream is not None:
-            with self._log_lock:
-                print(f"hub: {line}", file=self._log_stream, flush=True)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
@@ -866,6 +1012,84 @@ class HubServer(BackgroundServer):
                 with contextlib.suppress(OSError):  # already closed by the client
                     conn.shutdown(socket.SHUT_RDWR)
             self._open.clear()
+
+
+class _Cdn(_Origin):
+    """The Hub's CDN: its LFS files on a port of their own, another origin than the Hub's."""
+
+    def __init__(self, hub: HubServer, address: tuple[str, int]) -> None:
+        super().__init__(address)
+        self.hub = hub
+
+
+class HubServer(_Origin):
+    """The fake Hub bound to an address, its CDN (``cdn``) on the same address, ``CDN_PORT_OFFSET`` ports up;
+    ``start()`` serves both from daemon threads, ``stop()`` ends them and drops open connections.
+    ``url`` is the endpoint to give huggingface_hub (``HF_ENDPOINT``/``endpoint=``)."""
+
+    def __init__(
+        self,
+        root: Path,
+        address: tuple[str, int],
+        *,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        log_stream: TextIO | None = sys.stderr,
+    ) -> None:
+        super().__init__(address)
+        self.cdn = _Cdn(self, (address[0], address[1] + CDN_PORT_OFFSET if address[1] else 0))
+        self.root = Path(root)
+        self.page_size = page_size
+        self.stats = Stats()
+        self.manifests: dict[str, dict[str, Any]] = {}
+        self._faults_text = ""
+        self._truncated: Counter[str] = Counter()
+        self._failed: Counter[int] = Counter()
+        self._faults_lock = threading.Lock()
+        self._log_stream = log_stream
+        self._log_lock = threading.Lock()
+
+    def start(self) -> Self:
+        self.cdn.start()
+        return super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        self.cdn.stop()
+
+    def faults(self) -> Faults:
+        """The faults in force now (faults.json is re-read on every request)."""
+        text = read_faults_text(self.root)
+        with self._faults_lock:
+            if text != self._faults_text:
+                self._faults_text = text
+                self._truncated.clear()  # ``truncate_times`` counts from the last change
+                self._failed.clear()  # so do ``"fail"`` rules' ``times``
+        return parse_faults(text)
+
+    def may_truncate(self, path: str, times: int | None) -> bool:
+        """Whether a body of ``path`` may be cut now; counts the cut when ``times`` limits them."""
+        if times is None:
+            return True
+        with self._faults_lock:
+            if self._truncated[path] >= times:
+                return False
+            self._truncated[path] += 1
+            return True
+
+    def take_rule(self, faults: Faults, method: str, path: str, *, body: bool) -> FailRule | None:
+        """The first ``"fail"`` rule for this request (a status rule, or with ``body`` a reset rule)
+        that has turns left, its turn taken."""
+        with self._faults_lock:
+            for n, rule in enumerate(faults.fail):
+                if rule.matches(method, path) and (rule.reset_at is not None) == body and self._failed[n] < rule.times:
+                    self._failed[n] += 1
+                    return rule
+        return None
+
+    def log(self, line: str) -> None:
+        if self._log_stream is not None:
+            with self._log_lock:
+                print(f"hub: {line}", file=self._log_stream, flush=True)
 
 
 def serve(
@@ -889,13 +1113,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE)
     args = parser.parse_args(argv)
     server = HubServer(args.root, (args.bind, args.port), page_size=args.page_size)
-    server.log(f"serving {args.root} on {server.url}")
+    server.cdn.start()
+    server.log(f"serving {args.root} on {server.url}, its CDN on {server.cdn.url}")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+        server.cdn.stop()
 
 
 if __name__ == "__main__":

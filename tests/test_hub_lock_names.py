@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from hostside.hub_access import token_line
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.recipe import load_recipe
 from kimi_pyinfra.cli import main
-from localcluster.hub import HubServer, serve
+from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import REPO_ID, git_blob_sha1
 from tests.conftest import ROOT
 
@@ -138,3 +139,21 @@ def test_a_malformed_lock_file_is_one_line(tmp_path: Path, text: str) -> None:
         read_lock(recipe, tmp_path)
     assert str(caught.value).startswith(f"{path}: ")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("hub", [[]], indirect=True)
+def test_lock_with_a_token_the_hub_no_longer_takes_says_so_in_one_line(
+    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Hub refuses a revoked token's listing of a public repository too (401): the line the
+    hosts' sync uses, at lock time."""
+    write_faults(tmp_path / "hub", {"revoked": ["hf_revoked_0123"]})
+    work = tmp_path / "work"
+    _demo_recipe(work)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HF_TOKEN", "hf_revoked_0123")
+    assert main(["lock", "recipes/demo-gpu.yaml", "--endpoint", hub.url]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"recipes/demo-gpu.yaml: model: {hub.url}: {REPO_ID}@{COMMIT}: {token_line(hub.url, None)}"
+    monkeypatch.delenv("HF_TOKEN")  # the repository is public: without the token, the lock is made
+    assert main(["lock", "recipes/demo-gpu.yaml", "--endpoint", hub.url]) == 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hostside.hub_access import gated_line
+from hostside.hub_access import gated_line, token_line
 from localcluster.hub import HubServer, serve, write_faults
 from tests.test_weights_hub_relay import COMMIT, REPO, _write_repo
 from tests.test_weights_peer import key_file
@@ -68,3 +68,33 @@ def test_a_granted_token_proceeds(
     code, said = _sync(tmp_path, key_file, hub, lock, GRANTED)
     assert code == 0, said
     assert sorted(p.name for p in (tmp_path / "revision").iterdir() if not p.name.startswith(".")) == sorted(lock)
+    stats = hub.stats.snapshot()
+    assert stats["downloads"]["w.safetensors"] == 1  # from the Hub's CDN, another origin...
+    assert stats["cdn_authorized"] == 0  # ...which the token never reached
+
+
+def test_a_token_the_hub_no_longer_takes_is_named_before_a_file_is_asked_for(
+    tmp_path: Path, key_file: Path, gated_hub: tuple[HubServer, dict[str, list[Any]]]
+) -> None:
+    hub, lock = gated_hub
+    write_faults(tmp_path / "hub", {"gated": {REPO: [GRANTED]}, "revoked": [GRANTED]})
+    code, line = _sync(tmp_path, key_file, hub, lock, GRANTED)
+    assert (code, line) == (
+        5, f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {hub.url}: {token_line(hub.url, str(tmp_path / 'token'))}"
+    )  # fmt: skip
+    assert "it has expired or was revoked: make a new one at " in line
+    stats = hub.stats.snapshot()
+    assert stats["requests"] == {"GET whoami": 1}  # one question, no file asked for
+
+
+def test_a_token_revoked_during_the_sync_stops_it_in_the_same_line(
+    tmp_path: Path, key_file: Path, gated_hub: tuple[HubServer, dict[str, list[Any]]]
+) -> None:
+    """Revoked after the sync has asked whose it is: its next file is refused, and said so."""
+    hub, lock = gated_hub
+    # The Hub takes the token for whoami, then answers a file as it answers a revoked token.
+    write_faults(tmp_path / "hub", {"gated": {REPO: [GRANTED]}, "fail": [
+        {"path": "w.safetensors", "method": "HEAD", "status": 401, "times": 1}]})  # fmt: skip
+    code, line = _sync(tmp_path, key_file, hub, lock, GRANTED)
+    assert code == 5
+    assert line.endswith(token_line(hub.url, str(tmp_path / "token")))

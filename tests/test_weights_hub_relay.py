@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from hostside.revision_files import load_cache, partial_path
-from hostside.weights_sync import _Sink
 from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import git_blob_sha1
 from tests.test_weights_peer import key_file
@@ -39,9 +38,10 @@ CONFIG = b'{"model_type": "llama"}\n'
 BYTES_PER_S = 350_000
 
 
-def _write_repo(root: Path) -> dict[str, list[Any]]:
-    """``REPO`` at ``COMMIT`` in the fake Hub's layout: an LFS file and a small one; its lock."""
-    files = {"w.safetensors": (WEIGHTS, True), "config.json": (CONFIG, False)}
+def _write_repo(root: Path, files: dict[str, tuple[bytes, bool]] | None = None) -> dict[str, list[Any]]:
+    """``REPO`` at ``COMMIT`` in the fake Hub's layout, its lock: ``files`` (name: bytes, whether
+    LFS), by default an LFS file and a small one."""
+    files = files or {"w.safetensors": (WEIGHTS, True), "config.json": (CONFIG, False)}
     (root / "objects").mkdir(parents=True)
     entries, lock = {}, {}
     for name, (data, lfs) in files.items():
@@ -152,16 +152,20 @@ def test_a_body_the_hub_drops_resumes_where_it_stopped_and_reaches_the_next_host
     assert stats["bytes"]["w.safetensors"] == len(WEIGHTS)
 
 
-def test_a_body_sent_again_from_its_start_starts_the_file_and_its_hash_over(tmp_path: Path) -> None:
-    with open(tmp_path / "partial", "wb") as out:
-        sink = _Sink(out, hashlib.sha256)
-        sink.write(b"a first try that ")
-        sink.write(b"broke off")
-        # what huggingface_hub's http_get does when a source answers a Range with the whole body
-        sink.seek(max(sink.tell() - 26, 0))
-        sink.truncate()
-        sink.write(b"the whole body")
-        with pytest.raises(OSError, match="only to its start"):
-            sink.seek(3)
-    assert sink.digest.hexdigest() == hashlib.sha256(b"the whole body").hexdigest()
-    assert (tmp_path / "partial").read_bytes() == b"the whole body"
+def test_a_source_answering_the_rest_with_the_whole_body_starts_the_file_over(
+    tmp_path: Path, key_file: Path, hub: tuple[HubServer, dict[str, list[Any]]]
+) -> None:
+    """A body cut short is resumed with Range; a source that answers it with the whole body (200)
+    starts the file and its hash over, and the file is placed verified."""
+    server, lock = hub
+    write_faults(tmp_path / "hub", {"truncate": {"w.safetensors": 300_000}, "truncate_times": 1,
+                                    "whole": ["w.safetensors"]})  # fmt: skip
+    root = tmp_path / "revision"
+    proc = _sync(root, lock, key_file, endpoint=server.url, hub_backoff_s=0.05)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["fetched"] == ["config.json", "w.safetensors"]
+    assert (root / "w.safetensors").read_bytes() == WEIGHTS
+    stats = server.stats.snapshot()
+    assert stats["starts"]["w.safetensors"] == [0, 0]  # asked for the rest, was sent the whole
+    assert stats["bytes"]["w.safetensors"] == 300_000 + len(WEIGHTS)

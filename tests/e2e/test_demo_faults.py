@@ -43,7 +43,8 @@ def _lines(log: str, needle: str) -> list[str]:
 
 @pytest.fixture
 def hub_down() -> Iterator[None]:
-    write_faults(STATE_DIR / "hub", {"down": True})
+    # Down with Retry-After 1, which the hosts honour: their few tries take seconds, not a minute.
+    write_faults(STATE_DIR / "hub", {"down": True, "retry_after": 1})
     try:
         yield
     finally:

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from harness.own_cluster import BIN, ROOT
+from kimi_deploy.scrub_units import PROGRESS_LOG
 from localcluster.hub import write_faults
 from tests.e2e.demo import GPU_RECIPE, STATE_DIR, address, chat, gpu_recipe_data, main_pid, pyinfra, ssh, state
 
@@ -185,6 +186,37 @@ def test_a_hub_serving_a_corrupted_shard_is_retried_then_named(
     hub_faults({})
     # With the other hosts in the run, kimi-h1 takes the shard from one that holds it verified.
     assert _converge()["Weights at the pinned revision"] == ["kimi-h1"]
+
+
+def test_a_hub_that_rate_limits_fails_and_resets_a_transfer_is_ridden_out(
+    converged: None, hub_faults: Callable[[dict[str, Any]], None]
+) -> None:
+    """One 429 on a shard's metadata, one 503 on another's bytes, a reset halfway through a third:
+    the converge completes, each of those is asked for once more, and the host's progress log
+    names every retry."""
+    shards = {n: f"model-{n:05d}-of-00096.safetensors" for n in (12, 57, 80)}
+    ssh("kimi-h1", "rm", *(f"{WEIGHTS}/{name}" for name in shards.values()))
+    hub_faults({"fail": [
+        {"path": shards[57], "method": "HEAD", "status": 429, "retry_after": 1, "times": 1},
+        {"path": shards[12], "method": "GET", "status": 503, "times": 1},
+        {"path": shards[80], "method": "GET", "reset_at": 0.5, "times": 1},
+    ]})  # fmt: skip
+    started = ssh("kimi-h1", f"wc -l < {PROGRESS_LOG} 2>/dev/null || echo 0")
+    # kimi-h1 alone, so the shards come from the Hub (with its peers in the run, they would give them).
+    assert _converge("--limit", "kimi-h1")["Weights at the pinned revision"] == ["kimi-h1"]
+    stats = _hub("/_stats")
+    assert sorted(stats["starts"]) == sorted(shards.values())
+    assert stats["starts"][shards[12]] == stats["starts"][shards[57]] == [0]
+    first, then = stats["starts"][shards[80]]
+    assert (first, then > 0) == (0, True)  # the rest of it, not the whole again
+    log = ssh("kimi-h1", f"tail -n +{int(started) + 1} {PROGRESS_LOG}")
+    retried = [line for line in log.splitlines() if "; retry 1 of " in line]
+    assert len(retried) == 3, log
+    assert any(f"{shards[57]}: HEAD answered 429 Too Many Requests (Retry-After 1)" in x for x in retried)
+    assert any(f"{shards[12]}: GET answered 503 Service Unavailable" in x for x in retried)
+    assert any(f"{shards[80]}: " in x and f"from byte {then} of " in x for x in retried)
+    hub_faults({})
+    assert "Weights at the pinned revision" not in _converge("--limit", "kimi-h1")  # verified, in place
 
 
 def test_a_killed_sync_resumes_without_fetching_finished_files_again(

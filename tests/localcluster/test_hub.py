@@ -8,10 +8,12 @@ import io
 import itertools
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,8 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-# huggingface_hub reads these once, when first imported. Should another test have imported it first, Xet still
-# cannot start: the hub never sends Xet headers (test_range_requests checks).
+# huggingface_hub reads these once, when first imported (tests/conftest.py sets them before any test module).
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
@@ -279,6 +280,15 @@ def test_rerun_at_pinned_commit_makes_no_request(hub: Hub, tmp_path: Path) -> No
     assert hub.stats()["requests_total"] == 0
 
 
+def _get(
+    conn: http.client.HTTPConnection, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One GET on a kept-alive connection: status, headers, body."""
+    conn.request("GET", path, headers=headers or {})
+    answer = conn.getresponse()
+    return answer.status, answer.headers, answer.read()
+
+
 def test_range_requests(hub: Hub) -> None:
     split = urlsplit(hub.url)
     conn = http.client.HTTPConnection(split.hostname or "", split.port)
@@ -296,16 +306,29 @@ def test_range_requests(hub: Hub) -> None:
         assert r.getheader("X-Repo-Commit") == hub.a
         assert r.getheader("X-Linked-Etag") == f'"{entry.sha256}"'
         assert r.getheader("X-Linked-Size") == str(entry.size)
-        assert not [h for h in r.headers if h.lower().startswith("x-xet")]  # the client must never try Xet
+        # Stored in Xet, as the Hub's files are: a client that takes that path asks for a token and
+        # is refused (the deploy's hosts never do; test_weights_hub_weather counts it).
+        assert re.fullmatch(r"[0-9a-f]{64}", r.getheader("X-Xet-Hash") or "")
+        (listed,) = HfApi(endpoint=hub.url).get_paths_info(REPO_ID, [SHARD_57], revision=hub.a)
+        assert isinstance(listed, RepoFile)
+        assert listed.xet_hash == r.getheader("X-Xet-Hash")  # the tree's xetHash, as the client reads it
+        token_route = f"{hub.url}/api/models/{REPO_ID}/xet-read-token/{hub.a}"
+        assert r.getheader("Link") == f'<{token_route}>; rel="xet-auth"'
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(token_route)
+        assert refused.value.code == 501
         cdn = urlsplit(r.getheader("Location") or "")
+        assert (cdn.hostname, cdn.port) == (split.hostname, hub.server.cdn.port) != (split.hostname, split.port)
         shard = (hub.root / "objects" / entry.sha256).read_bytes()
-        conn.request("GET", f"{cdn.path}?{cdn.query}", headers={"Range": "bytes=-16"})
-        r = conn.getresponse()
-        assert (r.status, r.read()) == (206, shard[-16:])
-        conn.request("GET", f"{cdn.path}?{cdn.query}", headers={"Range": f"bytes={len(shard)}-"})
-        r = conn.getresponse()
-        r.read()
-        assert (r.status, r.getheader("Content-Range")) == (416, f"bytes */{len(shard)}")
+        at_cdn = http.client.HTTPConnection(cdn.hostname or "", cdn.port)
+        try:
+            assert _get(at_cdn, f"{cdn.path}?{cdn.query}", {"Range": "bytes=-16"})[::2] == (206, shard[-16:])
+            status, headers, _ = _get(at_cdn, f"{cdn.path}?{cdn.query}", {"Range": f"bytes={len(shard)}-"})
+            assert (status, headers.get("Content-Range")) == (416, f"bytes */{len(shard)}")
+            assert _get(at_cdn, f"/{REPO_ID}/resolve/v1/config.json")[0] == 404  # the CDN serves its files only
+        finally:
+            at_cdn.close()
+        assert _get(conn, f"{cdn.path}?{cdn.query}")[0] == 404  # and the Hub none of them
     finally:
         conn.close()
 
@@ -379,3 +402,65 @@ def test_token_is_accepted_and_never_logged(hub: Hub, tmp_path: Path) -> None:
     assert secret not in log
     assert "Bearer" not in log
     assert "uthorization" not in log
+
+
+def test_fail_rules_answer_as_the_hub_does_then_step_aside(hub: Hub) -> None:
+    """A 429 the real client reads as the Hub's rate limit (its own message names the bucket and
+    the wait); a rule's turns counted; then the file answers again."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url  # noqa: PLC0415
+    from huggingface_hub.utils import parse_ratelimit_headers  # type: ignore[attr-defined]  # noqa: PLC0415
+
+    write_faults(hub.root, {"fail": [{"path": SHARD_57, "method": "HEAD", "status": 429, "retry_after": 7, "times": 2}]})
+    url = hf_hub_url(REPO_ID, SHARD_57, revision=hub.a, endpoint=hub.url)
+    for _ in range(2):
+        with pytest.raises(HfHubHTTPError) as err:
+            get_hf_file_metadata(url, endpoint=hub.url)
+        assert err.value.response.status_code == 429
+        assert err.value.response.headers["Retry-After"] == "7"
+        limit = parse_ratelimit_headers(err.value.response.headers)
+        assert limit is not None
+        assert (limit.resource_type, limit.remaining, limit.reset_in_seconds, limit.window_seconds) == (
+            "resolvers", 0, 7, 300)  # fmt: skip
+        assert "you have reached your 'resolvers' rate limit" in str(err.value)
+    assert get_hf_file_metadata(url, endpoint=hub.url).size == hub.info.files[hub.a][SHARD_57].size
+    assert hub.stats()["files"][f"HEAD {SHARD_57}"] == 3  # two refused; then /resolve alone: its 302 says it all
+
+
+def test_a_reset_rule_cuts_the_body_at_its_fraction_with_a_reset(hub: Hub) -> None:
+    size = hub.info.files[hub.a][SHARD_57].size
+    write_faults(hub.root, {"fail": [{"path": SHARD_57, "method": "GET", "reset_at": 0.5, "times": 1}]})
+    got = b""
+    url = f"{hub.url}/{REPO_ID}/resolve/{hub.a}/{SHARD_57}"
+    with pytest.raises(ConnectionResetError), urllib.request.urlopen(url) as answer:  # noqa: PT012 - counted
+        while block := answer.read1(1024):
+            got += block
+    assert len(got) == size // 2
+    with urllib.request.urlopen(f"{hub.url}/{REPO_ID}/resolve/{hub.a}/{SHARD_57}") as answer:
+        assert len(answer.read()) == size  # one turn only
+    assert hub.stats()["starts"] == {SHARD_57: [0, 0]}
+
+
+def test_a_whole_rule_answers_a_range_with_the_whole_body(hub: Hub) -> None:
+    size = hub.info.files[hub.a][SHARD_57].size
+    write_faults(hub.root, {"whole": ["model-*"]})
+    request = urllib.request.Request(f"{hub.url}/{REPO_ID}/resolve/{hub.a}/{SHARD_57}", headers={"Range": "bytes=100-"})
+    with urllib.request.urlopen(request) as answer:
+        assert (answer.status, len(answer.read())) == (200, size)
+
+
+@pytest.mark.parametrize(
+    ("rule", "why"),
+    [
+        ({"path": "x", "method": "PUT", "status": 503}, "fail[0]: path must be a glob and method HEAD or GET"),
+        ({"path": "x", "method": "GET"}, "fail[0]: give one of status and reset_at"),
+        ({"path": "x", "method": "HEAD", "reset_at": 0.5}, "fail[0]: reset_at must be a fraction between 0 and 1"),
+        ({"path": "x", "method": "GET", "status": 200}, "fail[0]: status must be an HTTP error status"),
+        ({"path": "x", "method": "GET", "status": 503, "times": 0}, "fail[0]: times must be a positive integer"),
+    ],
+)
+def test_a_bad_fail_rule_is_named(hub: Hub, rule: dict[str, Any], why: str) -> None:
+    write_faults(hub.root, {"fail": [rule]})
+    with pytest.raises(HfHubHTTPError) as err:
+        HfApi(endpoint=hub.url).model_info(REPO_ID)
+    assert err.value.response.status_code == 500
+    assert why in err.value.response.headers["X-Error-Message"]

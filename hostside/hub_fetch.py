@@ -1,0 +1,319 @@
+"""One file of a pinned revision from the Hub, through the Hub's weather: retried, resumed, noted.
+
+A file is asked for on its own: its metadata first (``HEAD /resolve``, huggingface_hub's
+``get_hf_file_metadata``, with no retries of its own), whose ``X-Repo-Commit`` must be the pinned
+revision and whose ETag the lock's digest (a lock that is not of this revision is named before a
+byte is fetched); then its bytes, a ``GET`` of where the Hub sends them (its CDN: the token is not
+sent to another origin, as huggingface_hub does not send it), with ``Accept-Encoding: identity`` so
+that byte offsets are the file's, streamed into the file's partial file (flushed as they come: a
+peer relays them at once) and hashed as they arrive.
+
+A try that fails for a reason that passes (HTTP 408, 429 and 5xx; a connection refused, reset or
+cut short; a timeout) is tried again after a wait: the answer's ``Retry-After``, or the reset of
+the Hub's ``RateLimit`` header when no request is left in its window (the Hub's rate limits,
+https://huggingface.co/docs/hub/rate-limits; the header as huggingface_hub 2.4.0 parses it), else
+exponential backoff from ``backoff_s`` with jitter, at most ``MAX_BACKOFF_S`` (six tries ride out
+about a minute of errors; huggingface_hub's own backoff, five of 1 to 8 s, about 23 s). The next ``GET`` asks
+for the rest (``Range: bytes=<have>-``) and goes on hashing where it stopped; a source that answers
+with the whole body instead starts the file over in a new partial file. The partial file stays
+when a sync ends, and the next sync resumes it (hashing what it holds once). Each retry is one line
+in the progress log. A file is out of tries after ``attempts`` failed tries in a row without a byte
+of progress, or once its waits would pass ``budget_s``: ``OutOfTries`` names it and the last error.
+A file out of tries while the Hub answered every file nothing but errors means the Hub is down
+(``down``): the other files stop at their next try instead of riding out an outage each in turn.
+Anything else (401/403 of a gated or private repository, 404, a refused lock) is raised as it comes:
+every file would meet it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+# Statuses a later try may not meet (the client's own backoff retries these, utils/_http.py).
+PASSING = frozenset({408, 429, 500, 502, 503, 504})
+MAX_BACKOFF_S = 30.0
+BLOCK = 1 << 20
+_HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+class OutOfTries(Exception):
+    """A file that failed ``tries`` times in a row: the file, and the last cause."""
+
+    def __init__(self, rel: str, tries: int, cause: str) -> None:
+        super().__init__(f"{rel}: out of tries after {tries}, last: {cause}")
+        self.rel, self.tries, self.cause = rel, tries, cause
+
+
+class BadToken(Exception):
+    """The Hub says the token is not valid (401 to ``/api/whoami-v2``)."""
+
+
+class Refused(Exception):
+    """The Hub's answer about a file contradicts the lock: no try will do better."""
+
+
+@dataclass(frozen=True)
+class Weather:
+    """How long a file is tried: ``attempts`` failed tries in a row without progress, at most
+    ``budget_s`` seconds of waiting in all, waits from ``backoff_s`` up."""
+
+    attempts: int = 6
+    backoff_s: float = 1.0
+    budget_s: float = 1800.0
+
+
+def fresh_digest(kind: str, size: int) -> Any:
+    """A new sha256 (LFS files), or sha1 primed with git's blob header (small files)."""
+    if kind == "gitblob":
+        digest = hashlib.sha1(usedforsecurity=False)
+        digest.update(f"blob {size}\0".encode())
+        return digest
+    return hashlib.sha256()
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port
+
+
+@dataclass
+class _Partial:
+    """What this process holds of a file: its partial file's inode, bytes and their running hash."""
+
+    inode: int
+    got: int
+    digest: Any
+
+
+class HubFiles:
+    """The files of ``repo`` at ``revision`` from ``endpoint``, with the token of the environment
+    (``HF_TOKEN_PATH``, set by the caller before huggingface_hub is imported)."""
+
+    def __init__(self, req: dict[str, Any], note: Callable[[str], None], weather: Weather) -> None:
+        from huggingface_hub import constants  # noqa: PLC0415
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
+
+        self.repo, self.revision = req["repo"], req["revision"]
+        self.endpoint = req.get("endpoint") or None
+        self.note, self.weather = note, weather
+        self.headers: dict[str, str] = dict(build_hf_headers())
+        self.timeout = float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        self.held: dict[str, _Partial] = {}
+        self.mutex = threading.Lock()
+        self.retried: Counter[str] = Counter()
+        # When the Hub last answered well (a file's metadata, or bytes), and why it counts as down.
+        self.last_success = time.monotonic()
+        self.down: str | None = None
+
+    def check_token(self) -> None:
+        """Ask the Hub whose the token is, once, before a file: ``BadToken`` when it answers 401.
+        Any other answer lets the files go ahead (they meet whatever the Hub has, and say it)."""
+        import httpx2  # noqa: PLC0415
+        from huggingface_hub import constants, get_session  # noqa: PLC0415
+
+        if not any(name.lower() == "authorization" for name in self.headers):
+            return
+        url = f"{(self.endpoint or constants.ENDPOINT).rstrip('/')}/api/whoami-v2"
+        try:
+            answer = get_session().get(url, headers=dict(self.headers), timeout=self.timeout)
+        except httpx2.TransportError:
+            return
+        if answer.status_code == 401:
+            raise BadToken(url)
+
+    def fetch(self, rel: str, size: int, want: str, partial: str) -> str:
+        """Bring ``rel`` whole into ``partial``; returns the digest of what it holds then
+        (``kind:hex``, or ``size:N`` when the source gave another size), for the caller to judge."""
+        tries, waited, streak = 0, 0.0, time.monotonic()
+        while True:
+            if self.down is not None:
+                raise OutOfTries(rel, tries, self.down)
+            before = self._have(partial)
+            try:
+                return self._try(rel, size, want, partial)
+            except Exception as exc:
+                wait = self._passing(exc)
+                if wait is None:
+                    raise
+                if self._have(partial) > before:
+                    tries, streak = 0, time.monotonic()
+                tries += 1
+                cause = _describe(exc)
+                if wait < 0:
+                    wait = min(MAX_BACKOFF_S, self.weather.backoff_s * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)  # noqa: S311 - spreads retries, no secret
+                if tries > self.weather.attempts or waited + wait > self.weather.budget_s:
+                    if tries <= self.weather.attempts:
+                        cause = f"{cause}; waiting {wait:.0f} s more would pass {self.weather.budget_s:.0f} s"
+                    self._given_up(streak, cause)
+                    raise OutOfTries(rel, tries, cause) from exc
+                self.note(f"{rel}: {cause}; retry {tries} of {self.weather.attempts} in {wait:.1f} s, "
+                          f"from byte {self._have(partial)} of {size}")  # fmt: skip
+                with self.mutex:
+                    self.retried[rel] += 1
+                time.sleep(wait)
+                waited += wait
+
+    def _given_up(self, streak: float, cause: str) -> None:
+        """A file is out of tries: when the Hub answered nothing but errors since its tries began,
+        to any file, the Hub is down, and the other files stop at their next try."""
+        with self.mutex:
+            if self.last_success < streak and self.down is None:
+                self.down = f"{cause}, and nothing but errors for {time.monotonic() - streak:.0f} s"
+
+    def _succeeded(self) -> None:
+        self.last_success = time.monotonic()
+
+    def forget(self, rel: str, partial: str) -> None:
+        """Drop what is held of ``rel`` (its bytes were not the lock's): the next try starts over."""
+        with self.mutex:
+            self.held.pop(rel, None)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
+
+    # -- one try --
+
+    def _try(self, rel: str, size: int, want: str, partial: str) -> str:
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url  # noqa: PLC0415
+
+        kind = want.split(":", 1)[0]
+        held = self._resume(rel, kind, size, partial)
+        if held.got == size:
+            return f"{kind}:{held.digest.hexdigest()}"
+        url = hf_hub_url(self.repo, rel, revision=self.revision, endpoint=self.endpoint)
+        meta = get_hf_file_metadata(url, headers=dict(self.headers), retry_on_errors=False, endpoint=self.endpoint)
+        self._succeeded()
+        self._check(rel, want, meta.commit_hash, meta.etag)
+        headers = {**self.headers, "Accept-Encoding": "identity"}
+        if _origin(meta.location) != _origin(url):
+            headers.pop("authorization", None)  # a signed CDN URL: the token stays with the Hub
+            headers.pop("Authorization", None)
+        if held.got:
+            headers["Range"] = f"bytes={held.got}-"
+        held = self._get(rel, meta.location, headers, held, (kind, size, partial))
+        return f"{kind}:{held.digest.hexdigest()}" if held.got == size else f"size:{held.got}"
+
+    def _get(
+        self, rel: str, location: str, headers: dict[str, str], held: _Partial, file: tuple[str, int, str]
+    ) -> _Partial:
+        """One GET of ``location`` into the partial file, from ``held``'s byte on; returns what is
+        held then. ``file``: the digest kind, the size and the partial file of ``rel``."""
+        kind, size, partial = file
+        import httpx2  # noqa: PLC0415
+        from huggingface_hub import get_session, hf_raise_for_status  # noqa: PLC0415
+
+        timeout = httpx2.Timeout(self.timeout, connect=self.timeout)
+        with get_session().stream("GET", location, headers=headers, timeout=timeout) as answer:
+            if answer.status_code >= 400:
+                if int(answer.headers.get("Content-Length") or 0) < BLOCK:
+                    answer.read()  # the Hub's message, for the error
+                hf_raise_for_status(answer)
+            first = _range_start(answer.headers.get("Content-Range")) if answer.status_code == 206 else 0
+            if first != held.got:
+                # The whole body (a source that ignores Range), or another part: start over, in a
+                # new partial file (a peer relaying the old one sees it end).
+                if first != 0:
+                    raise httpx2.RemoteProtocolError(f"asked for byte {held.got} on, was sent byte {first} on")
+                self.forget(rel, partial)
+                held = self._resume(rel, kind, size, partial)
+            with open(partial, "ab") as out:
+                # Bytes as the network gives them, not gathered first: a peer relays them at once.
+                for block in answer.iter_bytes():
+                    held.digest.update(block)
+                    out.write(block)
+                    out.flush()
+                    held.got += len(block)
+                    self.last_success = time.monotonic()
+        return held
+
+    def _resume(self, rel: str, kind: str, size: int, partial: str) -> _Partial:
+        """What is held of ``rel``: this process's running hash of its partial file, or the hash
+        of what an earlier sync left in it (read once), or a new empty partial file."""
+        with self.mutex:
+            held = self.held.get(rel)
+            try:
+                st = os.stat(partial)
+            except FileNotFoundError:
+                st = None
+            if held is not None and st is not None and (st.st_ino, st.st_size) == (held.inode, held.got):
+                return held
+            if st is None or st.st_size > size:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(partial)
+                os.makedirs(os.path.dirname(partial), exist_ok=True)
+                with open(partial, "xb"):
+                    pass
+                held = _Partial(os.stat(partial).st_ino, 0, fresh_digest(kind, size))
+            else:
+                digest = fresh_digest(kind, size)
+                with open(partial, "rb") as f:
+                    got = 0
+                    for block in iter(lambda: f.read(8 << 20), b""):
+                        digest.update(block)
+                        got += len(block)
+                held = _Partial(st.st_ino, got, digest)
+            self.held[rel] = held
+            return held
+
+    def _have(self, partial: str) -> int:
+        try:
+            return os.stat(partial).st_size
+        except FileNotFoundError:
+            return 0
+
+    def _check(self, rel: str, want: str, commit: str | None, etag: str | None) -> None:
+        """The Hub's metadata against the pins: the commit, and the file's ETag (sha256 of an LFS
+        file, git blob id of another) against the lock's digest."""
+        if commit and _HEX.match(self.revision) and commit != self.revision:
+            raise Refused(f"{rel}: the Hub answers at commit {commit}, the pin is {self.revision}")
+        digest = want.split(":", 1)[1]
+        if etag and _HEX.match(etag) and len(etag) == len(digest) and etag != digest:
+            raise Refused(f"{rel}: the Hub serves {etag} at {self.revision[:12]}, the lock says {want}: "
+                          "the lock is not of this revision")  # fmt: skip
+
+    @staticmethod
+    def _passing(exc: BaseException) -> float | None:
+        """None when ``exc`` does not pass; else the wait the answer asks for (-1: none asked)."""
+        import httpx2  # noqa: PLC0415
+        from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
+        from huggingface_hub.utils import parse_ratelimit_headers  # type: ignore[attr-defined]  # noqa: PLC0415
+
+        lasting = (httpx2.ProxyError, httpx2.UnsupportedProtocol)
+        if isinstance(exc, httpx2.TransportError) and not isinstance(exc, lasting):
+            return -1.0
+        if not isinstance(exc, HfHubHTTPError) or exc.response is None or exc.response.status_code not in PASSING:
+            return None
+        headers = exc.response.headers
+        limit = parse_ratelimit_headers(headers)
+        if limit is not None and limit.remaining == 0:
+            return float(limit.reset_in_seconds) + random.uniform(0, 1)  # noqa: S311 - spreads retries
+        after = (headers.get("Retry-After") or "").strip()
+        return float(after) + random.uniform(0, 1) if after.isdigit() else -1.0  # noqa: S311
+
+
+def _range_start(header: str | None) -> int:
+    match = re.fullmatch(r"bytes (\d+)-\d+/(\d+|\*)", (header or "").strip())
+    return int(match.group(1)) if match else -1
+
+
+def _describe(exc: BaseException) -> str:
+    """One line: the HTTP status and reason, or the kind of connection failure."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if status is not None:
+        method = getattr(getattr(response, "request", None), "method", "")
+        phrase = getattr(response, "reason_phrase", "") or ""
+        after = response.headers.get("Retry-After") if response is not None else None
+        return f"{method} answered {status} {phrase}".strip() + (f" (Retry-After {after})" if after else "")
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
