@@ -17,8 +17,8 @@ about a minute of errors; huggingface_hub's own backoff, five of 1 to 8 s, about
 for the rest (``Range: bytes=<have>-``) and goes on hashing where it stopped; a source that answers
 with the whole body instead starts the file over in a new partial file. The partial file stays
 when a sync ends, and the next sync resumes it (hashing what it holds once). Each retry is one line
-in the progress log. A file is out of tries after ``attempts`` failed tries in a row without a byte
-of progress, or once its waits would pass ``budget_s``: ``OutOfTries`` names it and the last error.
+in the progress log. A file is out of tries once ``attempts`` retries in a row brought no byte of
+progress, or once its waits would pass ``budget_s``: ``OutOfTries`` names it and the last error.
 A file out of tries while the Hub answered every file nothing but errors means the Hub is down
 (``down``): the other files stop at their next try instead of riding out an outage each in turn.
 Anything else (401/403 of a gated or private repository, 404, a refused lock) is raised as it comes:
@@ -65,7 +65,7 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Weather:
-    """How long a file is tried: ``attempts`` failed tries in a row without progress, at most
+    """How long a file is tried: ``attempts`` retries in a row without progress, at most
     ``budget_s`` seconds of waiting in all, waits from ``backoff_s`` up."""
 
     attempts: int = 6
