@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.fleet import FLEET, failed, hub, inventory, timed
 from harness.own_cluster import host_ssh
-from harness.shaping import shaped_from_port, tbf, tbf_argv
+from harness.shaping import shaped_from_ports, tbf, tbf_argv
 from localcluster.hub import CDN_PORT_OFFSET
 from localcluster.state import Settings
 
@@ -63,7 +63,7 @@ def main() -> None:
             with ThreadPoolExecutor(max_workers=16) as pool:
                 list(pool.map(lambda h: host_ssh(st, h, f"rm -rf {folder}"), st["hosts"]))
             hub(FLEET, "/_stats/reset", "POST")
-            shaped_from_port(settings.bridge, (hub_port, hub_port + CDN_PORT_OFFSET), args.mbit)
+            shaped_from_ports(settings.bridge, (hub_port, hub_port + CDN_PORT_OFFSET), args.mbit)
             for link in links:
                 tbf(link, args.mbit)
             uplinks(st, args.mbit)

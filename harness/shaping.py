@@ -27,7 +27,7 @@ def tbf(device: str, mbit: float | None) -> None:
     subprocess.run(tbf_argv(device, mbit), check=mbit is not None, capture_output=mbit is None)
 
 
-def shaped_from_port(device: str, ports: tuple[int, ...], mbit: float) -> None:
+def shaped_from_ports(device: str, ports: tuple[int, ...], mbit: float) -> None:
     """Shape only what leaves ``device`` from TCP source ``ports`` (the Hub's answers and its CDN's
     on the bridge), together, to ``mbit`` Mbit/s: an htb qdisc (these machines' kernels have htb
     and tbf, not prio) whose class 1:1, chosen by u32 filters on the source port, has the rate;

@@ -107,6 +107,7 @@ class HubFiles:
         self.repo, self.revision = req["repo"], req["revision"]
         self.endpoint = req.get("endpoint") or None
         self.note, self.weather = note, weather
+        # Names in lower case, as huggingface_hub builds them ("authorization" when a token is set).
         self.headers: dict[str, str] = dict(build_hf_headers())
         self.timeout = float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
         self.held: dict[str, _Partial] = {}
@@ -122,7 +123,7 @@ class HubFiles:
         import httpx2  # noqa: PLC0415
         from huggingface_hub import constants, get_session  # noqa: PLC0415
 
-        if not any(name.lower() == "authorization" for name in self.headers):
+        if "authorization" not in self.headers:
             return
         url = f"{(self.endpoint or constants.ENDPOINT).rstrip('/')}/api/whoami-v2"
         try:
@@ -197,7 +198,6 @@ class HubFiles:
         headers = {**self.headers, "Accept-Encoding": "identity"}
         if _origin(meta.location) != _origin(url):
             headers.pop("authorization", None)  # a signed CDN URL: the token stays with the Hub
-            headers.pop("Authorization", None)
         if held.got:
             headers["Range"] = f"bytes={held.got}-"
         held = self._get(rel, meta.location, headers, held, (kind, size, partial))

@@ -448,7 +448,7 @@ def main() -> None:
         where = req.get("endpoint") or "the Hub"
         gated = next((e for e in chain if type(e).__name__ == GATED_ERROR), None)
         if gated is not None:
-            status = getattr(getattr(gated, "response", None), "status_code", None)
+            status = _status_of(gated)
             line = gated_line(req["repo"], req.get("endpoint") or HUB, status)
             _fail({"error": "gated", "status": status, "message": line}, f"{label}: {where}: {line}", 5)
         sent = bool(req.get("token_file")) and os.path.exists(req["token_file"])
@@ -531,13 +531,14 @@ def _from_hub(
     fetched: list[str] = []
     mismatched: list[str] = []
     out_of_tries: dict[str, OutOfTries] = {}
+    retries = int(req.get("retries", 2))
     fatal: list[BaseException] = []
     mutex = threading.Lock()
 
     def one(rel: str) -> None:
         size, want = lock[rel]
         partial = partial_path(root, rel)
-        for attempt in range(int(req.get("retries", 2)) + 1):
+        for attempt in range(retries + 1):
             if fatal:
                 return
             try:
@@ -563,9 +564,9 @@ def _from_hub(
                 return
             hub.forget(rel, partial)
             with mutex:
-                cache[rel] = [None, None, None, found]
-            if attempt < int(req.get("retries", 2)):
-                note(f"{rel}: expected {want}, found {found}; fetched again ({attempt + 1} of {req.get('retries', 2)})")
+                cache[rel] = [None, None, None, found]  # its verdict, on no file: never served
+            if attempt < retries:
+                note(f"{rel}: expected {want}, found {found}; fetched again ({attempt + 1} of {retries})")
         with mutex:
             mismatched.append(rel)
 

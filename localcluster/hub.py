@@ -146,6 +146,9 @@ class Faults:
     def corrupts(self, path: str) -> bool:
         return any(fnmatch.fnmatchcase(path, g) for g in self.corrupt)
 
+    def ignores_range(self, path: str) -> bool:
+        return any(fnmatch.fnmatchcase(path, g) for g in self.whole)
+
     def truncation(self, path: str) -> int | None:
         return next((n for g, n in self.truncate if fnmatch.fnmatchcase(path, g)), None)
 
@@ -211,8 +214,10 @@ def parse_faults(text: str) -> Faults:
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"{FAULTS_FILE}: expected a JSON object")
-    known = {"down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s", "gated", "fail"}
-    known |= {"whole", "revoked"}
+    known = {
+        "down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s", "gated", "fail", "whole",
+        "revoked",
+    }  # fmt: skip
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"{FAULTS_FILE}: unknown keys {sorted(unknown)}")
@@ -702,9 +707,8 @@ class _Handler(BaseHTTPRequestHandler):
         """Send object ``oid`` as file ``path``, honouring Range and the faults that apply to ``path``."""
         obj = self.hub.root / "objects" / oid
         size = obj.stat().st_size
-        ranged = not any(fnmatch.fnmatchcase(path, g) for g in faults.whole)
         try:
-            span = _range(self.headers.get("Range") if ranged else None, size)
+            span = _range(None if faults.ignores_range(path) else self.headers.get("Range"), size)
         except HubError:
             self._send(416, {"Content-Range": f"bytes */{size}", **headers}, b"", method)
             return

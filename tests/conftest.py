@@ -15,10 +15,12 @@ from tests.cluster_env import use_tests_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 use_tests_cluster()
-# huggingface_hub reads this once, at its first import, whichever test imports it first: the tests'
-# own client downloads take the HTTP path, as the hosts' sync does (hostside/weights_sync.py). The
-# fake Hub advertises Xet, as the Hub does, and serves none of it (localcluster/hub.py).
+# huggingface_hub reads these once, at its first import, whichever test imports it first: the
+# tests' own client downloads take the HTTP path, as the hosts' sync does (hostside/weights_sync.py;
+# the fake Hub advertises Xet, as the Hub does, and serves none of it: localcluster/hub.py), and
+# send no telemetry.
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 RECIPE = "recipes/kimi-k3.1-pro.yaml"
 PROD = "inventories/prod.py"
 

@@ -7,7 +7,6 @@ import http.client
 import io
 import itertools
 import json
-import os
 import re
 import shutil
 import struct
@@ -22,11 +21,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-
-# huggingface_hub reads these once, when first imported (tests/conftest.py sets them before any test module).
-os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     HfHubHTTPError,

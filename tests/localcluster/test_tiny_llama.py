@@ -7,7 +7,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import re
 import struct
 from collections.abc import Iterator
@@ -17,11 +16,6 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 import pytest
-
-# huggingface_hub reads these once, when first imported (as in test_hub.py).
-os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-
 from huggingface_hub import HfApi
 
 from kimi_deploy.hub_lock import make_lock
