@@ -17,11 +17,12 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
 from facts.inventory_probe import probe_of
+from kimi_deploy.context_ladder import climb_request
 from kimi_deploy.converge_steps import converge_steps
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra import fleet_progress
 from kimi_pyinfra.converge_run import probe_request, view_of
-from kimi_pyinfra.host_plan import todo_for
+from kimi_pyinfra.host_plan import converge_at, todo_for
 from kimi_pyinfra.rehearsal import Do, converge_host
 from kimi_pyinfra.run_context import run_context
 from operations import commcheck, engine, packages, preflight, releases, units, users, weights
@@ -49,6 +50,15 @@ host.log(
 )
 if steps.refusal is not None:
     raise PyinfraError(steps.refusal)
+# The context ladder this host's engine climbs: the host rendered at each rung it starts at.
+climb = None
+if steps.climb is not None:
+    try:
+        at = {length: converge_at(inventory, host, length) for length in steps.climb.lengths()}
+        climb = climb_request(steps.climb, deploy, todo, at, context.run_id)
+    except ConfigError as exc:
+        raise PyinfraError(str(exc)) from None
+    host.log(f"context ladder: {steps.climb.unit} climbs {', '.join(map(str, steps.climb.rungs))}")
 
 # Pinned NVIDIA driver (fabric manager, IMEX) or TPU host settings, from what the probe above
 # found (no round-trip of its own).
@@ -123,7 +133,7 @@ def converge(do: Do) -> None:
                found=found["current"], run=context.run_id, _if=go)  # fmt: skip
             for timer in todo.timers:
                 do(units.timer, name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
-        start_batch(batch.batch, batch.units, batch.checks, go, do)
+        start_batch(batch.batch, batch.units, batch.checks, go, do, climb=climb if batch.climbs else None)
 
     do(releases.serving, name="Release recorded serving", release_dir=todo.release.dir,
        last=found.get("last_release"), run=context.run_id)  # fmt: skip

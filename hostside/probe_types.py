@@ -58,6 +58,8 @@ class UnitState(TypedDict):
     # systemd's restarts of it, and those a smoke test found serving since
     restarts: int
     restarts_verified: int
+    # the context length hostside/ladder.py last started it with (None: none, or started since)
+    context: int | None
     # never from the probe: set by the converge (``kimi_deploy.converge.unit_state``) when the
     # weights an engine reads are repaired by this converge
     weights_changed: NotRequired[bool]
@@ -99,6 +101,16 @@ class Releases(TypedDict):
     records: dict[str, ReleaseEntry | None]
 
 
+class LadderProof(TypedDict):
+    """A rung of the context ladder as hostside/ladder.py recorded it (the key of the engine
+    release, hardware and topology it was climbed with)."""
+
+    key: Any
+    unit: Any
+    rung: Any
+    passed: Any
+
+
 class StateAnswer(TypedDict):
     """What ``hostside/state_probe.py`` prints."""
 
@@ -120,6 +132,9 @@ class StateAnswer(TypedDict):
     last_release: list[str] | None
     # with ``releases`` in the request (a rollback)
     releases: Releases | None
+    # the context ladder's proofs, as the host recorded them (unchecked: read through
+    # ``kimi_deploy.context_ladder.proven``)
+    ladder: list[LadderProof]
 
 
 class OsRelease(TypedDict):

@@ -99,13 +99,21 @@ def _first_exception(lines: list[str], unit: str) -> str | None:
     return None
 
 
+class Failed(Exception):
+    """A check that failed: ``reason`` in one line, and the unit's journal tail."""
+
+    def __init__(self, reason: str, journal: list[str]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.journal = journal
+
+
 def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> NoReturn:
     journal = subprocess.run(
         ["journalctl", "-u", f"{req['unit']}.service", "-n", "1000", "--no-pager", "-o", "cat"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     lines = journal.stdout.splitlines()
-    tail = lines[-20:]
     cause = _first_exception(lines, req["unit"]) if exited else None
     if cause:
         reason = f"{reason}: {cause}"
@@ -117,12 +125,7 @@ def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> NoReturn:
             reason += "; the next converge verifies its weights again"
         except FileNotFoundError:
             pass
-    print(json.dumps({"ok": False, "reason": reason, "journal": tail}))
-    # One line that says what failed, then the unit's own last words.
-    print(f"kimi-deploy: {req['unit']}: {reason}; journal tail:", file=sys.stderr)
-    for line in tail:
-        print(f"    {line}", file=sys.stderr)
-    sys.exit(1)
+    raise Failed(reason, lines[-20:])
 
 
 def _choice(req: dict[str, Any], key: str | None, body: dict[str, Any], what: str) -> tuple[dict[str, Any], Any]:
@@ -193,16 +196,15 @@ def _round_trip(req: dict[str, Any], key: str | None, body: dict[str, Any], tool
     _answer(req, key, {**first, "messages": [*asked, kept, result]}, "tool-call result")
 
 
-def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
-    key = _key(req)
+def wait_ready(req: dict[str, Any], key: str | None) -> float:
+    """Seconds until the unit's /health answers 200; ``Failed`` when it exits or the time is up."""
     base = req["url"].rstrip("/")
     started = time.monotonic()
     deadline = started + float(req["timeout_s"])
     while True:
         status, _ = _call(f"{base}/health", key)
         if status == 200:
-            break
+            return time.monotonic() - started
         state = _state(req["unit"])
         if state.get("ActiveState") in ("failed", "inactive"):
             _fail(req, f"{req['unit']} is {state.get('ActiveState')} before it became ready", exited=True)
@@ -214,7 +216,13 @@ def main() -> None:
         if time.monotonic() > deadline:
             _fail(req, f"not ready after {req['timeout_s']} s (last /health status {status})")
         time.sleep(0.2)
-    ready = time.monotonic() - started
+
+
+def serves(req: dict[str, Any]) -> dict[str, Any]:
+    """The whole check of ``req`` (the module docstring's), its result; ``Failed`` otherwise."""
+    key = _key(req)
+    base = req["url"].rstrip("/")
+    ready = wait_ready(req, key)
     status, models = _call(f"{base}/v1/models", key)
     names = [m.get("id") for m in (models or {}).get("data", [])]
     if req["served_name"] not in names:
@@ -235,7 +243,21 @@ def main() -> None:
         with open(req["restarts_file"], "w", encoding="utf-8") as f:
             f.write(f"{int(_state(req['unit']).get('NRestarts') or 0)}\n")
     done = {"ok": True, "ready_s": round(ready, 3), "content": content[:80], "finish_reason": finish}
-    print(json.dumps({**done, **({"tool_call": tool["name"]} if tool else {})}))
+    return {**done, **({"tool_call": tool["name"]} if tool else {})}
+
+
+def main() -> None:
+    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    try:
+        done = serves(req)
+    except Failed as failed:
+        print(json.dumps({"ok": False, "reason": failed.reason, "journal": failed.journal}))
+        # One line that says what failed, then the unit's own last words.
+        print(f"kimi-deploy: {req['unit']}: {failed.reason}; journal tail:", file=sys.stderr)
+        for line in failed.journal:
+            print(f"    {line}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps(done))
 
 
 if __name__ == "__main__":

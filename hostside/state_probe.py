@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from hostside.probe_types import (
+        LadderProof,
         Listener,
         ReleaseEntry,
         ReleaseMarker,
@@ -218,8 +219,39 @@ def _units(
             "secrets_changed": _secrets_changed((secrets or {}).get(name, []), marker),
             "restarts": int(restarts) if restarts.isdigit() else 0,
             "restarts_verified": _restarts_verified(marker),
+            "context": _context(marker),
         }
     return out
+
+
+def _context(marker: str) -> int | None:
+    """The context length the context ladder last started the unit with (``<marker>.context``,
+    hostside/ladder.py's); None when none, or when the unit was started since without it."""
+    try:
+        if os.stat(f"{marker}.context").st_mtime_ns < os.stat(marker).st_mtime_ns:
+            return None
+        with open(f"{marker}.context", encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _ladder(path: str = f"{STATE_DIR}/ladder.json", last: int = 200) -> list[LadderProof]:
+    """The context ladder's proofs on this host (hostside/ladder.py's), the last ``last``: each
+    rung's key, rung and whether it passed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            proofs = json.load(f).get("proofs")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(proofs, list):
+        return []
+    return [
+        {"key": p.get("key"), "unit": p.get("unit"), "rung": p.get("rung"), "passed": p.get("passed")}
+        for p in proofs[-last:]
+        if isinstance(p, dict)
+    ]
 
 
 def _release_log(path: str = f"{STATE_DIR}/releases.log", last: int = 200) -> list[list[str]]:
@@ -392,6 +424,7 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         # [time, release dir, outcome] of the log's last entry
         "last_release": log[-1][:3] if log else None,
         "releases": releases,
+        "ladder": _ladder(),
     }
     return result
 

@@ -21,6 +21,7 @@ from kimi_deploy.allreduce_plan import all_reduce_request, members
 from kimi_deploy.allreduce_plan import label as instance_label
 from kimi_deploy.allreduce_plan import why_not as all_reduce_why_not
 from kimi_deploy.commcheck_plan import check_request, needs_check
+from kimi_deploy.context_ladder import Climb, climb_for
 from kimi_deploy.converge import (
     Converge,
     UnitTarget,
@@ -115,6 +116,9 @@ class BatchStep:
     units: list[tuple[int, str, str, UnitState | None]]
     # their smoke checks (``operations.serving.verified``)
     checks: list[dict[str, Any]]
+    # the engine unit of this batch that climbs the context ladder instead (left out of ``units``
+    # and ``checks``: hostside/ladder.py starts and checks it rung by rung)
+    climbs: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ class Steps:
     collect: CollectStep | None
     # the units this converge (re)starts on this host
     restarting: frozenset[str]
+    # the context ladder this host's engine climbs (``kimi_deploy.context_ladder``), or None
+    climb: Climb | None = None
 
 
 def weights_host(deploy: DeployPlan, todo: Converge, probed: Any) -> WeightsHost:
@@ -260,13 +266,15 @@ def _smoke_checks(units: Sequence[UnitTarget], found: HostState) -> list[dict[st
     return checks
 
 
-def _batches(deploy: DeployPlan, todo: Converge, found: HostState) -> list[BatchStep]:
+def _batches(deploy: DeployPlan, todo: Converge, found: HostState, climb: Climb | None) -> list[BatchStep]:
     """Every batch of the start order (each host takes every one: they are barriers across hosts)."""
     spec, topology = deploy.spec, deploy.topology
     mine, place = batch_of(spec, topology), first_batch_of(spec, topology)
     out = []
     for batch in range(BATCHES):
         units = [u for u in todo.units if unit_batch(u.stage, mine) == batch]
+        climbs = climb is not None and any(u.name == climb.unit for u in units)
+        units = [u for u in units if climb is None or u.name != climb.unit]
         earlier = tuple(p.host for p in topology if first_batch_of(p, topology) < batch) if batch else ()
         out.append(
             BatchStep(
@@ -275,6 +283,7 @@ def _batches(deploy: DeployPlan, todo: Converge, found: HostState) -> list[Batch
                 unless_failed=earlier,
                 units=[(u.stage, u.name, u.release, unit_state(u, found)) for u in units],
                 checks=_smoke_checks(units, found),
+                climbs=climbs,
             )
         )
     return out
@@ -290,6 +299,9 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
     all_reduce_why = all_reduce_why_not(recipe, spec, run.in_topology)
     if all_reduce_why is None and not any(h.host in hosts for h in members(spec, run.in_topology)):
         all_reduce_why = f"no engine of instance {instance_label(spec)} starts or restarts"
+    # A rung is proven once for the topology's hosts of the same hardware and release.
+    proofs = [p for _, seen in run.peers.values() if seen is not None for p in seen.get("ladder") or []]
+    climb = climb_for(deploy, todo, found, proofs)
     return Steps(
         # Before any change on any host: starting would fail, and the running release must stay.
         refusal=f"{spec.host}: {conflicts[0]}" if conflicts else None,
@@ -307,7 +319,8 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         # Then each engine instance's own communicator, when an engine of the instance (re)starts.
         all_reduce_request=None if all_reduce_why else all_reduce_request(recipe, spec, run.in_topology, run.run_id),
         all_reduce_why=all_reduce_why or "",
-        batches=_batches(deploy, todo, found),
+        batches=_batches(deploy, todo, found, climb),
         collect=_collect(todo, found),
         restarting=restarting,
+        climb=climb,
     )

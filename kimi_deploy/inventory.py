@@ -48,6 +48,8 @@ class HostVars(BaseModel):
     # the controller's file it writes the report to as JSON (default kimi-report.json).
     kimi_models_dir: AbsPath | None = None
     kimi_report_json: Annotated[str, StringConstraints(min_length=1)] | None = None
+    # deploys/ladder.py: the controller's file it writes the context ladder's proofs to (default kimi-ladder.json)
+    kimi_ladder_json: Annotated[str, StringConstraints(min_length=1)] | None = None
 
     @field_validator("*")
     @classmethod

@@ -273,6 +273,32 @@ class Smoke(Strict):
     tool_call: SmokeToolCall | None = None
 
 
+class ContextProbe(Strict):
+    """The check each rung of ``context_ladder`` passes before the climb goes on: a prompt of
+    unique words filling ``fill`` of the rung (so the prefix cache cannot help), ``needle`` placed
+    ``depth`` of the way into it, then ``question``; the answer must contain ``expect``. An engine
+    that dropped or truncated part of the prompt loses the needle."""
+
+    needle: Annotated[str, StringConstraints(min_length=1, max_length=400)] = "The vault code is 4817."
+    question: Annotated[str, StringConstraints(min_length=1, max_length=400)] = (
+        "What is the vault code? Reply with the number only."
+    )
+    expect: Annotated[str, StringConstraints(min_length=1, max_length=80)] = "4817"
+    fill: Annotated[float, Field(gt=0, le=0.95)] = 0.9
+    depth: Annotated[float, Field(ge=0, lt=1)] = 0.25
+    max_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
+    # the probe request's own bound, once the engine is ready (a rung's prefill on few accelerators is long)
+    timeout_s: Positive = 1800
+
+    @model_validator(mode="after")
+    def _expect_in_needle(self) -> ContextProbe:
+        if self.expect not in self.needle:
+            raise ValueError(
+                f"expect: {shown(self.expect)} is not in needle {shown(self.needle)}: nothing could answer it"
+            )
+        return self
+
+
 class Accelerators(Strict):
     """What one host offers one topology. On ``cpu`` hosts the engine runs on the host's CPUs:
     ``per_host`` is its ranks on a host, ``memory_gib`` the host RAM each rank may take (weights and
@@ -587,6 +613,9 @@ class Recipe(Strict):
     smoke: Smoke = Smoke()
     paths: Paths = Paths()
     context_ladder: Annotated[list[Positive], Field(min_length=1)]
+    # With it, raising a topology's max_model_len climbs the ladder a rung at a time, each rung
+    # probed (kimi_deploy.context_ladder); without it, the engine restarts at the new length.
+    context_probe: ContextProbe | None = None
     topologies: Annotated[dict[Name, Topology], Field(min_length=1)]
 
     @model_validator(mode="after")

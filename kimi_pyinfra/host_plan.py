@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kimi_deploy.context_ladder import recipe_at
 from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DEFAULT_RECIPE, DeployPlan, part_of
 from kimi_deploy.planner import plan
@@ -51,3 +52,17 @@ def todo_for(inventory: Any, host: Any) -> tuple[DeployPlan, Converge]:
         context.todos[host.name] = (deploy, plan_converge(deploy, context.environ))
     return context.todos[host.name]
 
+
+def converge_at(inventory: Any, host: Any, length: int) -> Converge:
+    """``host``'s converge with its topology's ``max_model_len`` at ``length`` (a rung of the
+    context ladder): the inventory planned once per run, recipe and length."""
+    deploy, _ = todo_for(inventory, host)
+    label = inventory_label()
+    context = run_context()
+    key = (deploy.recipe_file, f"{label}\0{deploy.spec.topology}\0{length}")
+    if key not in context.plans:
+        recipe = recipe_at(deploy.recipe, deploy.spec.topology, length)
+        ours = from_pyinfra(inventory, label)
+        context.plans[key] = (recipe, ours, plan(recipe, deploy.recipe_file, ours))
+    recipe, ours, whole = context.plans[key]
+    return plan_converge(part_of(recipe, deploy.recipe_file, ours.host(host.name), whole), context.environ)

@@ -74,6 +74,8 @@ class RunContext:
     step_lines: bool = False
     # host name -> its hardware profile (deploys/report.py)
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # deploys/ladder.py: each host's context ladder proofs, read so far
+    ladders: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def new_run_id() -> str:

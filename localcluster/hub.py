@@ -1,9 +1,10 @@
 """A fake Hugging Face Hub: a real HTTP server (stdlib only) that the unmodified huggingface_hub client talks to.
 
 It serves every repo that ``localcluster.hub_repo`` writes under a root directory (``objects/<sha256>`` plus
-``repos/<repo_id>/{refs.json,commits/<sha>.json}``; ``localcluster.hub_content`` writes the cluster's two:
-``localcluster.tiny_model``'s and ``localcluster.tiny_llama``'s), models only, read only, no token needed (an
-``Authorization`` header is accepted and never logged). Endpoints, as huggingface_hub 2.x calls them:
+``repos/<repo_id>/{refs.json,commits/<sha>.json}``; ``localcluster.hub_content`` writes the cluster's:
+``localcluster.tiny_model``'s, ``localcluster.tiny_llama``'s and ``localcluster.needle_llama``'s), models only,
+read only, no token needed (an ``Authorization`` header is accepted and never logged). Endpoints, as
+huggingface_hub 2.x calls them:
 
 * ``HEAD|GET /{repo_id}/resolve/{rev}/{path}``: ``X-Repo-Commit``, quoted ``ETag`` (the git blob id), ``Range``
   (206/416). LFS files answer 302 to ``/_cdn/lfs/{sha256}?repo=&commit=&path=`` on the CDN, another

@@ -1,5 +1,6 @@
-"""What the cluster's fake Hub serves: ``localcluster.tiny_model``'s Kimi-shaped repo and
-``localcluster.tiny_llama``'s repo that real engines run, under one root (one object store).
+"""What the cluster's fake Hub serves: ``localcluster.tiny_model``'s Kimi-shaped repo, ``localcluster.tiny_llama``'s
+repo that real engines run and its needle-detecting variant ``localcluster.needle_llama``, under one root (one
+object store).
 
 ``build(root)`` is the ``hub`` service's prepare hook; each repo is a no-op when already built.
 """
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localcluster import tiny_llama, tiny_model
+from localcluster import needle_llama, tiny_llama, tiny_model
 from localcluster.hub_repo import RepoInfo
 
 
 def build(root: Path) -> list[RepoInfo]:
-    """Write both repos under ``root``; return their ids and file digests, Kimi's first."""
-    return [tiny_model.build(root), tiny_llama.build(root)]
+    """Write every repo under ``root``; return their ids and file digests: Kimi's, the tiny Llama's, the needle's."""
+    return [tiny_model.build(root), tiny_llama.build(root), needle_llama.build(root)]

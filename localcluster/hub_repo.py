@@ -16,6 +16,7 @@ On-disk layout::
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -257,3 +258,12 @@ def write_v1_and_main(
         build=build,
         model_info={"library_name": "transformers", "pipeline_tag": "text-generation", "tags": hub_tags},
     )
+
+
+def build_cli(build: Callable[[Path], RepoInfo], doc: str | None, argv: list[str] | None = None) -> None:
+    """A repo module's CLI: ``build`` under ``--root`` and print ``{"repo_id", "commits", "refs"}`` as JSON."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--root", required=True, type=Path)
+    args = parser.parse_args(argv)
+    info = build(args.root)
+    print(json.dumps({"repo_id": info.repo_id, "commits": info.commits, "refs": info.refs}))

@@ -31,7 +31,6 @@ commit ids.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import struct
@@ -39,7 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from localcluster.hub_repo import Commit, Content, RepoInfo, json_bytes, write_v1_and_main
+from localcluster.hub_repo import Commit, Content, RepoInfo, build_cli, json_bytes, write_v1_and_main
 from localcluster.safetensors_file import Tensor, noise, safetensors
 from localcluster.tokenizer_file import tokenizer_json
 
@@ -259,7 +258,8 @@ def _special_tokens() -> dict[str, str]:
     return {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad_token": EOS}
 
 
-_README = f"""---
+# The model card's metadata (the Hub reads the license, library and pipeline from it).
+CARD_HEAD = f"""---
 license: other
 license_name: {LICENSE_NAME}
 license_link: LICENSE
@@ -268,7 +268,9 @@ pipeline_tag: text-generation
 tags:
 - llama
 ---
+"""
 
+_README = f"""{CARD_HEAD}
 # tiny-llama
 
 An {LAYERS}-layer Llama (hidden {HIDDEN}, {HEADS} heads of {HEAD_DIM}, vocabulary {len(VOCAB)}, bf16) in {SHARDS}
@@ -334,11 +336,7 @@ def build(root: Path) -> RepoInfo:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: build under ``--root`` and print ``{"repo_id", "commits", "refs"}`` as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--root", required=True, type=Path)
-    args = parser.parse_args(argv)
-    info = build(args.root)
-    print(json.dumps({"repo_id": info.repo_id, "commits": info.commits, "refs": info.refs}))
+    build_cli(build, __doc__, argv)
 
 
 if __name__ == "__main__":

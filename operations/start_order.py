@@ -16,7 +16,7 @@ from pyinfra.context import host, state
 
 from hostside.probe_types import UnitState
 from kimi_pyinfra.rehearsal import Do, perform
-from operations import serving, units
+from operations import ladder, serving, units
 
 STAGES = ("stores", "leaders", "workers", "routers")  # kimi_deploy.servespec.Unit.stage
 # The batches' names in operation names (kimi_deploy.start_batches): the first, the second, the routers'.
@@ -29,6 +29,8 @@ def start_batch(
     checks: list[dict[str, Any]],
     go: Callable[[], bool] | None = None,
     do: Do = perform,
+    *,
+    climb: dict[str, Any] | None = None,
 ) -> None:
     """Start this host's units of ``batch`` in stage order, then smoke test them.
 
@@ -39,11 +41,14 @@ def start_batch(
     + checks: the smoke checks of those units (``serving.verified``)
     + go: evaluated when the step runs; False skips it (an earlier batch failed somewhere)
     + do: how each step is taken (``kimi_pyinfra.rehearsal``: rehearsed, or made an operation)
+    + climb: the context ladder its engine climbs in this batch (``operations.ladder.climbed``),
+      started and checked rung by rung instead of with the other units
     """
     suffix = SUFFIXES[batch]
     for stage in host.loop(range(len(STAGES))):  # type: ignore[no-untyped-call]
         steps = [(unit, release, current) for s, unit, release, current in mine if s == stage]
         do(units.started, name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)
+    do(ladder.climbed, name=f"Context ladder{suffix}", request=climb, _if=go)
     do(serving.verified, name=f"Smoke test{suffix}", checks=checks, _if=go)
 
 

@@ -52,9 +52,9 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
     def unit(release: str) -> UnitState:
         if not running:
             return {"active": "inactive", "sub": "dead", "pid": 0, "enabled": "", "applied": None,
-                    "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+                    "secrets_changed": False, "restarts": 0, "restarts_verified": 0, "context": None}  # fmt: skip
         return {"active": "active", "sub": "running", "pid": 4100, "enabled": "enabled", "applied": release,
-                "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+                "secrets_changed": False, "restarts": 0, "restarts_verified": 0, "context": None}  # fmt: skip
 
     timer: TimerState = {"active": "active", "enabled": "enabled"} if running else {"active": "inactive", "enabled": ""}
     return {
@@ -70,6 +70,7 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
         "current": todo.release.dir if running else None,
         "last_release": None,
         "releases": None,
+        "ladder": [],
         "hardware": hardware,
         "drivers": None,
     }

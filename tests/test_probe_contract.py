@@ -133,10 +133,11 @@ def test_the_release_log_and_its_records_answer_in_their_types(
 def test_the_check_finds_what_the_types_refuse() -> None:
     """The type check is not vacuous: a key of another name, a missing key, a number for a flag."""
     unit = {"active": "active", "sub": "running", "pid": 1, "enabled": "enabled", "applied": None,
-            "secrets_changed": False, "restarts": 0, "restarts_verified": 0}  # fmt: skip
+            "secrets_changed": False, "restarts": 0, "restarts_verified": 0, "context": None}  # fmt: skip
     answer: dict[str, Any] = {
         "user": True, "venvs": {}, "weights": None, "files": {}, "units": {"u": unit}, "timers": {},
         "revisions": None, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
+        "ladder": [],
     }  # fmt: skip
     assert problems(answer, StateAnswer) == []
     assert problems({**answer, "free": 1}, StateAnswer) == ["answer: 'free' is not a key of StateAnswer"]

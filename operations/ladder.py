@@ -1,0 +1,27 @@
+"""The context ladder climbed on a host: its engine restarted at each rung, probed, recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from kimi_deploy.hostside_command import hostside_command
+
+
+@operation()
+def climbed(request: dict[str, Any] | None) -> Generator[str, None, None]:
+    """
+    Climb the rungs of ``request`` (``kimi_deploy.context_ladder.climb_request``) one at a time.
+
+    + request: ``hostside/ladder.py``'s request, or None where this host climbs nothing in this step
+
+    The first rung that fails stops the climb: the host fails with one line naming the rung and
+    the engine's reason, and the highest rung that passed (or the one that served before) serves.
+    """
+    if request is None:
+        host.noop("no rung of the context ladder to climb in this step")
+        return
+    yield hostside_command("python3", "ladder.py", request)
