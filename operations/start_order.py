@@ -42,13 +42,15 @@ def start_batch(
     + go: evaluated when the step runs; False skips it (an earlier batch failed somewhere)
     + do: how each step is taken (``kimi_pyinfra.rehearsal``: rehearsed, or made an operation)
     + climb: the context ladder its engine climbs in this batch (``operations.ladder.climbed``),
-      started and checked rung by rung instead of with the other units
+      started and checked rung by rung instead of with the other units (None: none)
     """
     suffix = SUFFIXES[batch]
     for stage in host.loop(range(len(STAGES))):  # type: ignore[no-untyped-call]
         steps = [(unit, release, current) for s, unit, release, current in mine if s == stage]
         do(units.started, name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)
-    do(ladder.climbed, name=f"Context ladder{suffix}", request=climb, _if=go)
+    if climb is not None:
+        # Not a barrier (no other host waits on it): only a host that climbs takes this step.
+        do(ladder.climbed, name=f"Context ladder{suffix}", request=climb, _if=go)
     do(serving.verified, name=f"Smoke test{suffix}", checks=checks, _if=go)
 
 

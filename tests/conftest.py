@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+# The suite runs as pyinfra runs, from its first test whatever subset is collected: pyinfra's CLI
+# package patches the standard library with gevent when imported (kimi_pyinfra.starter imports
+# it), and a test module imported before that patch holds the unpatched socket and threading
+# while the servers it starts get the patched ones (a thread's join then never sees the answer
+# end: tests/test_weights_relay.py run beside tests/test_hub_lock_names.py).
+import pyinfra_cli  # noqa: F401  # isort: skip
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Accelerators, Recipe, load_recipe
 from kimi_pyinfra.inventory_file import load_inventory
