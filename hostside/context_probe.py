@@ -23,6 +23,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from hostside.unit_usage import memory_mib
+
 # Filler: plain words, none a number (a needle's answer often is one).
 WORDS = (
     "river", "stone", "window", "garden", "morning", "yellow", "paper", "silver", "market", "engine",
@@ -115,17 +117,18 @@ def sized(req: dict[str, Any], key: str | None, rung: int, seed: str) -> tuple[s
     return content, n
 
 
-class _Peaks(threading.Thread):
+class Peaks(threading.Thread):
     """Samples the engine's KV cache use, the accelerators' memory and the unit's memory until stopped."""
 
-    def __init__(self, base: str, key: str | None, unit: str) -> None:
+    def __init__(self, base: str, key: str | None, unit: str, *, accelerators: bool = True) -> None:
         super().__init__(daemon=True)
         self.base, self.key, self.unit = base, key, unit
         self.kv: float | None = None
         self.accelerator_mib: int | None = None
         self.host_mib: int | None = None
         self.done = threading.Event()
-        self.smi = shutil.which("nvidia-smi")
+        # NVML's tool, where the engine runs on NVIDIA GPUs (not on a CPU topology's host)
+        self.smi = shutil.which("nvidia-smi") if accelerators else None
 
     def _peak(self, old: Any, new: Any) -> Any:
         return new if old is None or (new is not None and new > old) else old
@@ -142,12 +145,7 @@ class _Peaks(threading.Thread):
             out = subprocess.run(query, capture_output=True, text=True, check=False, timeout=10).stdout
             used = [int(v) for v in out.split() if v.isdigit()]
             self.accelerator_mib = self._peak(self.accelerator_mib, sum(used) if used else None)
-        shown = subprocess.run(
-            ["systemctl", "show", "-p", "MemoryCurrent", "--value", f"{self.unit}.service"],
-            capture_output=True, text=True, check=False, timeout=10,
-        )  # fmt: skip
-        value = shown.stdout.strip()
-        self.host_mib = self._peak(self.host_mib, int(value) >> 20 if value.isdigit() else None)
+        self.host_mib = self._peak(self.host_mib, memory_mib(self.unit))
 
     def run(self) -> None:
         while not self.done.is_set():
@@ -167,7 +165,7 @@ def measure(req: dict[str, Any], key: str | None, rung: int, seed: str) -> dict[
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    peaks = _Peaks(base, key, req["unit"])
+    peaks = Peaks(base, key, req["unit"])
     peaks.start()
     started = time.monotonic()
     first: float | None = None

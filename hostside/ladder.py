@@ -26,13 +26,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from typing import Any
 
 from hostside import context_probe, smoke
 from hostside.host_dirs import STATE_DIR
+from hostside.whole_file import write_whole
 
 APPLIED = f"{STATE_DIR}/applied"
 PROOFS = f"{STATE_DIR}/ladder.json"
@@ -49,21 +49,6 @@ def _inside(path: str, folder: str) -> str:
     return resolved
 
 
-def _write(path: str, content: str, mode: int) -> None:
-    """``content`` at ``path``, whole or not at all (a temporary file renamed over it)."""
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".kimi-ladder-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def _systemctl(*args: str) -> None:
     subprocess.run(["systemctl", *args], check=False, capture_output=True, timeout=300)
 
@@ -71,14 +56,14 @@ def _systemctl(*args: str) -> None:
 def _start(req: dict[str, Any], rung: dict[str, Any]) -> None:
     """Put ``rung``'s files in place and (re)start the unit with them; record what runs."""
     for f in rung["files"]:
-        _write(_inside(f["path"], UNIT_DIR), f["content"], int(f["mode"]))
+        write_whole(_inside(f["path"], UNIT_DIR), f["content"], int(f["mode"]))
     unit = req["unit"]
     _systemctl("daemon-reload")
     _systemctl("reset-failed", f"{unit}.service")
     _systemctl("restart", f"{unit}.service")
     os.makedirs(APPLIED, mode=0o755, exist_ok=True)
-    _write(os.path.join(APPLIED, unit), f"{rung['release']}\n", 0o644)
-    _write(os.path.join(APPLIED, f"{unit}.context"), f"{rung['rung']}\n", 0o644)
+    write_whole(os.path.join(APPLIED, unit), f"{rung['release']}\n", 0o644)
+    write_whole(os.path.join(APPLIED, f"{unit}.context"), f"{rung['rung']}\n", 0o644)
 
 
 def _check(req: dict[str, Any], rung: dict[str, Any], final: bool) -> dict[str, Any]:
@@ -112,10 +97,10 @@ def _record(req: dict[str, Any], results: list[dict[str, Any]]) -> None:
         kept = []
     kept = [*kept, *entries][-KEEP:]
     os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
-    _write(PROOFS, json.dumps({"proofs": kept}, sort_keys=True) + "\n", 0o644)
+    write_whole(PROOFS, json.dumps({"proofs": kept}, sort_keys=True) + "\n", 0o644)
     mine = [p for p in kept if p.get("key") == req["proof"]["key"]]
     if os.path.isdir(req["release_dir"]):
-        _write(
+        write_whole(
             os.path.join(req["release_dir"], "ladder.json"), json.dumps({"proofs": mine}, sort_keys=True) + "\n", 0o644
         )
 

@@ -275,6 +275,16 @@ def _weights(deploy: DeployPlan, environ: Mapping[str, str]) -> WeightsTarget | 
     )
 
 
+def unit_key(recipe: Recipe, spec: HostPlan, unit: Unit) -> tuple[str | None, str | None]:
+    """Where on its host ``unit``'s key is (the topology's client key): the secret file, and the
+    variable holding it there; ``(None, None)`` for a unit that checks no key."""
+    if unit.secret_env:
+        return f"{recipe.paths.config}/secrets/{unit.name}.env", unit.secret_env[0]
+    if unit.secret_files:
+        return next(iter(unit.secret_files)), engine(recipe.topologies[spec.topology].engine).secret_file_key
+    return None, None
+
+
 def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | None) -> SmokeCheck | None:
     """The on-host smoke check of an engine's API, or of the gateway in front of a router (whose
     smoke test goes through the router to the engines and back); None for other units."""
@@ -288,12 +298,7 @@ def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | 
     tool = recipe.smoke.tool_call if recipe.topologies[spec.topology].parsers.tool_call else None
     # A unit bound to every address is reached on loopback by the on-host check.
     host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
-    key_file, key_var = None, None
-    if unit.secret_env:
-        key_file, key_var = f"{recipe.paths.config}/secrets/{unit.name}.env", unit.secret_env[0]
-    elif unit.secret_files:
-        key_var = engine(recipe.topologies[spec.topology].engine).secret_file_key
-        key_file = next(iter(unit.secret_files))
+    key_file, key_var = unit_key(recipe, spec, unit)
     return SmokeCheck(
         url=f"http://{host}:{api}",
         request={

@@ -50,6 +50,10 @@ class HostVars(BaseModel):
     kimi_report_json: Annotated[str, StringConstraints(min_length=1)] | None = None
     # deploys/ladder.py: the controller's file it writes the context ladder's proofs to (default kimi-ladder.json)
     kimi_ladder_json: Annotated[str, StringConstraints(min_length=1)] | None = None
+    # deploys/bench.py: the controller's files it writes the serving benchmark's report to
+    # (default kimi-bench.json and kimi-bench.png)
+    kimi_bench_json: Annotated[str, StringConstraints(min_length=1)] | None = None
+    kimi_bench_png: Annotated[str, StringConstraints(min_length=1)] | None = None
 
     @field_validator("*")
     @classmethod

@@ -8,11 +8,23 @@ character (``kimi_deploy.safe_text``): any of them may reach a unit file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hostside.boundary_text import shown
 from kimi_deploy.nvidia_models import open_modules_only
@@ -60,7 +72,7 @@ class Strict(BaseModel):
 
     @field_validator("*")
     @classmethod
-    def _no_control_characters(cls, value: Any) -> Any:
+    def _no_control_characters(cls, value: Any, info: ValidationInfo) -> Any:
         return refuse_control(value)
 
 
@@ -296,6 +308,124 @@ class ContextProbe(Strict):
             raise ValueError(
                 f"expect: {shown(self.expect)} is not in needle {shown(self.needle)}: nothing could answer it"
             )
+        return self
+
+
+Money = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class ToolCallExpect(Strict):
+    """The call a tool task's answer must make: the function ``name``, with every key of
+    ``arguments`` at that value (the call may carry more)."""
+
+    name: FunctionName
+    arguments: dict[str, Any] = {}
+
+
+class TaskExpect(Strict):
+    """What a benchmark task's answer must be, exactly one of: ``exact`` (the answer, stripped of
+    surrounding white space, is this text), ``regex`` (Python's ``re.search`` finds it in the
+    answer), ``json_schema`` (the answer, stripped, is one JSON value this schema accepts) or
+    ``tool_call`` (the answer calls this function with these arguments)."""
+
+    exact: str | None = None
+    regex: Annotated[str, StringConstraints(min_length=1, max_length=1000)] | None = None
+    json_schema: dict[str, Any] | None = None
+    tool_call: ToolCallExpect | None = None
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> TaskExpect:
+        given = [k for k in ("exact", "regex", "json_schema", "tool_call") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of exact, regex, json_schema or tool_call, found {given or 'none'}")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex: {shown(self.regex)} is not a Python regular expression: {exc}") from None
+        if self.json_schema is not None:
+            try:
+                Draft202012Validator.check_schema(self.json_schema)
+            except SchemaError as exc:
+                raise ValueError(f"json_schema: not a JSON Schema (2020-12): {exc.message}") from None
+        return self
+
+
+class BenchTask(Strict):
+    """One task of the serving benchmark: a prompt, the answer's budget and its acceptance rule.
+    A ``tool_call`` task offers ``tools`` (OpenAI chat ``tools`` entries) with its prompt."""
+
+    id: Name
+    prompt: Annotated[str, StringConstraints(min_length=1, max_length=100_000)]
+    max_tokens: Annotated[int, Field(ge=1, le=32768)] = 256
+    tools: list[dict[str, Any]] = []
+    expect: TaskExpect
+
+    @field_validator("*")
+    @classmethod
+    def _no_control_characters(cls, value: Any, info: ValidationInfo) -> Any:
+        # A prompt goes to the engine alone (never into a unit file or a command): its lines and
+        # tabs are its own; every other control character is refused as everywhere else.
+        if info.field_name == "prompt" and isinstance(value, str):
+            refuse_control(value.replace("\n", " ").replace("\t", " "))
+            return value
+        return refuse_control(value)
+
+    @model_validator(mode="after")
+    def _tools(self) -> BenchTask:
+        call = self.expect.tool_call
+        offered = [t.get("function", {}).get("name") for t in self.tools if isinstance(t.get("function"), dict)]
+        if call is None and self.tools:
+            raise ValueError("tools: only a task whose expect is a tool_call offers tools")
+        if call is not None and call.name not in offered:
+            raise ValueError(f"expect.tool_call.name: {shown(call.name)} is not a function of tools {shown(offered)}")
+        return self
+
+
+class Cost(Strict):
+    """What serving costs, for the benchmark's cost per successful task (the deployment guides'
+    formula: compute or API fees, plus storage and network, plus operations, plus human
+    correction, over the successful tasks). Monthly figures count for the share of a month
+    (730 hours) the benchmark ran."""
+
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "USD"
+    # one accelerator's hour, by accelerator model (``cpu`` for a CPU topology's host)
+    accelerator_hour: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,32}$")], Money] = {}
+    storage_network_month: Money = 0.0
+    operations_hours_month: Money = 0.0
+    operations_rate_hour: Money = 0.0
+    correction_minutes_per_failure: Money = 0.0
+    correction_rate_hour: Money = 0.0
+    # the hosted API's prices, per million tokens
+    hosted_input_per_mtok: Money = 0.0
+    hosted_output_per_mtok: Money = 0.0
+
+
+class Benchmark(Strict):
+    """The serving benchmark (``deploys/bench.py``): every task of ``tasks`` sent through the
+    topology's client endpoint at each ``concurrency``, each answer judged by its task's rule.
+    Each level sends every task ``rounds`` times, and more rounds where that is fewer than twice
+    the level's concurrency (so that the level holds its concurrency for a while)."""
+
+    # the topology served (default: the first one whose engine is vLLM, whose release holds the load generator)
+    topology: Name | None = None
+    concurrency: Annotated[list[Positive], Field(min_length=1)] = [1, 4, 16]
+    rounds: Annotated[int, Field(ge=1, le=100)] = 1
+    # the bound of one level's run
+    timeout_s: Positive = 1800
+    tasks: Annotated[list[BenchTask], Field(min_length=1, max_length=1000)]
+    # the hosted API the same tasks run against (default: the topology's router fallback)
+    compare: RouterFallback | None = None
+    cost: Cost | None = None
+
+    @model_validator(mode="after")
+    def _levels(self) -> Benchmark:
+        if self.concurrency != sorted(set(self.concurrency)):
+            raise ValueError(f"concurrency must rise strictly, found {shown(self.concurrency)}")
+        ids = [t.id for t in self.tasks]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"tasks: ids must be unique, {shown(twice)} appear more than once")
         return self
 
 
@@ -616,6 +746,7 @@ class Recipe(Strict):
     # With it, raising a topology's max_model_len climbs the ladder a rung at a time, each rung
     # probed (kimi_deploy.context_ladder); without it, the engine restarts at the new length.
     context_probe: ContextProbe | None = None
+    benchmark: Benchmark | None = None
     topologies: Annotated[dict[Name, Topology], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -687,7 +818,37 @@ class Recipe(Strict):
                 if group in groups and groups[group] != name:
                     raise ValueError(f"{where}: group {group!r} is already used by topology {groups[group]}")
                 groups[group] = name
+        if self.benchmark is not None:
+            self._benchmark_refs(self.benchmark)
         return self
+
+    def bench_topology(self) -> str | None:
+        """The topology the benchmark drives: its own, or the first served by vLLM."""
+        if self.benchmark is not None and self.benchmark.topology is not None:
+            return self.benchmark.topology
+        return next((name for name, topo in self.topologies.items() if topo.engine == "vllm"), None)
+
+    def _benchmark_refs(self, bench: Benchmark) -> None:
+        name = bench.topology
+        if name is not None and name not in self.topologies:
+            raise ValueError(f"benchmark.topology: {shown(name)} is not a topology of this recipe")
+        name = self.bench_topology()
+        if name is None:
+            raise ValueError("benchmark: no topology serves with vLLM, whose release holds the load generator")
+        if self.topologies[name].engine != "vllm":
+            raise ValueError(
+                f"benchmark.topology: {shown(name)} serves with {self.topologies[name].engine}; the load "
+                "generator is vLLM's (bench serve), from a vLLM topology's release"
+            )
+        if bench.cost is None:
+            return
+        topo = self.topologies[name]
+        kind = topo.accelerators.model if topo.accelerators.vendor != "cpu" else "cpu"
+        if kind not in bench.cost.accelerator_hour:
+            raise ValueError(
+                f"benchmark.cost.accelerator_hour: no price for {shown(kind)} "
+                f"(the accelerators of the topology benchmarked), found {shown(sorted(bench.cost.accelerator_hour))}"
+            )
 
 
 def load_recipe(path: str | Path) -> Recipe:

@@ -67,7 +67,10 @@ _values: st.SearchStrategy[Any] = st.recursive(
 )
 
 # Mappings whose keys are names the user picks; every other mapping is a schema object.
-_NAME_MAPS = {"engines", "routers", "stores", "topologies", "pools", "env", "packages"}
+_NAME_MAPS = {"engines", "routers", "stores", "topologies", "pools", "env", "packages", "accelerator_hour"}
+# Values the schema takes as they are (a JSON schema, OpenAI tool definitions, a call's arguments):
+# no key under them is the recipe's.
+_FREE_FORM = {"json_schema", "tools", "arguments"}
 
 
 def _walk(node: Any, prefix: TreePath = ()) -> list[tuple[TreePath, Any]]:
@@ -205,8 +208,9 @@ def test_mutated_tree(work: Path, tree: dict[str, Any]) -> None:
 def test_one_char_rename_of_a_schema_key_is_an_unknown_key(work: Path, data: st.DataObject) -> None:
     tree = copy.deepcopy(BASE)
     schema_keys = [
-        p for p, _ in _walk(tree) if p and isinstance(p[-1], str) and not (len(p) >= 2 and p[-2] in _NAME_MAPS)
-    ]
+        p for p, _ in _walk(tree)
+        if p and isinstance(p[-1], str) and not (len(p) >= 2 and p[-2] in _NAME_MAPS) and not _FREE_FORM & set(p[:-1])
+    ]  # fmt: skip
     path = data.draw(st.sampled_from(schema_keys))
     parent = _get(tree, path[:-1])
     old = path[-1]
@@ -220,7 +224,7 @@ def test_one_char_rename_of_a_schema_key_is_an_unknown_key(work: Path, data: st.
     file.write_text(_dump(tree), encoding="utf-8")
     result = _check(file)
     assert isinstance(result, ConfigError)
-    field = ".".join(str(p) for p in (*path[:-1], new))
+    field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in (*path[:-1], new)).lstrip(".")
     assert result.field == field
     assert re.fullmatch(r"unknown key( \(did you mean '[^']+'\?\))?", result.message), result.message
     if len(old) >= 5:
@@ -261,13 +265,21 @@ _CONTROL = st.sampled_from([*_LINE_BREAKS, "\x00", "\x07", "\t", "\x1b", "\x7f",
 @FUZZ
 @given(data=st.data())
 def test_a_control_character_in_any_string_is_refused(work: Path, data: st.DataObject) -> None:
-    """Every string of a recipe may reach a unit file: one with a control character never loads."""
+    """Every string of a recipe may reach a unit file: one with a control character never loads.
+    A benchmark task's prompt goes to the engine alone: its line feeds and tabs are its own."""
     tree = copy.deepcopy(BASE)
     strings = [p for p, v in _walk(tree) if isinstance(v, str)]
     path = data.draw(st.sampled_from(strings))
     value: str = _get(tree, path)
     at = data.draw(st.integers(0, len(value)))
-    _get(tree, path[:-1])[path[-1]] = value[:at] + data.draw(_CONTROL) + value[at:]
+    char = data.draw(_CONTROL)
+    _get(tree, path[:-1])[path[-1]] = value[:at] + char + value[at:]
+    if path[-1] == "prompt" and "tasks" in path and char in "\n\t":
+        text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=False)
+        file = work / "control.yaml"
+        file.write_text(text, encoding="utf-8")
+        assert isinstance(_check(file), Recipe)
+        return
     # Escaped, so that YAML keeps the character (written raw, a line break folds into a space).
     text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=False)
     assert yaml.safe_load(text) == tree

@@ -36,6 +36,7 @@ import yaml
 
 from harness.own_cluster import ROOT, OwnCluster, Run
 from tests.e2e.demo import chat, chat_request, ssh
+from tests.hosted_api import HostedApi
 from tests.vllm_contract import check_vllm_api
 
 pytestmark = pytest.mark.skipif(
@@ -390,3 +391,101 @@ def test_a_client_calls_a_tool_through_the_router_and_the_smoke_test_did_too(ser
     for host, unit in (("kimi-h1", "kimi-vllm"), (ROUTER, "kimi-gateway")):
         record = json.loads(_sh(st, host, "cat /opt/kimi/current/release.json"))
         assert record["smoke"][unit]["request"]["tool"]["name"] == "kimi_smoke_check", (host, record["smoke"])
+
+
+def _stream_shape(url: str, key: str, model: str) -> dict[str, Any]:
+    """What a client reads of a streamed chat answer at ``url``: the shape alone, not the words."""
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as response:
+        kind = response.headers.get_content_type()
+        lines = [line.decode().strip() for line in response if line.strip()]
+    assert all(line.startswith("data: ") for line in lines), lines
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    with_choices = [e for e in events if e["choices"]]
+    return {
+        "content_type": kind,
+        "last": lines[-1],
+        "objects": {e["object"] for e in events},
+        "keys": set.intersection(*(set(e) for e in events)) >= {"id", "object", "created", "model", "choices"},
+        "first_delta_role": with_choices[0]["choices"][0]["delta"].get("role"),
+        "finish": with_choices[-1]["choices"][0].get("finish_reason"),
+        "content_is_text": all(isinstance(e["choices"][0]["delta"].get("content", ""), str) for e in with_choices),
+        "usage_last": not events[-1]["choices"] and {"prompt_tokens", "completion_tokens"} <= set(events[-1]["usage"]),
+    }
+
+
+def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_hosted_api(
+    serving: dict[str, Any],
+) -> None:
+    """deploys/bench.py: recipes/demo.yaml's five tasks through the gateway and the router to both
+    real engines at concurrency 1, 4 and 16, by the real vLLM's bench serve from kimi-h1; the same
+    tasks against the hosted API (a test server answering them all, tests/hosted_api.py, whose
+    stream is checked here against the real vLLM's); every answer judged, and the cost per
+    successful task of both."""
+    st = serving
+    hosted_key = "hosted-secret-0123456789"
+    tasks = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))["benchmark"]["tasks"]
+    right = {"ready": "READY", "ready-word": "READY", "status-json": '{"status": "READY"}', "arithmetic": "4"}
+    api = HostedApi(st["gateway"], hosted_key, {t["prompt"]: right[t["id"]] for t in tasks if t["id"] in right},
+                    {"kimi_smoke_check": {}})  # fmt: skip
+    try:
+        # The test server streams as the real vLLM does, as far as a client reads it.
+        gateway = f"http://{_address(st, ROUTER)}:8000"
+        assert _stream_shape(api.url, hosted_key, "kimi-hosted") == _stream_shape(gateway, _key(), "kimi-local")
+        api.seen.clear()
+        key_file = st["dir"] / "hosted-key"
+        key_file.write_text(hosted_key + "\n", encoding="utf-8")
+        data = yaml.safe_load(recipe_for(st["dir"], max_model_len=131072).read_text(encoding="utf-8"))
+        data["benchmark"]["compare"] = {"url": api.url, "api_key": {"file": str(key_file)}, "model": "kimi-hosted"}
+        recipe = st["dir"] / "recipe-bench.yaml"
+        recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        answered = {host: _answered(st, host) for host in ENGINES}
+        report, picture = st["dir"] / "bench.json", st["dir"] / "bench.png"
+        run = REAL.pyinfra(_inventory(st, recipe), "--data", f"kimi_bench_json={report}",
+                           "--data", f"kimi_bench_png={picture}", deploy="deploys/bench.py")  # fmt: skip
+    finally:
+        api.close()
+    assert run.code == 0, run.log[-4000:]
+    assert hosted_key not in run.log
+    rep = json.loads(report.read_text(encoding="utf-8"))
+    assert (rep["endpoint"], rep["generator"]) == (f"http://{_address(st, ROUTER)}:8000", "kimi-h1")
+    local, hosted = rep["targets"]["local"], rep["targets"]["hosted"]
+    # Through the router to both engines: each answered its share.
+    for host in ENGINES:
+        assert _answered(st, host) > answered[host], host
+    # The tiny Llama passes three of the five tasks by their rules; the hosted API all five.
+    assert [(lv["concurrency"], lv["requests"], lv["succeeded"], lv["errors"]) for lv in local] == [
+        (1, 5, 3, 0), (4, 10, 6, 0), (16, 35, 21, 0),
+    ]  # fmt: skip
+    assert [(lv["requests"], lv["succeeded"]) for lv in hosted] == [(5, 5), (10, 10), (35, 35)]
+    assert set(local[2]["failed_tasks"]) == {"status-json", "arithmetic"}
+    for lv in local:
+        assert 0 < lv["ttft_p50_s"] <= lv["ttft_p95_s"], lv
+        assert lv["output_tok_s"] > 0, lv
+        assert lv["generator_cpu_s"] is not None, lv
+        assert lv["engine_cpu_s"] > 0, lv
+        assert lv["cost"]["per_success"] > 0, lv
+    for lv in hosted:
+        assert lv["cost"]["api_fees"] > 0, lv
+        assert "compute" not in lv["cost"], lv
+    # Every hosted request carried the hosted key and model (never the client's key), and the key
+    # left kimi-h1 with the run.
+    assert {(s["authorization"], s["body"]["model"]) for s in api.seen} == {(f"Bearer {hosted_key}", "kimi-hosted")}
+    assert len(api.seen) == 50
+    assert _sh(st, "kimi-h1", "ls /var/lib/kimi/bench-hosted.key 2>/dev/null || echo gone") == "gone"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = [line.split() for line in run.log.splitlines() if re.match(r"\s*(local|hosted)\s+\d", line)]
+    assert [(row[0], row[1], row[3]) for row in table] == [
+        ("local", "1", "3/5"), ("local", "4", "6/10"), ("local", "16", "21/35"),
+        ("hosted", "1", "5/5"), ("hosted", "4", "10/10"), ("hosted", "16", "35/35"),
+    ]  # fmt: skip
+    # The run's figures are in the serving release's record on the generator host.
+    record = json.loads(_sh(st, "kimi-h1", "cat /opt/kimi/current/bench.json"))
+    assert record["release"] == rep["release"] == _sh(st, "kimi-h1", "basename $(readlink -f /opt/kimi/current)")
+    assert record["figures"]["run"] == rep["run"]
+    assert [lv["succeeded"] for lv in record["figures"]["targets"]["hosted"]] == [5, 10, 35]

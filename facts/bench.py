@@ -1,0 +1,25 @@
+"""The serving benchmark's record on its generator host (hostside/bench_load.py), read in one command."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api.facts import FactBase
+
+from hostside.bench_load import RESULT
+from hostside.boundary_json import loads
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
+
+
+class BenchRecord(FactBase[dict[str, Any]]):
+    """``/var/lib/kimi/bench.json``: ``{"run", "at", "targets": {"local": [level, ...], "hosted": [...]}}``,
+    each level's requests (task row, answer text, tool calls, error, TTFT, latency, tokens), vLLM's
+    summary, CPU times and peaks; empty when the host ran none."""
+
+    def command(self) -> str:
+        return f"cat {RESULT} 2>/dev/null || echo '{{}}'"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        # A host's file: outside the recipe, read through the boundary's bounds.
+        found = loads("\n".join(output), "benchmark record", max_bytes=ANSWER_MAX_BYTES)
+        return found if isinstance(found, dict) else {}

@@ -1,0 +1,81 @@
+"""The serving benchmark against the release it replaced: what the release record keeps of a run
+(``figures``) and the difference printed when the release serving changed (an upgrade by pin, a
+rollback).
+
+The earlier figures come back from a host (its release history), outside the recipe: each is
+taken only when it has the expected type, anything else counting as missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hostside.boundary_text import shown
+
+# what a run keeps per target and concurrency
+KEPT = ("requests", "succeeded", "success_rate", "ttft_p50_s", "ttft_p95_s", "itl_p50_ms", "output_tok_s")
+
+
+def figures(rep: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures of report ``rep`` (``kimi_deploy.bench_report.report``) a release record keeps."""
+    targets = {
+        name: [
+            {"concurrency": lv.get("concurrency"), **{k: lv.get(k) for k in KEPT},
+             "cost_per_success": (lv.get("cost") or {}).get("per_success")}
+            for lv in levels
+        ]
+        for name, levels in rep.get("targets", {}).items()
+    }  # fmt: skip
+    return {"run": rep.get("run"), "at": rep.get("at"), "tasks": rep.get("tasks"), "targets": targets}
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _change(now: float | None, then: float | None, unit: str, digits: int) -> str:
+    if now is None:
+        return "-"
+    text = f"{now:.{digits}f}{unit}"
+    if then is None:
+        return text
+    if then == 0:
+        return f"{text} (was {then:.{digits}f})"
+    return f"{text} ({(now - then) / then:+.0%} vs {then:.{digits}f})"
+
+
+def format_delta(now: Mapping[str, Any], before: Any, release: Any) -> list[str]:
+    """One line per target and concurrency found in both runs (``now`` and ``before["figures"]``,
+    as ``figures`` makes them): TTFT p50, output tokens/s, success rate and cost per success, each
+    against the earlier release's; nothing when there is none."""
+    if not isinstance(before, dict) or not isinstance(before.get("figures"), dict):
+        return []
+    then_targets = before["figures"].get("targets")
+    if not isinstance(then_targets, dict):
+        return []
+    head = (
+        f"Against release {shown(str(before.get('release')), 80)} (benchmarked {shown(str(before.get('at')), 40)}), "
+        f"now {shown(str(release), 80)}:"
+    )
+    lines = []
+    for name, levels in now.get("targets", {}).items():
+        earlier = then_targets.get(name)
+        earlier = earlier if isinstance(earlier, list) else []
+        by_level = {lv.get("concurrency"): lv for lv in earlier if isinstance(lv, dict)}
+        for lv in levels:
+            was = by_level.get(lv["concurrency"])
+            if was is None:
+                continue
+            rate, then_rate = _num(lv.get("success_rate")), _num(was.get("success_rate"))
+            points = "-" if rate is None else f"{rate:.0%}" + (
+                "" if then_rate is None else f" ({100 * (rate - then_rate):+.0f} pt)"
+            )
+            lines.append(
+                f"  {name} at {lv['concurrency']}: TTFT p50 "
+                f"{_change(_num(lv.get('ttft_p50_s')), _num(was.get('ttft_p50_s')), ' s', 3)}, output "
+                f"{_change(_num(lv.get('output_tok_s')), _num(was.get('output_tok_s')), ' tok/s', 1)}, "
+                f"success {points}, cost/success "
+                f"{_change(_num(lv.get('cost_per_success')), _num(was.get('cost_per_success')), '', 6)}"
+            )
+    return [head, *lines] if lines else []

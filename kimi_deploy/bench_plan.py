@@ -1,0 +1,122 @@
+"""What the serving benchmark sends, from where, to where (``deploys/bench.py``).
+
+The load generator is ``vllm bench serve`` of the pinned vLLM release, so it runs on a host that
+has that release and the weights' tokenizer: the first engine host of the benchmarked topology.
+It drives the endpoint clients use: the topology's gateway (and through it the router), or, for a
+topology without a router, its own host's engine. The hosted API it compares with is the
+benchmark's ``compare`` entry, or else the topology's router fallback.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kimi_deploy.converge import unit_key
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.listen import LOOPBACK
+from kimi_deploy.recipe import Benchmark, Recipe, RouterFallback
+from kimi_deploy.servespec import HostPlan, Unit
+
+# Where the generator host keeps the hosted API's key while the benchmark runs (root's alone;
+# the host program removes it when done).
+HOSTED_KEY = "/var/lib/kimi/bench-hosted.key"
+
+
+@dataclass(frozen=True)
+class Target:
+    """An endpoint the tasks run against, and where the generator host reads its key."""
+
+    name: str
+    url: str
+    model: str
+    key_file: str | None
+    key_var: str | None
+
+
+def rows(bench: Benchmark, concurrency: int) -> list[int]:
+    """The tasks (by index) one level sends, in order: every task ``rounds`` times, more rounds
+    where that is fewer than twice ``concurrency`` requests."""
+    tasks = len(bench.tasks)
+    rounds = max(bench.rounds, math.ceil(2 * concurrency / tasks))
+    return [i for _ in range(rounds) for i in range(tasks)]
+
+
+def generator(topology: tuple[HostPlan, ...]) -> HostPlan | None:
+    """The host the load generator runs on: the topology's first with an engine."""
+    return next((p for p in topology if any(u.kind == "engine" for u in p.units)), None)
+
+
+def _engine(plan: HostPlan) -> Unit:
+    return next(u for u in plan.units if u.kind == "engine")
+
+
+def _url(unit: Unit, port_label: str, plan: HostPlan, at: HostPlan, recipe_file: str) -> str:
+    """``unit``'s API on ``plan``'s host as the generator host ``at`` reaches it."""
+    host = unit.bind
+    if unit.bind in ("0.0.0.0", "::"):  # noqa: S104 - every address: loopback from its own host
+        host = LOOPBACK if plan.host == at.host else plan.address
+    elif unit.bind == LOOPBACK and plan.host != at.host:
+        raise ConfigError(
+            recipe_file, f"topologies.{at.topology}.expose",
+            f"{unit.name} listens on {plan.host}'s loopback alone and the load generator runs on "
+            f"{at.host}: expose the topology (bind: address) to benchmark it as clients reach it",
+        )  # fmt: skip
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{unit.listens[port_label]}"
+
+
+def local_target(recipe: Recipe, recipe_file: str, topology: tuple[HostPlan, ...], at: HostPlan) -> Target:
+    """The endpoint clients use, as the generator host ``at`` reaches it."""
+    gateway = next(((p, u) for p in topology for u in p.units if u.kind == "gateway"), None)
+    engine = _engine(at)
+    key_file, key_var = unit_key(recipe, at, engine)
+    served = recipe.model.served_name
+    if gateway is None:
+        return Target("local", _url(engine, "api", at, at, recipe_file), served, key_file, key_var)
+    plan, unit = gateway
+    return Target("local", _url(unit, "router", plan, at, recipe_file), served, key_file, key_var)
+
+
+def hosted(recipe: Recipe) -> RouterFallback | None:
+    """The hosted API the tasks also run against, if any."""
+    bench, name = recipe.benchmark, recipe.bench_topology()
+    if bench is None or name is None:
+        return None
+    router = recipe.topologies[name].router
+    return bench.compare or (router.fallback if router is not None else None)
+
+
+def bench_request(
+    recipe: Recipe, recipe_file: str, topology: tuple[HostPlan, ...], at: HostPlan, run: str
+) -> dict[str, object]:
+    """``hostside/bench_load.py``'s request on the generator host ``at``: no secret, only where
+    the keys are on that host."""
+    bench = recipe.benchmark
+    assert bench is not None
+    targets = [local_target(recipe, recipe_file, topology, at)]
+    other = hosted(recipe)
+    if other is not None:
+        targets.append(Target("hosted", other.url.rstrip("/"), other.model, HOSTED_KEY, None))
+    engine = _engine(at)
+    key_file, key_var = unit_key(recipe, at, engine)
+    return {
+        "run": run,
+        "python": f"{at.engine_dir}/bin/python",
+        "tokenizer": at.model_dir,
+        "user": recipe.paths.user,
+        "timeout_s": bench.timeout_s,
+        "tasks": [
+            {"id": t.id, "prompt": t.prompt, "max_tokens": t.max_tokens, "tools": list(t.tools)} for t in bench.tasks
+        ],
+        "targets": [vars(t) for t in targets],
+        "levels": [{"concurrency": c, "rows": rows(bench, c)} for c in bench.concurrency],
+        "engine": {
+            "unit": engine.name,
+            "url": _url(engine, "api", at, at, recipe_file),
+            "key_file": key_file,
+            "key_var": key_var,
+            "nvidia": at.accelerator_vendor == "nvidia",
+        },
+        "remove": [HOSTED_KEY] if other is not None else [],
+    }

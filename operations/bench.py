@@ -1,0 +1,33 @@
+"""The serving benchmark's load, run from its generator host (``hostside/bench_load.py``)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Generator
+from typing import Any
+
+from pyinfra.api.command import StringCommand
+from pyinfra.api.operation import operation
+
+from kimi_deploy.hostside_command import hostside_command
+
+
+@operation()
+def loaded(request: dict[str, Any], hosted_key: tuple[str, str] | None = None) -> Generator[Any, None, None]:
+    """
+    Send the benchmark's tasks at each concurrency and record every answer and figure.
+
+    + request: ``kimi_deploy.bench_plan.bench_request``'s request (no secret in it)
+    + hosted_key: the hosted API's key and the path the host keeps it at while the load runs
+      (created empty as root's alone, then filled from standard input: never in argv)
+
+    The record is ``/var/lib/kimi/bench.json``; the host fails with one line when the load
+    generator cannot run against the deployment's endpoint at all.
+    """
+    if hosted_key is not None:
+        key, path = hosted_key
+        q = shlex.quote(path)
+        # pyinfra ends its standard input with a newline: ``head`` takes exactly the key.
+        yield f"install -m 600 -o root -g root /dev/null {q}"
+        yield StringCommand(f"head -c {len(key.encode())} > {q}", _stdin=key)
+    yield hostside_command("python3", "bench_load.py", request)
