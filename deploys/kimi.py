@@ -19,6 +19,7 @@ from pyinfra.context import host, inventory, state
 from facts.inventory_probe import probe_of
 from kimi_deploy.context_ladder import climb_request
 from kimi_deploy.converge_steps import converge_steps
+from kimi_deploy.drift import drift
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra import fleet_progress
 from kimi_pyinfra.converge_run import probe_request, view_of
@@ -50,6 +51,9 @@ host.log(
 )
 if steps.refusal is not None:
     raise PyinfraError(steps.refusal)
+# What changed on the host since the deploy left it, named before it is repaired.
+for line in drift(todo, found, [*todo.files, *todo.release.files, *([steps.hub_token] if steps.hub_token else [])]):
+    host.log(f"repairs: {line}")
 # The context ladder this host's engine climbs: the host rendered at each rung it starts at.
 climb = None
 if steps.climb is not None:
@@ -90,14 +94,16 @@ def converge(do: Do) -> None:
            uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
 
     if steps.hub_token is not None:
-        do(units.rendered, name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"])
+        do(units.rendered, name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"],
+           owners=found["owners"])  # fmt: skip
 
     # Download once, fan out as a pipeline: every host that serves others listens first; then one
     # step in which the Hub's one host and every host of the chains fetch at once, each relaying
     # what it receives to the next (a local mirror first either way).
     if (w := steps.weights) is not None:
         if w.key is not None:
-            do(units.rendered, name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"])
+            do(units.rendered, name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"],
+               owners=found["owners"])  # fmt: skip
         if w.serves and w.port is not None:
             do(weights.peer_server, name="Weights served to peers", path=w.path, lock=w.lock,
                bind=deploy.host.address, port=w.port, allow=list(w.serves), key_file=w.key_file,
@@ -127,10 +133,14 @@ def converge(do: Do) -> None:
         suffix = SUFFIXES[batch.batch]
         if batch.place:
             do(units.rendered, name=f"Rendered units and configs{suffix}", files=todo.files, group=todo.user,
-               current=found["files"], _if=go)  # fmt: skip
+               current=found["files"], owners=found["owners"], _if=go)  # fmt: skip
             do(releases.current, name=f"Current release{suffix}", link=todo.release.link,
                release_dir=todo.release.dir, record=todo.release.record, links=todo.release.links,
                found=found["current"], run=context.run_id, _if=go)  # fmt: skip
+            if found["current"] == todo.release.dir:
+                # the release serving, as the deploy wrote it: its record and copies put back if they drifted
+                do(units.rendered, name=f"Release record{suffix}", files=todo.release.files, group=todo.user,
+                   current=found["files"], owners=found["owners"], _if=go)  # fmt: skip
             for timer in todo.timers:
                 do(units.timer, name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
         start_batch(batch.batch, batch.units, batch.checks, go, do, climb=climb if batch.climbs else None)

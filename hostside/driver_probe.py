@@ -13,7 +13,8 @@ Output:
    "nvml": {"version": "580.95.05"} | {"error": "Failed to initialize NVML: ..."} | None (no nvidia-smi),
    "reboot_required": ["nvidia-driver-cuda", ...] | None (no reboot asked for),
    "services": {unit: {"active": "active", "enabled": "enabled" | "" (no such unit)}},
-   "files": {path: sha256 | None}, "sysctl": {key: value | None}, "boot_id": str,
+   "files": {path: sha256 | None}, "owners": {path: "owner:group:octal mode" | None},
+   "sysctl": {key: value | None}, "boot_id": str,
    "secure_boot": {"enabled": bool | None, "keys": {path: "enrolled" | "not enrolled" | "missing" |
                    "unknown: ..."}} | None   (asked with "secure_boot": [DKMS signing key paths])}
 """
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import zlib
 
-from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, blocks, file_sha256, installed, on_path
+from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, blocks, file_sha256, installed, on_path, owner_mode
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
@@ -247,6 +248,7 @@ def probe(
         "reboot_required": (pending or "").split() if os.path.exists("/run/reboot-required") else None,
         "services": _services(units, _finish(show, timeout)[1]),
         "files": {str(p): _digest(str(p)) for p in request.get("files") or []},
+        "owners": {str(p): owner_mode(str(p)) for p in request.get("files") or []},
         "sysctl": {
             str(k): (_text("/proc/sys/" + str(k).replace(".", "/")) or "").strip() or None
             for k in request.get("sysctl") or []

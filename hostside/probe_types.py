@@ -41,6 +41,8 @@ class WeightsFound(TypedDict):
     exists: bool
     missing: list[str]
     unverified: list[str]
+    # of ``unverified``: the files the engine user cannot read (their mode, or a folder's)
+    unreadable: list[str]
     extra: list[str]
 
 
@@ -55,6 +57,11 @@ class UnitState(TypedDict):
     applied: str | None
     # a secret file it reads was written after that start
     secrets_changed: bool
+    # its unit file or another file it reads was written after that start (or systemd has not
+    # loaded its unit file since it changed): what runs is not what the files say
+    files_changed: bool
+    # systemd has not loaded its unit file since the file changed (a restart reloads first)
+    needs_reload: bool
     # systemd's restarts of it, and those a smoke test found serving since
     restarts: int
     restarts_verified: int
@@ -117,8 +124,10 @@ class StateAnswer(TypedDict):
     user: bool
     venvs: dict[str, ReleaseMarker | None]
     weights: WeightsFound | None
-    # sha256, None: absent, or not of the owner and mode asked for
+    # sha256, None: absent
     files: dict[str, str | None]
+    # "owner:group:octal mode" of each of ``files``, None: absent
+    owners: dict[str, str | None]
     units: dict[str, UnitState]
     timers: dict[str, TimerState]
     revisions: Revisions | None
@@ -191,6 +200,8 @@ class DriversAnswer(TypedDict):
     reboot_required: list[str] | None
     services: dict[str, ServiceState]
     files: dict[str, str | None]
+    # "owner:group:octal mode" of each of ``files``, None: absent
+    owners: dict[str, str | None]
     sysctl: dict[str, str | None]
     boot_id: str
     # None: not asked

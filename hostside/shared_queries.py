@@ -11,7 +11,10 @@ every probe their imports (bz2, lzma, fnmatch; OpenSSL), several ms of a converg
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
+import stat
 
 # NVIDIA's packages (Debian's and Ubuntu's names) and the keyring, one line each: name, version,
 # db:Status-Abbrev ("ii ").
@@ -85,3 +88,20 @@ def file_sha256(path: str) -> str | None:
     except OSError:
         return None
     return str(_sha256()(data).hexdigest())
+
+
+def owner_mode(path: str) -> str | None:
+    """``owner:group:mode`` of the file at ``path`` (mode in octal, as ``modes`` names it)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{owner}:{group}:{stat.S_IMODE(st.st_mode):o}"

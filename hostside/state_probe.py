@@ -2,12 +2,13 @@
 
 Input: one argument, base64 of zlib-compressed JSON:
   {"user": str, "venvs": [dir], "weights": {"dir": str, "lock": {path: [size, digest]}} | null,
-   "files": [path], "modes": {path: "owner:group:octal mode"}, "units": [name],
-   "unit_secrets": {name: [path]}, "timers": [name], "ports": [port],
+   "files": [path], "units": [name], "unit_secrets": {name: [path]}, "unit_files": {name: [path]},
+   "timers": [name], "ports": [port],
    "models": the folder of a model's revisions | null, "packages": [Debian package]}
 Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
-         "files": {path: sha256|null (absent, or not of the owner and mode "modes" names)},
-         "units": {name: {..., "secrets_changed": bool, "restarts": int, "restarts_verified": int}},
+         "files": {path: sha256|null (absent)}, "owners": {path: "owner:group:octal mode"|null},
+         "units": {name: {..., "secrets_changed": bool, "files_changed": bool, "restarts": int,
+                          "restarts_verified": int}},
          "timers": {name: {...}},
          "revisions": {"present": [revision], "history": [revision]} | null,
          "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed}}
@@ -16,7 +17,6 @@ Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
 from __future__ import annotations
 
 import base64
-import grp
 import json
 import os
 import pwd
@@ -26,7 +26,7 @@ import sys
 import zlib
 
 from hostside.host_dirs import STATE_DIR
-from hostside.shared_queries import blocks, file_sha256
+from hostside.shared_queries import blocks, file_sha256, owner_mode
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
 # (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 META_DIRS = (".kimi", ".cache")
 APPLIED = f"{STATE_DIR}/applied"
 # What the probe reads of each service (a timer has no MainPID or NRestarts: systemctl leaves them out).
-UNIT_PROPERTIES = "ActiveState,SubState,MainPID,UnitFileState,NRestarts"
+UNIT_PROPERTIES = "ActiveState,SubState,MainPID,UnitFileState,NRestarts,NeedDaemonReload"
 
 
 def _marker(path: str) -> ReleaseMarker | None:
@@ -84,30 +84,6 @@ def _marker(path: str) -> ReleaseMarker | None:
     return marker  # type: ignore[return-value]  # written by venv_install.py: a ReleaseMarker
 
 
-def _owner_mode(path: str) -> str | None:
-    """``owner:group:mode`` of the file at ``path`` (mode in octal, as ``modes`` names it)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
-    return f"{owner}:{group}:{stat.S_IMODE(st.st_mode):o}"
-
-
-def _file(path: str, mode: str | None) -> str | None:
-    """The file's sha256; None when it is absent, or not of ``mode`` (``owner:group:mode``)."""
-    if mode is not None and _owner_mode(path) != mode:
-        return None
-    return file_sha256(path)
-
-
 def _weights(spec: dict[str, Any]) -> WeightsFound:
     """Checks against the verification cache only: stat every file, hash nothing."""
     root = spec["dir"]
@@ -117,16 +93,22 @@ def _weights(spec: dict[str, Any]) -> WeightsFound:
             cache: dict[str, list[Any]] = json.load(f)
     except (OSError, ValueError):
         cache = {}
-    missing, unverified = [], []
+    missing, unverified, unreadable = [], [], []
+    closed = _closed_folders(root, lock)
     for rel, (size, sha) in lock.items():
         try:
             st = os.stat(os.path.join(root, rel))
         except OSError:
             missing.append(rel)
             continue
-        # a file the engines (their own user) cannot read counts as unverified: the sync gives it
-        # its mode back (hostside/weights_sync.py)
-        readable = stat.S_IMODE(st.st_mode) & 0o444 == 0o444
+        # a file the engines (their own user) cannot read, or cannot reach through its folders,
+        # counts as unverified: the sync gives the file and its folders their modes back
+        # (hostside/weights_sync.py)
+        readable = stat.S_IMODE(st.st_mode) & 0o444 == 0o444 and not any(
+            f in ("", rel) or rel.startswith(f + "/") for f in closed
+        )
+        if not readable:
+            unreadable.append(rel)
         if cache.get(rel) != [st.st_size, st.st_mtime_ns, st.st_ino, sha] or st.st_size != size or not readable:
             unverified.append(rel)
     extra = []
@@ -146,8 +128,33 @@ def _weights(spec: dict[str, Any]) -> WeightsFound:
         "exists": os.path.isdir(root),
         "missing": sorted(missing),
         "unverified": sorted(unverified),
+        "unreadable": sorted(unreadable),
         "extra": sorted(extra),
     }
+
+
+def _closed_folders(root: str, lock: dict[str, Any]) -> list[str]:
+    """The folders, relative to ``root`` ("" for root and anything above it, up to the model's
+    folder), that not every user may list and enter (r-x for all): the engine user reads the
+    weights through them."""
+    folders = {"", *(os.path.dirname(rel) for rel in lock)}
+    for start in list(folders):
+        folder = start
+        while folder:
+            folder = os.path.dirname(folder)
+            folders.add(folder)
+    closed = []
+    for rel in sorted(folders):
+        paths = [os.path.join(root, rel)] if rel else [root, os.path.dirname(root)]
+        for path in paths:
+            try:
+                if stat.S_IMODE(os.stat(path).st_mode) & 0o555 != 0o555:
+                    closed.append(rel)
+                    break
+            except OSError:
+                continue
+    # "" stands for every file
+    return [""] if "" in closed else closed
 
 
 def _show(units: list[str], props: str) -> list[dict[str, str]]:
@@ -167,17 +174,19 @@ def _shown(units: list[str], props: str) -> dict[str, dict[str, str]]:
     return found
 
 
-def _secrets_changed(paths: list[str], marker: str) -> bool:
-    """Whether a secret file the unit reads was written after the deploy last (re)started it (the
-    unit's applied marker, written right after the start): a converge that stopped between
-    writing it and the restart left the unit running with the old one."""
+def _written_since(paths: list[str], marker: str) -> bool:
+    """Whether a file the unit reads was written after the deploy last (re)started it (the unit's
+    applied marker, written right after the start): a converge that stopped between writing it
+    and the restart, or a hand that changed it, restarted the unit and put it back, left the
+    unit running with another. Its content's time (mtime): an owner or mode put back changes
+    nothing the unit read."""
     try:
         started = os.stat(marker).st_mtime_ns
     except OSError:
         return False  # never started by a deploy: it starts anyway
     for path in paths:
         try:
-            if os.stat(path).st_ctime_ns > started:
+            if os.stat(path).st_mtime_ns > started:
                 return True
         except OSError:
             continue  # absent: the converge writes it, and restarts the unit for that
@@ -198,7 +207,10 @@ def _restarts_verified(marker: str) -> int:
 
 
 def _units(
-    names: list[str], shown: dict[str, dict[str, str]], secrets: dict[str, list[str]] | None = None
+    names: list[str],
+    shown: dict[str, dict[str, str]],
+    secrets: dict[str, list[str]] | None = None,
+    files: dict[str, list[str]] | None = None,
 ) -> dict[str, UnitState]:
     out: dict[str, UnitState] = {}
     for name in names:
@@ -216,7 +228,11 @@ def _units(
             "pid": int(props.get("MainPID", "0") or 0),
             "enabled": props.get("UnitFileState", ""),
             "applied": applied,
-            "secrets_changed": _secrets_changed((secrets or {}).get(name, []), marker),
+            "secrets_changed": _written_since((secrets or {}).get(name, []), marker),
+            # systemd's own word (the unit file changed since it last loaded it) or the files' times
+            "files_changed": props.get("NeedDaemonReload") == "yes"
+            or _written_since((files or {}).get(name, []), marker),
+            "needs_reload": props.get("NeedDaemonReload") == "yes",
             "restarts": int(restarts) if restarts.isdigit() else 0,
             "restarts_verified": _restarts_verified(marker),
             "context": _context(marker),
@@ -414,8 +430,9 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
         "weights": _weights(weights) if weights else None,
-        "files": {p: _file(p, (request.get("modes") or {}).get(p)) for p in request.get("files", [])},
-        "units": _units(names, shown, request.get("unit_secrets")),
+        "files": {p: file_sha256(p) for p in request.get("files", [])},
+        "owners": {p: owner_mode(p) for p in request.get("files", [])},
+        "units": _units(names, shown, request.get("unit_secrets"), request.get("unit_files")),
         "timers": _timers(timers, shown),
         "revisions": _revisions(request["models"], log) if request.get("models") else None,
         "listeners": _listeners([int(p) for p in request.get("ports", [])], main_pids),

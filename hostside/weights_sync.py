@@ -122,6 +122,25 @@ def _prune(root: str, lock: dict[str, list[Any]]) -> list[str]:
     return removed
 
 
+def _open_folders(root: str, lock: dict[str, list[Any]]) -> None:
+    """Every folder the engines (their own user) read the weights through, from the model's folder
+    down, listable and enterable by all (r-x added to what its mode gives; hostside/state_probe.py
+    counts the files under a closed one as unreadable)."""
+    folders = {root, os.path.dirname(root)}
+    for rel in lock:
+        folder = os.path.dirname(inside(root, rel))
+        while len(folder) > len(root):
+            folders.add(folder)
+            folder = os.path.dirname(folder)
+    for folder in sorted(folders):
+        try:
+            mode = stat.S_IMODE(os.stat(folder).st_mode)
+        except OSError:
+            continue
+        if mode & 0o555 != 0o555:
+            os.chmod(folder, mode | 0o555)  # noqa: S103 - the weights are public to the host's users by design
+
+
 def _verify(root: str, lock: dict[str, list[Any]], cache: dict[str, list[Any]], workers: int) -> list[str]:
     """Files that do not match the lock; updates ``cache`` for every file hashed."""
 
@@ -587,6 +606,7 @@ def sync(req: dict[str, Any]) -> None:
     started = time.monotonic()
     scrub = bool(req.get("scrub"))
     os.makedirs(root, exist_ok=True)
+    _open_folders(root, lock)
     removed = _prune(root, lock)
     # A full verify (and a scrub) trusts nothing cached: every file is hashed again.
     full = bool(req.get("full")) or scrub

@@ -99,6 +99,9 @@ class UnitTarget:
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     # an engine, which reads the host's weights: restarted when the sync repairs them
     reads_weights: bool = False
+    # its other files (its unit file, environment and config files): one written after its last
+    # start means what runs is not what they say
+    files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,10 @@ class Release:
     dir: str
     record: dict[str, Any]
     links: dict[str, str]
+    # what the release folder holds once written (``operations.releases.current``): its record and
+    # the copy of every file it renders but secrets, for a rollback; probed like the files
+    # themselves, and put back when they drift while it serves
+    files: list[RenderedFile] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -154,13 +161,15 @@ def digest(files: list[RenderedFile]) -> str:
 
 def needs_start(release: str, current: UnitState | None) -> bool:
     """Whether a unit must be (re)started: not running, running another release, running with
-    a secret it read before it changed (``secrets_changed``), or an engine whose weights the sync
+    a secret it read before it changed (``secrets_changed``) or with another unit file or file
+    it reads than the host holds now (``files_changed``), or an engine whose weights the sync
     repairs (``weights_changed``; see ``unit_state``)."""
     return not (
         current is not None
         and current.get("active") == "active"
         and current.get("applied") == release
         and not current.get("secrets_changed")
+        and not current.get("files_changed")
         and not current.get("weights_changed")
     )
 
@@ -168,8 +177,9 @@ def needs_start(release: str, current: UnitState | None) -> bool:
 def unit_state(unit: UnitTarget, state: HostState) -> UnitState | None:
     """``unit``'s state as the host probe found it (``state``: the probe's result), with
     ``secrets_changed`` set when a secret file it reads differs on the host from the one this
-    converge puts there (content, owner or mode), and ``weights_changed`` when it is an engine and
-    the sync repairs the weights it reads: ``needs_start`` restarts it then.
+    converge puts there (its content: an owner or mode put back changes nothing it read), and
+    ``weights_changed`` when it is an engine and the sync repairs the weights it reads:
+    ``needs_start`` restarts it then.
     The probe sets ``secrets_changed`` too when such a file changed after the unit's last start."""
     current = state["units"].get(unit.name)
     found = state["files"]
@@ -326,7 +336,10 @@ def _units(
         secrets = {f.path: f.sha256 for f in mine if f.secret}
         engine = unit.kind == "engine" and weights is not None
         smoke = _smoke(recipe, spec, unit, weights)
-        units.append(UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets, reads_weights=engine))
+        others = tuple(sorted(f.path for f in mine if not f.secret))
+        units.append(
+            UnitTarget(unit.name, digest(mine), smoke, ports, unit.stage, secrets, reads_weights=engine, files=others)
+        )
     return units
 
 
@@ -382,7 +395,13 @@ def _release(
     links = {"engine": venvs[0].path}
     if weights is not None:
         links["model"] = weights.path
-    return Release(recipe.paths.current, f"{recipe.paths.releases}/{release_id}", record, links)
+    folder = f"{recipe.paths.releases}/{release_id}"
+    kept = [
+        RenderedFile(f"{folder}/release.json", json.dumps(record, sort_keys=True) + "\n", 0o644, "root"),
+        # ``cp --parents`` as root: the copy takes the file's mode less the umask's 022
+        *(RenderedFile(f"{folder}/files{f.path}", f.content, f.mode & ~0o022, "root") for f in files if not f.secret),
+    ]
+    return Release(recipe.paths.current, folder, record, links, kept)
 
 
 def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
@@ -426,17 +445,15 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
 
 def converge_request(todo: Converge) -> dict[str, Any]:
     """What the host probe must read for this converge."""
-    files = todo.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
+    files = todo.files + todo.release.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
     return {
         "user": todo.user,
         "venvs": [v.path for v in todo.venvs],
         "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
         "files": [f.path for f in files],
-        # a secret of another owner or mode (one an older deploy left to the engine user) reads
-        # as differing, so it is written again, root's alone
-        "modes": {f.path: f"{f.owner}:{f.group(todo.user)}:{f.mode:o}" for f in files if f.secret},
         "units": [u.name for u in todo.units],
         "unit_secrets": {u.name: sorted(u.secrets) for u in todo.units if u.secrets},
+        "unit_files": {u.name: list(u.files) for u in todo.units if u.files},
         "timers": todo.timers,
         "models": todo.weights.path.rsplit("/", 1)[0] if todo.weights else None,
         "ports": sorted(port for u in todo.units for port in u.ports),

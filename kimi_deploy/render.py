@@ -67,6 +67,10 @@ class RenderedFile:
         group may read (the weights transfer key, read by the peer service), else root."""
         return readers if self.secret and self.mode & 0o040 else "root"
 
+    def owner_mode(self, readers: str) -> str:
+        """``owner:group:octal mode`` as the host probe reports a file (``hostside/state_probe.py``)."""
+        return f"{self.owner}:{self.group(readers)}:{self.mode:o}"
+
 
 def systemd_word(arg: str) -> str:
     """One ExecStart word, which systemd reads back as ``arg``: specifiers (``%``) and variables

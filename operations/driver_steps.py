@@ -52,25 +52,27 @@ def driver_steps(
         if nv.module_options is not None:
             # before the driver: its module reads the options when it loads, after the install's reboot
             do(units.rendered, name="NVIDIA module options", files=[nv.module_options], group="root",
-               current=found["files"])  # fmt: skip
+               current=found["files"], owners=found["owners"])  # fmt: skip
         do(nvidia.packages, name="NVIDIA driver packages", install=list(nv.install), hold=list(nv.packages),
            unheld=list(nv.unheld), headers=nv.headers, version=nv.target_text, keep_loaded=nv.keep_loaded,
            reboot_line=nv.reboot_line)  # fmt: skip
         if nv.modules_file is not None:
             # read by systemd-modules-load at boot; loaded now by the fabric manager's service step
             do(units.rendered, name="NVLink subnet manager modules", files=[nv.modules_file], group="root",
-               current=found["files"])  # fmt: skip
+               current=found["files"], owners=found["owners"])  # fmt: skip
         if nv.imex_nodes is not None:
-            do(units.rendered, name="IMEX nodes", files=[nv.imex_nodes], group="root", current=found["files"])
+            do(units.rendered, name="IMEX nodes", files=[nv.imex_nodes], group="root", current=found["files"],
+               owners=found["owners"])  # fmt: skip
         if nv.imex_channel is not None:
             do(units.rendered, name="IMEX channel unit", files=[nv.imex_channel], group="root",
-               current=found["files"])  # fmt: skip
+               current=found["files"], owners=found["owners"])  # fmt: skip
         do(nvidia.rebooted, name="Reboot into the NVIDIA driver", reboot=nv.reboot,
            allowed=deploy.host.vars.kimi_reboot == "allowed", driver_package=nv.packages[0], request=request,
            _serial=True)  # fmt: skip
         for service in nv.services:
             do(nvidia.service, name="NVIDIA services", **dataclasses.asdict(service))
     if todo.sysctl is not None:
-        do(units.rendered, name="TPU host settings", files=[todo.sysctl.file], group="root", current=found["files"])
+        do(units.rendered, name="TPU host settings", files=[todo.sysctl.file], group="root",
+           current=found["files"], owners=found["owners"])  # fmt: skip
         do(sysctl.applied, name="TPU host settings applied", file=todo.sysctl.file.path,
            values=dict(todo.sysctl.values), current=dict(todo.sysctl.current))  # fmt: skip

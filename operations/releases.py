@@ -102,4 +102,6 @@ def restored(*, release_dir: str, files: list[str]) -> Generator[str, None, None
         return
     q = shlex.quote
     relative = " ".join(q(path.lstrip("/")) for path in files)
-    yield f"cd {q(release_dir)}/files && cp --parents {relative} / && systemctl daemon-reload"
+    # With the copies' times: a unit that keeps running (its release the same in both) reads no
+    # file written after its start, so the next converge does not restart it (state_probe).
+    yield f"cd {q(release_dir)}/files && cp --parents --preserve=timestamps {relative} / && systemctl daemon-reload"

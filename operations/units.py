@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 
 from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
@@ -17,7 +17,7 @@ from kimi_deploy.render import RenderedFile
 
 @operation()
 def rendered(
-    files: list[RenderedFile], group: str, current: dict[str, str | None]
+    files: list[RenderedFile], group: str, current: Mapping[str, str | None], owners: Mapping[str, str | None]
 ) -> Generator[StringCommand | str, None, None]:
     """
     Put every rendered file in place with its mode and owner; reload systemd if a unit changed.
@@ -25,18 +25,26 @@ def rendered(
     + files: the host's rendered files (``kimi_deploy.render.render_host``)
     + group: the engine user's group, which may read a secret file whose mode lets its group read
       it (the weights transfer key); every other file, secret or not, is root's
-    + current: sha256 of each file on the host as the probe found it (None: absent, or a secret
-      not of its owner and mode)
+    + current: sha256 of each file on the host as the probe found it (None: absent)
+    + owners: ``owner:group:octal mode`` of each file on the host as the probe found it: a file
+      whose content is right but not its owner or mode gets them back alone (its content, and so
+      its time, untouched: what a unit read did not change)
 
     A file's content travels on the standard input of the one command that writes it, never
     through a file elsewhere on the host: with a sudo SSH user, pyinfra's upload would stage it
     as that user in the temporary directory, readable there by others.
     """
     changed = [f for f in files if current.get(f.path) != f.sha256]
-    if not changed:
-        host.noop(f"{len(files)} rendered files are up to date")
-        return
     q = shlex.quote
+    owned = [f for f in files if f not in changed and owners.get(f.path) != f.owner_mode(group)]
+    if owned:
+        yield " && ".join(
+            f"chown {q(f.owner)}:{q(f.group(group))} {q(f.path)} && chmod {f.mode:o} {q(f.path)}" for f in owned
+        )
+    if not changed:
+        if not owned:
+            host.noop(f"{len(files)} rendered files are up to date")
+        return
 
     # One command before the contents: the folders, and each secret file created empty with its
     # final owner and mode, so that its content is never readable by anyone else, even briefly.
@@ -85,7 +93,10 @@ def started(units: list[tuple[str, str, UnitState | None]]) -> Generator[str, No
         return
     for unit, release, current in todo:
         verb = "restart" if current is not None and current["active"] in ("active", "activating") else "start"
+        # a unit file systemd has not loaded since it changed: loaded first, so that what starts is the file
+        reload = ["systemctl daemon-reload"] if current is not None and current.get("needs_reload") else []
         yield " && ".join([
+            *reload,
             f"systemctl enable --quiet {q(unit)}.service",
             f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
             f"install -d -m 0755 {APPLIED}",

@@ -41,9 +41,9 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
     """``KimiHostState``'s answer, in ``hostside/state_probe.py``'s shape (every path, unit and timer it is
     asked about is in it), on a host where ``todo``'s releases are installed, its weights verified
     and its units running as planned (``running``), or on a new host (neither)."""
-    files = todo.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
+    files = todo.files + todo.release.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
     hardware = GB300 if any(u.reads_weights for u in todo.units) else B300
-    weights: WeightsFound = {"exists": installed, "missing": [] if installed else list(LOCK), "unverified": [], "extra": []}
+    weights: WeightsFound = {"exists": installed, "missing": [] if installed else list(LOCK), "unverified": [], "unreadable": [], "extra": []}
     present = revisions if revisions is not None else ([todo.weights.revision] if todo.weights and installed else [])
 
     def marker(v: VenvRelease) -> ReleaseMarker | None:
@@ -52,9 +52,11 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
     def unit(release: str) -> UnitState:
         if not running:
             return {"active": "inactive", "sub": "dead", "pid": 0, "enabled": "", "applied": None,
-                    "secrets_changed": False, "restarts": 0, "restarts_verified": 0, "context": None}  # fmt: skip
+                    "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
+                    "restarts_verified": 0, "context": None}  # fmt: skip
         return {"active": "active", "sub": "running", "pid": 4100, "enabled": "enabled", "applied": release,
-                "secrets_changed": False, "restarts": 0, "restarts_verified": 0, "context": None}  # fmt: skip
+                "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
+                "restarts_verified": 0, "context": None}  # fmt: skip
 
     timer: TimerState = {"active": "active", "enabled": "enabled"} if running else {"active": "inactive", "enabled": ""}
     return {
@@ -62,6 +64,7 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
         "venvs": {v.path: marker(v) for v in todo.venvs},
         "weights": weights if todo.weights else None,
         "files": {f.path: f.sha256 if running else None for f in files},
+        "owners": {f.path: f.owner_mode(todo.user) if running else None for f in files},
         "units": {u.name: unit(u.release) for u in todo.units},
         "timers": dict.fromkeys(todo.timers, timer),
         "revisions": {"present": present, "history": present} if todo.weights else None,

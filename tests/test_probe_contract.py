@@ -12,6 +12,7 @@ and a timer systemd does not know, a port something listens on, packages install
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -62,9 +63,9 @@ def _request(tmp_path: Path, port: int) -> dict[str, Any]:
         "venvs": [str(release), str(tmp_path / "engines/absent")],
         "weights": {"dir": str(revision), "lock": {"config.json": [2, "sha256:" + "1" * 64], "gone.bin": [1, "x"]}},
         "files": [str(secret), str(tmp_path / "absent.conf")],
-        "modes": {str(secret): "root:root:600"},
         "units": ["kimi-contract-no-such-unit"],
         "unit_secrets": {"kimi-contract-no-such-unit": [str(secret)]},
+        "unit_files": {"kimi-contract-no-such-unit": [str(tmp_path / "absent.conf")]},
         "timers": ["kimi-contract-no-such-timer"],
         "ports": [port],
         "models": str(models),
@@ -93,7 +94,9 @@ def test_the_state_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path, l
     assert answer["venvs"][str(tmp_path / "engines/vllm-0.34.0")]["damaged"] is None
     assert (answer["weights"]["missing"], answer["weights"]["unverified"]) == (["gone.bin"], ["config.json"])
     assert answer["weights"]["extra"] == ["stray.bin"]
-    assert list(answer["files"].values()) == [None, None]  # of another mode, and absent
+    secret, absent = str(tmp_path / "secret.env"), str(tmp_path / "absent.conf")
+    assert answer["files"] == {secret: hashlib.sha256(b"KEY=1\n").hexdigest(), absent: None}
+    assert answer["owners"] == {secret: "root:root:640", absent: None}
     assert answer["packages"] == {"bash": True, "kimi-contract-no-such-package": False}
     assert answer["listeners"][str(listener)]["pid"] == os.getpid()
     assert sorted(answer["revisions"]["present"]) == ["a" * 40, "b" * 40]
@@ -133,9 +136,10 @@ def test_the_release_log_and_its_records_answer_in_their_types(
 def test_the_check_finds_what_the_types_refuse() -> None:
     """The type check is not vacuous: a key of another name, a missing key, a number for a flag."""
     unit = {"active": "active", "sub": "running", "pid": 1, "enabled": "enabled", "applied": None,
-            "secrets_changed": False, "restarts": 0, "restarts_verified": 0, "context": None}  # fmt: skip
+            "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
+            "restarts_verified": 0, "context": None}  # fmt: skip
     answer: dict[str, Any] = {
-        "user": True, "venvs": {}, "weights": None, "files": {}, "units": {"u": unit}, "timers": {},
+        "user": True, "venvs": {}, "weights": None, "files": {}, "owners": {}, "units": {"u": unit}, "timers": {},
         "revisions": None, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
         "ladder": [],
     }  # fmt: skip

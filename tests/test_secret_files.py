@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,12 +37,16 @@ SECRETS = {"VLLM_API_KEY": KEY, "api-key": KEY, "KIMI_API_KEY": KEY, "OPENAI_API
 ROUTER = "gb300-rt01"
 
 
-def _commands(files: list[RenderedFile], group: str, current: dict[str, str | None]) -> list[Any]:
-    """The commands ``units.rendered`` yields, or its no-op sentence."""
+def _commands(
+    files: list[RenderedFile], group: str, current: dict[str, str | None], owners: Mapping[str, str | None] | None = None
+) -> list[Any]:
+    """The commands ``units.rendered`` yields, or its no-op sentence; ``owners`` as the host
+    holds each file (default: as planned)."""
     noops: list[str] = []
+    held = {f.path: f.owner_mode(group) for f in files} if owners is None else owners
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(units, "host", SimpleNamespace(noop=noops.append))
-        out = list(units.rendered._inner(files=files, group=group, current=current))
+        out = list(units.rendered._inner(files=files, group=group, current=current, owners=held))
     return out or noops
 
 
@@ -201,7 +206,7 @@ import os
 from kimi_deploy.render import RenderedFile
 from operations import units
 out = os.environ["KIMI_TEST_OUT"]
-units.rendered(name="Files", group="root", current={}, files=[
+units.rendered(name="Files", group="root", current={}, owners={}, files=[
     RenderedFile(out + "/secrets/kimi-router.env", "VLLM_API_KEY=sk-kimi-d41c9a0e77b2\\n", 0o600, "root", secret=True),
     RenderedFile(out + "/kimi-router.env", "A=1", 0o644, "root"),
 ])
@@ -282,29 +287,35 @@ def test_the_probe_finds_a_secret_written_after_the_units_last_start(
     assert needs_start("digest", found["kimi-router"])
 
 
-def test_the_probe_reads_a_secret_of_another_owner_or_mode_as_differing(tmp_path: Path) -> None:
+def test_the_probe_reads_each_files_owner_and_mode_beside_its_content(tmp_path: Path) -> None:
     secret = tmp_path / "kimi-router.env"
     secret.write_bytes(b"VLLM_API_KEY=a\n")
     secret.chmod(0o600)
     sha = hashlib.sha256(b"VLLM_API_KEY=a\n").hexdigest()
-    me = state_probe._owner_mode(str(secret))
-    assert me is not None
-    assert me.endswith(":600")
-    assert state_probe._file(str(secret), me) == sha
-    assert state_probe._file(str(secret), None) == sha
+    answer = state_probe.probe({"user": "root", "files": [str(secret), str(tmp_path / "absent")]})
+    assert answer["files"] == {str(secret): sha, str(tmp_path / "absent"): None}
+    assert answer["owners"][str(secret)] == "root:root:600"
+    assert answer["owners"][str(tmp_path / "absent")] is None
     secret.chmod(0o640)
-    assert state_probe._file(str(secret), me) is None
+    again = state_probe.probe({"user": "root", "files": [str(secret)]})
+    assert (again["files"][str(secret)], again["owners"][str(secret)]) == (sha, "root:root:640")
 
 
-def test_the_probe_request_names_the_owner_and_mode_of_each_secret(
+def test_a_file_of_the_right_content_gets_its_owner_and_mode_back_alone(recipe: Recipe, prod: Inventory) -> None:
+    """Its content is not written again: its time stays, and nothing that reads it restarts."""
+    files = _secret_files(recipe, prod)
+    wrong = {f.path: f.owner_mode("kimi") for f in files} | {files[0].path: "kimi:kimi:644"}
+    commands = _commands(files, "kimi", {f.path: f.sha256 for f in files}, wrong)
+    q = shlex.quote
+    assert commands == [f"chown root:root {q(files[0].path)} && chmod {files[0].mode:o} {q(files[0].path)}"]
+
+
+def test_the_probe_request_names_the_secrets_and_files_each_unit_reads(
     recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     request = converge_request(_router_converge(recipe, prod, monkeypatch, KEY))
-    assert request["modes"] == {
-        "/etc/kimi/secrets/kimi-router.env": "root:root:600",
-        "/etc/kimi/secrets/kimi-gateway.env": "root:root:600",
-        "/etc/kimi/secrets/kimi-gateway-keys.conf": "root:root:600",
-    }
+    # the probe reports every file's owner and mode (no expectation travels with the request)
+    assert "modes" not in request
     assert request["unit_secrets"] == {
         "kimi-router": ["/etc/kimi/secrets/kimi-router.env"],
         "kimi-gateway": ["/etc/kimi/secrets/kimi-gateway-keys.conf", "/etc/kimi/secrets/kimi-gateway.env"],

@@ -8,12 +8,13 @@ from hostside.probe_types import WeightsFound
 from kimi_deploy.weights_fanout import SOURCES, UPSTREAM, FanOutPart, Source, WeightsHost, plan_fan_out
 
 WANTS = ("moonshotai/Kimi-K3.1-Pro", "a" * 40, "/srv/models/moonshotai--Kimi-K3.1-Pro/" + "a" * 40)
-READY: WeightsFound = {"exists": True, "missing": [], "unverified": [], "extra": []}
-EMPTY: WeightsFound = {"exists": False, "missing": [], "unverified": [], "extra": []}
+READY: WeightsFound = {"exists": True, "missing": [], "unverified": [], "unreadable": [], "extra": []}
+EMPTY: WeightsFound = {"exists": False, "missing": [], "unverified": [], "unreadable": [], "extra": []}
 DAMAGED: WeightsFound = {
     "exists": True,
     "missing": ["model-00057-of-00096.safetensors"],
     "unverified": [],
+    "unreadable": [],
     "extra": [],
 }
 

@@ -37,11 +37,14 @@ def _revision(root: Path) -> dict[str, list[object]]:
 def test_a_file_the_engines_cannot_read_is_unverified_and_gets_its_mode_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # as on a host: the revision's folder in the model's, both open to every user
+    tmp_path = tmp_path / "model" / "revision"
+    tmp_path.mkdir(parents=True)
     lock = _revision(tmp_path)
     assert state_probe._weights({"dir": str(tmp_path), "lock": lock})["unverified"] == []
     (tmp_path / SHARD).chmod(0o600)
     found = state_probe._weights({"dir": str(tmp_path), "lock": lock})
-    assert (found["missing"], found["unverified"]) == ([], [SHARD])
+    assert (found["missing"], found["unverified"], found["unreadable"]) == ([], [SHARD], [SHARD])
     cache = revision_files.load_cache(str(tmp_path))
 
     def no_hashing(*args: object) -> str:
@@ -51,6 +54,32 @@ def test_a_file_the_engines_cannot_read_is_unverified_and_gets_its_mode_back(
     assert weights_sync._verify(str(tmp_path), lock, cache, 2) == []
     assert (tmp_path / SHARD).stat().st_mode & 0o777 == 0o644
     assert state_probe._weights({"dir": str(tmp_path), "lock": lock})["unverified"] == []
+
+
+def test_a_folder_the_engines_cannot_enter_makes_its_files_unreadable_until_the_sync_opens_it(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "model" / "revision"
+    (root / "sub").mkdir(parents=True)
+    lock = _revision(root)
+    (root / "sub" / "tokenizer.json").write_bytes(b"{}")
+    lock["sub/tokenizer.json"] = [2, f"sha256:{hashlib.sha256(b'{}').hexdigest()}"]
+    spec = {"dir": str(root), "lock": lock}
+    cache = revision_files.load_cache(str(root))
+    assert weights_sync._verify(str(root), lock, cache, 2) == []
+    (root / ".kimi" / "verify-cache.json").write_text(json.dumps(cache), encoding="utf-8")
+    assert state_probe._weights(spec)["unreadable"] == []
+    (root / "sub").chmod(0o700)
+    found = state_probe._weights(spec)
+    assert (found["unreadable"], found["unverified"]) == (["sub/tokenizer.json"], ["sub/tokenizer.json"])
+    # the model's folder above the revision closes every file
+    (root / "sub").chmod(0o755)
+    (tmp_path / "model").chmod(0o750)
+    assert state_probe._weights(spec)["unreadable"] == sorted(lock)
+    (root / "sub").chmod(0o711)
+    weights_sync._open_folders(str(root), lock)
+    assert [(tmp_path / "model").stat().st_mode & 0o777, (root / "sub").stat().st_mode & 0o777] == [0o755, 0o755]
+    assert state_probe._weights(spec)["unreadable"] == []
 
 
 def test_a_corrupted_file_keeps_its_mode_and_is_named(tmp_path: Path) -> None:
@@ -70,9 +99,9 @@ def test_an_engine_restarts_when_its_weights_are_repaired_and_nothing_else_does(
     for name in ("b300-01", "gb300-rt01"):
         todo = host_converge(recipe, prod, name)
         weights_cases: tuple[tuple[WeightsFound, bool], ...] = (
-            ({"exists": True, "missing": [], "unverified": [], "extra": ["stray.bin"]}, False),
-            ({"exists": True, "missing": [SHARD], "unverified": [], "extra": []}, True),
-            ({"exists": True, "missing": [], "unverified": [SHARD], "extra": []}, True),
+            ({"exists": True, "missing": [], "unverified": [], "unreadable": [], "extra": ["stray.bin"]}, False),
+            ({"exists": True, "missing": [SHARD], "unverified": [], "unreadable": [], "extra": []}, True),
+            ({"exists": True, "missing": [], "unverified": [SHARD], "unreadable": [], "extra": []}, True),
         )
         for weights, engines_restart in weights_cases:
             state = probe_answer(todo) | {"weights": weights}

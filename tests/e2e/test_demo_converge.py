@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.demo import address, chat, cluster, gpu_recipe_data, main_pid, pyinfra
+from tests.e2e.demo import address, chat, cluster, gpu_recipe_data, main_pid, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -88,3 +88,48 @@ def test_a_changed_max_model_len_restarts_exactly_the_engines_it_affects(pids: d
     finally:
         back = pyinfra()
         assert back.code == 0, back.log[-3000:]
+
+
+def test_drift_is_repaired_and_named_and_the_run_after_is_a_no_op(pids: dict[str, int]) -> None:
+    """What a hand or a tool changes on converged hosts: a unit file's mode, an environment file's
+    owner and a config's content (kimi-h1: put back, its engine kept), and a unit file edited,
+    loaded and restarted with, then put back without a reload (kimi-h2: it runs with a unit the
+    host no longer holds, and restarts from the file after a reload)."""
+    unit, env = "/etc/systemd/system/kimi-vllm.service", "/etc/kimi/kimi-vllm.env"
+    scrub = "/etc/kimi/kimi-weights-scrub.json"
+    before = {host: main_pid(host, "kimi-vllm") for host in ("kimi-h1", "kimi-h2")}
+    scrub_text = ssh("kimi-h1", f"cat {scrub}")
+    release = ssh("kimi-h1", "readlink -f /opt/kimi/current")
+    record = ssh("kimi-h1", f"cat {release}/release.json")
+    ssh("kimi-h1", f"chmod 600 {unit} && chown kimi {env} && echo '{{}}' > {scrub} && "
+                   f"echo '{{}}' > {release}/release.json && rm {release}/files{env}")  # fmt: skip
+    ssh("kimi-h2", f"cp {unit} /root/unit.orig && sed -i 's/^Description=/Description=edited /' {unit} && "
+                   f"systemctl daemon-reload && systemctl restart kimi-vllm && cp /root/unit.orig {unit} && "
+                   f"touch {unit}")  # fmt: skip
+    edited = main_pid("kimi-h2", "kimi-vllm")
+    assert ssh("kimi-h2", "systemctl show -p Description --value kimi-vllm").startswith("edited ")
+    run = pyinfra()
+    assert run.code == 0, run.log[-4000:]
+    said = sorted(line.split("repairs: ", 1)[1] for line in run.log.splitlines() if "repairs: " in line)
+    assert said == sorted([
+        f"{unit}: owner and mode root:root:600, not root:root:644: put back",
+        f"{env}: owner and mode kimi:root:644, not root:root:644: put back",
+        f"{scrub}: content differs from the release serving: written again",
+        f"{release}/release.json: content differs from the release serving: written again",
+        f"{release}/files{env}: absent: written again",
+        "kimi-vllm: systemd has not loaded its unit file since it changed: restarted with its files",
+    ]), run.log[-4000:]  # fmt: skip
+    assert [ssh("kimi-h1", f"stat -c '%U:%G %a' {path}") for path in (unit, env)] == ["root:root 644"] * 2
+    assert ssh("kimi-h1", f"cat {scrub}") == scrub_text
+    # the release record a rollback reads, and its copy of the environment file, are whole again
+    assert ssh("kimi-h1", f"cat {release}/release.json") == record
+    assert ssh("kimi-h1", f"cmp {env} {release}/files{env} && echo same") == "same"
+    # kimi-h1's engine read nothing that changed; kimi-h2's runs from the unit file again
+    assert main_pid("kimi-h1", "kimi-vllm") == before["kimi-h1"]
+    assert main_pid("kimi-h2", "kimi-vllm") != edited
+    assert not ssh("kimi-h2", "systemctl show -p Description --value kimi-vllm").startswith("edited ")
+    assert ssh("kimi-h2", "systemctl show -p NeedDaemonReload --value kimi-vllm") == "no"
+    again = pyinfra()
+    assert again.code == 0, again.log[-3000:]
+    assert again.changed() == {}
+    assert "repairs: " not in again.log

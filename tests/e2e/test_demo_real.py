@@ -5,7 +5,7 @@ torch's CPU build) serving the Hub's tiny Llama on two hosts without GPUs, and v
 clients' keys; all converged by the production deploy. The tiny Llama is its needle-reading
 variant (localcluster/needle_llama.py: it answers as the tiny Llama does, but with the word of a
 needle found anywhere in a long prompt), so that the recipe's context probe climbs the context
-ladder on the real engine: each rung started, probed with a prompt of a fifth of the rung (two
+ladder on the real engine: each rung started, probed with a prompt of a tenth of the rung (two
 cores' prefill), the rung the engine's KV cache cannot hold refused in the engine's own words.
 
 The four idempotency steps on these hosts (a dry run shows changes, a converge makes them, a dry
@@ -49,7 +49,7 @@ PROMPT = "Reply with exactly the word READY and nothing else."
 REVISION = "6785cd50f81248fd2c84b40b1d12d05ca243bdc9"  # kimi-deploy/tiny-llama-needle
 WEIGHTS = f"/srv/models/kimi-deploy--tiny-llama-needle/{REVISION}"
 # The probe of each rung: the needle variant answers a needle's word it finds anywhere in the prompt.
-PROBE = {"needle": "The word is test .", "question": "what is the word ?", "expect": "test", "fill": 0.2,
+PROBE = {"needle": "The word is test .", "question": "what is the word ?", "expect": "test", "fill": 0.1,
          "max_tokens": 4}  # fmt: skip
 SHARD = "model-00005-of-00096.safetensors"
 
@@ -296,8 +296,8 @@ def test_the_climb_stops_at_the_rung_the_kv_cache_cannot_hold_and_the_rung_below
     proofs = json.loads(report.read_text(encoding="utf-8"))
     for host in ENGINES:
         rung = proofs[host][1]
-        # Sized with the real engine's /tokenize to a fifth of the rung; its usage and its /metrics read.
-        assert 0.97 * 0.2 * 131072 <= rung["prompt_tokens"] <= 0.2 * 131072, rung
+        # Sized with the real engine's /tokenize to a tenth of the rung; its usage and its /metrics read.
+        assert 0.97 * 0.1 * 131072 <= rung["prompt_tokens"] <= 0.1 * 131072, rung
         assert (rung["completion_tokens"], rung["passed"]) == (4, True), rung
         assert rung["ttft_s"] > 0
         assert 0 < rung["kv_cache_usage"] < 1, rung
@@ -455,9 +455,10 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     rep = json.loads(report.read_text(encoding="utf-8"))
     assert (rep["endpoint"], rep["generator"]) == (f"http://{_address(st, ROUTER)}:8000", "kimi-h1")
     local, hosted = rep["targets"]["local"], rep["targets"]["hosted"]
-    # Through the router to both engines: each answered its share.
-    for host in ENGINES:
-        assert _answered(st, host) > answered[host], host
+    # Through the router to the engines: between them, they answered every text task's request
+    # (vLLM's counter of answers that stopped; the tool tasks' end in tool calls).
+    texts = sum(lv["requests"] * 4 // 5 for lv in local)
+    assert sum(_answered(st, host) - answered[host] for host in ENGINES) >= texts
     # The tiny Llama passes three of the five tasks by their rules; the hosted API all five.
     assert [(lv["concurrency"], lv["requests"], lv["succeeded"], lv["errors"]) for lv in local] == [
         (1, 5, 3, 0), (4, 10, 6, 0), (16, 35, 21, 0),
