@@ -469,7 +469,9 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
         assert 0 < lv["ttft_p50_s"] <= lv["ttft_p95_s"], lv
         assert lv["output_tok_s"] > 0, lv
         assert lv["generator_cpu_s"] is not None, lv
-        assert lv["engine_cpu_s"] > 0, lv
+        # the generator host's own engine: the router may have sent it none of the level's requests
+        assert lv["engine_cpu_s"] is not None, lv
+        assert lv["engine_cpu_s"] >= 0, lv
         assert lv["cost"]["per_success"] > 0, lv
     for lv in hosted:
         assert lv["cost"]["api_fees"] > 0, lv
