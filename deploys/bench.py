@@ -45,7 +45,7 @@ try:
     name = recipe.bench_topology()
     at = generator(deploy.topology) if deploy.spec.topology == name else None
     if at is not None and at.host == host.name:
-        request = bench_request(recipe, deploy.recipe_file, deploy.topology, at, run_context().run_id)
+        request = bench_request(recipe, deploy.topology, at, run_context().run_id)
         other = hosted(recipe)
         hosted_key = None
         if other is not None:
@@ -55,7 +55,7 @@ try:
                 else f"topologies.{name}.router.fallback.api_key"
             )
             hosted_key = (read_secret(other.api_key, deploy.recipe_file, field, run_context().environ), HOSTED_KEY)
-        endpoint = local_target(recipe, deploy.recipe_file, deploy.topology, at).url
+        endpoint = local_target(recipe, deploy.topology, at).url
 except ConfigError as exc:
     raise PyinfraError(str(exc)) from None
 

@@ -36,6 +36,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from hostside import smoke
 from hostside.context_probe import Peaks
 from hostside.host_dirs import STATE_DIR
 from hostside.unit_usage import cpu_s
@@ -108,22 +109,15 @@ TEXT_MAX = 4000
 
 
 def _key(target: dict[str, Any]) -> str | None:
-    """The target's key: the whole file, or ``key_var``'s value in an EnvironmentFile."""
-    path, var = target.get("key_file"), target.get("key_var")
-    if not path:
-        return None
+    """The target's key: ``key_var``'s value in its secret file, as the smoke test reads it, or
+    the whole file (the hosted API's key, put there for the run)."""
+    if target.get("key_var") or not target.get("key_file"):
+        return smoke.read_key(target)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(target["key_file"], encoding="utf-8") as f:
+            return f.read().strip() or None
     except OSError:
         return None
-    if var is None:
-        return text.strip() or None
-    for line in text.splitlines():
-        name, _, value = line.strip().partition("=")
-        if name.strip() == var:
-            return value.strip() or None
-    return None
 
 
 def _last_error(stderr: str) -> str:

@@ -71,7 +71,7 @@ def _check(req: dict[str, Any], rung: dict[str, Any], final: bool) -> dict[str, 
     # A rung's failure to start is the rung's (KV cache, memory), not the weights': they stay trusted.
     check = {k: v for k, v in req["smoke"].items() if k not in ("verify_cache", "restarts_file")}
     check |= {"restarts": 0, "max_tokens": rung["max_tokens"]}
-    key = smoke._key(check)
+    key = smoke.read_key(check)
     try:
         ready = smoke.wait_ready(check, key)
         result = context_probe.measure(req, key, rung["rung"], f"{req['run']}/{rung['rung']}")

@@ -34,7 +34,7 @@ import zlib
 from typing import Any, NoReturn
 
 
-def _key(req: dict[str, Any]) -> str | None:
+def read_key(req: dict[str, Any]) -> str | None:
     if not req.get("key_file"):
         return None
     try:
@@ -220,7 +220,7 @@ def wait_ready(req: dict[str, Any], key: str | None) -> float:
 
 def serves(req: dict[str, Any]) -> dict[str, Any]:
     """The whole check of ``req`` (the module docstring's), its result; ``Failed`` otherwise."""
-    key = _key(req)
+    key = read_key(req)
     base = req["url"].rstrip("/")
     ready = wait_ready(req, key)
     status, models = _call(f"{base}/v1/models", key)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hostside.boundary_text import shown
+from kimi_deploy.bench_report import number
 
 # what a run keeps per target and concurrency
 KEPT = ("requests", "succeeded", "success_rate", "ttft_p50_s", "ttft_p95_s", "itl_p50_ms", "output_tok_s")
@@ -28,10 +29,6 @@ def figures(rep: Mapping[str, Any]) -> dict[str, Any]:
         for name, levels in rep.get("targets", {}).items()
     }  # fmt: skip
     return {"run": rep.get("run"), "at": rep.get("at"), "tasks": rep.get("tasks"), "targets": targets}
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _change(now: float | None, then: float | None, unit: str, digits: int) -> str:
@@ -67,15 +64,15 @@ def format_delta(now: Mapping[str, Any], before: Any, release: Any) -> list[str]
             was = by_level.get(lv["concurrency"])
             if was is None:
                 continue
-            rate, then_rate = _num(lv.get("success_rate")), _num(was.get("success_rate"))
+            rate, then_rate = number(lv.get("success_rate")), number(was.get("success_rate"))
             points = "-" if rate is None else f"{rate:.0%}" + (
                 "" if then_rate is None else f" ({100 * (rate - then_rate):+.0f} pt)"
             )
             lines.append(
                 f"  {name} at {lv['concurrency']}: TTFT p50 "
-                f"{_change(_num(lv.get('ttft_p50_s')), _num(was.get('ttft_p50_s')), ' s', 3)}, output "
-                f"{_change(_num(lv.get('output_tok_s')), _num(was.get('output_tok_s')), ' tok/s', 1)}, "
+                f"{_change(number(lv.get('ttft_p50_s')), number(was.get('ttft_p50_s')), ' s', 3)}, output "
+                f"{_change(number(lv.get('output_tok_s')), number(was.get('output_tok_s')), ' tok/s', 1)}, "
                 f"success {points}, cost/success "
-                f"{_change(_num(lv.get('cost_per_success')), _num(was.get('cost_per_success')), '', 6)}"
+                f"{_change(number(lv.get('cost_per_success')), number(was.get('cost_per_success')), '', 6)}"
             )
     return [head, *lines] if lines else []

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 from kimi_deploy.converge import unit_key
-from kimi_deploy.errors import ConfigError
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.recipe import Benchmark, Recipe, RouterFallback
 from kimi_deploy.servespec import HostPlan, Unit
@@ -51,31 +50,27 @@ def _engine(plan: HostPlan) -> Unit:
     return next(u for u in plan.units if u.kind == "engine")
 
 
-def _url(unit: Unit, port_label: str, plan: HostPlan, at: HostPlan, recipe_file: str) -> str:
-    """``unit``'s API on ``plan``'s host as the generator host ``at`` reaches it."""
+def _url(unit: Unit, port_label: str, plan: HostPlan, at: HostPlan) -> str:
+    """``unit``'s API on ``plan``'s host as the generator host ``at`` reaches it. Only the
+    generator's own engine may listen on loopback: a topology with a router (and so a gateway)
+    is exposed (the recipe's rule)."""
     host = unit.bind
     if unit.bind in ("0.0.0.0", "::"):  # noqa: S104 - every address: loopback from its own host
         host = LOOPBACK if plan.host == at.host else plan.address
-    elif unit.bind == LOOPBACK and plan.host != at.host:
-        raise ConfigError(
-            recipe_file, f"topologies.{at.topology}.expose",
-            f"{unit.name} listens on {plan.host}'s loopback alone and the load generator runs on "
-            f"{at.host}: expose the topology (bind: address) to benchmark it as clients reach it",
-        )  # fmt: skip
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{unit.listens[port_label]}"
 
 
-def local_target(recipe: Recipe, recipe_file: str, topology: tuple[HostPlan, ...], at: HostPlan) -> Target:
+def local_target(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan) -> Target:
     """The endpoint clients use, as the generator host ``at`` reaches it."""
     gateway = next(((p, u) for p in topology for u in p.units if u.kind == "gateway"), None)
     engine = _engine(at)
     key_file, key_var = unit_key(recipe, at, engine)
     served = recipe.model.served_name
     if gateway is None:
-        return Target("local", _url(engine, "api", at, at, recipe_file), served, key_file, key_var)
+        return Target("local", _url(engine, "api", at, at), served, key_file, key_var)
     plan, unit = gateway
-    return Target("local", _url(unit, "router", plan, at, recipe_file), served, key_file, key_var)
+    return Target("local", _url(unit, "router", plan, at), served, key_file, key_var)
 
 
 def hosted(recipe: Recipe) -> RouterFallback | None:
@@ -88,13 +83,13 @@ def hosted(recipe: Recipe) -> RouterFallback | None:
 
 
 def bench_request(
-    recipe: Recipe, recipe_file: str, topology: tuple[HostPlan, ...], at: HostPlan, run: str
+    recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan, run: str
 ) -> dict[str, object]:
     """``hostside/bench_load.py``'s request on the generator host ``at``: no secret, only where
     the keys are on that host."""
     bench = recipe.benchmark
     assert bench is not None
-    targets = [local_target(recipe, recipe_file, topology, at)]
+    targets = [local_target(recipe, topology, at)]
     other = hosted(recipe)
     if other is not None:
         targets.append(Target("hosted", other.url.rstrip("/"), other.model, HOSTED_KEY, None))
@@ -113,7 +108,7 @@ def bench_request(
         "levels": [{"concurrency": c, "rows": rows(bench, c)} for c in bench.concurrency],
         "engine": {
             "unit": engine.name,
-            "url": _url(engine, "api", at, at, recipe_file),
+            "url": _url(engine, "api", at, at),
             "key_file": key_file,
             "key_var": key_var,
             "nvidia": at.accelerator_vendor == "nvidia",

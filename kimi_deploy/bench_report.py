@@ -27,7 +27,8 @@ from kimi_deploy.servespec import HostPlan
 HOURS_PER_MONTH = 730.0
 
 
-def _num(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """``value`` when a host's record holds a number there (not a flag), else None."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -40,7 +41,7 @@ def _dict(value: Any) -> dict[str, Any]:
 
 
 def _ms_to_s(value: Any) -> float | None:
-    ms = _num(value)
+    ms = number(value)
     return None if ms is None else round(ms / 1000, 4)
 
 
@@ -96,8 +97,8 @@ def level_report(bench: Benchmark, target: str, level: Mapping[str, Any], kind: 
             judged.append((row, f"request failed: {shown(error, 120)}"))
         else:
             judged.append((row, judge(tasks[row], text, calls)))
-        tokens_in += _num(r.get("input_tokens")) or 0
-        tokens_out += _num(r.get("output_tokens")) or 0
+        tokens_in += number(r.get("input_tokens")) or 0
+        tokens_out += number(r.get("output_tokens")) or 0
     succeeded = sum(1 for _, why in judged if why is None)
     failed_tasks: dict[str, dict[str, Any]] = {}
     for row, why in judged:
@@ -105,8 +106,8 @@ def level_report(bench: Benchmark, target: str, level: Mapping[str, Any], kind: 
             entry = failed_tasks.setdefault(tasks[row].id, {"failed": 0, "first_reason": why})
             entry["failed"] += 1
     summary = _dict(level.get("summary"))
-    wall = _num(level.get("wall_s")) or 0.0
-    gen, eng = _num(level.get("generator_cpu_s")), _num(level.get("engine_cpu_s"))
+    wall = number(level.get("wall_s")) or 0.0
+    gen, eng = number(level.get("generator_cpu_s")), number(level.get("engine_cpu_s"))
     return {
         "concurrency": level.get("concurrency") if isinstance(level.get("concurrency"), int) else None,
         "requests": len(judged),
@@ -117,15 +118,15 @@ def level_report(bench: Benchmark, target: str, level: Mapping[str, Any], kind: 
         "failed_tasks": failed_tasks,
         "ttft_p50_s": _ms_to_s(summary.get("p50_ttft_ms")),
         "ttft_p95_s": _ms_to_s(summary.get("p95_ttft_ms")),
-        "itl_p50_ms": _num(summary.get("p50_itl_ms")),
-        "itl_p95_ms": _num(summary.get("p95_itl_ms")),
-        "output_tok_s": _num(summary.get("output_throughput")),
+        "itl_p50_ms": number(summary.get("p50_itl_ms")),
+        "itl_p95_ms": number(summary.get("p95_itl_ms")),
+        "output_tok_s": number(summary.get("output_throughput")),
         "wall_s": wall,
         "generator_cpu_s": gen,
         "engine_cpu_s": eng,
-        "kv_cache_usage": _num(level.get("kv_cache_usage")),
-        "accelerator_memory_mib": _num(level.get("accelerator_memory_mib")),
-        "unit_memory_mib": _num(level.get("unit_memory_mib")),
+        "kv_cache_usage": number(level.get("kv_cache_usage")),
+        "accelerator_memory_mib": number(level.get("accelerator_memory_mib")),
+        "unit_memory_mib": number(level.get("unit_memory_mib")),
         "tokens_in": tokens_in,
         "tokens_out": tokens_out,
         "generator_error": shown(level["error"], 300) if isinstance(level.get("error"), str) else None,
@@ -153,7 +154,7 @@ def report(
         "at": found.get("at") if isinstance(found.get("at"), str) else None,
         "accelerators": {"kind": kind, "count": count},
         # the CPU seconds the generator took to start (vLLM imported), once for the whole run
-        "generator_load_cpu_s": _num(found.get("generator_load_cpu_s")),
+        "generator_load_cpu_s": number(found.get("generator_load_cpu_s")),
         "tasks": [t.id for t in bench.tasks],
         "targets": out,
     }

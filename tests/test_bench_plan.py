@@ -77,7 +77,7 @@ def test_without_a_router_the_generator_drives_its_own_hosts_engine(tmp_path: Pa
     at = generator(topology)
     assert at is not None
     assert at.host == "kimi-h1"
-    target = local_target(recipe, path, topology, at)
+    target = local_target(recipe, topology, at)
     assert (target.url, target.model) == ("http://10.213.7.11:8000", "kimi-local")
     # the key as the host holds it: the engine's secret environment file
     assert (target.key_file, target.key_var) == ("/etc/kimi/secrets/kimi-vllm.env", "VLLM_API_KEY")
@@ -89,7 +89,7 @@ def test_behind_a_router_the_generator_goes_through_the_gateway_as_clients_do(tm
     at = generator(topology)
     assert at is not None
     assert at.host == "kimi-h1"
-    assert local_target(recipe, path, topology, at).url == "http://10.213.7.13:8000"
+    assert local_target(recipe, topology, at).url == "http://10.213.7.13:8000"
 
 
 def test_a_gateway_on_every_address_is_reached_at_its_hosts_address(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_gateway_on_every_address_is_reached_at_its_hosts_address(tmp_path: Pa
     topology = _topology(tmp_path, recipe, path, routed=True)
     at = generator(topology)
     assert at is not None
-    assert local_target(recipe, path, topology, at).url == "http://10.213.7.13:8000"
+    assert local_target(recipe, topology, at).url == "http://10.213.7.13:8000"
 
 
 def test_an_engine_on_loopback_is_driven_from_its_own_host(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_an_engine_on_loopback_is_driven_from_its_own_host(tmp_path: Path) -> No
     topology = _topology(tmp_path, recipe, path, routed=False)
     at = generator(topology)
     assert at is not None
-    target = local_target(recipe, path, topology, at)
+    target = local_target(recipe, topology, at)
     assert (target.url, target.key_file) == ("http://127.0.0.1:8000", None)
 
 
@@ -132,7 +132,7 @@ def test_the_request_names_where_keys_are_and_holds_none(tmp_path: Path) -> None
     topology = _topology(tmp_path, recipe, path, routed=True)
     at = generator(topology)
     assert at is not None
-    request = bench_request(recipe, path, topology, at, "run-1")
+    request = bench_request(recipe, topology, at, "run-1")
     assert "client-key-0123" not in json.dumps(request)
     assert request["targets"] == [
         {"name": "local", "url": "http://10.213.7.13:8000", "model": "kimi-local",
