@@ -21,6 +21,8 @@ from kimi_deploy.context_ladder import climb_request
 from kimi_deploy.converge_steps import converge_steps
 from kimi_deploy.drift import drift
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.watchdog_report import release_time, watchdog_lines
+from kimi_deploy.watchdog_units import WATCHDOG_UNIT
 from kimi_pyinfra import fleet_progress
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.host_plan import converge_at, todo_for
@@ -54,6 +56,13 @@ if steps.refusal is not None:
 # What changed on the host since the deploy left it, named before it is repaired.
 for line in drift(todo, found, [*todo.files, *todo.release.files, *([steps.hub_token] if steps.hub_token else [])]):
     host.log(f"repairs: {line}")
+# What the host's watchdog found and did between converges (on a host converged before).
+watchdog = deploy.recipe.watchdog
+if watchdog is not None and found["current"] is not None and any(u.name == WATCHDOG_UNIT for u in todo.units):
+    engines = [u.name for u in spec.units if u.kind == "engine"]
+    since = release_time(found["last_release"])
+    for line in watchdog_lines(found["watchdog"], engines, since=since, interval_s=watchdog.interval_s):
+        host.log(f"watchdog: {line}")
 # The context ladder this host's engine climbs: the host rendered at each rung it starts at.
 climb = None
 if steps.climb is not None:

@@ -144,6 +144,9 @@ class StateAnswer(TypedDict):
     # the context ladder's proofs, as the host recorded them (unchecked: read through
     # ``kimi_deploy.context_ladder.proven``)
     ladder: list[LadderProof]
+    # the watchdog's state file, as the host holds it (unchecked: read through
+    # ``kimi_deploy.watchdog_report``), None without one
+    watchdog: dict[str, Any] | None
 
 
 class OsRelease(TypedDict):

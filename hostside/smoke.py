@@ -50,13 +50,19 @@ def read_key(req: dict[str, Any]) -> str | None:
     return None
 
 
-def _call(url: str, key: str | None, body: Any = None) -> tuple[int, Any]:
+def engine_request(url: str, key: str | None, body: Any = None) -> urllib.request.Request:
+    """A JSON request to an engine's API: POST with ``body``, else GET; the key as a bearer token.
+    The URL is the deploy's own http://ADDRESS:PORT of the engine, never user input."""
     data = json.dumps(body).encode() if body is not None else None
-    # The URL is the deploy's own http://ADDRESS:PORT of the engine, never user input.
     request = urllib.request.Request(url, data=data, method="POST" if data else "GET")  # noqa: S310
     request.add_header("Content-Type", "application/json")
     if key:
         request.add_header("Authorization", f"Bearer {key}")
+    return request
+
+
+def _call(url: str, key: str | None, body: Any = None) -> tuple[int, Any]:
+    request = engine_request(url, key, body)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
             raw = response.read()

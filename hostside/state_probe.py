@@ -270,6 +270,17 @@ def _ladder(path: str = f"{STATE_DIR}/ladder.json", last: int = 200) -> list[Lad
     ]
 
 
+def _watchdog(path: str = f"{STATE_DIR}/watchdog.json", most: int = 1 << 20) -> dict[str, Any] | None:
+    """The watchdog's state file (hostside/watchdog.py's) as it wrote it, None without one; the
+    controller checks it (``kimi_deploy.watchdog_report``)."""
+    try:
+        with open(path, "rb") as f:
+            found = json.loads(f.read(most))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def _release_log(path: str = f"{STATE_DIR}/releases.log", last: int = 200) -> list[list[str]]:
     """The release log's last entries, oldest first: [time, release dir, outcome, run id] (outcome
     and run id "" in entries written before they were recorded)."""
@@ -442,6 +453,7 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         "last_release": log[-1][:3] if log else None,
         "releases": releases,
         "ladder": _ladder(),
+        "watchdog": _watchdog(),
     }
     return result
 

@@ -31,6 +31,7 @@ from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
 from kimi_deploy.secrets import read_secret
 from kimi_deploy.servespec import HostPlan, Unit
 from kimi_deploy.start_batches import batch_of
+from kimi_deploy.watchdog_units import WATCHDOG_UNIT, watchdog_config, watchdog_files
 from kimi_deploy.weights_fanout import needs_files
 
 PYPI = "https://pypi.org/simple"
@@ -360,6 +361,37 @@ def _pins(recipe: Recipe, spec: HostPlan, weights: WeightsTarget | None) -> dict
     return pins
 
 
+# The watchdog starts after every other unit of its host (operations.start_order.STAGES).
+WATCHDOG_STAGE = 4
+# It runs with the host's own Python (a stdlib program, like the probe).
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def _watchdog(
+    recipe: Recipe, spec: HostPlan, units: list[UnitTarget], weights: WeightsTarget | None
+) -> list[RenderedFile]:
+    """The watchdog's files on a host that runs engines (none without ``recipe.watchdog``)."""
+    engines = [u for u in spec.units if u.kind == "engine"]
+    if recipe.watchdog is None or not engines:
+        return []
+    smoke = {u.name: u.smoke for u in units}
+    plain = {"served_name": recipe.model.served_name, "prompt": recipe.smoke.prompt, "expect": recipe.smoke.expect,
+             "max_tokens": 1, "key_file": None, "key_var": None}  # fmt: skip
+    checks = [
+        (u.name, check.url, check.request) if (check := smoke.get(u.name)) else (u.name, None, plain) for u in engines
+    ]
+    scrub = f"{weights.path}/.kimi/scrub.json" if weights is not None and recipe.weights.scrub is not None else None
+    config = watchdog_config(recipe, recipe.watchdog, spec, checks, scrub)
+    return watchdog_files(
+        recipe.watchdog, config, config_dir=recipe.paths.config, tools_dir=recipe.paths.tools, python=HOST_PYTHON
+    )
+
+
+def _watchdog_target(files: list[RenderedFile]) -> UnitTarget:
+    mine = [f for f in files if f"/{WATCHDOG_UNIT}." in f.path]
+    return UnitTarget(WATCHDOG_UNIT, digest(mine), None, {}, WATCHDOG_STAGE, files=tuple(f.path for f in mine))
+
+
 def _release(
     deploy: DeployPlan,
     venvs: list[VenvRelease],
@@ -421,6 +453,10 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
         )
         timers.append(SCRUB_UNIT)
     units = _units(recipe, spec, files, weights)
+    watchdog = _watchdog(recipe, spec, units, weights)
+    if watchdog:
+        files += watchdog
+        units = [*units, _watchdog_target(files)]
     topology = recipe.topologies[spec.topology]
     gateway = any(u.kind == "gateway" for u in spec.units)
     master = any(u.kind == "mooncake-master" for u in spec.units)

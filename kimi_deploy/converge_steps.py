@@ -39,6 +39,7 @@ from kimi_deploy.render import RenderedFile
 from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
 from kimi_deploy.venv_lock import LockSource, lock_source
+from kimi_deploy.watchdog_units import WATCHDOG_UNIT
 from kimi_deploy.weights_fanout import FanOutPart, WeightsHost, needs_files
 from kimi_deploy.weights_gc import collectable
 
@@ -203,7 +204,8 @@ def restarting_hosts(run: RunView) -> list[str]:
     out = []
     for peer in run.in_topology:
         todo, found = run.peers.get(peer.host, (None, None))
-        if todo is None or found is None or restarts(todo, found):
+        # the watchdog's own restart moves nothing the check is about
+        if todo is None or found is None or restarts(todo, found) - {WATCHDOG_UNIT}:
             out.append(peer.host)
     return out
 

@@ -229,6 +229,26 @@ class Scrub(Strict):
     repair: bool = True
 
 
+class Watchdog(Strict):
+    """Between converges, a service on every engine host checks its engines (systemd's state,
+    ``/health``, a canary: the smoke prompt, whose answer must hold ``smoke.expect``), the host's
+    accelerators and the scrub's last result, and walks the recovery ladder: ``restart_after``
+    failed checks in a row restart the engine; failing again after ``restarts`` restarts, or on a
+    host that lost an accelerator or holds weights the scrub could not repair, it is drained (the
+    router's health checks take it out; with no instance left, the gateway's hosted fallback
+    answers). ``grace_s``: how long an engine (re)started by anyone may take before its checks
+    count (0: the smoke test's ``timeout_s``). ``textfile_dir``: the Prometheus node exporter's
+    textfile-collector folder, where it writes ``kimi_watchdog.prom`` when the folder exists
+    (Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter)."""
+
+    interval_s: Annotated[int, Field(ge=1, le=3600)] = 5
+    timeout_s: Annotated[int, Field(ge=1, le=600)] = 10
+    restart_after: Annotated[int, Field(ge=1, le=100)] = 3
+    restarts: Annotated[int, Field(ge=0, le=100)] = 1
+    grace_s: Annotated[int, Field(ge=0, le=86400)] = 0
+    textfile_dir: AbsPath = "/var/lib/prometheus/node-exporter"
+
+
 class Weights(Strict):
     # A folder laid out like paths.models (``<dir>/<org>--<name>/<revision>/``) on every host, e.g. a
     # network mount: files are copied from it, verified, before peers and the Hub are asked.
@@ -741,6 +761,7 @@ class Recipe(Strict):
     tools: Tools
     weights: Weights = Weights()
     smoke: Smoke = Smoke()
+    watchdog: Watchdog | None = Watchdog()
     paths: Paths = Paths()
     context_ladder: Annotated[list[Positive], Field(min_length=1)]
     # With it, raising a topology's max_model_len climbs the ladder a rung at a time, each rung

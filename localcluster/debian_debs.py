@@ -35,7 +35,13 @@ MOONCAKE_PACKAGES = (*MOONCAKE_HOST_PACKAGES, "libnl-3-200", "libnl-route-3-200"
 # manager's start script runs) with its three libraries; its other dependencies (perl, libc6) are in
 # the base image.
 NVLSM_PACKAGES = ("infiniband-diags", "libibmad5", "libibnetdisc5", "libibumad3")
-DEBIAN_PACKAGES = tuple(dict.fromkeys(NGINX_PACKAGES + CPU_ENGINE_PACKAGES + MOONCAKE_PACKAGES + NVLSM_PACKAGES))
+# What an operator adds to read the watchdog's metrics: Debian's node exporter, whose textfile
+# collector reads /var/lib/prometheus/node-exporter (its README.textfile); its dependencies
+# (adduser, libc6, init-system-helpers) are in the base image.
+NODE_EXPORTER_PACKAGES = ("prometheus-node-exporter",)
+DEBIAN_PACKAGES = tuple(
+    dict.fromkeys(NGINX_PACKAGES + CPU_ENGINE_PACKAGES + MOONCAKE_PACKAGES + NVLSM_PACKAGES + NODE_EXPORTER_PACKAGES)
+)
 CACHE_NAME = "debian-debs"
 STAMP = ".done"
 DOWNLOAD_TIMEOUT_S = 600

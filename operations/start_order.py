@@ -3,8 +3,8 @@
 A plain function every deploy that starts units calls once per batch, on every host, whether or
 not the host has units there: pyinfra orders operations by each host's own sequence, so a step
 is a barrier across hosts only if every host takes it. Stages: stores, engine leaders, engine
-workers, routers; a leader answers once its workers have joined, and a router once its engines
-answer, so the smoke tests come after the last stage.
+workers, routers, then the engine hosts' watchdogs; a leader answers once its workers have
+joined, and a router once its engines answer, so the smoke tests come after the last stage.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hostside.probe_types import UnitState
 from kimi_pyinfra.rehearsal import Do, perform
 from operations import ladder, serving, units
 
-STAGES = ("stores", "leaders", "workers", "routers")  # kimi_deploy.servespec.Unit.stage
+STAGES = ("stores", "leaders", "workers", "routers", "watchdogs")  # kimi_deploy.servespec.Unit.stage
 # The batches' names in operation names (kimi_deploy.start_batches): the first, the second, the routers'.
 SUFFIXES = ("", " (second batch)", " (last batch)")
 

@@ -74,6 +74,7 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
         "last_release": None,
         "releases": None,
         "ladder": [],
+        "watchdog": None,
         "hardware": hardware,
         "drivers": None,
     }

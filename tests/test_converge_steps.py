@@ -99,8 +99,9 @@ def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe
     assert steps.comm_check
     assert steps.comm_check_request is not None
     assert (steps.all_reduce_request is None) == bool(steps.all_reduce_why)
-    assert _started(steps) == {0: ["kimi-vllm"]}
-    assert steps.restarting == {"kimi-vllm"}
+    # the engine, then its host's watchdog (which starts last)
+    assert _started(steps) == {0: ["kimi-vllm", "kimi-watchdog"]}
+    assert steps.restarting == {"kimi-vllm", "kimi-watchdog"}
     assert [b.place for b in steps.batches] == [True, False, False]
 
 
@@ -166,7 +167,8 @@ def test_a_revision_change_fetches_it_restarts_the_engines_and_keeps_the_old_one
     assert steps.weights is not None
     assert steps.weights.sync["revision"] == new
     assert steps.weights.peers == []  # from the Hub
-    assert steps.restarting == {"kimi-vllm"}
+    # the watchdog reads the new revision's scrub result
+    assert steps.restarting == {"kimi-vllm", "kimi-watchdog"}
     assert steps.collect is not None
     assert (steps.collect.keep, steps.collect.remove) == ([old], [])
     # once the next revision serves, the oldest goes and the previous one stays
@@ -200,7 +202,7 @@ def test_a_host_of_the_second_batch_waits_for_the_first(recipe: Recipe, prod: In
     steps = steps_of("gb300-p03", plans, probed)  # prefill instance 1: the odd instances go second
     assert [b.place for b in steps.batches] == [False, True, False]
     assert steps.batches[0].units == []
-    assert [u[1] for u in steps.batches[1].units] == ["kimi-vllm"]
+    assert [u[1] for u in steps.batches[1].units] == ["kimi-vllm", "kimi-watchdog"]
     first = {p.host for p in plans["gb300-p03"][0].topology} - {"gb300-p03", "gb300-p04"}
     # the first batch: the even prefill instances, the decode instance and the router host,
     # whose Mooncake master (a store) starts first

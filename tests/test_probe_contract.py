@@ -142,6 +142,7 @@ def test_the_check_finds_what_the_types_refuse() -> None:
         "user": True, "venvs": {}, "weights": None, "files": {}, "owners": {}, "units": {"u": unit}, "timers": {},
         "revisions": None, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
         "ladder": [],
+        "watchdog": None,
     }  # fmt: skip
     assert problems(answer, StateAnswer) == []
     assert problems({**answer, "free": 1}, StateAnswer) == ["answer: 'free' is not a key of StateAnswer"]

@@ -36,6 +36,10 @@ EXIT_INVALID_ARGUMENT = 2
 EXIT_NOT_FOUND = 6
 EXIT_DRIVER_NOT_LOADED = 9
 EXIT_LIB_RM_VERSION_MISMATCH = 18
+# NVML_ERROR_GPU_IS_LOST; nvidia-smi(1), RETURN VALUE: "Return code 15 - The GPU has fallen off the
+# bus or has otherwise become inaccessible" (quoted in NVIDIA/cloud-native-docs,
+# gpu-operator/troubleshooting.rst).
+EXIT_GPU_IS_LOST = 15
 
 _LEGEND = """
 Legend:
@@ -100,7 +104,13 @@ def _fields(state: dict[str, Any]) -> dict[str, tuple[str, Callable[[Gpu], str]]
         "pcie.link.width.current": ("", lambda g: str(g["pcie_width_max"])),
         "ecc.mode.current": ("", lambda g: "Enabled"),
         "mig.mode.current": ("", lambda g: "Disabled"),
-        "ecc.errors.uncorrected.volatile.total": ("", lambda g: "0"),
+        # Counters a fault knob of the cluster sets (``ecc_uncorrected_volatile``, ...). Hopper and
+        # Blackwell GPUs remap rows instead of retiring pages: retired_pages.* read [N/A] there,
+        # remapped_rows.pending No (utkuozdemir/nvidia_gpu_exporter internal/captures, H100 80GB
+        # HBM3 on 590.48.01: no unit in these fields' headers).
+        "ecc.errors.uncorrected.volatile.total": ("", lambda g: str(g.get("ecc_uncorrected_volatile", 0))),
+        "retired_pages.pending": ("", lambda g: str(g.get("retired_pages_pending", "[N/A]"))),
+        "remapped_rows.pending": ("", lambda g: str(g.get("remapped_rows_pending", "No"))),
     }
 
 
@@ -145,6 +155,18 @@ def load() -> dict[str, Any]:
     state["driver_version"] = driver
     state["cuda_version"] = str(state.get("cuda_version") or _CUDA_BY_BRANCH.get(driver.partition(".")[0], "13.0"))
     return state
+
+
+def lost_lines(gpus: list[Gpu]) -> str:
+    """What the real tool prints for each GPU that fell off the bus (a GPU the fault knob marks
+    ``lost``): "Unable to determine the device handle for GPU0000:07:00.0: Unknown Error" (driver
+    520 and later: NVIDIA/open-gpu-kernel-modules#387, pdbear/syno_nvidia_gpu_driver#22; older
+    drivers said "GPU is lost. Reboot the system to recover this GPU")."""
+    out = []
+    for g in gpus:
+        domain, _, rest = g["pci_bus_id"].partition(":")
+        out.append(f"Unable to determine the device handle for GPU{domain[-4:]}:{rest}: Unknown Error\n")
+    return "".join(out)
 
 
 def _selected(state: dict[str, Any], ids: str | None) -> list[Gpu]:
@@ -352,6 +374,15 @@ def run(argv: list[str]) -> str:
         ("--query-compute-apps", lambda: query_apps(options["--query-compute-apps"], fmt)),
         ("--query", lambda: query(state, gpus)),
     ]
+    lost = [g for g in state["gpus"] if g.get("lost")]
+    if lost:
+        # The table, -L and -q print the lost GPU's line alone (GlennWood/mining
+        # README/troubleshooting.md: "all other GPUs are still running fine", nvidia-smi printing
+        # only the error); a query prints it before the other GPUs' rows. Either exits 15.
+        state["gpus"] = [g for g in state["gpus"] if not g.get("lost")]
+        gpus = [g for g in gpus if not g.get("lost")]
+        rows = query_gpu(state, gpus, options["--query-gpu"], fmt) if "--query-gpu" in options else ""
+        raise Fail(lost_lines(lost) + rows, EXIT_GPU_IS_LOST)
     for option, report in reports:
         if option in options:
             return report()

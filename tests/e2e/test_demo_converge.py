@@ -93,8 +93,9 @@ def test_a_changed_max_model_len_restarts_exactly_the_engines_it_affects(pids: d
 def test_drift_is_repaired_and_named_and_the_run_after_is_a_no_op(pids: dict[str, int]) -> None:
     """What a hand or a tool changes on converged hosts: a unit file's mode, an environment file's
     owner and a config's content (kimi-h1: put back, its engine kept), and a unit file edited,
-    loaded and restarted with, then put back without a reload (kimi-h2: it runs with a unit the
-    host no longer holds, and restarts from the file after a reload)."""
+    loaded and restarted with, then put back without a reload, and the model's folder closed to the
+    engine user (kimi-h2: it runs with a unit the host no longer holds and with weights it could
+    not read again, and restarts from the file after a reload, the folder opened)."""
     unit, env = "/etc/systemd/system/kimi-vllm.service", "/etc/kimi/kimi-vllm.env"
     scrub = "/etc/kimi/kimi-weights-scrub.json"
     before = {host: main_pid(host, "kimi-vllm") for host in ("kimi-h1", "kimi-h2")}
@@ -106,6 +107,12 @@ def test_drift_is_repaired_and_named_and_the_run_after_is_a_no_op(pids: dict[str
     ssh("kimi-h2", f"cp {unit} /root/unit.orig && sed -i 's/^Description=/Description=edited /' {unit} && "
                    f"systemctl daemon-reload && systemctl restart kimi-vllm && cp /root/unit.orig {unit} && "
                    f"touch {unit}")  # fmt: skip
+    model = ssh("kimi-h2", "dirname $(readlink -f /opt/kimi/current/model)")
+    files = int(ssh("kimi-h2", f"find {model}/ -type f -not -path '*/.kimi/*' | wc -l"))
+    first = ssh("kimi-h2", "cd $(readlink -f /opt/kimi/current/model) && find . -type f -not -path './.kimi/*' "
+                           "-printf '%P\\n' | LC_ALL=C sort | head -1")  # fmt: skip
+    ssh("kimi-h2", f"chmod 700 {model}")
+    assert ssh("kimi-h2", f"runuser -u kimi -- cat {model}/*/config.json > /dev/null 2>&1 || echo closed") == "closed"
     edited = main_pid("kimi-h2", "kimi-vllm")
     assert ssh("kimi-h2", "systemctl show -p Description --value kimi-vllm").startswith("edited ")
     run = pyinfra()
@@ -118,6 +125,7 @@ def test_drift_is_repaired_and_named_and_the_run_after_is_a_no_op(pids: dict[str
         f"{release}/release.json: content differs from the release serving: written again",
         f"{release}/files{env}: absent: written again",
         "kimi-vllm: systemd has not loaded its unit file since it changed: restarted with its files",
+        f"weights: {files} files the engine user kimi cannot read ({first}, ...): checked and given their modes back",
     ]), run.log[-4000:]  # fmt: skip
     assert [ssh("kimi-h1", f"stat -c '%U:%G %a' {path}") for path in (unit, env)] == ["root:root 644"] * 2
     assert ssh("kimi-h1", f"cat {scrub}") == scrub_text
@@ -129,6 +137,7 @@ def test_drift_is_repaired_and_named_and_the_run_after_is_a_no_op(pids: dict[str
     assert main_pid("kimi-h2", "kimi-vllm") != edited
     assert not ssh("kimi-h2", "systemctl show -p Description --value kimi-vllm").startswith("edited ")
     assert ssh("kimi-h2", "systemctl show -p NeedDaemonReload --value kimi-vllm") == "no"
+    assert ssh("kimi-h2", f"runuser -u kimi -- cat {model}/*/config.json > /dev/null && echo open") == "open"
     again = pyinfra()
     assert again.code == 0, again.log[-3000:]
     assert again.changed() == {}

@@ -712,6 +712,37 @@ def test_the_real_router_with_its_engines_gone(real_vllm_router: Path) -> None:
         router.finish()
 
 
+def test_the_real_router_retries_on_the_engine_left_when_one_is_drained(real_vllm_router: Path) -> None:
+    """What the watchdog's drain relies on (hostside/watchdog.py stops an engine the router then
+    cannot reach): vllm-router 0.1.17 sends a request that finds its engine gone to the other one
+    (its retries pick a worker again), so every client request is answered while one of two
+    engines is stopped, before any health check of the router has noticed."""
+    ports = [free_port(), free_port()]
+    engines = [subprocess.Popen([sys.executable, "-c", _ANSWERS_EVERYTHING, str(p)]) for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    for url in urls:
+        deadline = time.monotonic() + 10
+        while call(f"{url}/health")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    port = free_port()
+    router = Engine([str(real_vllm_router), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
+                     "--policy", "round_robin"], {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+    try:
+        router.wait_ready(base, timeout=60)
+        assert [call(f"{base}/v1/chat/completions", body)[0] for _ in range(4)] == [200] * 4
+        engines[1].kill()
+        engines[1].wait()
+        # round robin sends every other request to the stopped engine: each is answered anyway
+        assert [call(f"{base}/v1/chat/completions", body)[0] for _ in range(8)] == [200] * 8
+    finally:
+        for engine in engines:
+            engine.kill()
+        router.proc.kill()
+        router.finish()
+
+
 # An OpenAI-compatible engine as a router sees it, in a few lines: 200 and a READY answer everywhere.
 _ANSWERS_EVERYTHING = """
 import json, sys

@@ -21,4 +21,6 @@ behaves like the pinned release:
 * multi-node: the leader listens on its rendezvous port; workers (``--headless`` or node rank > 0)
   wait until that port accepts, serve no HTTP and stay up.
 * stderr: a start line, then ``ready``; SIGTERM or SIGINT ends it with exit 0.
+* the cluster's fault knob: while ``/etc/kimi-standin-faults.json`` holds ``{"answer": TEXT}``, every
+  completion answers TEXT with status 200 (an engine answering garbage, for the watchdog's drills).
 """

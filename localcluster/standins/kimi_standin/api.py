@@ -112,6 +112,22 @@ class ApiServer(ThreadingHTTPServer):
         return f"{kind}-{hashlib.sha256(f'{n}/{content}'.encode()).hexdigest()[:24]}"
 
 
+# The local cluster's fault knob (a drill's, never a behaviour of a real engine): while this file
+# holds {"answer": TEXT}, every completion answers TEXT, with status 200, as an engine whose model
+# or kernels went wrong would.
+FAULTS = "/etc/kimi-standin-faults.json"
+
+
+def _fault_answer() -> str | None:
+    try:
+        with open(FAULTS, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    text = found.get("answer") if isinstance(found, dict) else None
+    return text if isinstance(text, str) and text else None
+
+
 def _error(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -271,7 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             self._json(400, _error(message, "BadRequestError", 400, "input_tokens"))
             return
-        words = answer(prompt).split(" ")
+        words = (_fault_answer() or answer(prompt)).split(" ")
         finish = "stop"
         if limit is not None and len(words) > limit:
             words, finish = words[:limit], "length"

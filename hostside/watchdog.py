@@ -1,0 +1,422 @@
+"""The watchdog of a serving host: between converges, it checks what serves and walks the recipe's
+recovery ladder. One long-lived process (``kimi-watchdog.service``, root without capabilities:
+it reads the engines' key files, asks systemd to restart or stop them, and writes its state).
+
+Usage: ``watchdog.py --config FILE`` (JSON, written by the converge: ``kimi_deploy.watchdog_units``):
+{"interval_s", "timeout_s", "restart_after" (failed checks in a row before a restart), "restarts"
+(restarts that did not bring the unit back before it is drained), "grace_s" (how long a unit
+started by anyone may take to answer before its checks count), "state" (JSON file),
+"textfile" (Prometheus textfile-collector file, or null), "units": [{"unit", "url" (null: a
+worker without an API: systemd's state only), "served_name", "prompt", "expect", "max_tokens",
+"key_file", "key_var", "reads_weights"}], "accelerators" ({"vendor": "nvidia", "count"}, or null), "scrub" (the
+scrub's result file beside the weights, or null)}.
+
+Each round, for each unit: systemd's state (one ``systemctl show`` for all), ``GET /health``,
+and a canary: the recipe's smoke prompt as a chat completion whose answer must hold the expected
+text (a 200 with wrong or empty content fails it); for the host: the accelerators (the count the
+plan expects, uncorrected ECC errors, pages pending retirement: ``nvidia-smi``, the probe's
+fallback), and the scrub's last result. A unit that fails ``restart_after`` checks in a row is
+restarted; one that fails again after ``restarts`` restarts, or whose host lost an accelerator or
+holds weights the scrub could not repair, is drained: stopped, so that the router's health checks
+take it out of rotation and the gateway falls back when no instance is left. A unit that
+answers again is serving again. A unit stopped on purpose (``systemctl stop``: inactive, result
+success) is left alone; one that systemd is starting, or started less than ``grace_s`` ago, is
+given time. Every change of state is one journal line; the state file and the metrics file are
+rewritten whole every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from hostside.sd_notify import notify
+from hostside.smoke import engine_request, read_key
+from hostside.whole_file import write_whole
+
+# Journal lines, kept in the state file for the next converge's report.
+ACTIONS_KEPT = 50
+# The most of an answer a line quotes.
+QUOTE = 60
+SHOW = ("Id", "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStartTimestampMonotonic")
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def quote(text: str) -> str:
+    flat = " ".join(str(text).split())
+    return repr(flat if len(flat) <= QUOTE else flat[:QUOTE] + "...")
+
+
+def systemd(units: list[str]) -> dict[str, dict[str, str]]:
+    """systemd's view of ``units``: one ``systemctl show`` for all of them."""
+    argv = ["systemctl", "show", "-p", ",".join(SHOW), *(f"{u}.service" for u in units)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
+    found: dict[str, dict[str, str]] = {}
+    for block in out.split("\n\n"):
+        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if fields.get("Id", "").endswith(".service"):
+            found[fields["Id"].removesuffix(".service")] = fields
+    return found
+
+
+def _call(url: str, key: str | None, timeout: float, body: Any = None) -> tuple[int, bytes, str | None]:
+    """(status, body, why it failed to connect or read); the URL is the plan's own engine URL."""
+    request = engine_request(url, key, body)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            return response.status, response.read(1 << 20), None
+    except urllib.error.HTTPError as exc:
+        return exc.code, b"", None
+    except TimeoutError:
+        return 0, b"", f"no answer in {timeout:g} s"
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return 0, b"", str(getattr(reason, "strerror", None) or reason)[:120]
+
+
+def health(unit: dict[str, Any], timeout: float) -> str | None:
+    """Why ``GET /health`` failed, or None."""
+    status, _, why = _call(f"{unit['url']}/health", None, timeout)
+    if why:
+        return f"health: {why}"
+    return None if status == 200 else f"health: HTTP {status}"
+
+
+def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:
+    """Why the canary failed (None when its answer holds the expected text), and its seconds."""
+    body = {
+        "model": unit["served_name"],
+        "messages": [{"role": "user", "content": unit["prompt"]}],
+        "max_tokens": unit["max_tokens"],
+        "temperature": 0,
+    }
+    start = time.monotonic()
+    status, raw, why = _call(f"{unit['url']}/v1/chat/completions", read_key(unit), timeout, body)
+    took = time.monotonic() - start
+    if why:
+        return f"canary: {why}", took
+    if status != 200:
+        return f"canary: HTTP {status}", took
+    try:
+        content = json.loads(raw)["choices"][0]["message"].get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return f"canary: an answer that is not a chat completion ({quote(raw.decode(errors='replace'))})", took
+    if not str(content).strip():
+        return "canary: an empty answer", took
+    if unit["expect"] not in str(content):
+        return f"canary: answered {quote(content)}, not {quote(unit['expect'])}", took
+    return None, took
+
+
+def _number(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+# What the watchdog asks nvidia-smi of each GPU, and what it asks of a driver that refuses one of
+# those fields (nvidia-smi exits with NVML_ERROR_INVALID_ARGUMENT, 2).
+FIELDS = "index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending"
+FIELDS_OLD = "index,pci.bus_id"
+EXIT_INVALID_ARGUMENT = 2
+
+
+def _smi(fields: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    argv = ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def accelerators(want: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The host's GPUs as ``nvidia-smi`` reports them: {"count", "ecc" (uncorrected, volatile),
+    "pending" (GPUs with pages pending retirement or rows pending remapping), "fault" (why the
+    host cannot serve as planned, or None)}."""
+    try:
+        run = _smi(FIELDS, timeout)
+        if run.returncode == EXIT_INVALID_ARGUMENT:
+            # a driver that knows no such field: the GPUs counted alone, their errors unknown
+            run = _smi(FIELDS_OLD, timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"count": 0, "ecc": 0, "pending": 0, "fault": f"nvidia-smi: {str(exc)[:120]}"}
+    rows = [[c.strip() for c in line.split(",")] + ["", "", ""] for line in run.stdout.splitlines() if "," in line]
+    gpus = [r for r in rows if _number(r[0]) is not None]
+    ecc = sum(_number(r[2]) or 0 for r in gpus)
+    # pages pending retirement (before Ampere) or rows pending remapping (since): a GPU reset applies
+    # them; counted, no fault ("[N/A]" where the GPU has the other mechanism)
+    pending = sum(1 for r in gpus if "yes" in (r[3].lower(), r[4].lower()))
+    fault = None
+    if len(gpus) < want["count"]:
+        said = next((line.strip() for line in run.stdout.splitlines() if line.strip() and "," not in line), "")
+        fault = f"{len(gpus)} of {want['count']} GPUs answer nvidia-smi" + (f" ({said[:120]})" if said else "")
+    elif ecc:
+        fault = f"{ecc} uncorrected ECC errors"
+    return {"count": len(gpus), "ecc": ecc, "pending": pending, "fault": fault}
+
+
+def scrub_result(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+class Ladder:
+    """One unit's place on the recovery ladder, fed one check's outcome per round."""
+
+    def __init__(self, unit: str, config: dict[str, Any], kept: dict[str, Any] | None = None) -> None:
+        kept = kept or {}
+        self.unit = unit
+        self.restart_after = int(config["restart_after"])
+        self.restarts_allowed = int(config["restarts"])
+        self.state: str = kept.get("state", "serving")
+        self.since: float = kept.get("since", time.time())
+        self.failures: int = 0
+        self.restarts: int = kept.get("restarts", 0)
+        self.why: str | None = kept.get("why")
+        self.systemd_restarts: int | None = kept.get("systemd_restarts")
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "since": self.since,
+            "failures": self.failures,
+            "restarts": self.restarts,
+            "why": self.why,
+            "systemd_restarts": self.systemd_restarts,
+        }
+
+    def _to(self, state: str, now: float) -> None:
+        if state != self.state:
+            self.state, self.since = state, now
+
+    def step(self, now: float, why: str | None, hold: str | None, host_fault: str | None) -> str | None:
+        """The action this round's outcome calls for: "restart", "stop" or None. ``why``: the
+        failed check (None: it serves); ``hold``: why its checks do not count yet (starting,
+        stopped on purpose); ``host_fault``: what of its host keeps it from serving as planned."""
+        if hold is not None and why is not None and host_fault is None:
+            if self.state != "drained":
+                self._to(hold, now)
+            self.failures = 0
+            return None
+        if why is None and host_fault is None:
+            if self.state != "serving":
+                again = f" again (was {self.state}: {self.why})" if self.why else f" (was {self.state})"
+                log(f"{self.unit}: serving{again}")
+            self._to("serving", now)
+            self.failures, self.restarts, self.why = 0, 0, None
+            return None
+        if self.state == "drained":
+            return None
+        self.why = host_fault or why
+        self.failures += 1
+        if self.failures < self.restart_after:
+            self._to("failing", now)
+            return None
+        self.failures = 0
+        if host_fault is None and self.restarts < self.restarts_allowed:
+            self.restarts += 1
+            log(f"{self.unit}: {why} ({self.restart_after} checks in a row): restarting "
+                f"({self.restarts} of {self.restarts_allowed})")  # fmt: skip
+            self._to("restarting", now)
+            return "restart"
+        after = f" after {self.restarts} restarts" if host_fault is None else f" ({self.restart_after} checks in a row)"
+        log(f"{self.unit}: {self.why}{after}: draining (stopped; the router's health checks take it out)")
+        self._to("drained", now)
+        return "stop"
+
+
+def _hold(shown: dict[str, str], grace_s: float) -> str | None:
+    """Why a unit's failed checks do not count yet, or None."""
+    active, result = shown.get("ActiveState", ""), shown.get("Result", "")
+    if active == "inactive" and result == "success":
+        return "stopped"
+    if active in ("activating", "reloading", "deactivating"):
+        return "starting"
+    started = _number(shown.get("ExecMainStartTimestampMonotonic", "") or "") or 0
+    if active == "active" and started and time.monotonic() - started / 1e6 < grace_s:
+        return "starting"
+    return None
+
+
+def _metrics(units: dict[str, Ladder], checks: dict[str, dict[str, Any]], host: dict[str, Any],
+             actions: dict[str, dict[str, int]], now: float) -> str:  # fmt: skip
+    """The Prometheus text format (version 0.0.4) of this round."""
+    out = [
+        "# HELP kimi_watchdog_up 1 when the unit passed this round's checks.",
+        "# TYPE kimi_watchdog_up gauge",
+        *(f'kimi_watchdog_up{{unit="{u}"}} {int(ladder.state == "serving")}' for u, ladder in sorted(units.items())),
+        "# HELP kimi_watchdog_state The unit's place on the recovery ladder (1 for its state).",
+        "# TYPE kimi_watchdog_state gauge",
+    ]
+    states = ("serving", "failing", "restarting", "starting", "stopped", "drained")
+    for u, ladder in sorted(units.items()):
+        out += [f'kimi_watchdog_state{{unit="{u}",state="{s}"}} {int(ladder.state == s)}' for s in states]
+    out += ["# HELP kimi_watchdog_actions_total Restarts and drains the watchdog made.",
+            "# TYPE kimi_watchdog_actions_total counter"]  # fmt: skip
+    for u in sorted(units):
+        out += [f'kimi_watchdog_actions_total{{unit="{u}",action="{a}"}} {actions[u].get(a, 0)}'
+                for a in ("restart", "stop")]  # fmt: skip
+    out += ["# HELP kimi_watchdog_systemd_restarts systemd's own restarts of the unit (NRestarts).",
+            "# TYPE kimi_watchdog_systemd_restarts gauge"]  # fmt: skip
+    out += [f'kimi_watchdog_systemd_restarts{{unit="{u}"}} {checks[u].get("nrestarts", 0)}' for u in sorted(units)]
+    out += ["# HELP kimi_watchdog_canary_seconds How long the last canary took.",
+            "# TYPE kimi_watchdog_canary_seconds gauge"]  # fmt: skip
+    out += [f'kimi_watchdog_canary_seconds{{unit="{u}"}} {checks[u]["canary_s"]:.3f}'
+            for u in sorted(units) if checks[u].get("canary_s") is not None]  # fmt: skip
+    gpus = host.get("accelerators")
+    if gpus is not None:
+        out += ["# HELP kimi_watchdog_accelerators GPUs that answer, and how many the plan expects.",
+                "# TYPE kimi_watchdog_accelerators gauge",
+                f'kimi_watchdog_accelerators{{state="present"}} {gpus["count"]}',
+                f'kimi_watchdog_accelerators{{state="expected"}} {gpus["expected"]}',
+                "# HELP kimi_watchdog_ecc_uncorrected_errors Uncorrected ECC errors (volatile), all GPUs.",
+                "# TYPE kimi_watchdog_ecc_uncorrected_errors gauge",
+                f"kimi_watchdog_ecc_uncorrected_errors {gpus['ecc']}",
+                "# HELP kimi_watchdog_retired_pages_pending GPUs with pages or rows pending retirement or remapping.",
+                "# TYPE kimi_watchdog_retired_pages_pending gauge",
+                f"kimi_watchdog_retired_pages_pending {gpus['pending']}"]  # fmt: skip
+    scrub = host.get("scrub")
+    if scrub is not None:
+        out += ["# HELP kimi_watchdog_scrub_corrupt_files Files the weights' last scrub found corrupted and left so.",
+                "# TYPE kimi_watchdog_scrub_corrupt_files gauge",
+                f"kimi_watchdog_scrub_corrupt_files {scrub['left']}"]  # fmt: skip
+    out += ["# HELP kimi_watchdog_last_round_timestamp_seconds When the watchdog last checked.",
+            "# TYPE kimi_watchdog_last_round_timestamp_seconds gauge",
+            f"kimi_watchdog_last_round_timestamp_seconds {now:.3f}"]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+class Watchdog:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        kept: dict[str, Any] = {}
+        try:
+            with open(config["state"], encoding="utf-8") as f:
+                kept = json.load(f)
+        except (OSError, ValueError):
+            pass
+        units = kept.get("units", {}) if isinstance(kept, dict) else {}
+        self.ladders = {u["unit"]: Ladder(u["unit"], config, units.get(u["unit"])) for u in config["units"]}
+        self.actions: list[dict[str, Any]] = list(kept.get("actions", []))[-ACTIONS_KEPT:]
+        self.counts: dict[str, dict[str, int]] = {
+            u: dict(kept.get("counts", {}).get(u, {})) for u in self.ladders
+        }
+        self.host_fault: str | None = None
+
+    def _act(self, unit: str, action: str, why: str | None, now: float) -> None:
+        verb = "restart" if action == "restart" else "stop"
+        run = subprocess.run(["systemctl", verb, "--no-block", f"{unit}.service"],
+                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        if run.returncode != 0:
+            log(f"{unit}: systemctl {verb} failed: {run.stderr.strip()[:200]}")
+        self.actions = [*self.actions, {"at": now, "unit": unit, "action": action, "why": why}][-ACTIONS_KEPT:]
+        self.counts[unit][action] = self.counts[unit].get(action, 0) + 1
+
+    def _host(self) -> tuple[dict[str, Any], str | None]:
+        """The host's accelerators and weights: what was read, and what keeps it from serving."""
+        cfg = self.config
+        host: dict[str, Any] = {}
+        faults = []
+        if cfg.get("accelerators"):
+            gpus = accelerators(cfg["accelerators"], float(cfg["timeout_s"]))
+            host["accelerators"] = gpus | {"expected": cfg["accelerators"]["count"]}
+            if gpus["fault"]:
+                faults.append(f"accelerators: {gpus['fault']}")
+        found = scrub_result(cfg["scrub"]) if cfg.get("scrub") else None
+        if found is not None:
+            repaired = len(found.get("repaired") or [])
+            left = max(len(found.get("corrupted") or []) - repaired, 0)
+            host["scrub"] = {"left": left, "at": found.get("time"), "repaired": repaired}
+            if left:
+                faults.append(f"weights: the scrub left {left} corrupted files")
+        fault = "; ".join(faults) or None
+        if fault != self.host_fault:
+            log(f"host: {fault}" if fault else f"host: as planned again (was: {self.host_fault})")
+            self.host_fault = fault
+        return host, fault
+
+    def _unit(self, unit: dict[str, Any], state: dict[str, str], host: dict[str, Any], fault: str | None,
+              now: float) -> dict[str, Any]:  # fmt: skip
+        """One unit's round: its checks, and the ladder's action."""
+        name, ladder = unit["unit"], self.ladders[unit["unit"]]
+        nrestarts = _number(state.get("NRestarts", "") or "") or 0
+        checks: dict[str, Any] = {"nrestarts": nrestarts, "canary_s": None}
+        if ladder.systemd_restarts is not None and nrestarts > ladder.systemd_restarts:
+            log(f"{name}: systemd restarted it (NRestarts {nrestarts}, result {state.get('Result', '?')})")
+        ladder.systemd_restarts = nrestarts
+        active = state.get("ActiveState") == "active"
+        started = _number(state.get("ExecMainStartTimestampMonotonic", "") or "") or 0
+        scrub = host.get("scrub")
+        since = now - (time.monotonic() - started / 1e6)  # its start, on the wall clock
+        at = scrub["at"] if scrub and isinstance(scrub["at"], (int, float)) else 0
+        if unit.get("reads_weights") and scrub and scrub["repaired"] and active and started and at > since:
+            # it may hold what it read of a file the scrub found corrupted: it reads them again
+            fix = f"weights: the scrub re-fetched {scrub['repaired']} corrupted files since it started"
+            log(f"{name}: {fix}: restarting")
+            self._act(name, "restart", fix, now)
+            return checks
+        why: str | None = None
+        if not active:
+            why = f"unit {state.get('ActiveState', 'unknown')} ({state.get('SubState', '?')})"
+        elif unit.get("url"):
+            why = health(unit, float(self.config["timeout_s"]))
+            if why is None:
+                why, checks["canary_s"] = canary(unit, float(self.config["timeout_s"]))
+        hold = _hold(state, float(self.config["grace_s"]))
+        action = ladder.step(now, why, hold, fault if ladder.state != "drained" else None)
+        if action is not None:
+            self._act(name, action, ladder.why, now)
+        return checks
+
+    def round(self) -> None:
+        cfg, now = self.config, time.time()
+        host, fault = self._host()
+        shown = systemd(list(self.ladders))
+        checks = {u["unit"]: self._unit(u, shown.get(u["unit"], {}), host, fault, now) for u in cfg["units"]}
+        record = {
+            "updated": now,
+            "host": host | {"fault": fault},
+            "units": {u: ladder.record() for u, ladder in self.ladders.items()},
+            "counts": self.counts,
+            "actions": self.actions,
+        }
+        write_whole(cfg["state"], json.dumps(record, sort_keys=True) + "\n", 0o644)
+        if cfg.get("textfile") and os.path.isdir(os.path.dirname(cfg["textfile"])):
+            write_whole(cfg["textfile"], _metrics(self.ladders, checks, host, self.counts, now), 0o644)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="The serving host's watchdog.")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--once", action="store_true", help="one round, then exit")
+    args = parser.parse_args()
+    with open(args.config, encoding="utf-8") as f:
+        config = json.load(f)
+    dog = Watchdog(config)
+    names = ", ".join(dog.ladders) or "no unit"
+    log(f"watching {names} every {config['interval_s']} s")
+    notify("READY=1")
+    while True:
+        started = time.monotonic()
+        dog.round()
+        notify("WATCHDOG=1")
+        if args.once:
+            return
+        time.sleep(max(0.0, float(config["interval_s"]) - (time.monotonic() - started)))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,81 @@
+"""The watchdog of an engine host: a service that checks its engines between converges.
+
+Pure: returns the files to render (the program, its config and its unit) from the host's units
+as the converge plans them. The program (``hostside/watchdog.py``) checks each engine with the
+same request the converge's smoke test sends, reads the accelerators the topology gives the host
+and the scrub's result, and walks the recipe's ``watchdog`` ladder. Its state goes to
+``/var/lib/kimi/watchdog.json`` (the next converge's probe reads it, ``kimi_deploy.watchdog_report``
+tells it), its metrics to the node exporter's textfile collector.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from hostside.host_dirs import STATE_DIR
+from kimi_deploy.hostside_command import bundle
+from kimi_deploy.recipe import Recipe, Watchdog
+from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
+from kimi_deploy.servespec import HostPlan
+
+WATCHDOG_UNIT = "kimi-watchdog"
+STATE_FILE = f"{STATE_DIR}/watchdog.json"
+TEXTFILE = "kimi_watchdog.prom"
+
+
+def watchdog_config(
+    recipe: Recipe, watchdog: Watchdog, spec: HostPlan, checks: Sequence[tuple[str, str | None, dict[str, Any]]],
+    scrub: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The program's config: ``checks`` are (unit, URL of its API or None, its smoke request)."""
+    vendor = spec.accelerator_vendor
+    return {
+        "interval_s": watchdog.interval_s,
+        "timeout_s": watchdog.timeout_s,
+        "restart_after": watchdog.restart_after,
+        "restarts": watchdog.restarts,
+        "grace_s": watchdog.grace_s or recipe.smoke.timeout_s,
+        "state": STATE_FILE,
+        "textfile": f"{watchdog.textfile_dir}/{TEXTFILE}",
+        "units": [
+            {
+                "unit": unit,
+                "url": url,
+                "reads_weights": True,
+                **{k: request[k] for k in ("served_name", "prompt", "expect", "max_tokens", "key_file", "key_var")},
+            }
+            for unit, url, request in checks
+        ],
+        # The GPUs the plan gives the host (a TPU host's chips have no reader here yet).
+        "accelerators": {"vendor": vendor, "count": spec.accelerators} if vendor == "nvidia" else None,
+        "scrub": scrub,
+    }
+
+
+def watchdog_files(
+    watchdog: Watchdog, config: dict[str, Any], *, config_dir: str, tools_dir: str, python: str
+) -> list[RenderedFile]:
+    """The watchdog's program, config and unit for a host."""
+    script = f"{tools_dir}/{WATCHDOG_UNIT}.py"
+    config_file = f"{config_dir}/{WATCHDOG_UNIT}.json"
+    service = f"{UNIT_DIR}/{WATCHDOG_UNIT}.service"
+    units = [u["unit"] for u in config["units"]]
+    text = environment().get_template("watchdog.service.j2").render(
+        path=service,
+        units=units,
+        after=" ".join(f"{u}.service" for u in units),
+        python=python,
+        script=script,
+        config=config_file,
+        textfile_dir=watchdog.textfile_dir,
+        # systemd restarts a watchdog silent for three rounds and a slow check (sd_notify WATCHDOG=1)
+        watchdog_s=3 * watchdog.interval_s + 2 * watchdog.timeout_s * (len(units) + 1) + 10,
+        nvidia=config["accelerators"] is not None,
+    )
+    return [
+        RenderedFile(script, bundle("watchdog.py"), 0o644, "root"),
+        RenderedFile(config_file, json.dumps(config, sort_keys=True, indent=1) + "\n", 0o644, "root"),
+        RenderedFile(service, text, 0o644, "root"),
+    ]

@@ -1,0 +1,252 @@
+"""The watchdog (``hostside/watchdog.py``): its recovery ladder, its canary against a served chat
+API, its reading of the GPUs, its metrics, what the converge writes for it on each host, and what
+the next converge tells of it (``kimi_deploy.watchdog_report``).
+
+The end-to-end run on real hosts, with real vLLM engines, is in tests/e2e/test_demo_watchdog.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hostside import watchdog
+from hostside.watchdog import Ladder, accelerators, canary
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.watchdog_report import release_time, watchdog_lines
+from localcluster.fake_nvidia import describe
+from tests.conftest import RECIPE
+from tests.host_converge import LOCK, host_converge, lock_stands_in
+from tests.hosted_api import HostedApi
+from tests.test_host_profile import make_bin
+
+LADDER = {"restart_after": 3, "restarts": 1}
+FAILED = "canary: answered 'x', not 'READY'"
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    said: list[str] = []
+    monkeypatch.setattr(watchdog, "log", said.append)
+    return said
+
+
+def test_the_ladder_restarts_after_failed_checks_in_a_row_then_drains(_quiet: list[str]) -> None:  # noqa: PT019  # noqa: PT019
+    ladder = Ladder("kimi-vllm", LADDER)
+    # two failures, then an answer: no action, and the count starts again
+    assert [ladder.step(t, FAILED, None, None) for t in (1, 2)] == [None, None]
+    assert ladder.state == "failing"
+    assert ladder.step(3, None, None, None) is None
+    assert ladder.state == "serving"
+    assert [ladder.step(t, FAILED, None, None) for t in (4, 5, 6)] == [None, None, "restart"]
+    assert ladder.state == "restarting"
+    # while it starts again its failed checks do not count
+    assert [ladder.step(t, "health: connection refused", "starting", None) for t in (7, 8, 9, 10)] == [None] * 4
+    # it comes back answering wrong: after one restart (the recipe's), it is drained
+    assert [ladder.step(t, FAILED, None, None) for t in (11, 12, 13)] == [None, None, "stop"]
+    assert ladder.state == "drained"
+    assert ladder.step(14, "unit inactive (dead)", "stopped", None) is None
+    assert ladder.state == "drained"
+    assert _quiet == [
+        f"kimi-vllm: serving again (was failing: {FAILED})",
+        f"kimi-vllm: {FAILED} (3 checks in a row): restarting (1 of 1)",
+        f"kimi-vllm: {FAILED} after 1 restarts: draining (stopped; the router's health checks take it out)",
+    ]
+    # started again (by a converge) and answering: serving, its restarts counted anew
+    assert ladder.step(15, None, None, None) is None
+    assert (ladder.state, ladder.restarts) == ("serving", 0)
+
+
+@pytest.mark.usefixtures("_quiet")
+def test_a_host_fault_drains_after_as_many_checks_and_a_stop_on_purpose_is_left_alone() -> None:
+    ladder = Ladder("kimi-vllm", LADDER)
+    assert ladder.step(1, "unit inactive (dead)", "stopped", None) is None
+    assert ladder.state == "stopped"
+    lost = "accelerators: 7 of 8 GPUs answer nvidia-smi"
+    other = Ladder("kimi-vllm", LADDER)
+    # checked as often as a failed answer is (a misread is no reason to stop serving), never restarted
+    assert [other.step(t, None, "starting", lost) for t in (1, 2, 3)] == [None, None, "stop"]
+    assert (other.state, other.why) == ("drained", lost)
+    assert other.step(4, None, None, None) is None  # the host is whole again and it answers
+    assert other.state == "serving"
+
+
+def test_the_ladder_carries_its_state_across_a_restart_of_the_watchdog() -> None:
+    ladder = Ladder("kimi-vllm", LADDER)
+    for t in (1, 2, 3):
+        ladder.step(t, FAILED, None, None)
+    again = Ladder("kimi-vllm", LADDER, json.loads(json.dumps(ladder.record())))
+    assert (again.state, again.restarts, again.why) == ("restarting", 1, FAILED)
+    assert [again.step(t, FAILED, None, None) for t in (4, 5, 6)] == [None, None, "stop"]
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Any:
+    api = HostedApi("127.0.0.1", "sk-engine", answers={"Say READY.": "READY", "Say garbage.": "kjh#@!"})
+    key = tmp_path / "kimi-vllm.env"
+    key.write_text("VLLM_API_KEY=sk-engine\n", encoding="utf-8")
+    yield api, str(key)
+    api.close()
+
+
+def _unit(url: str, prompt: str, key_file: str) -> dict[str, Any]:
+    return {"unit": "kimi-vllm", "url": url, "served_name": "kimi", "prompt": prompt, "expect": "READY",
+            "max_tokens": 8, "key_file": key_file, "key_var": "VLLM_API_KEY"}  # fmt: skip
+
+
+def test_the_canary_passes_a_right_answer_and_fails_a_wrong_one_with_a_200(engine: Any) -> None:
+    api, key = engine
+    why, took = canary(_unit(api.url, "Say READY.", key), 5)
+    assert why is None
+    assert took > 0
+    assert api.seen[-1]["authorization"] == "Bearer sk-engine"
+    assert api.seen[-1]["body"]["messages"] == [{"role": "user", "content": "Say READY."}]
+    assert canary(_unit(api.url, "Say garbage.", key), 5)[0] == "canary: answered 'kjh#@!', not 'READY'"
+    assert canary(_unit(api.url, "Say READY.", "/nonexistent"), 5)[0] == "canary: HTTP 401"
+    api.close()
+    assert canary(_unit(api.url, "Say READY.", key), 5)[0] == "canary: Connection refused"
+
+
+def _smi(tmp_path: Path, output: str, status: int = 0) -> None:
+    """An ``nvidia-smi`` on PATH that prints ``output`` and exits ``status``."""
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}EOF\nexit {status}\n", encoding="utf-8")
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+
+def test_the_gpus_are_counted_and_their_uncorrected_errors_summed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    # as an H100 on 590.48.01 answers (utkuozdemir/nvidia_gpu_exporter internal/captures): pages are
+    # not retired on it, rows are remapped
+    rows = "".join(f"{i}, 00000000:{0x18 + i:02X}:00.0, 0, [N/A], No\n" for i in range(8))
+    _smi(tmp_path, rows)
+    assert accelerators({"count": 8}, 5) == {"count": 8, "ecc": 0, "pending": 0, "fault": None}
+    _smi(tmp_path, rows.replace("3, 00000000:1B:00.0, 0, [N/A], No", "3, 00000000:1B:00.0, 2, [N/A], Yes"))
+    assert accelerators({"count": 8}, 5) == {"count": 8, "ecc": 2, "pending": 1, "fault": "2 uncorrected ECC errors"}
+    lost = "Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error\n"
+    _smi(tmp_path, lost + "".join(r for r in rows.splitlines(keepends=True) if not r.startswith("3,")), 15)
+    found = accelerators({"count": 8}, 5)
+    assert found["count"] == 7
+    assert found["fault"] == f"7 of 8 GPUs answer nvidia-smi ({lost.strip()})"
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert accelerators({"count": 8}, 5)["fault"].startswith("nvidia-smi: ")
+
+
+def _recipe_converge(monkeypatch: pytest.MonkeyPatch, recipe: Recipe, prod: Inventory, host: str) -> Any:
+    lock_stands_in(monkeypatch, LOCK)
+    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
+    return host_converge(recipe, prod, host)
+
+
+def test_each_engine_host_gets_a_watchdog_of_its_engines_and_a_router_host_none(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    todo = _recipe_converge(monkeypatch, recipe, prod, "gb300-p01")
+    files = {f.path: f for f in todo.files}
+    config = json.loads(files["/etc/kimi/kimi-watchdog.json"].content)
+    assert [u["unit"] for u in config["units"]] == ["kimi-vllm"]
+    check = next(u for u in todo.units if u.name == "kimi-vllm").smoke
+    assert check is not None
+    assert config["units"][0]["url"] == check.url
+    assert config["units"][0]["key_file"] == check.request["key_file"]
+    assert config["accelerators"] == {"vendor": "nvidia", "count": 4}
+    assert config["scrub"] is not None
+    assert config["scrub"].endswith("/.kimi/scrub.json")
+    unit = files["/etc/systemd/system/kimi-watchdog.service"].content
+    assert "ExecStart=/usr/bin/python3 /opt/kimi/tools/kimi-watchdog.py --config /etc/kimi/kimi-watchdog.json" in unit
+    assert "CapabilityBoundingSet=\n" in unit
+    assert "NoNewPrivileges=yes" in unit
+    # no key in any of its files
+    assert not any("sk-kimi-d41c9a0e77b2" in f.content for p, f in files.items() if "watchdog" in p)
+    watchdog_unit = next(u for u in todo.units if u.name == "kimi-watchdog")
+    assert watchdog_unit.stage == 4
+    assert watchdog_unit.smoke is None
+    router = _recipe_converge(monkeypatch, recipe, prod, "gb300-rt01")
+    assert not any("watchdog" in f.path for f in router.files)
+    assert "kimi-watchdog" not in [u.name for u in router.units]
+
+
+def test_without_a_watchdog_in_the_recipe_no_host_gets_one(
+    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    todo = _recipe_converge(monkeypatch, recipe.model_copy(update={"watchdog": None}), prod, "gb300-p01")
+    assert not any("watchdog" in f.path for f in todo.files)
+
+
+NOW = 1_800_000_000.0
+
+
+def _state(**units: dict[str, Any]) -> dict[str, Any]:
+    return {"updated": NOW - 2, "units": units, "actions": []}
+
+
+def test_the_report_names_a_unit_not_serving_and_what_was_done_since_the_release() -> None:
+    found = _state(**{"kimi-vllm": {"state": "drained", "since": NOW - 60, "why": FAILED}})
+    found["actions"] = [
+        {"at": NOW - 7200, "unit": "kimi-vllm", "action": "restart", "why": "before the release"},
+        {"at": NOW - 120, "unit": "kimi-vllm", "action": "restart", "why": FAILED},
+        {"at": NOW - 60, "unit": "kimi-vllm", "action": "stop", "why": FAILED},
+    ]
+    lines = watchdog_lines(found, ["kimi-vllm"], since=NOW - 3600, interval_s=5, now=NOW)
+    assert lines == [
+        f'kimi-vllm drained since 2027-01-15 07:59:00 UTC: "{FAILED}"',
+        f'kimi-vllm restarted at 2027-01-15 07:58:00 UTC: "{FAILED}"',
+        f'kimi-vllm drained at 2027-01-15 07:59:00 UTC: "{FAILED}"',
+    ]
+    assert watchdog_lines(_state(**{"kimi-vllm": {"state": "serving"}}), ["kimi-vllm"], since=None, interval_s=5,
+                          now=NOW) == []  # fmt: skip
+
+
+def test_the_report_reads_a_hostile_state_file_as_bounded_text() -> None:
+    assert watchdog_lines(None, ["kimi-vllm"], since=None, interval_s=5, now=NOW) == ["not running: no state file yet"]
+    stale = {"updated": NOW - 3600, "units": "x", "actions": {}}
+    assert watchdog_lines(stale, ["kimi-vllm"], since=None, interval_s=5, now=NOW) == [
+        "not running: its last round was 2027-01-15 07:00:00 UTC"
+    ]
+    hostile = _state(**{"kimi-vllm": {"state": "drained", "since": "x", "why": "a\nExecStartPre=+/bin/sh" + "y" * 500}})
+    hostile["actions"] = [{"at": True, "unit": "kimi-vllm", "action": "stop"}, {"unit": "other", "action": "stop"}, 7]
+    [line] = watchdog_lines(hostile, ["kimi-vllm"], since=None, interval_s=5, now=NOW)
+    assert line.startswith("kimi-vllm drained: 'a\\nExecStartPre=+/bin/sh")
+    assert "\n" not in line
+    assert len(line) < 200
+
+
+def test_the_release_log_time_is_read_and_a_bad_one_is_none() -> None:
+    assert release_time(["2027-01-15T08:00:00Z", "/opt/kimi/releases/x", "serving"]) == NOW
+    assert release_time(None) is None
+    assert release_time(["yesterday"]) is None
+
+
+def test_the_recipe_example_keeps_the_default_ladder(recipe: Recipe) -> None:
+    assert recipe.watchdog is not None
+    assert (recipe.watchdog.restart_after, recipe.watchdog.restarts) == (3, 1)
+    assert RECIPE.endswith(".yaml")
+
+
+def test_a_lost_gpu_and_uncorrected_errors_of_the_cluster_s_gpus_are_faults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the local cluster's nvidia-smi, with its fault knobs set as a drill sets them: the
+    watchdog reads what it would read from the real tool in that state (``_smi`` above)."""
+    bin_dir = make_bin(tmp_path, tools=False)
+    described = describe("h200x8", "test-host")
+    config = tmp_path / "fake-accelerators.json"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("KIMI_FAKE_ACCELERATORS", str(config))
+    config.write_text(json.dumps(described), encoding="utf-8")
+    assert accelerators({"count": 8}, 10) == {"count": 8, "ecc": 0, "pending": 0, "fault": None}
+    described["gpus"][2]["ecc_uncorrected_volatile"] = 3
+    config.write_text(json.dumps(described), encoding="utf-8")
+    assert accelerators({"count": 8}, 10)["fault"] == "3 uncorrected ECC errors"
+    described["gpus"][2] = {**described["gpus"][2], "ecc_uncorrected_volatile": 0, "lost": True}
+    config.write_text(json.dumps(described), encoding="utf-8")
+    bus = described["gpus"][2]["pci_bus_id"]
+    assert accelerators({"count": 8}, 10)["fault"] == (
+        f"7 of 8 GPUs answer nvidia-smi (Unable to determine the device handle for GPU{bus[4:]}: Unknown Error)"
+    )
