@@ -48,7 +48,7 @@ _common = {{"ssh_user": "root", "ssh_key": _state["ssh_key"], "ssh_known_hosts_f
            "ssh_strict_host_key_checking": "yes", "kimi_recipe": {recipe!r},
            "kimi_pip_index_url": _state["services"]["index"]["url"],
            "kimi_hf_endpoint": _state["services"]["hub"]["url"],
-           "kimi_nvidia_repo_url": _state["services"]["apt"]["url"]}}
+           "kimi_nvidia_repo_url": _state["services"]["apt"]["url"], "kimi_drill_faults": _state["drill_faults"]}}
 _hosts = [(h["name"], {{"ssh_hostname": h["address"], **_common}}) for h in _state["hosts"]]
 """
 

@@ -4,7 +4,9 @@ Input: one argument, base64 of zlib-compressed JSON: {"unit", "url", "served_nam
 "expect", "timeout_s", "max_tokens" (64 when absent: releases recorded before it), "key_file",
 "key_var", "restarts" (systemd's restarts of the unit already seen, 0 when absent),
 "restarts_file" (where to record them once it answers, none when absent), "verify_cache" (the
-weights' verification cache, removed when the engine exits before it is ready)}. Exit 0 when /health
+weights' verification cache, removed when the engine exits before it is ready), "backend" (a
+gateway's router, whose /health must answer too: a gateway with a hosted fallback answers while
+its router is not up)}. Exit 0 when /health
 is up, /v1/models lists the served name, and a chat completion answered by the served name has
 ``expect`` in its content with a finish_reason; exit 1 otherwise, with the reason and the unit's
 journal tail. An engine that exited names the first exception its last run logged
@@ -209,6 +211,9 @@ def wait_ready(req: dict[str, Any], key: str | None) -> float:
     deadline = started + float(req["timeout_s"])
     while True:
         status, _ = _call(f"{base}/health", key)
+        if status == 200 and req.get("backend"):
+            # behind a gateway that falls back: its router's own /health (loopback, no key)
+            status, _ = _call(f"{req['backend']}/health", None)
         if status == 200:
             return time.monotonic() - started
         state = _state(req["unit"])

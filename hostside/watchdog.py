@@ -3,7 +3,8 @@ recovery ladder. One long-lived process (``kimi-watchdog.service``, root without
 it reads the engines' key files, asks systemd to restart or stop them, and writes its state).
 
 Usage: ``watchdog.py --config FILE`` (JSON, written by the converge: ``kimi_deploy.watchdog_units``):
-{"interval_s", "timeout_s", "restart_after" (failed checks in a row before a restart), "restarts"
+{"interval_s", "timeout_s" (of a health check), "canary_interval_s", "canary_timeout_s",
+"restart_after" (failed checks in a row before a restart), "restarts"
 (restarts that did not bring the unit back before it is drained), "grace_s" (how long a unit
 started by anyone may take to answer before its checks count), "state" (JSON file),
 "textfile" (Prometheus textfile-collector file, or null), "units": [{"unit", "url" (null: a
@@ -12,16 +13,19 @@ worker without an API: systemd's state only), "served_name", "prompt", "expect",
 scrub's result file beside the weights, or null)}.
 
 Each round, for each unit: systemd's state (one ``systemctl show`` for all), ``GET /health``,
-and a canary: the recipe's smoke prompt as a chat completion whose answer must hold the expected
-text (a 200 with wrong or empty content fails it); for the host: the accelerators (the count the
+and, every ``canary_interval_s`` while it passes and every round while it fails, a canary: the
+recipe's smoke prompt as a chat completion whose answer must hold the expected text (a 200 with
+wrong or empty content fails it), sent in a thread of its own and failed when not back within
+``canary_timeout_s``; for the host: the accelerators (the count the
 plan expects, uncorrected ECC errors, pages pending retirement: ``nvidia-smi``, the probe's
 fallback), and the scrub's last result. A unit that fails ``restart_after`` checks in a row is
 restarted; one that fails again after ``restarts`` restarts, or whose host lost an accelerator or
 holds weights the scrub could not repair, is drained: stopped, so that the router's health checks
 take it out of rotation and the gateway falls back when no instance is left. A unit that
 answers again is serving again. A unit stopped on purpose (``systemctl stop``: inactive, result
-success) is left alone; one that systemd is starting, or started less than ``grace_s`` ago, is
-given time. Every change of state is one journal line; the state file and the metrics file are
+success) is left alone; one that systemd is starting, or started less than ``grace_s`` ago and
+not healthy yet, is given time (a wrong answer from a healthy one counts at once). Every change
+of state is one journal line; the state file and the metrics file are
 rewritten whole every round.
 """
 
@@ -32,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -116,6 +121,46 @@ def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:
     if unit["expect"] not in str(content):
         return f"canary: answered {quote(content)}, not {quote(unit['expect'])}", took
     return None, took
+
+
+class Canary:
+    """One unit's canary, sent in a thread of its own so that a slow answer (a loaded engine, a
+    long reasoning budget) holds no other check: every ``interval_s`` while it passes, every
+    round while it fails; an answer not back within ``timeout_s`` is a failure of its own."""
+
+    def __init__(self, unit: dict[str, Any], interval_s: float, timeout_s: float) -> None:
+        self.unit, self.interval_s, self.timeout_s = unit, interval_s, timeout_s
+        self.lock = threading.Lock()
+        self.started: float | None = None  # monotonic, while one is out
+        self.last: float = -1e18  # monotonic start of the last one sent
+        self.result: tuple[str | None, float] | None = None  # a result not yet read
+        self.failing = False
+        self.took: float | None = None
+
+    def _send(self, started: float) -> None:
+        why, took = canary(self.unit, self.timeout_s + 5)
+        with self.lock:
+            if self.started == started:  # not given up on
+                self.result, self.started = (why, took), None
+
+    def news(self, due_anyway: bool) -> str | bool | None:
+        """The outcome of a canary finished since the last call (its failure, or None when it
+        passed), or False when there is none (one is out, or none was due)."""
+        now = time.monotonic()
+        with self.lock:
+            if self.result is not None:
+                (why, took), self.result = self.result, None
+                self.failing, self.took = why is not None, took
+                return why
+            if self.started is not None:
+                if now - self.started <= self.timeout_s:
+                    return False
+                self.started, self.failing = None, True  # given up on: its thread ends at its own timeout
+                return f"canary: no answer in {self.timeout_s:g} s"
+            if self.failing or due_anyway or now - self.last >= self.interval_s:
+                self.started = self.last = now
+                threading.Thread(target=self._send, args=(now,), daemon=True).start()
+            return False
 
 
 def _number(text: str) -> int | None:
@@ -312,6 +357,8 @@ class Watchdog:
             u: dict(kept.get("counts", {}).get(u, {})) for u in self.ladders
         }
         self.host_fault: str | None = None
+        interval, timeout = float(config["canary_interval_s"]), float(config["canary_timeout_s"])
+        self.canaries = {u["unit"]: Canary(u, interval, timeout) for u in config["units"] if u.get("url")}
 
     def _act(self, unit: str, action: str, why: str | None, now: float) -> None:
         verb = "restart" if action == "restart" else "stop"
@@ -371,8 +418,13 @@ class Watchdog:
         elif unit.get("url"):
             why = health(unit, float(self.config["timeout_s"]))
             if why is None:
-                why, checks["canary_s"] = canary(unit, float(self.config["timeout_s"]))
-        hold = _hold(state, float(self.config["grace_s"]))
+                news = self.canaries[name].news(due_anyway=ladder.state != "serving")
+                checks["canary_s"] = self.canaries[name].took
+                if news is False and (fault is None or ladder.state == "drained"):
+                    return checks  # healthy, no canary back this round: nothing new to judge
+                why = news if isinstance(news, str) else None
+        # an engine given time to start is one not healthy yet: a wrong answer once it is counts
+        hold = _hold(state, float(self.config["grace_s"])) if why is None or not why.startswith("canary:") else None
         action = ladder.step(now, why, hold, fault if ladder.state != "drained" else None)
         if action is not None:
             self._act(name, action, ladder.why, now)

@@ -23,6 +23,10 @@ _common = {
     "kimi_pip_index_url": _state["services"]["index"]["url"],
     "kimi_hf_endpoint": _state["services"]["hub"]["url"],
 }
+# The cluster's fault knobs, for the drills a real cluster cannot safely be put through
+# (deploys/drill.py: engine-garbage, accelerator-lost).
+if _state.get("drill_faults"):
+    _common["kimi_drill_faults"] = _state["drill_faults"]
 # The cluster's twin of NVIDIA's CUDA apt repository, when it serves one.
 if "apt" in _state["services"]:
     _common["kimi_nvidia_repo_url"] = _state["services"]["apt"]["url"]

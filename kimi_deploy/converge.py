@@ -310,6 +310,9 @@ def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | 
     # A unit bound to every address is reached on loopback by the on-host check.
     host = LOOPBACK if unit.bind in (LOOPBACK, "0.0.0.0", "::") else unit.bind  # noqa: S104
     key_file, key_var = unit_key(recipe, spec, unit)
+    topology = recipe.topologies[spec.topology]
+    falls_back = unit.kind == "gateway" and topology.router is not None and topology.router.fallback is not None
+    backend = f"http://{LOOPBACK}:{topology.ports.router_backend}" if falls_back else None
     return SmokeCheck(
         url=f"http://{host}:{api}",
         request={
@@ -322,6 +325,10 @@ def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | 
             "key_var": key_var,
             **({"verify_cache": verify_cache} if verify_cache else {}),
             **({"tool": tool.model_dump()} if tool else {}),
+            # a gateway with a hosted fallback answers /health (and everything) while its router
+            # is not up yet: the check waits for the router itself first, so that what answers it
+            # is the router and the engines behind it
+            **({"backend": backend} if backend else {}),
         },
     )
 

@@ -54,6 +54,16 @@ class HostVars(BaseModel):
     # (default kimi-bench.json and kimi-bench.png)
     kimi_bench_json: Annotated[str, StringConstraints(min_length=1)] | None = None
     kimi_bench_png: Annotated[str, StringConstraints(min_length=1)] | None = None
+    # deploys/drill.py: the drill to inject on the hosts it runs on (kimi_deploy.drills), and the
+    # commands that inject the drills the deploy does not itself: {NAME: {"inject": CMD, "clear": CMD}}
+    kimi_drill: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,40}$")] | None = None
+    kimi_drill_faults: (
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,40}$")],
+            dict[Literal["inject", "clear"], Annotated[str, StringConstraints(min_length=1)]],
+        ]
+        | None
+    ) = None
 
     @field_validator("*")
     @classmethod

@@ -232,7 +232,8 @@ class Scrub(Strict):
 class Watchdog(Strict):
     """Between converges, a service on every engine host checks its engines (systemd's state,
     ``/health``, a canary: the smoke prompt, whose answer must hold ``smoke.expect``), the host's
-    accelerators and the scrub's last result, and walks the recovery ladder: ``restart_after``
+    accelerators and the scrub's last result (the canary every ``canary_interval_s``), and walks
+    the recovery ladder: ``restart_after``
     failed checks in a row restart the engine; failing again after ``restarts`` restarts, or on a
     host that lost an accelerator or holds weights the scrub could not repair, it is drained (the
     router's health checks take it out; with no instance left, the gateway's hosted fallback
@@ -243,6 +244,11 @@ class Watchdog(Strict):
 
     interval_s: Annotated[int, Field(ge=1, le=3600)] = 5
     timeout_s: Annotated[int, Field(ge=1, le=600)] = 10
+    # the canary costs a real answer (up to smoke.max_tokens): sent this often while it passes,
+    # every round while it fails; failed when not back in canary_timeout_s (a loaded engine or a
+    # reasoning budget answers slowly: a slow answer is not a wrong one)
+    canary_interval_s: Annotated[int, Field(ge=1, le=86400)] = 30
+    canary_timeout_s: Annotated[int, Field(ge=1, le=3600)] = 300
     restart_after: Annotated[int, Field(ge=1, le=100)] = 3
     restarts: Annotated[int, Field(ge=0, le=100)] = 1
     grace_s: Annotated[int, Field(ge=0, le=86400)] = 0

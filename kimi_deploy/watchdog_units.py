@@ -34,6 +34,8 @@ def watchdog_config(
     return {
         "interval_s": watchdog.interval_s,
         "timeout_s": watchdog.timeout_s,
+        "canary_interval_s": watchdog.canary_interval_s,
+        "canary_timeout_s": watchdog.canary_timeout_s,
         "restart_after": watchdog.restart_after,
         "restarts": watchdog.restarts,
         "grace_s": watchdog.grace_s or recipe.smoke.timeout_s,
@@ -71,7 +73,7 @@ def watchdog_files(
         config=config_file,
         textfile_dir=watchdog.textfile_dir,
         # systemd restarts a watchdog silent for three rounds and a slow check (sd_notify WATCHDOG=1)
-        watchdog_s=3 * watchdog.interval_s + 2 * watchdog.timeout_s * (len(units) + 1) + 10,
+        watchdog_s=3 * watchdog.interval_s + watchdog.timeout_s * (len(units) + 1) + 30,
         nvidia=config["accelerators"] is not None,
     )
     return [

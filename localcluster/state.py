@@ -9,7 +9,8 @@ rename), so a reader never sees half of it. Its shape (version 1)::
                 "root": ".../hosts/kimi-h1/merged", "hardware": "b300x8", "state": "running"}],
      "services": {"hub": {"url": "http://10.213.7.1:8765", "pid": 2345},
                   "index": {"url": "http://10.213.7.1:8766/simple", "pid": 2346},
-                  "apt": {"url": "http://10.213.7.1:8767/compute/cuda/repos", "pid": 2347}}}
+                  "apt": {"url": "http://10.213.7.1:8767/compute/cuda/repos", "pid": 2347}},
+     "drill_faults": {"engine-garbage": {"inject": CMD, "clear": CMD}, ...}}
 
 A host's ``pid`` is its boot loop (``localcluster.bootloop``), which outlives the host's reboots.
 """
@@ -26,6 +27,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
+
+from localcluster.fault_knobs import FAULT_KNOBS
 
 STATE_VERSION = 1
 DEFAULT_DIR = "/var/lib/kimi-cluster"
@@ -186,6 +189,8 @@ class ClusterState:
             "known_hosts": self.known_hosts,
             "hosts": [dataclasses.asdict(h) for h in self.hosts],
             "services": {name: dataclasses.asdict(s) for name, s in self.services.items()},
+            # what deploys/drill.py injects on its hosts beyond the safe drills (inventories hand it on)
+            "drill_faults": FAULT_KNOBS,
         }
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import subprocess
 import sys
 import zlib
@@ -236,3 +237,18 @@ def test_the_round_trip_is_asked_of_the_topologies_that_parse_tool_calls(
     assert {name for name, yes in asked.items() if yes} == parsing
     assert parsing
     assert set(asked) - parsing
+
+
+def test_a_gateway_that_falls_back_is_checked_only_once_its_router_answers(engine: Engine, tmp_path: Path) -> None:
+    """A gateway with a hosted fallback answers /health while its router is not up: the check
+    waits for the router's own /health (``backend``) before it asks anything through the gateway."""
+    engine.reply = _answer("READY", "stop")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # a port nothing listens on: the router not up yet
+        down = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        run = _smoke(engine, tmp_path, backend=down, timeout_s=1)
+    assert run.returncode == 1
+    assert "not ready after 1 s" in run.stdout
+    assert engine.requests == []  # nothing was asked through the gateway
+    run = _smoke(engine, tmp_path, backend=f"http://127.0.0.1:{engine.server_address[1]}")
+    assert run.returncode == 0, run.stdout

@@ -9,22 +9,26 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.hosted_api import HostedApi
 from hostside import watchdog
-from hostside.watchdog import Ladder, accelerators, canary
+from hostside.watchdog import Canary, Ladder, accelerators, canary
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.watchdog_report import release_time, watchdog_lines
 from localcluster.fake_nvidia import describe
 from tests.conftest import RECIPE
 from tests.host_converge import LOCK, host_converge, lock_stands_in
-from tests.hosted_api import HostedApi
+from tests.loopback import serving
 from tests.test_host_profile import make_bin
+from tests.test_smoke import Engine
 
 LADDER = {"restart_after": 3, "restarts": 1}
 FAILED = "canary: answered 'x', not 'READY'"
@@ -111,6 +115,41 @@ def test_the_canary_passes_a_right_answer_and_fails_a_wrong_one_with_a_200(engin
     assert canary(_unit(api.url, "Say READY.", "/nonexistent"), 5)[0] == "canary: HTTP 401"
     api.close()
     assert canary(_unit(api.url, "Say READY.", key), 5)[0] == "canary: Connection refused"
+
+
+def _news(c: Canary, due: bool = False) -> str | bool | None:
+    """The canary's next news, waiting for one that was sent to come back."""
+    deadline = time.monotonic() + 10
+    news = c.news(due)
+    while news is False and c.started is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        news = c.news(due)
+    return news
+
+
+def test_the_canary_goes_out_on_its_own_cadence_and_every_round_while_it_fails(engine: Any) -> None:
+    api, key = engine
+    good = Canary(_unit(api.url, "Say READY.", key), interval_s=3600, timeout_s=5)
+    assert _news(good) is None  # sent, and back: it passed
+    sent = len(api.seen)
+    assert good.news(False) is False  # not due again for an hour
+    assert len(api.seen) == sent
+    bad = Canary(_unit(api.url, "Say garbage.", key), interval_s=3600, timeout_s=5)
+    assert _news(bad) == "canary: answered 'kjh#@!', not 'READY'"
+    assert _news(bad) == "canary: answered 'kjh#@!', not 'READY'"  # failing: sent again at once
+
+
+def test_a_canary_not_back_in_time_fails_without_holding_the_round() -> None:
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        slow = Canary(_unit(url, "Say READY.", "/nonexistent"), interval_s=3600, timeout_s=0.5)
+        started = time.monotonic()
+        assert slow.news(False) is False
+        assert time.monotonic() - started < 0.5  # the round goes on
+        time.sleep(0.7)
+        assert slow.news(False) == "canary: no answer in 0.5 s"
 
 
 def _smi(tmp_path: Path, output: str, status: int = 0) -> None:
@@ -250,3 +289,27 @@ def test_a_lost_gpu_and_uncorrected_errors_of_the_cluster_s_gpus_are_faults(
     assert accelerators({"count": 8}, 10)["fault"] == (
         f"7 of 8 GPUs answer nvidia-smi (Unable to determine the device handle for GPU{bus[4:]}: Unknown Error)"
     )
+
+
+def test_a_host_fault_is_judged_every_round_even_with_no_canary_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A healthy engine whose canary is not due (its interval is an hour) is drained all the same
+    when its host loses a GPU: the host's fault counts each round, not each canary."""
+    engine = Engine()
+    engine.reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "READY"}}]}
+    acted: list[tuple[str, str]] = []
+    monkeypatch.setattr(watchdog.Watchdog, "_act", lambda self, unit, action, why, now: acted.append((unit, action)))
+    for _ in serving(engine):  # the engine serves for the loop's one turn
+        unit = _unit(f"http://127.0.0.1:{engine.server_address[1]}", "Say READY.", "/nonexistent")
+        config = {**LADDER, "restart_after": 2, "canary_interval_s": 3600, "canary_timeout_s": 10, "grace_s": 0,
+                  "timeout_s": 5, "state": str(tmp_path / "state.json"), "units": [unit]}  # fmt: skip
+        dog = watchdog.Watchdog(config)
+        running = {"ActiveState": "active", "ExecMainStartTimestampMonotonic": "1", "NRestarts": "0"}
+        lost = "accelerators: 7 of 8 GPUs answer nvidia-smi"
+        dog._unit(unit, running, {}, None, 1.0)  # the first canary goes out
+        _news(dog.canaries["kimi-vllm"])  # and comes back: serving, the next one due in an hour
+        dog._unit(unit, running, {}, lost, 2.0)
+        assert acted == []
+        dog._unit(unit, running, {}, lost, 3.0)
+    assert acted == [("kimi-vllm", "stop")]

@@ -34,9 +34,9 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.hosted_api import HostedApi
 from harness.own_cluster import ROOT, OwnCluster, Run
 from tests.e2e.demo import chat, chat_request, ssh
-from tests.hosted_api import HostedApi
 from tests.vllm_contract import check_vllm_api
 
 pytestmark = pytest.mark.skipif(
@@ -424,7 +424,7 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
 ) -> None:
     """deploys/bench.py: recipes/demo.yaml's five tasks through the gateway and the router to both
     real engines at concurrency 1, 4 and 16, by the real vLLM's bench serve from kimi-h1; the same
-    tasks against the hosted API (a test server answering them all, tests/hosted_api.py, whose
+    tasks against the hosted API (a test server answering them all, harness/hosted_api.py, whose
     stream is checked here against the real vLLM's); every answer judged, and the cost per
     successful task of both."""
     st = serving

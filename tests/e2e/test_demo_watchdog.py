@@ -1,11 +1,11 @@
 """The watchdog on the demo cluster's hosts, between converges: an engine killed, an engine that
-answers garbage, a GPU that falls off the bus, each met on the host without a converge; the next
-converge tells what the watchdog did; Debian's Prometheus, scraping Debian's node exporter on the
-host, holds the events as series.
+answers garbage, a GPU that falls off the bus, a shard corrupted on disk, each met on the host
+without a converge; the next converge tells what the watchdog did; Debian's Prometheus, scraping
+Debian's node exporter on the host, holds the events as series.
 
-Faults go in through the cluster's knobs: the stand-in engine's (``/etc/kimi-standin-faults.json``)
-and the fake GPUs' (``/etc/kimi-fake-accelerators.json``), read by the same nvidia-smi calls a
-real host answers.
+The faults are ``deploys/drill.py``'s: the safe ones it injects itself, the others through the
+cluster's knobs (``localcluster.fault_knobs``, which the demo inventory hands on): the stand-in
+engine's garbage and the fake GPUs' loss, read by the same nvidia-smi calls a real host answers.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Quick rounds, so that each drill takes seconds: 2 failed checks restart, one restart then drain.
-LADDER = {"interval_s": 1, "timeout_s": 2, "restart_after": 2, "restarts": 1, "grace_s": 30}
-FAKE_GPUS = "/etc/kimi-fake-accelerators.json"
-KNOB = "/etc/kimi-standin-faults.json"
+LADDER = {"interval_s": 1, "timeout_s": 2, "canary_interval_s": 1, "canary_timeout_s": 5, "restart_after": 2,
+          "restarts": 1, "grace_s": 30}  # fmt: skip
 TEXTFILE = "/var/lib/prometheus/node-exporter"
 PROMPT = "Reply with exactly the word READY and nothing else."
 
@@ -47,7 +46,7 @@ def watched(demo_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
     assert run.code == 0, run.log[-3000:]
     yield recipe
     for host in ("kimi-h1", "kimi-h2"):
-        ssh(host, f"rm -f {KNOB} {TEXTFILE}/kimi_watchdog.prom")
+        _drill(recipe, "clear", host)
 
 
 def _state(host: str) -> dict[str, Any]:
@@ -73,10 +72,11 @@ def _journal(host: str) -> list[str]:
     return ssh(host, "journalctl -u kimi-watchdog -o cat --no-pager -n 200").splitlines()
 
 
-def _gpus(host: str, edit: Callable[[dict[str, Any]], None]) -> None:
-    data = json.loads(ssh(host, f"cat {FAKE_GPUS}"))
-    edit(data)
-    ssh(host, f"cat > {FAKE_GPUS}", stdin=json.dumps(data).encode())
+def _drill(recipe: Path, drill: str, host: str) -> None:
+    run = pyinfra("--data", f"kimi_recipe={recipe}", "--data", f"kimi_drill={drill}", "--limit", host,
+                  deploy="deploys/drill.py")  # fmt: skip
+    assert run.code == 0, run.log[-3000:]
+    assert f"drill: {drill} {'done' if drill == 'clear' else 'injected'} at " in run.log, run.log[-3000:]
 
 
 def _serves(host: str) -> bool:
@@ -88,7 +88,7 @@ def _serves(host: str) -> bool:
 
 def test_a_killed_engine_is_restarted_by_systemd_and_the_watchdog_sees_it_back(watched: Path) -> None:
     before = main_pid("kimi-h1", "kimi-vllm")
-    ssh("kimi-h1", f"kill -9 {before}")
+    _drill(watched, "engine-killed", "kimi-h1")
     _until(lambda: main_pid("kimi-h1", "kimi-vllm") not in (0, before), "systemd starts the engine again")
     _until(lambda: _unit_state("kimi-h1") == "serving" and _serves("kimi-h1"), "the engine serves again")
     said = _journal("kimi-h1")
@@ -98,26 +98,24 @@ def test_a_killed_engine_is_restarted_by_systemd_and_the_watchdog_sees_it_back(w
 
 
 def test_an_engine_answering_garbage_is_restarted_then_drained_while_the_other_serves(watched: Path) -> None:
-    ssh("kimi-h2", f"echo '{{\"answer\": \"#@!kjh\"}}' > {KNOB}")
+    _drill(watched, "engine-garbage", "kimi-h2")
     _until(lambda: _unit_state("kimi-h2") == "drained", "the watchdog drains kimi-h2's engine")
     said = _journal("kimi-h2")
-    wrong = "canary: answered '#@!kjh', not 'READY'"
+    wrong = "canary: answered '#@!kjh garbage', not 'READY'"
     assert f"kimi-vllm: {wrong} (2 checks in a row): restarting (1 of 1)" in said, said[-10:]
     assert f"kimi-vllm: {wrong} after 1 restarts: draining (stopped; the router's health checks take it out)" in said
     assert ssh("kimi-h2", "systemctl is-active kimi-vllm || true") == "inactive"
     assert _serves("kimi-h1")
-    # the knob removed, the next converge tells what happened and starts the engine again
-    ssh("kimi-h2", f"rm -f {KNOB}")
+    # the knob cleared (which starts the engine again too), the next converge tells what happened
+    _drill(watched, "clear", "kimi-h2")
+    _until(lambda: _unit_state("kimi-h2") == "serving", "the watchdog sees kimi-h2 serving again")
     run = pyinfra("--data", f"kimi_recipe={watched}")
     assert run.code == 0, run.log[-3000:]
     told = [line.split("watchdog: ", 1)[1] for line in run.log.splitlines() if "[kimi-h2] watchdog: " in line]
-    assert len(told) == 3, told
-    assert told[0].startswith("kimi-vllm drained since ")
-    assert told[0].endswith(f': "{wrong}"')
-    assert told[1].startswith("kimi-vllm restarted at ")
-    assert told[2].startswith("kimi-vllm drained at ")
-    assert run.changed()["Services: leaders (second batch)"] == ["kimi-h2"]
-    _until(lambda: _unit_state("kimi-h2") == "serving", "the watchdog sees kimi-h2 serving again")
+    assert len(told) == 2, told
+    assert told[0].startswith("kimi-vllm restarted at ")
+    assert told[1].startswith("kimi-vllm drained at ")
+    assert told[1].endswith(f': "{wrong}"')
     assert _serves("kimi-h2")
 
 
@@ -144,13 +142,7 @@ def _value(server: Prometheus, promql: str) -> float | None:
 def test_a_gpu_lost_drains_the_engine_of_its_host_and_prometheus_has_the_events(
     watched: Path, prometheus: Prometheus
 ) -> None:
-    def lose(data: dict[str, Any]) -> None:
-        data["gpus"][5]["lost"] = True
-
-    def find(data: dict[str, Any]) -> None:
-        data["gpus"][5].pop("lost", None)
-
-    _gpus("kimi-h1", lose)
+    _drill(watched, "accelerator-lost", "kimi-h1")
     try:
         _until(lambda: _unit_state("kimi-h1") == "drained", "the watchdog drains kimi-h1's engine")
         state = _state("kimi-h1")
@@ -169,8 +161,24 @@ def test_a_gpu_lost_drains_the_engine_of_its_host_and_prometheus_has_the_events(
         assert _value(prometheus, 'min_over_time(kimi_watchdog_accelerators{state="present"}[10m])') == 7
         assert _value(prometheus, 'max_over_time(kimi_watchdog_state{unit="kimi-vllm",state="drained"}[10m])') == 1
     finally:
-        _gpus("kimi-h1", find)
+        _drill(watched, "clear", "kimi-h1")
     run = pyinfra("--data", f"kimi_recipe={watched}")
     assert run.code == 0, run.log[-3000:]
     _until(lambda: _unit_state("kimi-h1") == "serving", "kimi-h1 serving again")
     assert 'kimi_watchdog_up{unit="kimi-vllm"} 1' in ssh("kimi-h1", f"cat {TEXTFILE}/kimi_watchdog.prom").splitlines()
+
+
+def test_a_shard_corrupted_on_disk_is_repaired_by_the_scrub_and_the_engine_restarts_on_it(watched: Path) -> None:
+    before = main_pid("kimi-h2", "kimi-vllm")
+    _drill(watched, "shard-corrupted", "kimi-h2")
+    restarted = "weights: the scrub re-fetched 1 corrupted files since it started"
+    _until(lambda: any(a["why"] == restarted for a in _state("kimi-h2")["actions"]), "the watchdog restarts the engine")
+    _until(lambda: _unit_state("kimi-h2") == "serving" and _serves("kimi-h2"), "the engine serves again")
+    assert main_pid("kimi-h2", "kimi-vllm") != before
+    scrub = ssh("kimi-h2", "journalctl -u kimi-weights-scrub -o cat --no-pager")
+    assert "kimi-deploy: scrub: re-fetched 1 corrupted files" in scrub, scrub[-2000:]
+    # the next converge: nothing to repair, the restart told
+    run = pyinfra("--data", f"kimi_recipe={watched}")
+    assert run.code == 0, run.log[-3000:]
+    assert "[kimi-h2] watchdog: kimi-vllm restarted at " in run.log
+    assert "repairs: " not in run.log

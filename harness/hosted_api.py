@@ -1,4 +1,4 @@
-"""A hosted API for the tests: OpenAI's chat completions, answering from a table, recording calls.
+"""A hosted API for the tests and the benches: OpenAI's chat completions, answering from a table, recording calls.
 
 It stands where a paid endpoint would (the gateway's fallback, the benchmark's comparison). What
 the deploy relies on is the shape of OpenAI's chat completions API (platform.openai.com/docs/

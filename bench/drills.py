@@ -1,0 +1,347 @@
+"""Fault drills under a client load through the gateway: time to detect, to recover, failed requests.
+
+    python bench/drills.py [--concurrency 4] [--drills engine-killed,engine-garbage,...]
+
+A cluster of its own (``/var/lib/kimi-cluster-drills``, 10.213.21.0/24): two B300 hosts, each
+serving one instance of the stand-in vLLM, behind the real vllm-router 0.1.17 and the gateway
+(Debian's nginx) on a third host; the router's hosted fallback is an OpenAI-shaped API on this
+machine (``harness/hosted_api.py``, answering "READY (hosted)"). Converged with a quick watchdog
+ladder (a round a second, a check failing after 2 s, 2 failed checks restart, 1 restart then
+drain). For each drill, ``--concurrency`` clients send chat completions through the gateway in a
+loop while ``deploys/drill.py`` injects the fault:
+
+- ``engine-killed`` (kimi-d1): SIGKILL to the engine; systemd starts it again;
+- ``engine-garbage`` (kimi-d2): the engine answers garbage with 200 (the cluster's knob);
+- ``accelerator-lost`` (kimi-d1): a GPU falls off the bus (the cluster's knob);
+- ``both-stopped`` (both): both engines stopped; the gateway's hosted fallback answers;
+- ``shard-corrupted`` (kimi-d2): a shard's bytes flipped, size and mtime kept; the scrub starts.
+
+Figures, from the watchdog's own record on the drilled host (its state file: when a unit left
+``serving``, its actions) and the clients' answers, all on this machine's clock:
+
+- detect: injection to the watchdog's first sign (a unit leaving ``serving``, or an action);
+- recover: injection to the service whole again: the drilled instance serving again (killed,
+  corrupted), drained with every request answered by the other (garbage, accelerator), or the
+  first hosted answer (both stopped);
+- failed: requests answered with no 200 (by error); wrong: 200s whose content was not READY
+  (the garbage served before the watchdog drained it); hosted: answered by the fallback;
+- up: whether every second of the drill had at least one good answer.
+
+Between drills, ``clear`` and a converge put the cluster back, and the drill after waits until
+the router sends to both engines again (printed: the router takes a stopped engine back only
+after its own health checks and circuit breaker allow, up to minutes). At the end, the watchdog's own
+cost on each engine host: CPU seconds per round and resident memory, from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from harness.demo_recipes import demo_gpu_data  # noqa: E402
+from harness.hosted_api import HostedApi  # noqa: E402
+from harness.own_cluster import OwnCluster, Run  # noqa: E402
+
+CLUSTER = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-drills", "KIMI_CLUSTER_SUBNET": "10.213.21.0/24"})
+ENGINES = ("kimi-h1", "kimi-h2")
+ROUTER = "kimi-h3"
+PROMPT = "Reply with exactly the word READY and nothing else."
+HOSTED = "READY (hosted)"
+LADDER = {"interval_s": 1, "timeout_s": 2, "canary_interval_s": 1, "canary_timeout_s": 5, "restart_after": 2,
+          "restarts": 1, "grace_s": 30}  # fmt: skip
+# drill -> the hosts it is injected on
+DRILLS = {
+    "engine-killed": ("kimi-h1",),
+    "engine-garbage": ("kimi-h2",),
+    "accelerator-lost": ("kimi-h1",),
+    "both-stopped": ENGINES,
+    "shard-corrupted": ("kimi-h2",),
+}
+# the drill deploys/drill.py injects for each of these
+INJECT = {"both-stopped": "engine-stopped"}
+# the longest a drill is watched
+WATCH_S = 120
+
+
+def _recipe(folder: Path, hosted: HostedApi) -> Path:
+    key = CLUSTER.dir / "api-key"
+    hosted_key = folder / "hosted-key"
+    hosted_key.write_text(hosted.key + "\n", encoding="utf-8")
+    data = demo_gpu_data(key)
+    vllm = data["topologies"]["demo-vllm"]
+    vllm["group"] = "drill_routed"
+    vllm["pools"]["serve"]["group"] = "drill_vllm"
+    vllm["router"] = {
+        "group": "drill_router", "package": "vllm-router", "policy": "round_robin",
+        "fallback": {"url": hosted.url, "api_key": {"file": str(hosted_key)}, "model": "kimi-hosted"},
+    }  # fmt: skip
+    data["routers"] = {"vllm-router": {"version": "0.1.17"}}
+    data["topologies"] = {"demo-vllm": vllm}
+    data["watchdog"] = LADDER
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _inventory(folder: Path, recipe: Path) -> Path:
+    groups = "drill_vllm = _hosts[:2]\ndrill_router = _hosts[2:3]\ndrill_routed = _hosts[:3]"
+    return CLUSTER.inventory(folder / "inventory.py", recipe, groups)
+
+
+def _ssh(st: dict[str, Any], host: str, command: str) -> str:
+    address = next(h["address"] for h in st["hosts"] if h["name"] == host)
+    out = subprocess.run(
+        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "BatchMode=yes",
+         f"root@{address}", command],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def _limit(hosts: tuple[str, ...]) -> list[str]:
+    return [arg for h in hosts for arg in ("--limit", h)]
+
+
+def _must(run: Run, what: str) -> Run:
+    if run.code != 0:
+        sys.exit(f"{what} failed:\n{run.log[-4000:]}")
+    return run
+
+
+@dataclass
+class Load:
+    """Clients sending chat completions through the gateway in a loop; every answer recorded."""
+
+    url: str
+    key: str
+    concurrency: int
+    answers: list[tuple[float, float, str, str]] = field(default_factory=list)  # start, end, kind, detail
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def _one(self) -> tuple[str, str]:
+        body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+        request = urllib.request.Request(  # noqa: S310 - the cluster's gateway
+            f"{self.url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - the cluster's gateway
+                content = json.loads(answer.read())["choices"][0]["message"]["content"] or ""
+        except urllib.error.HTTPError as exc:
+            return "failed", f"HTTP {exc.code}"
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            return "failed", type(exc).__name__
+        if content == "READY":
+            return "local", ""
+        if content == HOSTED:
+            return "hosted", ""
+        return "wrong", content[:40]
+
+    def _client(self) -> None:
+        while not self.stop.is_set():
+            start = time.time()
+            kind, detail = self._one()
+            self.answers.append((start, time.time(), kind, detail))
+
+    def run(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.concurrency)]
+        for t in threads:
+            t.start()
+        return threads
+
+
+def _watchdog(st: dict[str, Any], host: str) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = json.loads(_ssh(st, host, "cat /var/lib/kimi/watchdog.json") or "{}")
+    except ValueError:
+        return {}
+    return found
+
+
+def _detected(state: dict[str, Any], since: float) -> float | None:
+    """The watchdog's first sign after ``since``: a unit out of serving, or an action."""
+    unit = state.get("units", {}).get("kimi-vllm", {})
+    signs = [a["at"] for a in state.get("actions", []) if a.get("at", 0) >= since]
+    if unit.get("state") not in (None, "serving") and unit.get("since", 0) >= since:
+        signs.append(unit["since"])
+    return min(signs) if signs else None
+
+
+def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[str, Any]:
+    hosts = DRILLS[name]
+    first = len(load.answers)
+    injected = time.time()
+    drill = INJECT.get(name, name)
+    _must(CLUSTER.pyinfra(inventory, "--data", f"kimi_drill={drill}", *_limit(hosts), deploy="deploys/drill.py"),
+          f"drill {name}")  # fmt: skip
+    detect = recover = None
+    deadline = injected + WATCH_S
+    while time.time() < deadline and recover is None:
+        time.sleep(0.5)
+        states = {h: _watchdog(st, h) for h in hosts}
+        signs = [d for h in hosts if (d := _detected(states[h], injected)) is not None]
+        detect = min(signs) if signs else detect
+        state = states[hosts[0]].get("units", {}).get("kimi-vllm", {})
+        recent = load.answers[first:]
+        if name == "both-stopped":
+            # the gateway's detection: the first answer from the hosted API
+            hosted = [a[1] for a in recent if a[2] == "hosted"]
+            detect = recover = min(hosted) if hosted else None
+        elif name in ("engine-garbage", "accelerator-lost"):
+            if state.get("state") == "drained":
+                recover = state["since"]
+        elif name == "shard-corrupted":
+            restarts = [a["at"] for a in states[hosts[0]].get("actions", []) if a.get("at", 0) >= injected
+                        and a.get("action") == "restart"]  # fmt: skip
+            if restarts and state.get("state") == "serving" and state.get("since", 0) > min(restarts):
+                recover = state["since"]
+        elif detect is not None and state.get("state") == "serving" and state.get("since", 0) > injected:
+            recover = state["since"]
+    time.sleep(3)  # the answers after recovery
+    recent = [a for a in load.answers[first:] if a[0] >= injected]
+    kinds = {k: sum(1 for a in recent if a[2] == k) for k in ("local", "hosted", "wrong", "failed")}
+    errors: dict[str, int] = {}
+    for a in recent:
+        if a[2] in ("failed", "wrong"):
+            errors[f"{a[2]}: {a[3]}"] = errors.get(f"{a[2]}: {a[3]}", 0) + 1
+    good = sorted(a[1] for a in recent if a[2] in ("local", "hosted"))
+    end = recent[-1][1] if recent else injected
+    seconds = range(int(injected), int(end))
+    up = all(any(s <= t < s + 1 for t in good) for s in seconds)
+    return {
+        "drill": name, "hosts": list(hosts),
+        "detect_s": round(detect - injected, 2) if detect else None,
+        "recover_s": round(recover - injected, 2) if recover else None,
+        "requests": len(recent), **kinds, "errors": errors, "up": up,
+    }  # fmt: skip
+
+
+def _routed(st: dict[str, Any]) -> dict[str, float]:
+    """The router's count of requests it sent to each engine (its Prometheus exporter, loopback
+    on the router host: ``vllm_router_processed_requests_total{worker=...}``)."""
+    text = _ssh(st, ROUTER, "curl -s http://127.0.0.1:29000/metrics")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm_router_processed_requests_total{"):
+            worker = line.split('worker="', 1)[1].split('"', 1)[0]
+            out[worker] = out.get(worker, 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _in_rotation(st: dict[str, Any], gateway: str, key: str) -> float:
+    """Seconds until the router sends requests to both engines again: it takes an engine back
+    after its own health checks and circuit breaker let it (vllm-router 0.1.17 checks every 60 s
+    and keeps a circuit open 60 s by default)."""
+    started = time.time()
+    load = Load(gateway, key, 1)
+    workers = [f"http://{h['address']}:8000" for h in st["hosts"] if h["name"] in ENGINES]
+    while time.time() - started < 300:
+        before = _routed(st)
+        for _ in range(6):
+            load._one()
+        after = _routed(st)
+        if all(after.get(w, 0) > before.get(w, 0) for w in workers):
+            return time.time() - started
+        time.sleep(2)
+    sys.exit("the router did not send to both engines again within 300 s")
+
+
+def _restore(st: dict[str, Any], inventory: Path, gateway: str, key: str) -> float:
+    """Clear the drills, converge, and wait for both engines serving and in the router's rotation:
+    the seconds the router took to take them back."""
+    _must(CLUSTER.pyinfra(inventory, "--data", "kimi_drill=clear", *_limit(ENGINES), deploy="deploys/drill.py"),
+          "clear")
+    _must(CLUSTER.pyinfra(inventory), "converge after the drill")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        states = [_watchdog(st, h).get("units", {}).get("kimi-vllm", {}).get("state") for h in ENGINES]
+        if states == ["serving", "serving"]:
+            return _in_rotation(st, gateway, key)
+        time.sleep(0.5)
+    sys.exit("the engines did not serve again after a drill")
+
+
+def _cost(st: dict[str, Any], host: str) -> tuple[float, int, int]:
+    """The watchdog's CPU seconds (user + system, its process tree) and resident KiB, and its rounds."""
+    pid = _ssh(st, host, "systemctl show -p MainPID --value kimi-watchdog")
+    ticks = int(_ssh(st, host, "getconf CLK_TCK") or 100)
+    stat = _ssh(st, host, f"cat /proc/{pid}/stat").rsplit(")", 1)[1].split()
+    cpu = (int(stat[11]) + int(stat[12]) + int(stat[13]) + int(stat[14])) / ticks
+    rss = int(_ssh(st, host, f"awk '/^VmRSS/ {{print $2}}' /proc/{pid}/status") or 0)
+    return cpu, rss, 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--drills", default=",".join(DRILLS))
+    args = parser.parse_args()
+    names = [d for d in args.drills.split(",") if d]
+    for name in names:
+        if name not in DRILLS:
+            sys.exit(f"--drills: no drill {name!r} (known: {', '.join(DRILLS)})")
+    os.environ.setdefault("KIMI_API_KEY", "sk-drills-0123456789abcdef")
+    with tempfile.TemporaryDirectory() as tmp, CLUSTER.fresh("b300x8,b300x8,none", Path(tmp)) as st:
+        folder = Path(tmp)
+        hosted = HostedApi(st["gateway"], "hosted-secret-0123456789", answers={PROMPT: HOSTED})
+        try:
+            inventory = _inventory(folder, _recipe(folder, hosted))
+            started = time.time()
+            _must(CLUSTER.pyinfra(inventory), "the first converge")
+            print(f"converged in {time.time() - started:.0f} s")
+            rounds_start = {h: (time.time(), *_cost(st, h)[:2]) for h in ENGINES}
+            gateway = f"http://{next(h['address'] for h in st['hosts'] if h['name'] == ROUTER)}:8000"
+            key = (CLUSTER.dir / "api-key").read_text(encoding="utf-8").strip()
+            results = []
+            print(f"both engines in the router's rotation after {_in_rotation(st, gateway, key):.1f} s")
+            for name in names:
+                load = Load(gateway, key, args.concurrency)
+                threads = load.run()
+                time.sleep(3)
+                try:
+                    results.append(_drill(name, st, inventory, load))
+                finally:
+                    load.stop.set()
+                    for t in threads:
+                        t.join(timeout=40)
+                results[-1]["back_in_rotation_s"] = round(_restore(st, inventory, gateway, key), 1)
+                print(json.dumps(results[-1]))
+            print()
+            print(f"{'drill':<18}{'detect s':>9}{'recover s':>10}{'requests':>9}{'failed':>7}{'wrong':>6}"
+                  f"{'hosted':>7}  up   errors")  # fmt: skip
+            for r in results:
+                detect, recover = (r[k] if r[k] is not None else "-" for k in ("detect_s", "recover_s"))
+                print(f"{r['drill']:<18}{detect:>9}{recover:>10}{r['requests']:>9}{r['failed']:>7}{r['wrong']:>6}"
+                      f"{r['hosted']:>7}  {'yes' if r['up'] else 'NO ':<4} {r['errors'] or ''}")  # fmt: skip
+            print()
+            for h in ENGINES:
+                t0, cpu0, _ = rounds_start[h]
+                cpu1, rss, _ = _cost(st, h)
+                hours = (time.time() - t0) / 3600
+                rounds = (time.time() - t0) / LADDER["interval_s"]
+                used = cpu1 - cpu0
+                print(f"{h} watchdog: {used:.2f} CPU s over {hours * 60:.1f} min ({rounds:.0f} rounds at "
+                      f"{LADDER['interval_s']} s: {1000 * used / max(rounds, 1):.1f} ms a round, "
+                      f"{used / max(hours, 1e-9) / 36:.2f}% of a core), {rss / 1024:.1f} MiB resident")  # fmt: skip
+        finally:
+            hosted.close()
+
+
+if __name__ == "__main__":
+    main()
