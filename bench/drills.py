@@ -277,14 +277,13 @@ def _restore(st: dict[str, Any], inventory: Path, gateway: str, key: str) -> flo
     sys.exit("the engines did not serve again after a drill")
 
 
-def _cost(st: dict[str, Any], host: str) -> tuple[float, int, int]:
-    """The watchdog's CPU seconds (user + system, its process tree) and resident KiB, and its rounds."""
-    pid = _ssh(st, host, "systemctl show -p MainPID --value kimi-watchdog")
-    ticks = int(_ssh(st, host, "getconf CLK_TCK") or 100)
-    stat = _ssh(st, host, f"cat /proc/{pid}/stat").rsplit(")", 1)[1].split()
-    cpu = (int(stat[11]) + int(stat[12]) + int(stat[13]) + int(stat[14])) / ticks
-    rss = int(_ssh(st, host, f"awk '/^VmRSS/ {{print $2}}' /proc/{pid}/status") or 0)
-    return cpu, rss, 0
+def _cost(st: dict[str, Any], host: str) -> tuple[float, int]:
+    """The watchdog's CPU seconds (user + system, its process tree) and resident KiB: one SSH
+    round-trip reads its clock ticks, /proc stat and status."""
+    out = _ssh(st, host, "p=$(systemctl show -p MainPID --value kimi-watchdog); getconf CLK_TCK; "
+                         "cat /proc/$p/stat; awk '/^VmRSS/ {print $2}' /proc/$p/status").splitlines()  # fmt: skip
+    ticks, stat, rss = int(out[0]), out[1].rsplit(")", 1)[1].split(), int(out[2])
+    return (int(stat[11]) + int(stat[12]) + int(stat[13]) + int(stat[14])) / ticks, rss
 
 
 def main() -> None:
@@ -305,7 +304,7 @@ def main() -> None:
             started = time.time()
             _must(CLUSTER.pyinfra(inventory), "the first converge")
             print(f"converged in {time.time() - started:.0f} s")
-            rounds_start = {h: (time.time(), *_cost(st, h)[:2]) for h in ENGINES}
+            rounds_start = {h: (time.time(), _cost(st, h)[0]) for h in ENGINES}
             gateway = f"http://{next(h['address'] for h in st['hosts'] if h['name'] == ROUTER)}:8000"
             key = (CLUSTER.dir / "api-key").read_text(encoding="utf-8").strip()
             results = []
@@ -331,8 +330,8 @@ def main() -> None:
                       f"{r['hosted']:>7}  {'yes' if r['up'] else 'NO ':<4} {r['errors'] or ''}")  # fmt: skip
             print()
             for h in ENGINES:
-                t0, cpu0, _ = rounds_start[h]
-                cpu1, rss, _ = _cost(st, h)
+                t0, cpu0 = rounds_start[h]
+                cpu1, rss = _cost(st, h)
                 hours = (time.time() - t0) / 3600
                 rounds = (time.time() - t0) / LADDER["interval_s"]
                 used = cpu1 - cpu0
