@@ -10,11 +10,15 @@ ladder (a round a second, a check failing after 2 s, 2 failed checks restart, 1 
 drain). For each drill, ``--concurrency`` clients send chat completions through the gateway in a
 loop while ``deploys/drill.py`` injects the fault:
 
-- ``engine-killed`` (kimi-d1): SIGKILL to the engine; systemd starts it again;
-- ``engine-garbage`` (kimi-d2): the engine answers garbage with 200 (the cluster's knob);
-- ``accelerator-lost`` (kimi-d1): a GPU falls off the bus (the cluster's knob);
+- ``engine-killed`` (kimi-h1): SIGKILL to the engine; systemd starts it again;
+- ``engine-garbage`` (kimi-h2): the engine answers garbage with 200 (the cluster's knob);
+- ``accelerator-lost`` (kimi-h1): a GPU falls off the bus (the cluster's knob);
 - ``both-stopped`` (both): both engines stopped; the gateway's hosted fallback answers;
-- ``shard-corrupted`` (kimi-d2): a shard's bytes flipped, size and mtime kept; the scrub starts.
+- ``shard-corrupted`` (kimi-h2): a shard's bytes flipped, size and mtime kept; the scrub starts;
+- ``link-cut`` (kimi-h1): its link to the router's host cut (a blackhole route), healed after the
+  watch;
+- ``host-down`` (kimi-h1): the host loses its link and powers off (the cluster's knob); booted
+  again by ``kimi-deploy cluster up`` after the watch.
 
 Figures, from the watchdog's own record on the drilled host (its state file: when a unit left
 ``serving``, its actions) and the clients' answers, all on this machine's clock:
@@ -26,6 +30,12 @@ Figures, from the watchdog's own record on the drilled host (its state file: whe
 - failed: requests answered with no 200 (by error); wrong: 200s whose content was not READY
   (the garbage served before the watchdog drained it); hosted: answered by the fallback;
 - up: whether every second of the drill had at least one good answer.
+
+A cut link and a host down leave no watchdog to tell (the host's own checks pass, or it is off):
+those two are measured as the clients see them, over a watch of ``FIXED_WATCH_S``: detect is the
+end of the first answer that failed or was slow (more than five times the median before the
+drill, and over a second), recover the end of the last one, when the router had routed around the
+fault (none when it had not, 10 s before the watch ended).
 
 Between drills, ``clear`` and a converge put the cluster back, and the drill after waits until
 the router sends to both engines again (printed: the router takes a stopped engine back only
@@ -72,7 +82,15 @@ DRILLS = {
     "accelerator-lost": ("kimi-h1",),
     "both-stopped": ENGINES,
     "shard-corrupted": ("kimi-h2",),
+    "link-cut": ("kimi-h1",),
+    "host-down": ("kimi-h1",),
 }
+# the drills no watchdog tells, watched as the clients see them for this long
+CLIENT_SEEN = ("link-cut", "host-down")
+FIXED_WATCH_S = 60
+# deploys/drill.py's data for a drill beyond its name
+DATA = {"link-cut": ("--data", f"kimi_drill_peer={ROUTER}", "--data", "kimi_drill_for_s=600")}
+HARDWARE = "b300x8,b300x8,none"
 # the drill deploys/drill.py injects for each of these
 INJECT = {"both-stopped": "engine-stopped"}
 # the longest a drill is watched
@@ -183,15 +201,32 @@ def _detected(state: dict[str, Any], since: float) -> float | None:
     return min(signs) if signs else None
 
 
+def _seen_by_clients(answers: list[tuple[float, float, str, str]], before: list[float], injected: float,
+                     watched: float) -> tuple[float | None, float | None]:  # fmt: skip
+    """Detect and recover as the clients saw the drill (see the module's doc)."""
+    usual = sorted(before)[len(before) // 2] if before else 0.0
+    bad = [a for a in answers if a[2] in ("failed", "wrong") or a[1] - a[0] > max(1.0, 5 * usual)]
+    if not bad:
+        return None, None
+    last = max(a[1] for a in bad)
+    return min(a[1] for a in bad), (last if last < watched - 10 else None)
+
+
 def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[str, Any]:
     hosts = DRILLS[name]
     first = len(load.answers)
     injected = time.time()
     drill = INJECT.get(name, name)
-    _must(CLUSTER.pyinfra(inventory, "--data", f"kimi_drill={drill}", *_limit(hosts), deploy="deploys/drill.py"),
-          f"drill {name}")  # fmt: skip
+    _must(CLUSTER.pyinfra(inventory, "--data", f"kimi_drill={drill}", *DATA.get(name, ()), *_limit(hosts),
+                          deploy="deploys/drill.py"), f"drill {name}")  # fmt: skip
     detect = recover = None
     deadline = injected + WATCH_S
+    if name in CLIENT_SEEN:
+        time.sleep(max(0.0, injected + FIXED_WATCH_S - time.time()))
+        before = [a[1] - a[0] for a in load.answers[:first] if a[2] == "local"]
+        detect, recover = _seen_by_clients([a for a in load.answers[first:] if a[0] >= injected], before, injected,
+                                           time.time())  # fmt: skip
+        deadline = 0.0
     while time.time() < deadline and recover is None:
         time.sleep(0.5)
         states = {h: _watchdog(st, h) for h in hosts}
@@ -262,9 +297,11 @@ def _in_rotation(st: dict[str, Any], gateway: str, key: str) -> float:
     sys.exit("the router did not send to both engines again within 300 s")
 
 
-def _restore(st: dict[str, Any], inventory: Path, gateway: str, key: str) -> float:
-    """Clear the drills, converge, and wait for both engines serving and in the router's rotation:
-    the seconds the router took to take them back."""
+def _restore(st: dict[str, Any], inventory: Path, gateway: str, key: str, boot: bool) -> float:
+    """Boot a host the drill powered off (``boot``), clear the drills, converge, and wait for both
+    engines serving and in the router's rotation: the seconds the router took to take them back."""
+    if boot:
+        CLUSTER.cli("up", "--hardware", HARDWARE)
     _must(CLUSTER.pyinfra(inventory, "--data", "kimi_drill=clear", *_limit(ENGINES), deploy="deploys/drill.py"),
           "clear")
     _must(CLUSTER.pyinfra(inventory), "converge after the drill")
@@ -296,7 +333,7 @@ def main() -> None:
         if name not in DRILLS:
             sys.exit(f"--drills: no drill {name!r} (known: {', '.join(DRILLS)})")
     os.environ.setdefault("KIMI_API_KEY", "sk-drills-0123456789abcdef")
-    with tempfile.TemporaryDirectory() as tmp, CLUSTER.fresh("b300x8,b300x8,none", Path(tmp)) as st:
+    with tempfile.TemporaryDirectory() as tmp, CLUSTER.fresh(HARDWARE, Path(tmp)) as st:
         folder = Path(tmp)
         hosted = HostedApi(st["gateway"], "hosted-secret-0123456789", answers={PROMPT: HOSTED})
         try:
@@ -319,7 +356,7 @@ def main() -> None:
                     load.stop.set()
                     for t in threads:
                         t.join(timeout=40)
-                results[-1]["back_in_rotation_s"] = round(_restore(st, inventory, gateway, key), 1)
+                results[-1]["back_in_rotation_s"] = round(_restore(st, inventory, gateway, key, name == "host-down"), 1)
                 print(json.dumps(results[-1]))
             print()
             print(f"{'drill':<18}{'detect s':>9}{'recover s':>10}{'requests':>9}{'failed':>7}{'wrong':>6}"

@@ -10,23 +10,26 @@ started by anyone may take to answer before its checks count), "state" (JSON fil
 "textfile" (Prometheus textfile-collector file, or null), "units": [{"unit", "url" (null: a
 worker without an API: systemd's state only), "served_name", "prompt", "expect", "max_tokens",
 "key_file", "key_var", "reads_weights"}], "accelerators" ({"vendor": "nvidia", "count"}, or null), "scrub" (the
-scrub's result file beside the weights, or null)}.
+scrub's result file beside the weights, or null), "kmsg" (the kernel's log, ``/dev/kmsg``, or
+null), "xid_ignore" (Xid codes that say nothing of a GPU's health)}.
 
 Each round, for each unit: systemd's state (one ``systemctl show`` for all), ``GET /health``,
 and, every ``canary_interval_s`` while it passes and every round while it fails, a canary: the
 recipe's smoke prompt as a chat completion whose answer must hold the expected text (a 200 with
 wrong or empty content fails it), sent in a thread of its own and failed when not back within
-``canary_timeout_s``; for the host: the accelerators (the count the
-plan expects, uncorrected ECC errors, pages pending retirement: ``nvidia-smi``, the probe's
-fallback), and the scrub's last result. A unit that fails ``restart_after`` checks in a row is
-restarted; one that fails again after ``restarts`` restarts, or whose host lost an accelerator or
-holds weights the scrub could not repair, is drained: stopped, so that the router's health checks
-take it out of rotation and the gateway falls back when no instance is left. A unit that
-answers again is serving again. A unit stopped on purpose (``systemctl stop``: inactive, result
-success) is left alone; one that systemd is starting, or started less than ``grace_s`` ago and
-not healthy yet, is given time (a wrong answer from a healthy one counts at once). Every change
-of state is one journal line; the state file and the metrics file are
-rewritten whole every round.
+``canary_timeout_s``; for the host: the accelerators (the count the plan expects, uncorrected
+ECC errors, pages pending retirement: ``nvidia-smi``, the probe's fallback; the Xid events the
+driver logged in the kernel's log), and the scrub's last result. A unit that fails
+``restart_after`` checks in a row is restarted; one that fails again after ``restarts`` restarts,
+or whose host lost an accelerator or holds weights the scrub could not repair, or that was running
+when the driver reported a GPU fault (an Xid not in ``xid_ignore``: an event, which holds for the
+units that saw it: one started again after it, by an operator or a converge, is judged afresh),
+is drained: stopped, so that the router's health checks take it out of rotation and the gateway
+falls back when no instance is left. A unit that answers again is serving again. A unit stopped on
+purpose (``systemctl stop``: inactive, result success) is left alone; one that systemd is starting,
+or started less than ``grace_s`` ago and not healthy yet, is given time (a wrong answer from a
+healthy one counts at once). Every change of state is one journal line; the state file and the
+metrics file are rewritten whole every round.
 """
 
 from __future__ import annotations
@@ -42,12 +45,16 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from hostside import xid as xids
+from hostside.kmsg import KERNEL, Kmsg
 from hostside.sd_notify import notify
 from hostside.smoke import engine_request, read_key
 from hostside.whole_file import write_whole
 
 # Journal lines, kept in the state file for the next converge's report.
 ACTIONS_KEPT = 50
+# GPU faults the kernel reported (Xid events), kept in memory and in the state file.
+XIDS_KEPT = 20
 # The most of an answer a line quotes.
 QUOTE = 60
 SHOW = ("Id", "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStartTimestampMonotonic")
@@ -330,6 +337,13 @@ def _metrics(units: dict[str, Ladder], checks: dict[str, dict[str, Any]], host: 
                 "# HELP kimi_watchdog_retired_pages_pending GPUs with pages or rows pending retirement or remapping.",
                 "# TYPE kimi_watchdog_retired_pages_pending gauge",
                 f"kimi_watchdog_retired_pages_pending {gpus['pending']}"]  # fmt: skip
+    if "xid_counts" in host:
+        out += ["# HELP kimi_watchdog_xid_events_total GPU faults the driver logged (Xid events, by code) this boot.",
+                "# TYPE kimi_watchdog_xid_events_total counter",
+                *(f'kimi_watchdog_xid_events_total{{xid="{c}"}} {n}' for c, n in host["xid_counts"].items()),
+                "# HELP kimi_watchdog_kernel_log_readable 1 when the watchdog reads the kernel's log (Xid events).",
+                "# TYPE kimi_watchdog_kernel_log_readable gauge",
+                f"kimi_watchdog_kernel_log_readable {int(host['kernel_log'] is None)}"]  # fmt: skip
     scrub = host.get("scrub")
     if scrub is not None:
         out += ["# HELP kimi_watchdog_scrub_corrupt_files Files the weights' last scrub found corrupted and left so.",
@@ -357,6 +371,12 @@ class Watchdog:
             u: dict(kept.get("counts", {}).get(u, {})) for u in self.ladders
         }
         self.host_fault: str | None = None
+        self.kmsg = Kmsg(config["kmsg"]) if config.get("kmsg") else None
+        self.kmsg_error: str | None = None
+        self.ignored = {int(c) for c in config.get("xid_ignore") or ()}
+        # GPU faults the kernel reported: {"code", "bus", "details", "mono" (µs, CLOCK_MONOTONIC), "at"}
+        self.xids: list[dict[str, Any]] = []
+        self.xid_counts: dict[int, int] = {}
         interval, timeout = float(config["canary_interval_s"]), float(config["canary_timeout_s"])
         self.canaries = {u["unit"]: Canary(u, interval, timeout) for u in config["units"] if u.get("url")}
 
@@ -369,6 +389,44 @@ class Watchdog:
         self.actions = [*self.actions, {"at": now, "unit": unit, "action": action, "why": why}][-ACTIONS_KEPT:]
         self.counts[unit][action] = self.counts[unit].get(action, 0) + 1
 
+    def _kernel(self) -> None:
+        """The Xid events logged since the last round (at the first, those of this boot)."""
+        if self.kmsg is None:
+            return
+        first = self.kmsg.fd is None
+        records = self.kmsg.read()
+        if self.kmsg.error != self.kmsg_error:
+            log(f"host: the kernel's log cannot be read, Xid events go unseen ({self.kmsg.error})" if self.kmsg.error
+                else "host: the kernel's log is read again")  # fmt: skip
+            self.kmsg_error = self.kmsg.error
+        now_mono, now = time.monotonic() * 1e6, time.time()
+        for record in records:
+            event = xids.parse(record.message) if record.facility == KERNEL else None
+            if event is None or event.code in self.ignored:
+                continue
+            # the same fault in two lines (the Xid, then the driver's own "fallen off the bus")
+            if any(x["bus"] == event.bus and x["code"] == event.code and abs(x["usec"] - record.usec) < 1e6
+                   for x in self.xids):  # fmt: skip
+                continue
+            # when it happened: the record's clock for what the buffer held at the start; for an
+            # event read live, when it was read (the kernel's clock may run apart from CLOCK_MONOTONIC
+            # by NTP's slew; the read is at most a round late)
+            mono = min(record.usec, now_mono) if first else now_mono
+            self.xid_counts[event.code] = self.xid_counts.get(event.code, 0) + 1
+            self.xids = [*self.xids, {"code": event.code, "bus": event.bus, "details": event.details[:QUOTE * 2],
+                                      "usec": record.usec, "mono": mono,
+                                      "at": now - (now_mono - mono) / 1e6}][-XIDS_KEPT:]  # fmt: skip
+            log(f"host: Xid {event.code} on GPU {event.bus}: {quote(event.details)}")
+
+    def _xid_fault(self, started_usec: int) -> str | None:
+        """The GPU fault the kernel reported while a unit started at ``started_usec`` ran, or None."""
+        seen = [x for x in self.xids if x["mono"] >= started_usec]
+        if not seen:
+            return None
+        last = seen[-1]
+        more = f" (and {len(seen) - 1} more)" if len(seen) > 1 else ""
+        return f"accelerators: Xid {last['code']} on GPU {last['bus']}: {quote(last['details'])}{more}"
+
     def _host(self) -> tuple[dict[str, Any], str | None]:
         """The host's accelerators and weights: what was read, and what keeps it from serving."""
         cfg = self.config
@@ -379,6 +437,11 @@ class Watchdog:
             host["accelerators"] = gpus | {"expected": cfg["accelerators"]["count"]}
             if gpus["fault"]:
                 faults.append(f"accelerators: {gpus['fault']}")
+        if self.kmsg is not None:
+            self._kernel()
+            host["xid"] = [{k: x[k] for k in ("code", "bus", "details", "at")} for x in self.xids]
+            host["xid_counts"] = {str(c): n for c, n in sorted(self.xid_counts.items())}
+            host["kernel_log"] = self.kmsg_error
         found = scrub_result(cfg["scrub"]) if cfg.get("scrub") else None
         if found is not None:
             repaired = len(found.get("repaired") or [])
@@ -412,6 +475,9 @@ class Watchdog:
             log(f"{name}: {fix}: restarting")
             self._act(name, "restart", fix, now)
             return checks
+        xid = self._xid_fault(started) if self.xids else None
+        if xid is not None:
+            fault = f"{fault}; {xid}" if fault else xid
         why: str | None = None
         if not active:
             why = f"unit {state.get('ActiveState', 'unknown')} ({state.get('SubState', '?')})"

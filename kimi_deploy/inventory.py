@@ -57,6 +57,9 @@ class HostVars(BaseModel):
     # deploys/drill.py: the drill to inject on the hosts it runs on (kimi_deploy.drills), and the
     # commands that inject the drills the deploy does not itself: {NAME: {"inject": CMD, "clear": CMD}}
     kimi_drill: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,40}$")] | None = None
+    # link-cut: the host of this host's topology it is cut from, and for how long at most
+    kimi_drill_peer: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")] | None = None
+    kimi_drill_for_s: Annotated[int, Field(ge=1, le=86400)] = 60
     kimi_drill_faults: (
         dict[
             Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,40}$")],

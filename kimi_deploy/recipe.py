@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from hostside.boundary_text import shown
+from hostside.xid import APPLICATION_XIDS
 from kimi_deploy.nvidia_models import open_modules_only
 from kimi_deploy.safe_text import is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line
@@ -235,7 +236,8 @@ class Watchdog(Strict):
     accelerators and the scrub's last result (the canary every ``canary_interval_s``), and walks
     the recovery ladder: ``restart_after``
     failed checks in a row restart the engine; failing again after ``restarts`` restarts, or on a
-    host that lost an accelerator or holds weights the scrub could not repair, it is drained (the
+    host that lost an accelerator or holds weights the scrub could not repair, or while the GPU
+    driver reported a fault (an Xid not in ``xid_ignore``), it is drained (the
     router's health checks take it out; with no instance left, the gateway's hosted fallback
     answers). ``grace_s``: how long an engine (re)started by anyone may take before its checks
     count (0: the smoke test's ``timeout_s``). ``textfile_dir``: the Prometheus node exporter's
@@ -253,6 +255,10 @@ class Watchdog(Strict):
     restarts: Annotated[int, Field(ge=0, le=100)] = 1
     grace_s: Annotated[int, Field(ge=0, le=86400)] = 0
     textfile_dir: AbsPath = "/var/lib/prometheus/node-exporter"
+    # Xid codes (the NVIDIA driver's GPU error reports, in the kernel's log) that say nothing of the
+    # GPU's health: an application's own errors, as NVIDIA's k8s-device-plugin skips them. Any other
+    # Xid while an engine runs drains it.
+    xid_ignore: tuple[Annotated[int, Field(ge=0, le=1023)], ...] = APPLICATION_XIDS
 
 
 class Weights(Strict):

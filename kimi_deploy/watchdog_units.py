@@ -53,6 +53,9 @@ def watchdog_config(
         # The GPUs the plan gives the host (a TPU host's chips have no reader here yet).
         "accelerators": {"vendor": vendor, "count": spec.accelerators} if vendor == "nvidia" else None,
         "scrub": scrub,
+        # Xid events, the driver's reports of GPU faults, are in the kernel's log
+        "kmsg": "/dev/kmsg" if vendor == "nvidia" else None,
+        "xid_ignore": sorted(watchdog.xid_ignore),
     }
 
 

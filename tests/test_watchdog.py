@@ -199,7 +199,11 @@ def test_each_engine_host_gets_a_watchdog_of_its_engines_and_a_router_host_none(
     assert config["scrub"].endswith("/.kimi/scrub.json")
     unit = files["/etc/systemd/system/kimi-watchdog.service"].content
     assert "ExecStart=/usr/bin/python3 /opt/kimi/tools/kimi-watchdog.py --config /etc/kimi/kimi-watchdog.json" in unit
-    assert "CapabilityBoundingSet=\n" in unit
+    # on a GPU host it reads the kernel's log (Xid events): CAP_SYSLOG alone, kernel logs open
+    assert "CapabilityBoundingSet=CAP_SYSLOG\n" in unit
+    assert "ProtectKernelLogs" not in unit
+    assert config["kmsg"] == "/dev/kmsg"
+    assert config["xid_ignore"] == [13, 31, 43, 45, 68, 109]
     assert "NoNewPrivileges=yes" in unit
     # no key in any of its files
     assert not any("sk-kimi-d41c9a0e77b2" in f.content for p, f in files.items() if "watchdog" in p)

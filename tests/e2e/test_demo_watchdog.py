@@ -1,6 +1,7 @@
 """The watchdog on the demo cluster's hosts, between converges: an engine killed, an engine that
 answers garbage, a GPU that falls off the bus, a shard corrupted on disk, each met on the host
-without a converge; the next converge tells what the watchdog did; Debian's Prometheus, scraping
+(and, for a GPU fault, the driver's Xid in the kernel's log) without a converge; the next
+converge tells what the watchdog did; Debian's Prometheus, scraping
 Debian's node exporter on the host, holds the events as series.
 
 The faults are ``deploys/drill.py``'s: the safe ones it injects itself, the others through the
@@ -151,8 +152,11 @@ def test_a_gpu_lost_drains_the_engine_of_its_host_and_prometheus_has_the_events(
             "accelerators: 7 of 8 GPUs answer nvidia-smi (Unable to determine the device handle for GPU0000:"
         )
         assert _serves("kimi-h2")
+        # the driver's Xid 79 for it, in the host's kernel log
+        assert any(line.startswith("host: Xid 79 on GPU ") for line in _journal("kimi-h1"))
         metrics = ssh("kimi-h1", f"cat {TEXTFILE}/kimi_watchdog.prom").splitlines()
         assert 'kimi_watchdog_accelerators{state="present"} 7' in metrics
+        assert any(line.startswith('kimi_watchdog_xid_events_total{xid="79"} ') for line in metrics), metrics
         assert 'kimi_watchdog_state{unit="kimi-vllm",state="drained"} 1' in metrics
         assert 'kimi_watchdog_actions_total{unit="kimi-vllm",action="stop"} 1' in metrics
         # the same, as Prometheus scraped it from the node exporter
@@ -166,6 +170,29 @@ def test_a_gpu_lost_drains_the_engine_of_its_host_and_prometheus_has_the_events(
     assert run.code == 0, run.log[-3000:]
     _until(lambda: _unit_state("kimi-h1") == "serving", "kimi-h1 serving again")
     assert 'kimi_watchdog_up{unit="kimi-vllm"} 1' in ssh("kimi-h1", f"cat {TEXTFILE}/kimi_watchdog.prom").splitlines()
+
+
+def test_an_xid_drains_the_engine_that_ran_when_it_came_and_a_start_after_it_serves(
+    watched: Path, prometheus: Prometheus
+) -> None:
+    """The driver logs an Xid 119 (GSP timeout) for a GPU that still answers nvidia-smi: the
+    kernel's log alone tells; the engine is drained; started again (the drill's clear), it serves."""
+    _drill(watched, "accelerator-xid", "kimi-h1")
+    try:
+        _until(lambda: _unit_state("kimi-h1") == "drained", "the watchdog drains kimi-h1's engine")
+        state = _state("kimi-h1")
+        assert state["host"]["accelerators"]["count"] == 8
+        assert state["host"]["kernel_log"] is None
+        why = state["units"]["kimi-vllm"]["why"]
+        assert why.startswith("accelerators: Xid 119 on GPU 0000:"), why
+        assert "Timeout after 6s of waiting for RPC response from GPU7 GSP!" in why
+        assert _serves("kimi-h2")
+        series = 'kimi_watchdog_xid_events_total{job="node",xid="119"}'
+        _until(lambda: (_value(prometheus, series) or 0) >= 1, "Prometheus holds the Xid")
+    finally:
+        _drill(watched, "clear", "kimi-h1")
+    # started after the Xid: judged afresh, no converge needed
+    _until(lambda: _unit_state("kimi-h1") == "serving" and _serves("kimi-h1"), "kimi-h1 serving again")
 
 
 def test_a_shard_corrupted_on_disk_is_repaired_by_the_scrub_and_the_engine_restarts_on_it(watched: Path) -> None:
