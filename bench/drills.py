@@ -18,7 +18,14 @@ loop while ``deploys/drill.py`` injects the fault:
 - ``link-cut`` (kimi-h1): its link to the router's host cut (a blackhole route), healed after the
   watch;
 - ``host-down`` (kimi-h1): the host loses its link and powers off (the cluster's knob); booted
-  again by ``kimi-deploy cluster up`` after the watch.
+  again by ``kimi-deploy cluster up`` after the watch;
+- ``hub-down-sync`` (both): a converge to the model's revision B (five of its 103 files new, the
+  rest copied from revision A on the hosts), the Hub sending at 5 kB/s; 2 s after it began to send
+  the new shards, it goes down (503 on everything, the shards on their way cut short). Detect: the
+  converge failing (its one line per host printed); recover: the converge run again once the Hub is
+  back, done and serving revision B. Printed beside: the Hub's bytes over the new files' bytes
+  (1.00: each new byte sent once, nothing sent before the fault sent again), and the clients'
+  answers meanwhile (the release serving before goes on serving).
 
 Figures, from the watchdog's own record on the drilled host (its state file: when a unit left
 ``serving``, its actions) and the clients' answers, all on this machine's clock:
@@ -66,7 +73,8 @@ import yaml  # noqa: E402
 
 from harness.demo_recipes import demo_gpu_data  # noqa: E402
 from harness.hosted_api import HostedApi  # noqa: E402
-from harness.own_cluster import OwnCluster, Run  # noqa: E402
+from harness.own_cluster import OwnCluster, Run, hub_json  # noqa: E402
+from localcluster.hub import write_faults  # noqa: E402
 
 CLUSTER = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-drills", "KIMI_CLUSTER_SUBNET": "10.213.21.0/24"})
 ENGINES = ("kimi-h1", "kimi-h2")
@@ -75,6 +83,13 @@ PROMPT = "Reply with exactly the word READY and nothing else."
 HOSTED = "READY (hosted)"
 LADDER = {"interval_s": 1, "timeout_s": 2, "canary_interval_s": 1, "canary_timeout_s": 5, "restart_after": 2,
           "restarts": 1, "grace_s": 30}  # fmt: skip
+# a converge drill, not deploys/drill.py's
+HUB_DOWN = "hub-down-sync"
+MODEL = "moonshotai/Kimi-K3.1-Pro-Tiny"
+REVISION_A = "707b75098b7cd8ff771cbef11deb78f502e0ba34"  # the recipe's, serving when the drill starts
+REVISION_B = "70e42530909446fa6a1a8292794d0638293ad679"
+# slow enough that the Hub is still sending revision B's new shards when it goes down
+SLOW_BYTES_PER_S = 5_000
 # drill -> the hosts it is injected on
 DRILLS = {
     "engine-killed": ("kimi-h1",),
@@ -84,6 +99,7 @@ DRILLS = {
     "shard-corrupted": ("kimi-h2",),
     "link-cut": ("kimi-h1",),
     "host-down": ("kimi-h1",),
+    HUB_DOWN: ENGINES,
 }
 # the drills no watchdog tells, watched as the clients see them for this long
 CLIENT_SEEN = ("link-cut", "host-down")
@@ -97,7 +113,7 @@ INJECT = {"both-stopped": "engine-stopped"}
 WATCH_S = 120
 
 
-def _recipe(folder: Path, hosted: HostedApi) -> Path:
+def _recipe(folder: Path, hosted: HostedApi, revision: str | None = None) -> Path:
     key = CLUSTER.dir / "api-key"
     hosted_key = folder / "hosted-key"
     hosted_key.write_text(hosted.key + "\n", encoding="utf-8")
@@ -112,7 +128,9 @@ def _recipe(folder: Path, hosted: HostedApi) -> Path:
     data["routers"] = {"vllm-router": {"version": "0.1.17"}}
     data["topologies"] = {"demo-vllm": vllm}
     data["watchdog"] = LADDER
-    path = folder / "recipe.yaml"
+    if revision is not None:
+        data["model"]["revision"] = revision
+    path = folder / ("recipe.yaml" if revision is None else f"recipe-{revision[:8]}.yaml")
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
@@ -138,7 +156,9 @@ def _limit(hosts: tuple[str, ...]) -> list[str]:
 
 def _must(run: Run, what: str) -> Run:
     if run.code != 0:
-        sys.exit(f"{what} failed:\n{run.log[-4000:]}")
+        # the lines that name a host's failure (pyinfra goes on with the other hosts), then the end
+        said = [line for line in run.log.splitlines() if "kimi-deploy:" in line or "Error" in line]
+        sys.exit(f"{what} failed:\n" + "\n".join(said[-20:]) + f"\n...\n{run.log[-2000:]}")
     return run
 
 
@@ -212,6 +232,83 @@ def _seen_by_clients(answers: list[tuple[float, float, str, str]], before: list[
     return min(a[1] for a in bad), (last if last < watched - 10 else None)
 
 
+def _lock(revision: str) -> dict[str, Any]:
+    files: dict[str, Any] = json.loads((ROOT / "recipes/locks" / f"{MODEL.replace('/', '--')}@{revision}.json")
+                                       .read_text(encoding="utf-8"))["files"]  # fmt: skip
+    return files
+
+
+def _new_bytes() -> int:
+    """The bytes of revision B's files that revision A, on the hosts, lacks: all a sync must fetch."""
+    a, b = _lock(REVISION_A), _lock(REVISION_B)
+    return sum(int(f["size"]) for path, f in b.items() if a.get(path, {}).get("digest") != f["digest"])
+
+
+def _shards_started(st: dict[str, Any]) -> int:
+    """The weight files whose bodies the Hub has begun to send since its counters were reset."""
+    started: dict[str, int] = hub_json(st, "/_stats")["downloads"]
+    return sum(n for path, n in started.items() if path.endswith(".safetensors"))
+
+
+def _answers_since(load: Load, first: int, injected: float) -> tuple[list[Any], dict[str, Any]]:
+    """The clients' answers sent since the fault, and what they saw: requests, each kind of answer,
+    the errors, and whether some answer came in every second ("up")."""
+    recent = [a for a in load.answers[first:] if a[0] >= injected]
+    kinds = {k: sum(1 for a in recent if a[2] == k) for k in ("local", "hosted", "wrong", "failed")}
+    errors: dict[str, int] = {}
+    for a in recent:
+        if a[2] in ("failed", "wrong"):
+            errors[f"{a[2]}: {a[3]}"] = errors.get(f"{a[2]}: {a[3]}", 0) + 1
+    good = sorted(a[1] for a in recent if a[2] in ("local", "hosted"))
+    seconds = range(int(injected), int(recent[-1][1]) if recent else 0)
+    up = all(any(s <= t < s + 1 for t in good) for s in seconds)
+    return recent, {"requests": len(recent), **kinds, "errors": errors, "up": up}
+
+
+def _hub_down_sync(st: dict[str, Any], inventory: Path, recipe_b: Path, load: Load) -> dict[str, Any]:
+    """The Hub down in the middle of a converge's sync (see the module's doc)."""
+    hub = CLUSTER.dir / "hub"
+    for h in ENGINES:  # revision B has to come from the Hub
+        _ssh(st, h, f"rm -rf /srv/models/{MODEL.replace('/', '--')}/{REVISION_B}")
+    hub_json(st, "/_stats/reset", "POST")
+    write_faults(hub, {"slow_bytes_per_s": SLOW_BYTES_PER_S})
+    first = len(load.answers)
+    runs: list[Run] = []
+    converge = threading.Thread(target=lambda: runs.append(CLUSTER.pyinfra(inventory, "--data",
+                                                                           f"kimi_recipe={recipe_b}")))  # fmt: skip
+    converge.start()
+    deadline = time.time() + 300
+    while time.time() < deadline and converge.is_alive() and not _shards_started(st):
+        time.sleep(0.3)
+    time.sleep(2)  # a part of each new shard on its way
+    injected = time.time()
+    write_faults(hub, {"down": True, "retry_after": 1})
+    try:
+        converge.join()
+    finally:
+        write_faults(hub, None)
+    detect = time.time()
+    failed = [line.strip() for line in runs[0].log.splitlines() if "kimi-deploy: weights" in line]
+    if runs[0].code == 0 or not failed:
+        sys.exit(f"{HUB_DOWN}: the converge did not fail on the Hub going down:\n{runs[0].log[-3000:]}")
+    _must(CLUSTER.pyinfra(inventory, "--data", f"kimi_recipe={recipe_b}"), f"{HUB_DOWN}: the converge after")
+    recover = time.time()
+    time.sleep(3)
+    sent = sum(hub_json(st, "/_stats")["bytes"].values())
+    recent, seen = _answers_since(load, first, injected)
+    # when the hosted API answered, from the fault: within the failed converge (before detect_s) or
+    # the one after it, which restarts the engines on revision B
+    times = [a[1] - injected for a in recent if a[2] == "hosted"]
+    hosted = [round(min(times), 1), round(max(times), 1)] if times else None
+    return {
+        "drill": HUB_DOWN, "hosts": list(ENGINES), "detect_s": round(detect - injected, 2),
+        "recover_s": round(recover - injected, 2), **seen,
+        "converge_said": failed[0][:200],
+        "hosted_s": hosted, "hub_bytes": sent, "new_bytes": _new_bytes(),
+        "hub_bytes_over_new": round(sent / _new_bytes(), 3),
+    }  # fmt: skip
+
+
 def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[str, Any]:
     hosts = DRILLS[name]
     first = len(load.answers)
@@ -249,21 +346,12 @@ def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[s
         elif detect is not None and state.get("state") == "serving" and state.get("since", 0) > injected:
             recover = state["since"]
     time.sleep(3)  # the answers after recovery
-    recent = [a for a in load.answers[first:] if a[0] >= injected]
-    kinds = {k: sum(1 for a in recent if a[2] == k) for k in ("local", "hosted", "wrong", "failed")}
-    errors: dict[str, int] = {}
-    for a in recent:
-        if a[2] in ("failed", "wrong"):
-            errors[f"{a[2]}: {a[3]}"] = errors.get(f"{a[2]}: {a[3]}", 0) + 1
-    good = sorted(a[1] for a in recent if a[2] in ("local", "hosted"))
-    end = recent[-1][1] if recent else injected
-    seconds = range(int(injected), int(end))
-    up = all(any(s <= t < s + 1 for t in good) for s in seconds)
+    _, seen = _answers_since(load, first, injected)
     return {
         "drill": name, "hosts": list(hosts),
         "detect_s": round(detect - injected, 2) if detect else None,
         "recover_s": round(recover - injected, 2) if recover else None,
-        "requests": len(recent), **kinds, "errors": errors, "up": up,
+        **seen,
     }  # fmt: skip
 
 
@@ -346,12 +434,16 @@ def main() -> None:
             key = (CLUSTER.dir / "api-key").read_text(encoding="utf-8").strip()
             results = []
             print(f"both engines in the router's rotation after {_in_rotation(st, gateway, key):.1f} s")
+            recipe_b = _recipe(folder, hosted, REVISION_B)
             for name in names:
                 load = Load(gateway, key, args.concurrency)
                 threads = load.run()
                 time.sleep(3)
                 try:
-                    results.append(_drill(name, st, inventory, load))
+                    if name == HUB_DOWN:
+                        results.append(_hub_down_sync(st, inventory, recipe_b, load))
+                    else:
+                        results.append(_drill(name, st, inventory, load))
                 finally:
                     load.stop.set()
                     for t in threads:

@@ -77,6 +77,9 @@ class OwnCluster:
         cluster's default number), their state with ``"dir": folder``; down again at the end,
         whatever happened."""
         self.cli("down")
+        # the services' fault files outlive a down (an earlier run that stopped half-way left them)
+        for service in ("hub", "index"):
+            (self.dir / service / "faults.json").unlink(missing_ok=True)
         self.cli("up", "--hardware", hardware, *(["--hosts", str(hosts)] if hosts else []))
         try:
             yield {**self.state(), "dir": folder}

@@ -17,7 +17,16 @@ from kimi_deploy.fidelity_ledger import gaps, read_citations, render
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.index_pins import missing_pins
 from kimi_deploy.lockfile import lock_path
-from kimi_deploy.parsers import ParseError, ibstat, ibv_devinfo, nccl_tests, nvidia_smi_query, nvidia_smi_topo, tpu_pci
+from kimi_deploy.parsers import (
+    ParseError,
+    ibstat,
+    ibv_devinfo,
+    nccl_tests,
+    nvidia_smi_fabric,
+    nvidia_smi_query,
+    nvidia_smi_topo,
+    tpu_pci,
+)
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import load_recipe
@@ -98,6 +107,7 @@ def _lock(args: argparse.Namespace) -> int:
 _FACT_PARSERS: dict[str, Callable[[str, list[str] | None], Any]] = {
     "nvidia-smi-query": nvidia_smi_query.parse_query,
     "nvidia-smi-topo": lambda text, _: nvidia_smi_topo.parse_topo(text),
+    "nvidia-smi-fabric": lambda text, _: nvidia_smi_fabric.parse_fabric(text),
     "ibv-devinfo": lambda text, _: ibv_devinfo.parse_ibv_devinfo(text),
     "ibstat": lambda text, _: ibstat.parse_ibstat(text),
     "tpu-pci": lambda text, _: tpu_pci.parse_tpu_pci(text),

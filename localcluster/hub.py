@@ -38,7 +38,9 @@ huggingface_hub 2.x calls them:
 Faults: ``<root>/faults.json`` is read on every request (absent: none; write it with ``write_faults``).
 Keys (unknown keys are an error, answered 500):
 
-* ``"down": true``: 503 on everything but ``/_stats``; ``"retry_after": N`` adds ``Retry-After: N``.
+* ``"down": true``: 503 on everything but ``/_stats``; ``"retry_after": N`` adds ``Retry-After: N``. A
+  body being sent slowly (``slow_bytes_per_s``) when the Hub goes down stops there, its connection
+  closed short of its length, as a server going away leaves its transfers.
 * ``"corrupt": [glob, ...]``: matching paths are served at full size with every byte of the second half
   XOR 0xFF (the safetensors header stays readable; only a checksum tells). Metadata stays truthful.
 * ``"truncate": {glob: N}``: each body of a matching path stops after N bytes and the connection is closed
@@ -765,6 +767,10 @@ class _Handler(BaseHTTPRequestHandler):
                         raise OSError(f"object {oid} shrank while being served")
                     if corrupt:
                         chunk = self._corrupt(chunk, first + sent, size)
+                    if rate is not None and sent and self.hub.faults().down:
+                        # Gone down while sending: a server going away leaves its transfers cut short.
+                        self.close_connection = True
+                        return
                     if rate is not None:
                         # Hold each chunk until the time it is due, so that the last byte arrives at size / rate.
                         ahead = (sent + len(chunk)) / rate - (time.monotonic() - started)

@@ -1,8 +1,11 @@
 """Pure parsers of hardware command outputs: text in, plain JSON-able data out.
 
-One module per output kind (``nvidia_smi_query``, ``nvidia_smi_topo``, ``ibv_devinfo``, ``ibstat``,
-``tpu_pci``). They import nothing but the standard library, do no I/O and never run a command: the
-facts that run the commands on a host hand their output here.
+One module per output kind (``nvidia_smi_query`` with its field table ``nvidia_smi_fields``,
+``nvidia_smi_topo``, ``nvidia_smi_fabric``, ``ibv_devinfo``, ``ibstat``, ``tpu_pci``,
+``nccl_tests``). They import nothing but the standard library, do no I/O and never run a command:
+the facts that run the commands on a host hand their output here. Each returns what it found or
+raises one line saying what it expected and what it saw; "found nothing" is an answer only for a
+valid empty output of its command.
 
 Every parser raises only :class:`ParseError` (or a subclass) for input it cannot make sense of; any
 other exception escaping a parser is a bug. Outputs come from hosts, so a crafted one must not stall

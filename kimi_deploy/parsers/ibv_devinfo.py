@@ -15,11 +15,14 @@
 - ``physical_state`` (from ``phys_state``), ``active_width``, ``active_speed`` and ``gids`` exist only
   in ``-v`` output; in the short form they are None and ``[]``. Any attribute the output does not
   print is None. Every other ``-v`` attribute (device caps, flags) is left out.
-- Lines before the first ``hca_id:`` (library warnings) are skipped.
+- Lines before the first ``hca_id:`` (library warnings) are skipped; an HCA's or a port's attribute
+  among them means the output lost its start, and is refused.
+- ``No IB devices found``, what ibv_devinfo prints on a host without one (after the library's
+  warnings, as a real one printed: ``tests/parsers/fixtures/SOURCES.md``), is the empty list.
 
-Raises :class:`~kimi_deploy.parsers.ParseError` when there is no ``hca_id:`` line, when a port
-number or a numeric attribute is not a number, or when an attribute comes before any port header
-it needs.
+Raises :class:`~kimi_deploy.parsers.ParseError` when there is no ``hca_id:`` line (quoting the first
+line the tool printed, such as ``Failed to open device``), when a port number or a numeric attribute
+is not a number, or when an attribute comes before the ``hca_id:`` or port header it needs.
 """
 
 from __future__ import annotations
@@ -56,13 +59,14 @@ PORT_FIELDS = {
 _RENAMED = {"phys_state": "physical_state"}
 _INT = re.compile(r"\d+")
 _GID = re.compile(r"GID\[\s*\d+\]")
+NO_DEVICES = "No IB devices found"
 
 
 def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
     """The HCAs ``ibv_devinfo`` (short or ``-v``) printed in ``text`` (shape in the module docstring)."""
     hcas: list[dict[str, Any]] = []
     port: dict[str, Any] | None = None
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         # "key: value"; split by hand, since a pattern with lazy groups backtracks over a long line.
         key, colon, value = line.partition(":")
         key, value = key.strip(), value.strip()
@@ -73,6 +77,8 @@ def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
             port = None
             continue
         if not hcas:
+            if key in HCA_FIELDS or key in PORT_FIELDS:
+                raise ParseError(f"line {number}: {key} before any 'hca_id:' line (the output's start is missing)")
             continue
         hca = hcas[-1]
         where = f"hca {hca['hca_id']}"
@@ -91,7 +97,10 @@ def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
         elif key in PORT_FIELDS:
             raise ParseError(f"{where}: {key} before any 'port:' line")
     if not hcas:
-        raise ParseError("no 'hca_id:' line")
+        said = [line.strip() for line in text.splitlines() if line.strip()]
+        if NO_DEVICES in said:
+            return []
+        raise ParseError(f"no 'hca_id:' line (first line: {said[0]!r})" if said else "no output")
     return hcas
 
 

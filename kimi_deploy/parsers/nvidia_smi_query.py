@@ -5,7 +5,9 @@
     [{"name": "NVIDIA H200", "memory.total": 143771, "pcie.link.gen.max": 5, "pcie.link.width.max": 16}, ...]
 
 - Keys are the field names the header prints, without their unit (``memory.total [MiB]`` ->
-  ``memory.total``); nvidia-smi prints some aliases under their canonical name (``clocks.sm`` as
+  ``memory.total``). The header is told from a GPU's values by the field names nvidia-smi documents
+  (:mod:`~kimi_deploy.parsers.nvidia_smi_fields`), in any subset and order, with units or without;
+  a name the table lacks is kept as printed; nvidia-smi prints some aliases under their canonical name (``clocks.sm`` as
   ``clocks.current.sm``). Without a header the caller passes ``fields`` (the ``--query-gpu`` list)
   and those are the keys.
 - Units are dropped from values (``143771 MiB`` -> ``143771``). Fields that measure something
@@ -31,6 +33,7 @@ import re
 from collections.abc import Sequence
 
 from kimi_deploy.parsers import ParseError, read_int
+from kimi_deploy.parsers.nvidia_smi_fields import QUERY_GPU_FIELDS
 
 Value = str | int | float | None
 
@@ -59,7 +62,9 @@ NUMERIC_FIELDS = (
     "retired_pages.",
     "encoder.stats.",
 )
-_HEADER_CELL = re.compile(r"(?P<field>[a-z][a-z0-9_.]*)(?: \[[^\]]+\])?")
+# A header cell: a field name (``pci.baseClass``, ``encoder.stats.sessionCount``: not all lowercase)
+# with its unit in brackets unless ``nounits``.
+_HEADER_CELL = re.compile(r"(?P<field>[A-Za-z][A-Za-z0-9_.]*)(?: \[(?P<unit>[^\]]+)\])?")
 _NUMBER = re.compile(r"(?P<number>-?\d+(?:\.\d+)?)(?: ?(?P<unit>[A-Za-z%/]+))?")
 # Units nvidia-smi appends to values without ``nounits``.
 UNITS = frozenset({"%", "B", "KiB", "MiB", "GiB", "KiB/s", "MiB/s", "MHz", "W", "C", "J", "mJ", "us", "ms", "s"})
@@ -106,12 +111,15 @@ def parse_query(text: str, fields: Sequence[str] | None = None) -> list[dict[str
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise ParseError("no output")
-    header = _header(lines[0])
+    header = _header(lines[0], fields)
     if header is not None:
         names = header
         if fields is not None and len(fields) != len(names):
             raise ParseError(f"the header has {len(names)} fields, the query {len(fields)}")
         rows = lines[1:]
+        if not rows:
+            # with no GPU, nvidia-smi prints no header but "No devices were found"
+            raise ParseError(f"a header of {len(names)} fields and no GPU line after it")
     elif fields is not None:
         names = [field.strip() for field in fields]
         rows = lines
@@ -126,12 +134,23 @@ def parse_query(text: str, fields: Sequence[str] | None = None) -> list[dict[str
     return gpus
 
 
-def _header(line: str) -> list[str] | None:
-    # A header cell is a lowercase field name, with its unit in brackets unless ``nounits``.
+def _header(line: str, fields: Sequence[str] | None) -> list[str] | None:
+    """The field names of a header line, else None (the line is a GPU's values).
+
+    A line of names is the header when one of them is a field nvidia-smi documents
+    (:data:`~kimi_deploy.parsers.nvidia_smi_fields.QUERY_GPU_FIELDS`), a unit follows one, or they
+    are the query's own ``fields``: a name not in the table (a newer driver's) is kept. A GPU's
+    values never all look like names with one of them a documented field.
+    """
     matches = [_HEADER_CELL.fullmatch(cell.strip()) for cell in line.split(",")]
-    if not all(matches):
+    found = [m for m in matches if m]
+    if len(found) != len(matches):
         return None
-    return [m.group("field") for m in matches if m]
+    names = [m.group("field") for m in found]
+    asked = fields is not None and names == [field.strip() for field in fields]
+    if asked or any(m.group("unit") for m in found) or any(name in QUERY_GPU_FIELDS for name in names):
+        return names
+    return None
 
 
 def _value(field: str, cell: str) -> Value:

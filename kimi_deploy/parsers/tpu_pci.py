@@ -1,18 +1,24 @@
-"""Detect Google TPUs from sysfs-like PCI listings and ``ls -l`` of ``/dev/vfio`` or ``/dev/accel*``.
+"""Detect Google TPUs from PCI listings, ``ls`` of ``/dev/vfio`` or ``/dev/accel*``, and tpu-info.
 
 :func:`parse_tpu_pci` reads any mix of:
 
 - PCI devices: a line naming a PCI address (``0000:00:04.0``) followed, on it or on the next lines,
   by ``vendor: 0x1ae0`` and ``device: 0x006f`` (sysfs ``vendor``/``device`` files as a probe prints
-  them, e.g. under ``/sys/kernel/iommu_groups/N/devices/``), or ``lspci -nn`` lines (``[1ae0:006f]``);
+  them, e.g. under ``/sys/kernel/iommu_groups/N/devices/``); ``lspci -nn`` lines (``[1ae0:006f]``);
+  and plain ``lspci`` lines, which name the vendor (``Google, Inc.``) and, as pci.ids names no Cloud
+  TPU, print the device id as ``Device 0027``;
 - device nodes: ``ls -l`` lines of character devices, either with full paths (``ls -l /dev/accel*``)
-  or bare names under a ``/dev/vfio:`` or ``--- /dev/vfio ---`` heading (``ls -l /dev/vfio``).
+  or bare names under a ``/dev/vfio:`` or ``--- /dev/vfio ---`` heading (``ls -l /dev/vfio``), and
+  lines of bare paths (``ls /dev/accel*``, ``find /dev``), whose nodes have no major or minor;
+- tpu-info's "TPU Chips" table (its box or Markdown form): a row per chip, its node and its type
+  (``/dev/accel0 | TPU v4 chip``, ``/dev/vfio/0 | TPU7x chip``).
 
 and returns::
 
     {"devices": [{"pci_address": "0000:00:04.0", "vendor_id": "0x1ae0", "device_id": "0x006f",
                   "generation": "v6e", "iommu_group": 0}, ...],
      "nodes": [{"path": "/dev/vfio/0", "major": 245, "minor": 2}, ...],
+     "chips": [{"path": "/dev/vfio/0", "generation": "v6e"}, ...],
      "generation": "v6e",
      "chip_count": 4}
 
@@ -21,10 +27,16 @@ and returns::
   ``iommu_group`` is None unless the path names one. Ids are lowercase ``0x`` plus four hex digits.
 - ``nodes``: the accelerator device nodes, ``/dev/vfio/N`` (not the ``/dev/vfio/vfio`` container
   node) and ``/dev/accelN``.
-- ``generation``: the one TPU generation of the devices; None without TPU devices or when they mix.
-- ``chip_count``: the TPU devices when PCI devices were listed, else the accelerator nodes.
+- ``chips``: tpu-info's rows.
+- ``generation``: the one TPU generation of the devices (else of tpu-info's chips); None without
+  either or when they mix.
+- ``chip_count``: the TPU chips when PCI devices were listed (the PCI functions of one slot are one
+  chip, as tpu-info groups them: a TPU7x chip shows two), else tpu-info's chips, else the nodes. A
+  listing of nodes or PCI devices with no TPU among them is a host without one: 0.
 
-Raises :class:`~kimi_deploy.parsers.ParseError` when the text has neither.
+Raises :class:`~kimi_deploy.parsers.ParseError`, in one line, when the text lists none of these, and
+when it lists PCI devices in a form that hides what they are: a Google device lspci named without its
+id, or addresses with neither ids nor a vendor's name (``lspci -nn`` says both).
 """
 
 from __future__ import annotations
@@ -35,14 +47,24 @@ from typing import Any
 from kimi_deploy.parsers import ParseError, read_int
 
 GOOGLE_VENDOR_ID = "0x1ae0"
-# PCI device id of each TPU generation's chip (vendor 0x1ae0): the one table of them.
+# PCI device id of each TPU generation's chip (vendor 0x1ae0): the one table of them. Sources:
+# tpu-info's TpuChip.from_pci_device_id (AI-Hypercomputer/cloud-accelerator-diagnostics
+# tpu_info/tpu_info/device.py @ fe85c12527bd); JAX's jax/_src/hardware_utils.py @ cec06d11 for
+# 0x0056, 0x007c and 0x0083; v2 and v3 share 0x0027 (tensorflow/tpu's driver, tpuv2_core.h: only the
+# subsystem id, 0x004e or 0x004f, tells them apart).
 TPU_GENERATIONS = {
+    "0x0027": "v2/v3",
+    "0x0056": "v4lite",
     "0x005e": "v4",
     "0x0063": "v5e",
     "0x0062": "v5p",
     "0x006f": "v6e",
     "0x0076": "7x",
+    "0x007c": "8t",
+    "0x0083": "8i",
 }
+# pci.ids' name of the vendor, which plain lspci prints in place of 1ae0
+GOOGLE_VENDOR_NAME = "Google, Inc."
 
 _PCI_ADDRESS = re.compile(r"\b((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
 _IOMMU_GROUP = re.compile(r"iommu_groups/(\d+)/")
@@ -52,14 +74,21 @@ _ID_FIELD = re.compile(r"\b(vendor|device)\s*:\s*(0x[0-9a-fA-F]{1,4})\b")
 # (one "\s" after the minor number, not "\s+": ".*" takes the rest of the blanks).
 _LS_CHAR_DEVICE = re.compile(r"c[-rwxsStT]{9}\S*\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s.*\s(\S+)")
 _ACCELERATOR_NODE = re.compile(r"/dev/(?:vfio/\d+|accel\d+)")
+# plain lspci: "00:04.0 Unassigned class [ff00]: Google, Inc. Device 0027" (the class, then the names)
+_LSPCI_NAMES = re.compile(r"(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7] [^:]*: (?P<names>.*)")
+_UNNAMED_DEVICE = re.compile(r"Device ([0-9a-fA-F]{4})\b")
+# tpu-info's chip type: "TPU v4 chip", "TPU7x chip"
+_TPU_INFO_TYPE = re.compile(r"TPU ?(v?[0-9][0-9a-z/]*) chip")
 
 
 def parse_tpu_pci(text: str) -> dict[str, Any]:
-    """TPU devices and device nodes listed in ``text`` (shape in the module docstring)."""
+    """TPU devices, device nodes and tpu-info chips listed in ``text`` (shape in the module docstring)."""
     devices: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
+    chips: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     directory = ""
+    paths_listed = False
     for line in text.splitlines():
         stripped = line.strip()
         heading = _heading(stripped)
@@ -74,35 +103,87 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
                 major, minor = read_int(node.group(1), path), read_int(node.group(2), path)
                 nodes.append({"path": path, "major": major, "minor": minor})
             continue
+        words = stripped.split()
+        if words and all(word.startswith("/dev/") for word in words):
+            # bare paths: ls /dev/accel*, find /dev
+            paths_listed = True
+            nodes += [{"path": w, "major": None, "minor": None} for w in words if _ACCELERATOR_NODE.fullmatch(w)]
+            continue
+        chip = _tpu_info_row(stripped)
+        if chip:
+            chips.append(chip)
+            continue
         address = _PCI_ADDRESS.search(stripped)
         if address:
-            group = _IOMMU_GROUP.search(stripped)
-            current = {
-                "pci_address": address.group(1).lower(),
-                "vendor_id": None,
-                "device_id": None,
-                "iommu_group": read_int(group.group(1), "iommu_groups") if group else None,
-            }
+            current = _pci_device(stripped, address.group(1).lower())
             devices.append(current)
-            pair = _ID_PAIR.search(stripped)
-            if pair:
-                current["vendor_id"], current["device_id"] = _id(pair.group(1)), _id(pair.group(2))
         if current is not None:
             for field, value in _ID_FIELD.findall(stripped):
                 current[f"{field}_id"] = _id(value)
+    unknown = list(dict.fromkeys(d["pci_address"] for d in devices if d["vendor_id"] is None and not d["named"]))
+    if unknown:
+        raise ParseError(
+            f"PCI devices {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''} listed without their vendor"
+            " and device ids: list them with lspci -nn, or sysfs' vendor and device files"
+        )
     google = [d for d in devices if d["vendor_id"] == GOOGLE_VENDOR_ID]
     for device in google:
         device["generation"] = TPU_GENERATIONS.get(device["device_id"])
-    if not devices and not nodes:
-        raise ParseError("no PCI device and no /dev/vfio or /dev/accel node listed")
+    if not devices and not nodes and not chips and not paths_listed:
+        raise ParseError("no PCI device, no /dev/vfio or /dev/accel node and no tpu-info chip listed")
     tpus = [d for d in google if d["generation"]]
-    generations = {d["generation"] for d in tpus}
+    if devices:
+        generations = {d["generation"] for d in tpus}
+        # one chip per PCI slot (domain:bus:device), its functions together, as tpu-info counts them
+        count = len({d["pci_address"].rsplit(".", 1)[0] for d in tpus})
+    else:
+        generations = {c["generation"] for c in chips}
+        count = len(chips) if chips else len(nodes)
     return {
         "devices": [{key: d[key] for key in _DEVICE_KEYS} for d in google],
         "nodes": nodes,
+        "chips": chips,
         "generation": generations.pop() if len(generations) == 1 else None,
-        "chip_count": len(tpus) if devices else len(nodes),
+        "chip_count": count,
     }
+
+
+def _pci_device(line: str, address: str) -> dict[str, Any]:
+    """The device a line names: its ids from ``[vvvv:dddd]``, or from plain lspci's names."""
+    group = _IOMMU_GROUP.search(line)
+    device: dict[str, Any] = {
+        "pci_address": address if address.count(":") == 2 else f"0000:{address}",
+        "vendor_id": None,
+        "device_id": None,
+        "iommu_group": read_int(group.group(1), "iommu_groups") if group else None,
+        "named": False,
+    }
+    pair = _ID_PAIR.search(line)
+    if pair:
+        device["vendor_id"], device["device_id"] = _id(pair.group(1)), _id(pair.group(2))
+        return device
+    lspci = _LSPCI_NAMES.fullmatch(line)
+    if lspci is None:
+        return device
+    device["named"] = True
+    names = lspci.group("names")
+    if names.startswith(GOOGLE_VENDOR_NAME):
+        unnamed = _UNNAMED_DEVICE.match(names[len(GOOGLE_VENDOR_NAME) :].strip())
+        if unnamed is None:
+            raise ParseError(f"lspci names a Google device without its id ({line!r}): list it with lspci -nn")
+        device["vendor_id"], device["device_id"] = GOOGLE_VENDOR_ID, _id(unnamed.group(1))
+    return device
+
+
+def _tpu_info_row(line: str) -> dict[str, Any] | None:
+    """A row of tpu-info's "TPU Chips" table (``│ /dev/accel0 │ TPU v4 chip │ 1 │ 130007 │``), else None."""
+    cells = [cell.strip() for cell in line.replace("│", "|").strip("|").split("|")]
+    if len(cells) < 2 or not _ACCELERATOR_NODE.fullmatch(cells[0]):
+        return None
+    kind = _TPU_INFO_TYPE.fullmatch(cells[1])
+    if kind is None:
+        return None
+    return {"path": cells[0], "generation": kind.group(1)}
 
 
 _DEVICE_KEYS = ("pci_address", "vendor_id", "device_id", "generation", "iommu_group")
@@ -110,6 +191,9 @@ _DEVICE_KEYS = ("pci_address", "vendor_id", "device_id", "generation", "iommu_gr
 
 def _heading(line: str) -> str | None:
     """The directory a heading names (``/dev/vfio:``, ``--- /dev/vfio ---``), else None."""
+    # "/dev/vfio:" (ls -l of several folders) or "--- /dev/vfio ---"; a bare path is a listed path
+    if not (line.endswith(":") or (line.startswith("-") and line.endswith("-"))):
+        return None
     name = line.strip("-").strip()
     name = name.removesuffix(":")
     if not name.startswith("/dev/") or len(name) == len("/dev/") or any(c.isspace() for c in name):

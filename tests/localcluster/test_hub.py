@@ -387,6 +387,31 @@ def test_slow_fault_throttles(hub: Hub) -> None:
     assert time.monotonic() - started >= 0.2
 
 
+def test_going_down_cuts_a_slow_transfer_short(hub: Hub) -> None:
+    entry = hub.info.files[hub.a][SHARD_57]
+    write_faults(hub.root, {"slow_bytes_per_s": max(1, entry.size // 4)})  # four seconds for the body
+    split = urlsplit(hub.url)
+    conn = http.client.HTTPConnection(split.hostname or "", split.port, timeout=30)
+    try:
+        conn.request("GET", f"/{REPO_ID}/resolve/{hub.a}/{SHARD_57}")
+        answer = conn.getresponse()
+        if answer.status == 302:  # the CDN's address, as the Hub answers for a large file
+            location = urlsplit(answer.getheader("Location") or "")
+            answer.read()
+            conn.close()
+            conn = http.client.HTTPConnection(location.hostname or "", location.port, timeout=30)
+            conn.request("GET", f"{location.path}?{location.query}")
+            answer = conn.getresponse()
+        assert answer.status == 200
+        first = answer.read(64)
+        write_faults(hub.root, {"down": True})
+        with pytest.raises(http.client.IncompleteRead) as cut:
+            answer.read()
+        assert len(first) + len(cut.value.partial) < entry.size
+    finally:
+        conn.close()
+
+
 def test_token_is_accepted_and_never_logged(hub: Hub, tmp_path: Path) -> None:
     secret = "hf_" + "S3cr3tT0k3n" * 3
     path = hf_hub_download(REPO_ID, "LICENSE", revision="v1", cache_dir=tmp_path, endpoint=hub.url, token=secret)

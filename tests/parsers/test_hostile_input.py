@@ -81,6 +81,10 @@ CRAFTED = {
     "ibv-key-blanks": ("ibv_devinfo", "parse_ibv_devinfo", "'hca_id: x\\na' + ' ' * N + 'b'"),
     "ibv-value-blanks": ("ibv_devinfo", "parse_ibv_devinfo", "'hca_id: x\\na:' + ' ' * N + 'b' + ' ' * N + 'c'"),
     "ibv-enum-blanks": ("ibv_devinfo", "parse_ibv_devinfo", "'hca_id: x\\n port: 1\\n  state: a' + ' ' * N + '('"),
+    "tpu-lspci-names": ("tpu_pci", "parse_tpu_pci", "'00:04.0 ' + 'a ' * N + ': Google, Inc. ' + 'Device ' * N"),
+    "tpu-info-cells": ("tpu_pci", "parse_tpu_pci", "'| /dev/vfio/0 |' + ' TPU' * N + ' chip |'"),
+    "fabric-blanks": ("nvidia_smi_fabric", "parse_fabric", "'Fabric\\n  State' + ' ' * N + ': ' + 'x' * N"),
+    "query-header-cells": ("nvidia_smi_query", "parse_query", "'name [' + '[' * N + '\\n'"),
 }
 
 

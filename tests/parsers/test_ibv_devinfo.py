@@ -8,7 +8,9 @@ from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.ibv_devinfo import parse_ibv_devinfo
 from tests.parsers import FIXTURES, fixture
 
-ALL = sorted(p.name for p in FIXTURES.glob("ibv_devinfo_*.txt"))
+# The captures of a tool that failed, each with the line the parser says.
+REFUSED = {"ibv_devinfo_siw_failed_open_only_ntbcxl90.txt": "no 'hca_id:' line (first line: 'Failed to open device')"}
+ALL = sorted(p.name for p in FIXTURES.glob("ibv_devinfo_*.txt") if p.name not in REFUSED)
 
 
 def test_connectx6_infiniband_port_active() -> None:
@@ -99,3 +101,43 @@ def test_a_port_number_that_is_not_a_number_is_refused() -> None:
 def test_other_outputs_are_refused(name: str) -> None:
     with pytest.raises(ParseError, match="no 'hca_id:' line"):
         parse_ibv_devinfo(fixture(name))
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_tool_that_failed_is_refused_quoting_what_it_said(name: str) -> None:
+    with pytest.raises(ParseError) as error:
+        parse_ibv_devinfo(fixture(name))
+    assert str(error.value) == REFUSED[name]
+
+
+def test_no_ib_devices_found_is_a_host_without_hcas() -> None:
+    # the library's warnings first, then ibv_devinfo's own line
+    assert parse_ibv_devinfo(fixture("ibv_devinfo_none_no_devices_driver_warnings_pib2.txt")) == []
+
+
+def test_an_output_cut_at_its_start_is_refused_not_read_short() -> None:
+    # A paste that lost its first character ("ca_id: mlx5_0"): the first HCA's attributes have no hca_id.
+    text = fixture("ibv_devinfo_vv_cx6_2hca_ib_hdr_4x50_1_disabled_tabs_ucx9908.txt")
+    start = text.index("hca_id:")
+    with pytest.raises(ParseError, match="before any 'hca_id:' line \\(the output's start is missing\\)"):
+        parse_ibv_devinfo(text[start + 1 :])
+
+
+def test_infiniband_hdr_port_at_4x_50_gbps_and_a_disabled_one() -> None:
+    first, second = parse_ibv_devinfo(fixture("ibv_devinfo_vv_cx6_2hca_ib_hdr_4x50_1_disabled_tabs_ucx9908.txt"))
+    assert [(p["state"], p["physical_state"], p["active_width"], p["active_speed"]) for p in first["ports"]] == [
+        ("PORT_ACTIVE", "LINK_UP", "4X", "50.0 Gbps")
+    ]
+    assert [(p["state"], p["physical_state"]) for p in second["ports"]] == [("PORT_DOWN", "DISABLED")]
+
+
+def test_twelve_roce_hcas_with_two_ports_down() -> None:
+    hcas = parse_ibv_devinfo(fixture("ibv_devinfo_cx7_12hca_roce_2_down_tabs_slurmv4.txt"))
+    down = [h["hca_id"] for h in hcas if h["ports"][0]["state"] == "PORT_DOWN"]
+    assert (len(hcas), down) == (12, ["mlx5_9", "mlx5_11"])
+    assert {h["ports"][0]["link_layer"] for h in hcas} == {"Ethernet"}
+
+
+def test_failure_lines_around_a_device_leave_the_device_read() -> None:
+    hcas = parse_ibv_devinfo(fixture("ibv_devinfo_cx3vf_1hca_failed_open_interleaved_spaces_hustcat8.txt"))
+    assert [(h["hca_id"], h["ports"][0]["state"]) for h in hcas] == [("mlx4_2", "PORT_ACTIVE")]

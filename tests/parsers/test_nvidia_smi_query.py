@@ -90,6 +90,11 @@ def test_driver_library_mismatch_raises_with_the_nvml_version() -> None:
         ("query_error_driver_unreachable_gcp33.txt", "driver_unreachable"),
         ("query_error_no_devices_genv.txt", "no_devices"),
         ("query_error_nvml_mismatch_intel_llvm17614.txt", "driver_library_mismatch"),
+        ("query_error_no_devices_rtx5090_ogkm862.txt", "no_devices"),
+        ("query_error_device_handle_unknown_p4_synonv22.txt", "device_handle_error"),
+        ("query_error_device_handle_unknown_space_nvdocker1553.txt", "device_handle_error"),
+        ("query_error_nvml_insufficient_permissions_470_nvdocker1608.txt", "nvml_init_failed"),
+        ("query_error_nvml_unknown_error_510_nvdocker1671.txt", "nvml_init_failed"),
     ],
 )
 def test_failure_texts_are_recognised_as_data(name: str, kind: str) -> None:
@@ -108,3 +113,88 @@ def test_a_table_is_not_a_failure() -> None:
 def test_other_outputs_are_refused(name: str) -> None:
     with pytest.raises(ParseError):
         parse_query(fixture(name))
+
+
+# Every field nvidia_gpu_exporter queries, with units, from real drivers 465 to 610 (SOURCES.md):
+# headers of 115 to 241 names, some not lowercase (pci.baseClass, encoder.stats.sessionCount).
+ALL_FIELDS = {
+    "query_rtx2080s_allfields_465_nvgpuexp.csv": (115, "NVIDIA GeForce RTX 2080 SUPER", "465.27"),
+    "query_rtx2080s_win_wddm_allfields_466_nvgpuexp.csv": (115, "NVIDIA GeForce RTX 2080 SUPER", "466.63"),
+    "query_h100sxm_allfields_load_590_nvgpuexp.csv": (212, "NVIDIA H100 80GB HBM3", "590.48.01"),
+    "query_h100sxm_mig_allfields_util_na_590_nvgpuexp.csv": (212, "NVIDIA H100 80GB HBM3", "590.48.01"),
+    "query_h200_allfields_header_units_590_nvgpuexp.csv": (212, "NVIDIA H200", "590.48.01"),
+    "query_h200_mig_allfields_load_590_nvgpuexp.csv": (212, "NVIDIA H200", "590.48.01"),
+    "query_rtx2080s_win_wddm_allfields_591_nvgpuexp.csv": (210, "NVIDIA GeForce RTX 2080 SUPER", "591.86"),
+    "query_l40s_allfields_595_nvgpuexp.csv": (202, "NVIDIA L40S", "595.80"),
+    "query_rtx4080s_allfields_load_595_nvgpuexp.csv": (202, "NVIDIA GeForce RTX 4080 SUPER", "595.71.05"),
+    "query_rtx2080s_allfields_610_nvgpuexp.csv": (241, "NVIDIA GeForce RTX 2080 SUPER", "610.57.04"),
+    "query_rtx2080s_win_funcnotfound_allfields_610_nvgpuexp.csv": (239, "NVIDIA GeForce RTX 2080 SUPER", "610.62"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_FIELDS))
+def test_a_header_of_every_field_is_read_as_the_header(name: str) -> None:
+    count, gpu, driver = ALL_FIELDS[name]
+    [values] = parse_query(fixture(name))
+    assert (len(values), values["name"], values["driver_version"]) == (count, gpu, driver)
+    assert "timestamp" in values
+    assert isinstance(values["memory.total"], int)
+    # The header's own names are the keys, mixed case kept: no name read as a value.
+    header = fixture(name).splitlines()[0]
+    assert list(values) == [cell.strip().split(" [")[0] for cell in header.split(",")]
+
+
+def test_fabric_and_mig_fields_of_a_hopper_host_on_590() -> None:
+    [h200] = parse_query(fixture("query_h200_mig_allfields_load_590_nvgpuexp.csv"))
+    assert (h200["fabric.state"], h200["fabric.status"], h200["mig.mode.current"]) == ("Completed", "Success", "Enabled")
+    assert (h200["memory.total"], h200["pci.baseClass"], h200["encoder.stats.sessionCount"]) == (143771, "0x3", 0)
+    # MIG on: whole-GPU utilization is not reported, and that is None, not 0.
+    assert h200["utilization.gpu"] is None
+
+
+def test_a_header_is_found_with_or_without_units_in_any_subset_and_order() -> None:
+    header = fixture("query_h200_allfields_header_units_590_nvgpuexp.csv").splitlines()[0]
+    names = [cell.strip() for cell in header.split(",")]
+    [full] = parse_query(fixture("query_h200_allfields_header_units_590_nvgpuexp.csv"))
+    values = fixture("query_h200_allfields_header_units_590_nvgpuexp.csv").splitlines()[1].split(",")
+    for picked in ([40, 3, 17], [17, 3], [5]):
+        text = ", ".join(names[i] for i in picked) + "\n" + ", ".join(values[i].strip() for i in picked) + "\n"
+        keys = [names[i].split(" [")[0] for i in picked]
+        assert parse_query(text) == [{key: full[key] for key in keys}]
+        nounits = ", ".join(keys) + "\n" + ", ".join(values[i].strip() for i in picked) + "\n"
+        assert list(parse_query(nounits)[0]) == keys
+
+
+def test_a_field_name_no_driver_documents_yet_is_kept() -> None:
+    text = "name, memory.total [MiB], fabric.futureField\nNVIDIA H200, 143771 MiB, Ready\n"
+    assert parse_query(text) == [{"name": "NVIDIA H200", "memory.total": 143771, "fabric.futureField": "Ready"}]
+
+
+def test_the_query_field_list_does_not_turn_a_header_into_a_gpu() -> None:
+    text = fixture("query_h200_allfields_header_units_590_nvgpuexp.csv")
+    fields = [cell.strip().split(" [")[0] for cell in text.splitlines()[0].split(",")]
+    assert parse_query(text, fields) == parse_query(text)
+
+
+def test_a_gpu_line_of_words_is_data_not_a_header() -> None:
+    # Values that all look like names ("Enabled", "Default") are a GPU's, with the field list given.
+    assert parse_query("Enabled, Default\n", ["mig.mode.current", "compute_mode"]) == [
+        {"mig.mode.current": "Enabled", "compute_mode": "Default"}
+    ]
+    with pytest.raises(ParseError, match="pass the query's field list"):
+        parse_query("Enabled, Default\n")
+
+
+def test_a_header_without_gpu_lines_is_refused() -> None:
+    header = fixture("query_h200x8_header_units_distributedai.csv").splitlines()[0]
+    with pytest.raises(ParseError, match="a header of 4 fields and no GPU line after it"):
+        parse_query(header + "\n")
+
+
+def test_a_value_the_driver_lacks_is_none() -> None:
+    [gpu] = parse_query(fixture("query_rtx2080s_win_funcnotfound_allfields_610_nvgpuexp.csv"))
+    missing = [key for key, value in gpu.items() if value is None]
+    assert missing
+    assert "name" not in missing
+    [old] = parse_query(fixture("query_rtx2080ti_nounits_unknown_error_442_mindminer627.csv"))
+    assert None in old.values()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kimi_deploy.parsers import ParseError
@@ -57,12 +59,95 @@ def test_crlf_does_not_change_the_result() -> None:
 
 def test_the_generation_table_is_keyed_by_normalised_google_device_ids() -> None:
     assert GOOGLE_VENDOR_ID == "0x1ae0"
-    assert TPU_GENERATIONS == {"0x005e": "v4", "0x0063": "v5e", "0x0062": "v5p", "0x006f": "v6e", "0x0076": "7x"}
+    assert {TPU_GENERATIONS[i] for i in ("0x005e", "0x0063", "0x0062", "0x006f", "0x0076")} == {
+        "v4", "v5e", "v5p", "v6e", "7x"
+    }  # fmt: skip
+    assert all(re.fullmatch(r"0x[0-9a-f]{4}", device_id) for device_id in TPU_GENERATIONS)
 
 
 @pytest.mark.parametrize(
-    "name", ["ibstat_h100_mixed_ib_eth_3_down_gpud.txt", "query_h200x8_header_units_distributedai.csv"]
+    "name",
+    [
+        "ibstat_h100_mixed_ib_eth_3_down_gpud.txt",
+        "query_h200x8_header_units_distributedai.csv",
+        # libtpu's own errors: a chip in use names no device in a form read here
+        "tpu_unknown_4chip_vfio_busy_error_gvisor11545.txt",
+        "tpu_unknown_accel_inuse_error_tpustarter.txt",
+        "tpu_unknown_inuse_error_sglangjax857.txt",
+    ],
 )
 def test_output_without_devices_or_nodes_is_refused(name: str) -> None:
-    with pytest.raises(ParseError, match="no PCI device and no /dev/vfio or /dev/accel node listed"):
+    with pytest.raises(ParseError, match="no PCI device, no /dev/vfio or /dev/accel node and no tpu-info chip listed"):
         parse_tpu_pci(fixture(name))
+
+
+def test_plain_lspci_names_google_and_prints_the_device_id_pci_ids_lacks() -> None:
+    # A TPU v2-8 VM: "00:04.0 Unassigned class [ff00]: Google, Inc. Device 0027", four chips.
+    result = parse_tpu_pci(fixture("tpu_v2_4chip_lspci_tinygrad.txt"))
+    assert (result["chip_count"], result["generation"]) == (4, "v2/v3")
+    assert result["devices"][0] == {
+        "pci_address": "0000:00:04.0", "vendor_id": "0x1ae0", "device_id": "0x0027", "generation": "v2/v3",
+        "iommu_group": None,
+    }  # fmt: skip
+
+
+def test_plain_lspci_of_other_vendors_is_a_host_without_tpus() -> None:
+    text = "00:00.0 Host bridge: Intel Corporation 440FX - 82441FX PMC [Natoma] (rev 02)\n"
+    assert parse_tpu_pci(text)["chip_count"] == 0
+
+
+def test_a_google_device_lspci_named_without_its_id_asks_for_lspci_nn() -> None:
+    line = fixture("tpu_v2_4chip_lspci_tinygrad.txt").splitlines()[0].replace("Device 0027", "Cloud TPU")
+    with pytest.raises(ParseError, match=r"lspci names a Google device without its id .*: list it with lspci -nn"):
+        parse_tpu_pci(line)
+
+
+def test_lspci_nn_gives_the_ids_and_the_generation() -> None:
+    line = fixture("tpu_v2_4chip_lspci_tinygrad.txt").splitlines()[0].replace("Device 0027", "Device [1ae0:006f]")
+    assert parse_tpu_pci(line)["generation"] == "v6e"
+
+
+def test_addresses_without_ids_or_names_say_which_listing_is_needed() -> None:
+    # libtpu's device scan log names the PCI addresses but not as lspci or sysfs' files do.
+    with pytest.raises(ParseError) as error:
+        parse_tpu_pci(fixture("tpu_v2_4chip_libtpu_devscan_log_tinygrad.txt"))
+    assert str(error.value) == (
+        "PCI devices 0000:00:04.0, 0000:00:05.0, 0000:00:06.0, 0000:00:07.0 listed without their vendor and"
+        " device ids: list them with lspci -nn, or sysfs' vendor and device files"
+    )
+
+
+def test_ls_of_the_accel_nodes_without_l_counts_them() -> None:
+    result = parse_tpu_pci(fixture("tpu_v3_4chip_ls_accel_plain_tpustarter.txt"))
+    assert result["chip_count"] == 4
+    assert result["nodes"][3] == {"path": "/dev/accel3", "major": None, "minor": None}
+
+
+def test_a_dev_listing_with_only_the_vfio_container_is_a_host_without_chips() -> None:
+    # find /dev | grep vfio on a TPU VM image too old to expose its chips
+    result = parse_tpu_pci(fixture("tpu_unknown_0chip_find_dev_vfio_gvisor10795.txt"))
+    assert (result["chip_count"], result["nodes"], result["generation"]) == (0, [], None)
+
+
+@pytest.mark.parametrize(
+    ("name", "generation", "count", "first"),
+    [
+        ("tpu_v4_4chip_tpuinfo_rich_cores_readme.txt", "v4", 4, "/dev/accel0"),
+        ("tpu_v4_4chip_tpuinfo_rich_devices_readme.txt", "v4", 4, "/dev/accel0"),
+        ("tpu_v5e_1chip_tpuinfo_markdown_jaxlog_dragce.txt", "v5e", 1, "/dev/vfio/0"),
+        ("tpu_v6e_4chip_tpuinfo_rich_rightheader_mlautosolutions.txt", "v6e", 4, "/dev/vfio/0"),
+    ],
+)
+def test_tpu_info_chip_tables_in_box_and_markdown_form(name: str, generation: str, count: int, first: str) -> None:
+    result = parse_tpu_pci(fixture(name))
+    assert (result["generation"], result["chip_count"]) == (generation, count)
+    assert result["chips"][0] == {"path": first, "generation": generation}
+    # the utilization tables under it are not chips
+    assert len(result["chips"]) == count
+
+
+def test_the_functions_of_one_pci_slot_are_one_chip() -> None:
+    # tpu-info groups a TPU7x chip's two PCI functions by domain:bus:device (device.py, get_chips)
+    text = "".join(f"0000:00:0{slot}.{fn}\n  vendor: 0x1ae0\n  device: 0x0076\n" for slot in (4, 5) for fn in (0, 1))
+    result = parse_tpu_pci(text)
+    assert (result["chip_count"], result["generation"], len(result["devices"])) == (2, "7x", 4)
