@@ -13,23 +13,24 @@ worker without an API: systemd's state only), "served_name", "prompt", "expect",
 scrub's result file beside the weights, or null), "kmsg" (the kernel's log, ``/dev/kmsg``, or
 null), "xid_ignore" (Xid codes that say nothing of a GPU's health)}.
 
-Each round, for each unit: systemd's state (one ``systemctl show`` for all), ``GET /health``,
-and, every ``canary_interval_s`` while it passes and every round while it fails, a canary: the
-recipe's smoke prompt as a chat completion whose answer must hold the expected text (a 200 with
-wrong or empty content fails it), sent in a thread of its own and failed when not back within
-``canary_timeout_s``; for the host: the accelerators (the count the plan expects, uncorrected
-ECC errors, pages pending retirement: ``nvidia-smi``, the probe's fallback; the Xid events the
-driver logged in the kernel's log), and the scrub's last result. A unit that fails
-``restart_after`` checks in a row is restarted; one that fails again after ``restarts`` restarts,
-or whose host lost an accelerator or holds weights the scrub could not repair, or that was running
-when the driver reported a GPU fault (an Xid not in ``xid_ignore``: an event, which holds for the
-units that saw it: one started again after it, by an operator or a converge, is judged afresh),
-is drained: stopped, so that the router's health checks take it out of rotation and the gateway
-falls back when no instance is left. A unit that answers again is serving again. A unit stopped on
-purpose (``systemctl stop``: inactive, result success) is left alone; one that systemd is starting,
-or started less than ``grace_s`` ago and not healthy yet, is given time (a wrong answer from a
-healthy one counts at once). Every change of state is one journal line; the state file and the
-metrics file are rewritten whole every round.
+Each round, for each unit: systemd's state (one ``systemctl show`` for all), ``GET /health``, and,
+every ``canary_interval_s`` while it passes and every round while it fails, a canary: the recipe's
+smoke prompt as a chat completion whose answer must hold the expected text (a 200 with wrong or
+empty content fails it: a wrong answer), sent in a thread of its own and failed when not back within
+``canary_timeout_s``; for the host: the accelerators (the count the plan expects, uncorrected ECC
+errors, pages pending retirement: ``nvidia-smi``, the probe's fallback; the Xid events the driver
+logged in the kernel's log), and the scrub's last result. A unit that fails ``restart_after`` checks
+in a row is restarted; one that fails again after ``restarts`` restarts, or whose checks in a row
+were wrong answers (restarted, it would rejoin the router on its ``/health`` before a canary could
+judge it), or whose host lost an accelerator or holds weights the scrub could not repair, or that
+was running when the driver reported a GPU fault (an Xid not in ``xid_ignore``: an event, which
+holds for the units that saw it: one started again after it, by an operator or a converge, is judged
+afresh), is drained: stopped, so that the router's health checks take it out of rotation and the
+gateway falls back when no instance is left. A unit that answers again is serving again. A unit
+stopped on purpose (``systemctl stop``: inactive, result success) is left alone; one that systemd is
+starting, or started less than ``grace_s`` ago and not healthy yet, is given time (a wrong answer
+from a healthy one counts at once). Every change of state is one journal line; the state file and
+the metrics file are rewritten whole every round.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def health(unit: dict[str, Any], timeout: float) -> str | None:
     return None if status == 200 else f"health: HTTP {status}"
 
 
+# A canary answered, and not with the expected text: an engine serving wrong answers, which its
+# /health does not show; restarted, it would rejoin the router on that /health before a canary
+# could judge it, so the ladder drains it at once.
+WRONG = "canary: wrong answer:"
+
+
 def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:
     """Why the canary failed (None when its answer holds the expected text), and its seconds."""
     body = {
@@ -122,11 +129,11 @@ def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:
     try:
         content = json.loads(raw)["choices"][0]["message"].get("content") or ""
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return f"canary: an answer that is not a chat completion ({quote(raw.decode(errors='replace'))})", took
+        return f"{WRONG} not a chat completion ({quote(raw.decode(errors='replace'))})", took
     if not str(content).strip():
-        return "canary: an empty answer", took
+        return f"{WRONG} empty", took
     if unit["expect"] not in str(content):
-        return f"canary: answered {quote(content)}, not {quote(unit['expect'])}", took
+        return f"{WRONG} {quote(content)}, not {quote(unit['expect'])}", took
     return None, took
 
 
@@ -275,13 +282,15 @@ class Ladder:
             self._to("failing", now)
             return None
         self.failures = 0
-        if host_fault is None and self.restarts < self.restarts_allowed:
+        wrong = host_fault is None and why is not None and why.startswith(WRONG)
+        if host_fault is None and not wrong and self.restarts < self.restarts_allowed:
             self.restarts += 1
             log(f"{self.unit}: {why} ({self.restart_after} checks in a row): restarting "
                 f"({self.restarts} of {self.restarts_allowed})")  # fmt: skip
             self._to("restarting", now)
             return "restart"
-        after = f" after {self.restarts} restarts" if host_fault is None else f" ({self.restart_after} checks in a row)"
+        in_a_row = f" ({self.restart_after} checks in a row)"
+        after = f" after {self.restarts} restarts" if host_fault is None and not wrong else in_a_row
         log(f"{self.unit}: {self.why}{after}: draining (stopped; the router's health checks take it out)")
         self._to("drained", now)
         return "stop"

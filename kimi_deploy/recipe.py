@@ -234,15 +234,16 @@ class Watchdog(Strict):
     """Between converges, a service on every engine host checks its engines (systemd's state,
     ``/health``, a canary: the smoke prompt, whose answer must hold ``smoke.expect``), the host's
     accelerators and the scrub's last result (the canary every ``canary_interval_s``), and walks
-    the recovery ladder: ``restart_after``
-    failed checks in a row restart the engine; failing again after ``restarts`` restarts, or on a
-    host that lost an accelerator or holds weights the scrub could not repair, or while the GPU
-    driver reported a fault (an Xid not in ``xid_ignore``), it is drained (the
-    router's health checks take it out; with no instance left, the gateway's hosted fallback
-    answers). ``grace_s``: how long an engine (re)started by anyone may take before its checks
-    count (0: the smoke test's ``timeout_s``). ``textfile_dir``: the Prometheus node exporter's
-    textfile-collector folder, where it writes ``kimi_watchdog.prom`` when the folder exists
-    (Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter)."""
+    the recovery ladder: ``restart_after`` failed checks in a row restart the engine; failing
+    again after ``restarts`` restarts, or when those checks were wrong answers (restarted, it would
+    rejoin the router on its ``/health`` before a canary could judge it), or on a host that lost an
+    accelerator or holds weights the scrub could not repair, or while the GPU driver reported a
+    fault (an Xid not in ``xid_ignore``), it is drained (the router's health checks take it out;
+    with no instance left, the gateway's hosted fallback answers). ``grace_s``: how long an engine
+    (re)started by anyone may take before its checks count (0: the smoke test's ``timeout_s``).
+    ``textfile_dir``: the Prometheus node exporter's textfile-collector folder, where it writes
+    ``kimi_watchdog.prom`` when the folder exists (Debian's prometheus-node-exporter reads
+    /var/lib/prometheus/node-exporter)."""
 
     interval_s: Annotated[int, Field(ge=1, le=3600)] = 5
     timeout_s: Annotated[int, Field(ge=1, le=600)] = 10

@@ -31,7 +31,8 @@ from tests.test_host_profile import make_bin
 from tests.test_smoke import Engine
 
 LADDER = {"restart_after": 3, "restarts": 1}
-FAILED = "canary: answered 'x', not 'READY'"
+FAILED = "canary: HTTP 500"
+WRONG = "canary: wrong answer: 'x', not 'READY'"
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +66,17 @@ def test_the_ladder_restarts_after_failed_checks_in_a_row_then_drains(_quiet: li
     # started again (by a converge) and answering: serving, its restarts counted anew
     assert ladder.step(15, None, None, None) is None
     assert (ladder.state, ladder.restarts) == ("serving", 0)
+
+
+def test_wrong_answers_drain_without_a_restart(_quiet: list[str]) -> None:  # noqa: PT019
+    # restarted, an engine that answers wrong would rejoin the router on its /health at once
+    ladder = Ladder("kimi-vllm", LADDER)
+    assert [ladder.step(t, WRONG, None, None) for t in (1, 2, 3)] == [None, None, "stop"]
+    assert (ladder.state, ladder.restarts, ladder.why) == ("drained", 0, WRONG)
+    assert _quiet == [f"kimi-vllm: {WRONG} (3 checks in a row): draining (stopped; the router's health checks take it out)"]
+    # a wrong answer among errors: the ladder goes by the check that reached the rung
+    mixed = Ladder("kimi-vllm", LADDER)
+    assert [mixed.step(t, why, None, None) for t, why in ((1, WRONG), (2, WRONG), (3, FAILED))] == [None, None, "restart"]
 
 
 @pytest.mark.usefixtures("_quiet")
@@ -111,7 +123,7 @@ def test_the_canary_passes_a_right_answer_and_fails_a_wrong_one_with_a_200(engin
     assert took > 0
     assert api.seen[-1]["authorization"] == "Bearer sk-engine"
     assert api.seen[-1]["body"]["messages"] == [{"role": "user", "content": "Say READY."}]
-    assert canary(_unit(api.url, "Say garbage.", key), 5)[0] == "canary: answered 'kjh#@!', not 'READY'"
+    assert canary(_unit(api.url, "Say garbage.", key), 5)[0] == "canary: wrong answer: 'kjh#@!', not 'READY'"
     assert canary(_unit(api.url, "Say READY.", "/nonexistent"), 5)[0] == "canary: HTTP 401"
     api.close()
     assert canary(_unit(api.url, "Say READY.", key), 5)[0] == "canary: Connection refused"
@@ -135,8 +147,8 @@ def test_the_canary_goes_out_on_its_own_cadence_and_every_round_while_it_fails(e
     assert good.news(False) is False  # not due again for an hour
     assert len(api.seen) == sent
     bad = Canary(_unit(api.url, "Say garbage.", key), interval_s=3600, timeout_s=5)
-    assert _news(bad) == "canary: answered 'kjh#@!', not 'READY'"
-    assert _news(bad) == "canary: answered 'kjh#@!', not 'READY'"  # failing: sent again at once
+    assert _news(bad) == "canary: wrong answer: 'kjh#@!', not 'READY'"
+    assert _news(bad) == "canary: wrong answer: 'kjh#@!', not 'READY'"  # failing: sent again at once
 
 
 def test_a_canary_not_back_in_time_fails_without_holding_the_round() -> None:
@@ -238,9 +250,9 @@ def test_the_report_names_a_unit_not_serving_and_what_was_done_since_the_release
     ]
     lines = watchdog_lines(found, ["kimi-vllm"], since=NOW - 3600, interval_s=5, now=NOW)
     assert lines == [
-        f'kimi-vllm drained since 2027-01-15 07:59:00 UTC: "{FAILED}"',
-        f'kimi-vllm restarted at 2027-01-15 07:58:00 UTC: "{FAILED}"',
-        f'kimi-vllm drained at 2027-01-15 07:59:00 UTC: "{FAILED}"',
+        f"kimi-vllm drained since 2027-01-15 07:59:00 UTC: {FAILED!r}",
+        f"kimi-vllm restarted at 2027-01-15 07:58:00 UTC: {FAILED!r}",
+        f"kimi-vllm drained at 2027-01-15 07:59:00 UTC: {FAILED!r}",
     ]
     assert watchdog_lines(_state(**{"kimi-vllm": {"state": "serving"}}), ["kimi-vllm"], since=None, interval_s=5,
                           now=NOW) == []  # fmt: skip
