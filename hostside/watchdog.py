@@ -18,8 +18,9 @@ every ``canary_interval_s`` while it passes and every round while it fails, a ca
 smoke prompt as a chat completion whose answer must hold the expected text (a 200 with wrong or
 empty content fails it: a wrong answer), sent in a thread of its own and failed when not back within
 ``canary_timeout_s``; for the host: the accelerators (the count the plan expects, uncorrected ECC
-errors, pages pending retirement: ``nvidia-smi``, the probe's fallback; the Xid events the driver
-logged in the kernel's log), and the scrub's last result. A unit that fails ``restart_after`` checks
+errors, pages pending retirement, whether the GPUs of an NVLink fabric have joined it:
+``nvidia-smi``, the probe's fallback; the Xid events the driver logged in the kernel's log), and
+the scrub's last result. A unit that fails ``restart_after`` checks
 in a row is restarted; one that fails again after ``restarts`` restarts, or whose checks in a row
 were wrong answers (restarted, it would rejoin the router on its ``/health`` before a canary could
 judge it), or whose host lost an accelerator or holds weights the scrub could not repair, or that
@@ -182,11 +183,16 @@ def _number(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-# What the watchdog asks nvidia-smi of each GPU, and what it asks of a driver that refuses one of
-# those fields (nvidia-smi exits with NVML_ERROR_INVALID_ARGUMENT, 2).
+# What the watchdog asks nvidia-smi of each GPU, from the most to the least a driver may answer:
+# a driver that refuses one of the fields (nvidia-smi exits with NVML_ERROR_INVALID_ARGUMENT, 2)
+# is asked the next list. fabric.state and fabric.status are the NVLink fabric's registration
+# ("Completed" and "Success" once the GPU has joined its domain; "N/A" on a GPU without one:
+# nvidia-smi --help-query-gpu and all-field captures of drivers 590 to 610, in the parsers' fixtures).
 FIELDS = "index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending"
-FIELDS_OLD = "index,pci.bus_id"
+FIELD_LISTS = (f"{FIELDS},fabric.state,fabric.status", FIELDS, "index,pci.bus_id")
 EXIT_INVALID_ARGUMENT = 2
+# fabric.state values of a GPU that has no NVLink fabric to join
+NO_FABRIC = ("", "N/A", "[N/A]", "[Not Supported]")
 
 
 def _smi(fields: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -199,14 +205,18 @@ def accelerators(want: dict[str, Any], timeout: float) -> dict[str, Any]:
     "pending" (GPUs with pages pending retirement or rows pending remapping), "fault" (why the
     host cannot serve as planned, or None)}."""
     try:
-        run = _smi(FIELDS, timeout)
-        if run.returncode == EXIT_INVALID_ARGUMENT:
-            # a driver that knows no such field: the GPUs counted alone, their errors unknown
-            run = _smi(FIELDS_OLD, timeout)
+        for fields in FIELD_LISTS:
+            # an older driver, knowing no such field: fewer facts (the GPUs counted alone at last)
+            run = _smi(fields, timeout)
+            if run.returncode != EXIT_INVALID_ARGUMENT:
+                break
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"count": 0, "ecc": 0, "pending": 0, "fault": f"nvidia-smi: {str(exc)[:120]}"}
-    rows = [[c.strip() for c in line.split(",")] + ["", "", ""] for line in run.stdout.splitlines() if "," in line]
+    rows = [[c.strip() for c in line.split(",")] + [""] * 5 for line in run.stdout.splitlines() if "," in line]
     gpus = [r for r in rows if _number(r[0]) is not None]
+    # a GPU of an NVLink fabric (NVSwitch, Grace Blackwell) not joined to it, or refused by it
+    unjoined = [f"GPU {r[1]}: fabric {r[5]}" + (f", {r[6]}" if r[6] not in NO_FABRIC else "") for r in gpus
+                if r[5] not in NO_FABRIC and (r[5] != "Completed" or r[6] != "Success")]  # fmt: skip
     ecc = sum(_number(r[2]) or 0 for r in gpus)
     # pages pending retirement (before Ampere) or rows pending remapping (since): a GPU reset applies
     # them; counted, no fault ("[N/A]" where the GPU has the other mechanism)
@@ -217,6 +227,8 @@ def accelerators(want: dict[str, Any], timeout: float) -> dict[str, Any]:
         fault = f"{len(gpus)} of {want['count']} GPUs answer nvidia-smi" + (f" ({said[:120]})" if said else "")
     elif ecc:
         fault = f"{ecc} uncorrected ECC errors"
+    elif unjoined:
+        fault = "; ".join(unjoined[:2]) + (f" (and {len(unjoined) - 2} more)" if len(unjoined) > 2 else "")
     return {"count": len(gpus), "ecc": ecc, "pending": pending, "fault": fault}
 
 

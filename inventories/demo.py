@@ -24,7 +24,7 @@ _common = {
     "kimi_hf_endpoint": _state["services"]["hub"]["url"],
 }
 # The cluster's fault knobs, for the drills a real cluster cannot safely be put through
-# (deploys/drill.py: engine-garbage, accelerator-lost, accelerator-xid).
+# (deploys/drill.py: engine-garbage, accelerator-lost, fabric-refused, accelerator-xid).
 if _state.get("drill_faults"):
     _common["kimi_drill_faults"] = _state["drill_faults"]
 # The cluster's twin of NVIDIA's CUDA apt repository, when it serves one.

@@ -11,6 +11,9 @@ injects for the drills a real cluster cannot safely be put through (``kimi_drill
   drill's SSH session ends first): to the others, a host that stopped answering mid-request, as
   one whose power failed. No clear on the host: ``kimi-deploy cluster up`` boots it again, with
   the disk it had;
+- ``fabric-refused``: the NVLink fabric refuses the host's last GPU: ``fabric.state`` Completed,
+  ``fabric.status`` Insufficient Resources, as an Azure Grace Blackwell VM printed it
+  (Azure/azhpc-images#506);
 - ``accelerator-xid``: the driver logs an Xid 119 (its GSP firmware stopped answering) for the
   host's last GPU, which still answers nvidia-smi: a fault the kernel's log alone tells.
 
@@ -30,11 +33,12 @@ _GPUS = "/etc/kimi-fake-accelerators.json"
 _STANDIN = "/etc/kimi-standin-faults.json"
 
 
-def _edit_last_gpu(lost: bool) -> str:
+def _edit_last_gpu(key: str, value: object) -> str:
+    """Set ``key`` of the host's last fake GPU to ``value`` (None: remove it)."""
+    change = f"g.pop({key!r}, None); " if value is None else f"g[{key!r}] = {value!r}; "
     code = (
-        f"import json; p = {_GPUS!r}; d = json.load(open(p)); g = d['gpus'][-1]; "
-        + ("g['lost'] = True; " if lost else "g.pop('lost', None); ")
-        + "open(p, 'w').write(json.dumps(d))"
+        f"import json; p = {_GPUS!r}; d = json.load(open(p)); g = d['gpus'][-1]; {change}"
+        "open(p, 'w').write(json.dumps(d))"
     )
     return f"python3 -c {shlex.quote(code)}"
 
@@ -63,7 +67,14 @@ FAULT_KNOBS: dict[str, dict[str, str]] = {
         "inject": f"echo '{{\"answer\": \"#@!kjh garbage\"}}' > {_STANDIN}",
         "clear": f"rm -f {_STANDIN}",
     },
-    "accelerator-lost": {"inject": f"{_edit_last_gpu(True)} && {_log_xid(79, FALLEN)}", "clear": _edit_last_gpu(False)},
+    "accelerator-lost": {
+        "inject": f"{_edit_last_gpu('lost', True)} && {_log_xid(79, FALLEN)}", "clear": _edit_last_gpu("lost", None),
+    },
+    # the NVLink fabric refuses the last GPU (state Completed, status Insufficient Resources)
+    "fabric-refused": {
+        "inject": _edit_last_gpu("fabric_status", "Insufficient Resources"),
+        "clear": _edit_last_gpu("fabric_status", None),
+    },
     "host-down": {"inject": f"systemd-run --quiet --collect --on-active=2 sh -c {shlex.quote(_POWER_FAILS)}"},
     # an event: nothing to clear (the engine started again after it is judged afresh)
     "accelerator-xid": {"inject": _log_xid(119, GSP_TIMEOUT)},

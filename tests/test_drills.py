@@ -63,11 +63,11 @@ def test_the_shard_corruption_changes_bytes_and_keeps_size_and_mtime(tmp_path: P
 
 
 def test_the_local_cluster_s_knobs_inject_and_clear_each_of_its_drills() -> None:
-    assert sorted(FAULT_KNOBS) == ["accelerator-lost", "accelerator-xid", "engine-garbage", "host-down"]
+    assert sorted(FAULT_KNOBS) == ["accelerator-lost", "accelerator-xid", "engine-garbage", "fabric-refused", "host-down"]
     # a state is cleared; an event (an Xid logged) has nothing to clear
     assert {name: sorted(knob) for name, knob in FAULT_KNOBS.items()} == {
         "accelerator-lost": ["clear", "inject"], "accelerator-xid": ["inject"], "engine-garbage": ["clear", "inject"],
-        "host-down": ["inject"],  # booted again by the cluster: kimi-deploy cluster up
+        "fabric-refused": ["clear", "inject"], "host-down": ["inject"],  # host-down: booted again by cluster up
     }
 
 

@@ -189,6 +189,25 @@ def test_the_gpus_are_counted_and_their_uncorrected_errors_summed(tmp_path: Path
     assert accelerators({"count": 8}, 5)["fault"].startswith("nvidia-smi: ")
 
 
+@pytest.mark.parametrize(
+    ("state", "status", "fault"),
+    [
+        ("Completed", "Success", None),  # an H200 on 590.48.01 (nvidia_gpu_exporter's capture)
+        ("N/A", "N/A", None),  # a GPU without a fabric (an L40S on 595.80, same source)
+        ("Completed", "Insufficient Resources", "GPU 00000000:1B:00.0: fabric Completed, Insufficient Resources"),
+        ("In Progress", "N/A", "GPU 00000000:1B:00.0: fabric In Progress"),
+    ],
+)
+def test_a_gpu_its_nvlink_fabric_has_not_joined_is_a_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, status: str, fault: str | None
+) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    rows = [f"{i}, 00000000:{0x18 + i:02X}:00.0, 0, [N/A], No, Completed, Success\n" for i in range(8)]
+    rows[3] = f"3, 00000000:1B:00.0, 0, [N/A], No, {state}, {status}\n"
+    _smi(tmp_path, "".join(rows))
+    assert accelerators({"count": 8}, 5)["fault"] == fault
+
+
 def _recipe_converge(monkeypatch: pytest.MonkeyPatch, recipe: Recipe, prod: Inventory, host: str) -> Any:
     lock_stands_in(monkeypatch, LOCK)
     monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
@@ -299,7 +318,11 @@ def test_a_lost_gpu_and_uncorrected_errors_of_the_cluster_s_gpus_are_faults(
     described["gpus"][2]["ecc_uncorrected_volatile"] = 3
     config.write_text(json.dumps(described), encoding="utf-8")
     assert accelerators({"count": 8}, 10)["fault"] == "3 uncorrected ECC errors"
-    described["gpus"][2] = {**described["gpus"][2], "ecc_uncorrected_volatile": 0, "lost": True}
+    described["gpus"][2] = {**described["gpus"][2], "ecc_uncorrected_volatile": 0, "fabric_status": "Insufficient Resources"}
+    config.write_text(json.dumps(described), encoding="utf-8")
+    bus = described["gpus"][2]["pci_bus_id"]
+    assert accelerators({"count": 8}, 10)["fault"] == f"GPU {bus}: fabric Completed, Insufficient Resources"
+    described["gpus"][2] = {**described["gpus"][2], "fabric_status": "Success", "lost": True}
     config.write_text(json.dumps(described), encoding="utf-8")
     bus = described["gpus"][2]["pci_bus_id"]
     assert accelerators({"count": 8}, 10)["fault"] == (

@@ -111,6 +111,12 @@ def _fields(state: dict[str, Any]) -> dict[str, tuple[str, Callable[[Gpu], str]]
         "ecc.errors.uncorrected.volatile.total": ("", lambda g: str(g.get("ecc_uncorrected_volatile", 0))),
         "retired_pages.pending": ("", lambda g: str(g.get("retired_pages_pending", "[N/A]"))),
         "remapped_rows.pending": ("", lambda g: str(g.get("remapped_rows_pending", "No"))),
+        # Every GPU the cluster fakes belongs to an NVLink fabric (HGX NVSwitch, Grace Blackwell),
+        # joined once the fabric manager or the switch trays registered it: "Completed", "Success"
+        # (an H200 on 590.48.01, the capture above); a fault knob refuses it as Azure's GB-family
+        # image check saw ("Insufficient Resources": Azure/azhpc-images#506, nvidia-smi -q).
+        "fabric.state": ("", lambda g: str(g.get("fabric_state", "Completed"))),
+        "fabric.status": ("", lambda g: str(g.get("fabric_status", "Success"))),
     }
 
 

@@ -3,8 +3,8 @@ stand-in nvidia-smi prints the same fields the same way.
 
     python3 tests/device/check_watchdog.py
 
-Prints ``nvidia-smi``'s answer to the watchdog's query (``hostside.watchdog.FIELDS``, no header,
-no units) and to the same query with a header, then the watchdog's reading
+Prints ``nvidia-smi``'s answer to the watchdog's query (``hostside.watchdog.FIELD_LISTS``' first,
+with the fabric's state, no header, no units) and to the same query with a header, then the watchdog's reading
 (``hostside.watchdog.accelerators``) of this machine with the count ``nvidia-smi -L`` lists.
 Exits 1 when the watchdog finds a fault on a healthy machine, or counts otherwise than
 ``nvidia-smi -L``. Stdlib only; takes about a second; CI does not run it.
@@ -19,7 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hostside.watchdog import FIELDS, accelerators  # noqa: E402
+from hostside.watchdog import FIELD_LISTS, accelerators  # noqa: E402
+
+FIELDS = FIELD_LISTS[0]
 
 
 def main() -> int:

@@ -196,6 +196,24 @@ def test_an_xid_drains_the_engine_that_ran_when_it_came_and_a_start_after_it_ser
     _until(lambda: _unit_state("kimi-h1") == "serving" and _serves("kimi-h1"), "kimi-h1 serving again")
 
 
+def test_a_gpu_its_nvlink_fabric_refused_drains_the_engine_and_clear_brings_it_back(watched: Path) -> None:
+    """The fabric refuses a GPU (fabric.state Completed, status Insufficient Resources) that still
+    answers nvidia-smi: the engine of its host is drained; the fabric whole again and the engine
+    started (the drill's clear), it serves."""
+    _drill(watched, "fabric-refused", "kimi-h1")
+    try:
+        _until(lambda: _unit_state("kimi-h1") == "drained", "the watchdog drains kimi-h1's engine")
+        state = _state("kimi-h1")
+        assert state["host"]["accelerators"]["count"] == 8
+        why = state["units"]["kimi-vllm"]["why"]
+        assert why.startswith("accelerators: GPU 0000"), why
+        assert why.endswith(": fabric Completed, Insufficient Resources"), why
+        assert _serves("kimi-h2")
+    finally:
+        _drill(watched, "clear", "kimi-h1")
+    _until(lambda: _unit_state("kimi-h1") == "serving" and _serves("kimi-h1"), "kimi-h1 serving again")
+
+
 def test_a_shard_corrupted_on_disk_is_repaired_by_the_scrub_and_the_engine_restarts_on_it(watched: Path) -> None:
     before = main_pid("kimi-h2", "kimi-vllm")
     _drill(watched, "shard-corrupted", "kimi-h2")

@@ -1,0 +1,107 @@
+"""The preflight gate's verdict on each real capture, read as the probe's answer would be.
+
+A host's profile comes from the probe's raw answer through :func:`~kimi_deploy.host_profile.parse_profile`,
+whose nvidia-smi path and TPU path run the parsers the captures are tested with: a capture that
+parses is a host the accelerators gate judges. For each capture, a pool asking exactly what it
+shows passes (where it shows a whole answer: count, model and memory), one asking a GPU or chip more
+is refused in one line naming what was found, and a capture of nvidia-smi failing is refused naming
+the failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kimi_deploy.host_profile import parse_profile, tpu_model
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers.nvidia_smi_query import find_failure
+from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
+from kimi_deploy.planner import plan
+from kimi_deploy.preflight import Needs, accelerators
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.servespec import HostPlan
+from tests.conftest import RECIPE
+from tests.parsers import FIXTURES, fixture
+
+QUERIES = sorted(p.name for p in FIXTURES.glob("query_*"))
+# The --query-gpu lists of the captures printed without a header (SOURCES.md quotes the commands).
+NOHEADER = {
+    "query_h100nvl_noheader_akash91.csv": ["name", "pci.device_id"],
+    "query_gb10_noheader_nounits_llamaswap782.csv": ["memory.used", "memory.total", "utilization.memory"],
+}
+TPUS = sorted(p.name for p in FIXTURES.glob("tpu_*"))
+
+
+@pytest.fixture(scope="module")
+def b300(recipe: Recipe, prod: Inventory) -> HostPlan:
+    return plan(recipe, RECIPE, prod).for_host("b300-01")
+
+
+def _fields(name: str, text: str) -> list[str]:
+    if name in NOHEADER:
+        return NOHEADER[name]
+    header = next(line for line in text.splitlines() if line.strip())
+    return [cell.strip().split(" [")[0] for cell in header.split(",")]
+
+
+def _verdict(recipe: Recipe, spec: HostPlan, profile: dict[str, object]) -> str | None:
+    return accelerators(Needs(recipe, spec, 0, 0, []), profile)
+
+
+@pytest.mark.parametrize("name", QUERIES)
+def test_the_gate_judges_each_nvidia_smi_capture(recipe: Recipe, b300: HostPlan, name: str) -> None:
+    text = fixture(name)
+    failure = find_failure(text)
+    fields = [] if failure else _fields(name, text)
+    raw = {"nvidia": {"smi_query": {"stdout": text, "stderr": "", "rc": 18 if failure else 0}, "smi_fields": fields}}
+    found = parse_profile(raw)["accelerators"]
+    if failure:
+        assert (found["vendor"], found["count"], found["error"]) == ("nvidia", 0, failure["message"])
+        assert _verdict(recipe, b300, {"accelerators": found}) == (
+            f"accelerators: pool {b300.pool} needs {b300.accelerators} x {b300.accelerator_model} with >= "
+            f"{b300.accelerator_memory_gib} GiB, found an error: {failure['message']}"
+        )
+        return
+    count, model, memory = found["count"], found["model"], found["memory_mib"]
+    assert found["error"] is None
+    assert count >= 1
+    asked = dataclasses.replace(b300, accelerators=count, accelerator_model=model or "NVIDIA H200",
+                                accelerator_memory_gib=(memory or 1024) // 1024)  # fmt: skip
+    whole = model is not None and memory is not None
+    shown = f"{count} x {model or 'none'}" + (f" ({memory // 1024} GiB)" if memory else "")
+    want = f"with >= {asked.accelerator_memory_gib} GiB, found {shown}"
+    # a pool asking what the capture shows: it passes when the capture tells the model and memory
+    assert _verdict(recipe, asked, {"accelerators": found}) == (
+        None if whole else f"accelerators: pool {asked.pool} needs {count} x {asked.accelerator_model} {want}"
+    )
+    more = dataclasses.replace(asked, accelerators=count + 1)
+    assert _verdict(recipe, more, {"accelerators": found}) == (
+        f"accelerators: pool {asked.pool} needs {count + 1} x {asked.accelerator_model} {want}"
+    )
+
+
+@pytest.mark.parametrize("name", TPUS)
+def test_the_gate_judges_each_tpu_capture_the_probe_reads_as_pci(recipe: Recipe, b300: HostPlan, name: str) -> None:
+    """The probe reads a TPU host's PCI ids from sysfs: a capture that lists them is a host the gate
+    judges; one that lists nodes or tpu-info's table alone gives no profile (the probe reads neither)."""
+    try:
+        parsed = parse_tpu_pci(fixture(name))
+    except ParseError:
+        return
+    pci = [{"address": d["pci_address"], "vendor": d["vendor_id"], "device": d["device_id"]} for d in parsed["devices"]]
+    found = parse_profile({"tpu": {"pci": pci}})["accelerators"]
+    if not parsed["devices"]:
+        assert found["vendor"] == "none"
+        return
+    assert (found["vendor"], found["count"]) == ("tpu", parsed["chip_count"])
+    model = tpu_model(parsed["generation"])
+    asked = dataclasses.replace(b300, accelerator_vendor="tpu", accelerators=found["count"], accelerator_model=model)
+    assert _verdict(recipe, asked, {"accelerators": found}) is None
+    more = dataclasses.replace(asked, accelerators=found["count"] + 1)
+    assert _verdict(recipe, more, {"accelerators": found}) == (
+        f"accelerators: pool {asked.pool} needs {found['count'] + 1} x {model} with >= "
+        f"{asked.accelerator_memory_gib} GiB, found {found['count']} x {model}"
+    )
