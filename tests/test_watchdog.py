@@ -208,6 +208,21 @@ def test_a_gpu_its_nvlink_fabric_has_not_joined_is_a_fault(
     assert accelerators({"count": 8}, 5)["fault"] == fault
 
 
+def test_a_driver_that_refuses_the_fabric_fields_is_asked_without_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    tool = tmp_path / "nvidia-smi"
+    # as nvidia-smi answers a field its driver does not know: the message, exit 2 (NVML's invalid argument)
+    tool.write_text(
+        '#!/bin/sh\ncase "$1" in *fabric*) echo \'Field "fabric.state" is not a valid field to query.\'; exit 2;; esac\n'
+        "echo '0, 00000000:18:00.0, 1, No, [N/A]'\n",
+        encoding="utf-8",
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    assert accelerators({"count": 1}, 5) == {"count": 1, "ecc": 1, "pending": 0, "fault": "1 uncorrected ECC errors"}
+
+
 def _recipe_converge(monkeypatch: pytest.MonkeyPatch, recipe: Recipe, prod: Inventory, host: str) -> Any:
     lock_stands_in(monkeypatch, LOCK)
     monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
