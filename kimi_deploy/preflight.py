@@ -126,7 +126,7 @@ def rdma(needs: Needs, profile: dict[str, Any]) -> str | None:
     ports = profile.get("rdma") or []
     for device in needs.rdma_devices:
         name = device.split(":", 1)[0]
-        states = [str(p.get("state")) for p in ports if p.get("device") == name]
+        states = [str(p.get("state") or "state unknown") for p in ports if p.get("device") == name]
         if not any("ACTIVE" in s.upper() for s in states):
             found = ", ".join(states) if states else "no such device"
             return f"RDMA: {name} needs an ACTIVE port for KV transfer, found {found}"

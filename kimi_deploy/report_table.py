@@ -38,7 +38,8 @@ def _nics(profile: dict[str, Any]) -> str:
     up = [p for p in profile.get("rdma") or [] if "ACTIVE" in str(p.get("state", "")).upper()]
     if not profile.get("rdma"):
         return "-"
-    rates = sorted({str(p.get("rate_gbps")) for p in up})
+    # a port whose rate is not known (short ibv_devinfo prints none) adds no rate
+    rates = sorted({str(p["rate_gbps"]) for p in up if p.get("rate_gbps") is not None})
     return f"{len(up)}/{len(profile['rdma'])} active" + (f" @{'/'.join(rates)}G" if rates else "")
 
 

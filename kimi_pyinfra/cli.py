@@ -11,9 +11,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kimi_deploy import captured_profile
 from kimi_deploy.emitted import emissions
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.fidelity_ledger import gaps, read_citations, render
+from kimi_deploy.host_profile import parse_profile
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.index_pins import missing_pins
 from kimi_deploy.lockfile import lock_path
@@ -29,6 +31,7 @@ from kimi_deploy.parsers import (
 )
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
+from kimi_deploy.preflight import Needs, accelerators, rdma
 from kimi_deploy.recipe import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servespec import Plan
@@ -131,6 +134,81 @@ def _facts_parse(args: argparse.Namespace) -> int:
     return 0
 
 
+# --CAPTURE of `facts check` -> (the gate it informs, the probe section it stands for).
+_CAPTURES = {
+    "nvidia_smi_query": ("accelerators", "nvidia"),
+    "tpu_pci": ("accelerators", "tpu"),
+    "ibv_devinfo": ("rdma", "rdma"),
+    "ibstat": ("rdma", "rdma"),
+}
+
+
+def _section(name: str, text: str, args: argparse.Namespace) -> dict[str, Any]:
+    if name == "nvidia_smi_query":
+        return captured_profile.nvidia_section(text, _fields(args))
+    if name == "tpu_pci":
+        return captured_profile.tpu_section(text)
+    return captured_profile.rdma_section(text, name.replace("_", "-"))
+
+
+def _fields(args: argparse.Namespace) -> list[str] | None:
+    return [f.strip() for f in args.fields.split(",")] if args.fields else None
+
+
+def _facts_check(args: argparse.Namespace) -> int:
+    """The preflight gates a deploy runs on HOST, on what was captured there instead of the probe."""
+    given = {name: getattr(args, name) for name in _CAPTURES if getattr(args, name)}
+    if not given:
+        raise ConfigError(args.inventory, args.host, "give a capture: " + ", ".join(
+            "--" + name.replace("_", "-") for name in _CAPTURES))  # fmt: skip
+    if len({_CAPTURES[name][1] for name in given}) < len(given):
+        raise ConfigError(args.inventory, args.host, "one capture per probe section: --ibv-devinfo or --ibstat")
+    if args.fields and "nvidia_smi_query" not in given:
+        raise ConfigError(args.inventory, args.host, "--fields applies to --nvidia-smi-query only")
+    recipe, result = _plan(args)
+    try:
+        spec = result.for_host(args.host)
+    except KeyError:
+        raise ConfigError(args.inventory, args.host, "not a host of the plan") from None
+    host = load_inventory(args.inventory).host(args.host)
+    raw: dict[str, Any] = {}
+    for name, path in given.items():
+        try:
+            text = Path(path).read_bytes().decode("utf-8", errors="replace")
+            raw[_CAPTURES[name][1]] = _section(name, text, args)
+        except OSError as exc:
+            raise ConfigError(path, name.replace("_", "-"), exc.strerror or "cannot be read") from exc
+        except ParseError as exc:
+            raise ConfigError(path, name.replace("_", "-"), str(exc)) from exc
+    profile = parse_profile(raw)
+    needs = Needs(recipe, spec, 0, 0, list(host.vars.kimi_rdma_devices or []))
+    failed = 0
+    for gate in dict.fromkeys(_CAPTURES[name][0] for name in given):
+        line = {"accelerators": accelerators, "rdma": rdma}[gate](needs, profile)
+        if line is None:
+            print(f"ok: {args.host}: {_judged(gate, needs, profile)}")
+        else:
+            failed += 1
+            print(f"kimi-deploy: {args.host}: {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _judged(gate: str, needs: Needs, profile: dict[str, Any]) -> str:
+    """What a passed gate found, in its own words."""
+    spec = needs.spec
+    if gate == "accelerators":
+        acc = profile["accelerators"]
+        memory = f" ({acc['memory_mib'] // 1024} GiB)" if acc.get("memory_mib") else ""
+        want = f"pool {spec.pool} needs {spec.accelerators} x {spec.accelerator_model}"
+        return f"accelerators: {want}, found {acc['count']} x {acc['model']}{memory}"
+    topo = needs.recipe.topologies[spec.topology]
+    if topo.kv_transfer is None or topo.kv_transfer.transport != "rdma" or spec.role == "router":
+        return f"RDMA: topology {spec.topology} moves no KV cache over RDMA from this host: nothing asked"
+    active = [f"{p['device']}/{p['port']}" for p in profile["rdma"] if "ACTIVE" in str(p.get("state")).upper()]
+    asked = ", ".join(needs.rdma_devices) or "no device named"
+    return f"RDMA: {asked} asked for KV transfer, ACTIVE ports: {', '.join(active) or 'none'}"
+
+
 def _ledger(args: argparse.Namespace) -> int:
     recipe, result = _plan(args)
     emitted = emissions(recipe, result)
@@ -205,6 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
     parse.add_argument("--fields", help="nvidia-smi-query without a header: the --query-gpu field list")
     parse.add_argument("file", metavar="FILE")
     parse.set_defaults(func=_facts_parse)
+    check = facts_sub.add_parser(
+        "check", help="run the preflight gates a deploy runs on HOST on outputs captured there; exit 1 on a refusal"
+    )
+    check.add_argument("recipe")
+    check.add_argument("inventory")
+    check.add_argument("host", metavar="HOST", help="a host of the inventory the recipe places")
+    check.add_argument("--topology", help="only this topology of the recipe")
+    check.add_argument("--nvidia-smi-query", metavar="FILE", help="nvidia-smi --query-gpu=... --format=csv output")
+    check.add_argument("--fields", help="with --nvidia-smi-query without a header: the --query-gpu field list")
+    check.add_argument("--tpu-pci", metavar="FILE", help="the host's TPU PCI listing (lspci -nn, sysfs)")
+    check.add_argument("--ibv-devinfo", metavar="FILE", help="ibv_devinfo [-v] output")
+    check.add_argument("--ibstat", metavar="FILE", help="ibstat output")
+    check.set_defaults(func=_facts_check)
     start = sub.add_parser("init", help="a folder of one's own to run the installed deploys from")
     start.add_argument("dir", metavar="DIR", help="written into; no file in it is overwritten")
     start.set_defaults(func=_init)

@@ -5,7 +5,10 @@ whose nvidia-smi path and TPU path run the parsers the captures are tested with:
 parses is a host the accelerators gate judges. For each capture, a pool asking exactly what it
 shows passes (where it shows a whole answer: count, model and memory), one asking a GPU or chip more
 is refused in one line naming what was found, and a capture of nvidia-smi failing is refused naming
-the failure.
+the failure. Each ``ibv_devinfo`` and ``ibstat`` capture, read into the probe's RDMA section as
+``kimi-deploy facts check`` reads it, passes a pool asking an HCA whose port the tool printed
+active, refuses one asking an HCA whose ports it printed in another state (naming the state) or did
+not print, and the hardware report counts the same ports.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import dataclasses
 
 import pytest
 
+from kimi_deploy.captured_profile import nvidia_section, rdma_section, tpu_section
 from kimi_deploy.host_profile import parse_profile, tpu_model
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.parsers import ParseError
+from kimi_deploy.parsers.ibstat import parse_ibstat
+from kimi_deploy.parsers.ibv_devinfo import parse_ibv_devinfo
 from kimi_deploy.parsers.nvidia_smi_query import find_failure
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 from kimi_deploy.planner import plan
-from kimi_deploy.preflight import Needs, accelerators
+from kimi_deploy.preflight import Needs, accelerators, rdma
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.report_table import format_report
 from kimi_deploy.servespec import HostPlan
 from tests.conftest import RECIPE
 from tests.parsers import FIXTURES, fixture
@@ -33,6 +40,10 @@ NOHEADER = {
     "query_gb10_noheader_nounits_llamaswap782.csv": ["memory.used", "memory.total", "utilization.memory"],
 }
 TPUS = sorted(p.name for p in FIXTURES.glob("tpu_*"))
+HCAS = sorted(p.name for p in FIXTURES.glob("ib*_*"))
+# An active port as each tool prints it; the gate reads the kernel's words (sysfs), as the probe does.
+TOOL_ACTIVE = {"ibstat": "Active", "ibv-devinfo": "PORT_ACTIVE"}
+KERNEL_STATES = {"DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +69,8 @@ def test_the_gate_judges_each_nvidia_smi_capture(recipe: Recipe, b300: HostPlan,
     fields = [] if failure else _fields(name, text)
     raw = {"nvidia": {"smi_query": {"stdout": text, "stderr": "", "rc": 18 if failure else 0}, "smi_fields": fields}}
     found = parse_profile(raw)["accelerators"]
+    # ``kimi-deploy facts check`` reads the capture into the same profile
+    assert parse_profile({"nvidia": nvidia_section(text, NOHEADER.get(name))})["accelerators"] == found
     if failure:
         assert (found["vendor"], found["count"], found["error"]) == ("nvidia", 0, failure["message"])
         assert _verdict(recipe, b300, {"accelerators": found}) == (
@@ -96,6 +109,7 @@ def test_the_gate_judges_each_tpu_capture_the_probe_reads_as_pci(recipe: Recipe,
     if not parsed["devices"]:
         assert found["vendor"] == "none"
         return
+    assert parse_profile({"tpu": tpu_section(fixture(name))})["accelerators"] == found
     assert (found["vendor"], found["count"]) == ("tpu", parsed["chip_count"])
     model = tpu_model(parsed["generation"])
     asked = dataclasses.replace(b300, accelerator_vendor="tpu", accelerators=found["count"], accelerator_model=model)
@@ -105,3 +119,49 @@ def test_the_gate_judges_each_tpu_capture_the_probe_reads_as_pci(recipe: Recipe,
         f"accelerators: pool {asked.pool} needs {found['count'] + 1} x {model} with >= "
         f"{asked.accelerator_memory_gib} GiB, found {found['count']} x {model}"
     )
+
+
+@pytest.fixture(scope="module")
+def gb300(recipe: Recipe, prod: Inventory) -> HostPlan:
+    return plan(recipe, RECIPE, prod).for_host("gb300-p01")  # KV cache over RDMA
+
+
+@pytest.mark.parametrize("name", HCAS)
+def test_the_rdma_gate_judges_each_hca_capture(recipe: Recipe, gb300: HostPlan, name: str) -> None:
+    tool = "ibstat" if name.startswith("ibstat_") else "ibv-devinfo"
+    try:
+        section = rdma_section(fixture(name), tool)
+    except ParseError:
+        return  # no HCA block at all: the tool failed (one line, tests/parsers/test_whole_corpus.py)
+    printed = {(p["device"], p["port"]): p["state"] for p in section["ports"]}
+    ports = parse_profile({"rdma": section})["rdma"]
+    # every state in the kernel's words; None where the capture does not print one (cut short)
+    assert all(p["state"] in KERNEL_STATES or p["state"] is None for p in ports), [p["state"] for p in ports]
+    active = {p["device"] for p in ports if p["state"] == "ACTIVE"}
+    # the gate's ACTIVE is the tool's own active word, port by port
+    assert {device for (device, _), state in printed.items() if state == "4: ACTIVE"} == active
+    assert active == {
+        hca for hca, port_state in _tool_states(name, tool) if port_state == TOOL_ACTIVE[tool]
+    }  # fmt: skip
+
+    def verdict(device: str) -> str | None:
+        return rdma(Needs(recipe, gb300, 0, 0, [device]), {"rdma": ports})
+
+    for device in sorted(active):
+        assert verdict(device) is None
+    for device in sorted({p["device"] for p in ports} - active):
+        states = ", ".join(str(p["state"] or "state unknown") for p in ports if p["device"] == device)
+        assert verdict(device) == f"RDMA: {device} needs an ACTIVE port for KV transfer, found {states}"
+    assert verdict("mlx5_99") == "RDMA: mlx5_99 needs an ACTIVE port for KV transfer, found no such device"
+    if ports:
+        up = sum(1 for p in ports if p["state"] == "ACTIVE")
+        rates = sorted({str(p["rate_gbps"]) for p in ports if p["state"] == "ACTIVE" and p["rate_gbps"] is not None})
+        shown = f" {up}/{len(ports)} active" + (f" @{'/'.join(rates)}G" if rates else "") + " "
+        assert shown in format_report({"h": {"rdma": ports}})
+
+
+def _tool_states(name: str, tool: str) -> list[tuple[str, str]]:
+    """(HCA, port state) as the tool printed them, read straight from its parser's output."""
+    if tool == "ibstat":
+        return [(ca["name"], p["state"]) for ca in parse_ibstat(fixture(name))["cas"] for p in ca["ports"]]
+    return [(hca["hca_id"], p["state"]) for hca in parse_ibv_devinfo(fixture(name)) for p in hca["ports"]]
