@@ -605,11 +605,25 @@ class RouterFallback(Strict):
     model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
 
 
+class RouterHealth(Strict):
+    """The router's own health checks of its engines (both routers' ``--health-*`` flags): an
+    engine failing ``failures`` checks in a row gets no more requests, one passing ``successes`` in
+    a row gets them again. The routers check every 60 s by default, which kept an engine back from
+    a restart out of rotation for 30 to 56 s in the drills (``bench/drills.py``); every 5 s costs
+    one ``GET /health`` per engine and 5 s and takes it back within about 10 s."""
+
+    interval_s: Annotated[int, Field(ge=1, le=3600)] = 5
+    timeout_s: Annotated[int, Field(ge=1, le=600)] = 5
+    failures: Annotated[int, Field(ge=1, le=100)] = 3
+    successes: Annotated[int, Field(ge=1, le=100)] = 2
+
+
 class Router(Strict):
     group: GroupName
     package: RouterName
     policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
     fallback: RouterFallback | None = None
+    health: RouterHealth = RouterHealth()
 
 
 class Ports(Strict):

@@ -50,6 +50,15 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     for leader in tp.leaders("decode"):
         argv += ["--decode", f"http://{leader.host.address}:{upstream}"]
     argv += ["--host", bind, "--port", str(port), "--policy", topo.router.policy]
+    # Both routers' runtime health checks (vllm-router 0.1.17 and sglang-router 0.3.2 spell them
+    # alike): how soon an engine gone or back leaves or rejoins the rotation.
+    health = topo.router.health
+    argv += [
+        "--health-check-interval-secs", str(health.interval_s),
+        "--health-check-timeout-secs", str(health.timeout_s),
+        "--health-failure-threshold", str(health.failures),
+        "--health-success-threshold", str(health.successes),
+    ]  # fmt: skip
     return Unit(
         name=ROUTER_UNIT,
         kind="router",

@@ -146,6 +146,9 @@ def test_a_router_over_a_serve_pool_routes_to_each_instance_behind_the_gateway(t
     assert list(router.argv[1:]) == [
         "--worker-urls", "http://10.213.7.11:8000", "http://10.213.7.12:8000",
         "--host", "127.0.0.1", "--port", "8009", "--policy", "round_robin",
+        # the recipe's router.health, at its defaults
+        "--health-check-interval-secs", "5", "--health-check-timeout-secs", "5",
+        "--health-failure-threshold", "3", "--health-success-threshold", "2",
     ]  # fmt: skip
     assert router.secret_env == ("OPENAI_API_KEY",)
     assert (units["kimi-gateway"].bind, units["kimi-gateway"].listens) == ("10.213.7.15", {"router": 8000})
@@ -164,3 +167,21 @@ def test_a_router_needs_the_engines_exposed_to_reach_them(tmp_path: Path) -> Non
     assert refused.value.message == (
         "engines behind a router are reached by the router over the network: set expose (bind: address) with an api_key"
     )
+
+
+def test_the_routers_health_checks_come_from_the_recipe(tmp_path: Path) -> None:
+    data = yaml.safe_load(Path(DEMO).read_text(encoding="utf-8"))
+    topology = data["topologies"]["demo-vllm"]
+    topology["router"] = {"group": "demo_router", "package": "vllm-router", "health": {"interval_s": 2, "successes": 1}}
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(data), encoding="utf-8")
+    health = load_recipe(recipe_file).topologies["demo-vllm"].router
+    assert health is not None
+    assert (health.health.interval_s, health.health.timeout_s, health.health.failures, health.health.successes) == (
+        2, 5, 3, 1,
+    )  # fmt: skip
+    topology["router"]["health"] = {"interval_s": 0}
+    recipe_file.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_recipe(recipe_file)
+    assert refused.value.field == "topologies.demo-vllm.router.health.interval_s"

@@ -743,13 +743,77 @@ def test_the_real_router_retries_on_the_engine_left_when_one_is_drained(real_vll
         router.finish()
 
 
-# An OpenAI-compatible engine as a router sees it, in a few lines: 200 and a READY answer everywhere.
+def test_the_real_router_takes_an_engine_out_and_back_by_its_health_checks(real_vllm_router: Path) -> None:
+    """What the recipe's ``router.health`` relies on (kimi_deploy/router_units.py renders it as
+    these flags): vllm-router 0.1.17 checks each engine's /health every ``--health-check-interval-secs``,
+    sends an engine that failed ``--health-failure-threshold`` checks in a row nothing more (its
+    ``vllm_router_worker_health`` gauge 0), and takes it back once it passed
+    ``--health-success-threshold`` (the gauge 1 and requests reaching it again). With the router's
+    default interval (60 s) neither would happen within the deadlines below."""
+    ports, port, metrics = [free_port(), free_port()], free_port(), free_port()
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+
+    def engine(i: int) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", _ANSWERS_EVERYTHING, str(ports[i]), "AB"[i]])
+        deadline = time.monotonic() + 10
+        while call(f"{urls[i]}/health")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return proc
+
+    engines = [engine(0), engine(1)]
+    router = Engine([str(real_vllm_router), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
+                     "--policy", "round_robin", "--prometheus-port", str(metrics),
+                     "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+                     "--health-failure-threshold", "2", "--health-success-threshold", "2"],
+                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+
+    def answered_by() -> str:
+        status, reply = call(f"{base}/v1/chat/completions", body)
+        assert status == 200, reply
+        return str(reply["choices"][0]["message"]["content"])
+
+    def health(i: int) -> str | None:
+        text = str(call(f"http://127.0.0.1:{metrics}/metrics")[1])
+        found = re.search(rf'vllm_router_worker_health{{worker="{re.escape(urls[i])}"}} (\d)', text)
+        return found.group(1) if found else None
+
+    def within(seconds: float, done: Any) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if done():
+                return True
+            time.sleep(0.2)
+        return False
+
+    try:
+        router.wait_ready(base, timeout=60)
+        assert sorted(answered_by() for _ in range(4)) == ["A", "A", "B", "B"]
+        assert (health(0), health(1)) == ("1", "1")
+        engines[1].kill()
+        engines[1].wait()
+        assert within(20, lambda: health(1) == "0"), "the router still counts the stopped engine healthy"
+        assert [answered_by() for _ in range(6)] == ["A"] * 6
+        engines[1] = engine(1)
+        assert within(20, lambda: health(1) == "1"), "the router has not taken the engine back"
+        assert within(10, lambda: answered_by() == "B")
+    finally:
+        for proc in engines:
+            proc.kill()
+        router.proc.kill()
+        router.finish()
+
+
+# An OpenAI-compatible engine as a router sees it, in a few lines: 200 and an answer everywhere, READY
+# or the name given after the port.
 _ANSWERS_EVERYTHING = """
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+NAME = sys.argv[2] if len(sys.argv) > 2 else "READY"
 ANSWER = json.dumps({"object": "chat.completion", "model": "kimi-local", "data": [{"id": "kimi-local"}],
                      "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": "READY"}}]}).encode()
+                                  "message": {"role": "assistant", "content": NAME}}]}).encode()
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *args): pass
