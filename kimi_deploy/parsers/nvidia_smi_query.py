@@ -42,6 +42,8 @@ FAILURES = (
     ("driver_library_mismatch", "Failed to initialize NVML: Driver/library version mismatch"),
     ("driver_unreachable", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
     ("no_devices", "No devices were found"),
+    # the GPU fell off the bus: only a reboot brings it back (a device-handle line says so)
+    ("gpu_lost", "GPU is lost"),
     ("device_handle_error", "Unable to determine the device handle for"),
     ("nvml_init_failed", "Failed to initialize NVML"),
 )
@@ -85,7 +87,7 @@ def find_failure(text: str) -> dict[str, str] | None:
     """``{"kind", "message"[, "nvml_library_version"]}`` for a known nvidia-smi failure text, else None.
 
     ``kind`` is one of ``driver_library_mismatch``, ``driver_unreachable``, ``no_devices``,
-    ``device_handle_error``, ``nvml_init_failed``; ``message`` is the line nvidia-smi printed.
+    ``gpu_lost``, ``device_handle_error``, ``nvml_init_failed``; ``message`` is the line nvidia-smi printed.
     """
     lines = [line.strip() for line in text.splitlines()]
     for kind, needle in FAILURES:

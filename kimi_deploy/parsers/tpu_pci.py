@@ -36,7 +36,9 @@ and returns::
 
 Raises :class:`~kimi_deploy.parsers.ParseError`, in one line, when the text lists none of these, and
 when it lists PCI devices in a form that hides what they are: a Google device lspci named without its
-id, or addresses with neither ids nor a vendor's name (``lspci -nn`` says both).
+id, or addresses with neither ids nor a vendor's name (``lspci -nn`` says both); and when tpu-info's
+"TPU Chips" table has rows it cannot read: a terminal too narrow cuts the node (``/dev/vf…``) and
+wraps the type onto a second line, and counting the rows left would report chips too few.
 """
 
 from __future__ import annotations
@@ -89,8 +91,19 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
     current: dict[str, Any] | None = None
     directory = ""
     paths_listed = False
+    in_chip_table = False
+    unread_rows: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
+        if stripped == _TPU_INFO_CHIPS_TITLE:
+            in_chip_table = True
+            continue
+        if in_chip_table:
+            if stripped[:1] in _TABLE_LINE_STARTS:
+                if _tpu_info_row(stripped) is None and _is_data_row(stripped):
+                    unread_rows.append(stripped)
+            else:
+                in_chip_table = False
         heading = _heading(stripped)
         if heading:
             directory = heading
@@ -120,6 +133,12 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
         if current is not None:
             for field, value in _ID_FIELD.findall(stripped):
                 current[f"{field}_id"] = _id(value)
+    if unread_rows:
+        raise ParseError(
+            f"tpu-info's TPU Chips table has {len(unread_rows)} line(s) not of the form '/dev/vfio/0 | TPU v6e chip'"
+            f" (first: {unread_rows[0]!r}): the terminal was too narrow and cut or wrapped them; run tpu-info"
+            " with a wider terminal (COLUMNS=200 tpu-info)"
+        )
     unknown = list(dict.fromkeys(d["pci_address"] for d in devices if d["vendor_id"] is None and not d["named"]))
     if unknown:
         raise ParseError(
@@ -184,6 +203,23 @@ def _tpu_info_row(line: str) -> dict[str, Any] | None:
     if kind is None:
         return None
     return {"path": cells[0], "generation": kind.group(1)}
+
+
+# tpu-info's chip table: its title line, and the first characters of its lines in box form (Rich) and
+# Markdown form; any other line ends the table.
+_TPU_INFO_CHIPS_TITLE = "TPU Chips"
+_TABLE_LINE_STARTS = frozenset("┏┃┡│└|")
+
+
+def _is_data_row(line: str) -> bool:
+    """A row of a table's body: a box row (``│ ... │``) or a Markdown row other than the header and
+    its ``|---|`` rule (the box header is drawn with ``┃``, its rules with ``┏┡└``)."""
+    if not line.startswith(("│", "|")):
+        return False
+    cells = [cell.strip() for cell in line.replace("│", "|").strip("|").split("|")]
+    if all(set(cell) <= set("-: ") for cell in cells):
+        return False
+    return cells[0] not in ("Chip", "Device")
 
 
 _DEVICE_KEYS = ("pci_address", "vendor_id", "device_id", "generation", "iommu_group")

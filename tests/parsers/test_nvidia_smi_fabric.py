@@ -52,3 +52,19 @@ def test_a_failure_text_is_the_failure_and_other_text_is_refused() -> None:
         parse_fabric(fixture("query_error_device_handle_unknown_p4_synonv22.txt"))
     with pytest.raises(ParseError, match="no 'Fabric' section"):
         parse_fabric(fixture("topo_gb200x4_8nic_spaces_rhel4nv.txt"))
+
+
+@pytest.mark.parametrize(
+    ("name", "gpu"),
+    [
+        ("fabric_v100d8c_vgpu_na_535_docspks.txt", "00000000:02:00.0"),  # a licensed vGPU guest
+        ("fabric_a10_passthrough_na_535_gpud.txt", "00000000:07:00.0"),  # a GPU passed through to a VM
+    ],
+)
+def test_a_gpu_outside_any_nvlink_fabric_prints_na_and_is_not_ready(name: str, gpu: str) -> None:
+    # a whole `nvidia-smi -q` report: the Fabric section is found under its GPU among the others
+    [fabric] = parse_fabric(fixture(name))
+    assert fabric == {
+        "gpu": gpu, "state": None, "status": None, "clique_id": None, "cluster_uuid": None, "health": {},
+        "ready": False,
+    }  # fmt: skip

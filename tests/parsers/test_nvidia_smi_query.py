@@ -95,6 +95,8 @@ def test_driver_library_mismatch_raises_with_the_nvml_version() -> None:
         ("query_error_device_handle_unknown_space_nvdocker1553.txt", "device_handle_error"),
         ("query_error_nvml_insufficient_permissions_470_nvdocker1608.txt", "nvml_init_failed"),
         ("query_error_nvml_unknown_error_510_nvdocker1671.txt", "nvml_init_failed"),
+        ("query_error_gpu_lost_marian251.txt", "gpu_lost"),
+        ("query_error_gpu_lost_wrapped_windows_darknet86.txt", "gpu_lost"),
     ],
 )
 def test_failure_texts_are_recognised_as_data(name: str, kind: str) -> None:
@@ -198,3 +200,33 @@ def test_a_value_the_driver_lacks_is_none() -> None:
     assert "name" not in missing
     [old] = parse_query(fixture("query_rtx2080ti_nounits_unknown_error_442_mindminer627.csv"))
     assert None in old.values()
+
+
+def test_a_gpu_that_fell_off_the_bus_is_its_own_failure_with_the_line_printed() -> None:
+    # the reboot hint is what tells a user this is not a driver install problem
+    with pytest.raises(NvidiaSmiFailure) as error:
+        parse_query(fixture("query_error_gpu_lost_marian251.txt"))
+    assert error.value.failure == {
+        "kind": "gpu_lost",
+        "message": "Unable to determine the device handle for GPU 0000:03:00.0: GPU is lost.  "
+        "Reboot the system to recover this GPU",
+    }
+    # a Windows console wrapped the line: the first half is still read as the GPU being lost
+    failure = find_failure(fixture("query_error_gpu_lost_wrapped_windows_darknet86.txt"))
+    assert failure is not None
+    assert (failure["kind"], failure["message"]) == (
+        "gpu_lost",
+        "Unable to determine the device handle for GPU 0000:03:00.0: GPU is lost.  Reboot",
+    )
+
+
+def test_an_ampere_geforce_row_keeps_its_identifiers_as_strings() -> None:
+    assert parse_query(fixture("query_rtx3080_header_units_550_miningrigmonitor.csv")) == [
+        {
+            "name": "NVIDIA GeForce RTX 3080",
+            "driver_version": "550.90.07",
+            "vbios_version": "94.02.71.40.66",
+            "pci.bus_id": "00000000:05:00.0",
+            "memory.total": 10240,
+        }
+    ]

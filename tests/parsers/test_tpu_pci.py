@@ -151,3 +151,44 @@ def test_the_functions_of_one_pci_slot_are_one_chip() -> None:
     text = "".join(f"0000:00:0{slot}.{fn}\n  vendor: 0x1ae0\n  device: 0x0076\n" for slot in (4, 5) for fn in (0, 1))
     result = parse_tpu_pci(text)
     assert (result["chip_count"], result["generation"], len(result["devices"])) == (2, "7x", 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "generation", "count"),
+    [
+        # v5p-8 idle: the "Runtime Utilization Status" warning box follows the chip table
+        ("tpu_v5p_4chip_tpuinfo_rich_idle_marinkb.txt", "v5p", 4),
+        # the same host under load: a PID on every chip, HBM of 95.74 GiB, no warning box
+        ("tpu_v5p_4chip_tpuinfo_rich_steady_marinkb.txt", "v5p", 4),
+        # run from a debug pod without libtpu: "Libtpu version: unknown (libtpu not found)"
+        ("tpu_v6e_4chip_tpuinfo_rich_nolibtpu_jimangel.txt", "v6e", 4),
+        # a v6e-8 host: eight /dev/vfio nodes, the chip table alone
+        ("tpu_v6e_8chip_tpuinfo_rich_chipsonly_eltsai.txt", "v6e", 8),
+        # one chip, header lines padded with blanks to the terminal's width
+        ("tpu_v6e_1chip_tpuinfo_rich_ljk.txt", "v6e", 1),
+    ],
+)
+def test_tpu_info_tables_of_v5p_and_v6e_hosts(name: str, generation: str, count: int) -> None:
+    result = parse_tpu_pci(fixture(name))
+    assert (result["generation"], result["chip_count"], len(result["chips"])) == (generation, count, count)
+    assert [chip["path"] for chip in result["chips"]] == [f"/dev/vfio/{i}" for i in range(count)]
+    assert (result["devices"], result["nodes"]) == ([], [])
+
+
+def test_a_chip_table_cut_by_a_narrow_terminal_asks_for_a_wider_one() -> None:
+    # tpu-info in a 41-column terminal: "│ /dev/vf… │ TPU v6e  │ 1 │ 18297 │" and "│ │ chip │ │ │"
+    with pytest.raises(ParseError) as error:
+        parse_tpu_pci(fixture("tpu_v6e_1chip_tpuinfo_rich_narrow_wrapped_ljk.txt"))
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("tpu-info's TPU Chips table has 2 line(s) not of the form '/dev/vfio/0 | TPU v6e chip'")
+    assert "/dev/vf…" in message
+    assert message.endswith("run tpu-info with a wider terminal (COLUMNS=200 tpu-info)")
+
+
+def test_a_chip_row_cut_among_whole_ones_is_not_counted_short() -> None:
+    # one whole row and one cut row: counting the whole one alone would report a chip too few
+    lines = fixture("tpu_v6e_4chip_tpuinfo_rich_nolibtpu_jimangel.txt").splitlines()
+    cut = [line.replace("/dev/vfio/3 ", "/dev/vfi…  ") for line in lines]
+    with pytest.raises(ParseError, match=r"has 1 line\(s\) not of the form"):
+        parse_tpu_pci("\n".join(cut))
