@@ -152,7 +152,8 @@ def converge(do: Do) -> None:
                    current=found["files"], owners=found["owners"], _if=go)  # fmt: skip
             for timer in todo.timers:
                 do(units.timer, name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
-        start_batch(batch.batch, batch.units, batch.checks, go, do, climb=climb if batch.climbs else None)
+        start_batch(batch.batch, batch.units, batch.checks, go, do, climb=climb if batch.climbs else None,
+                    router_view=batch.router_view)  # fmt: skip
 
     do(releases.serving, name="Release recorded serving", release_dir=todo.release.dir,
        last=found.get("last_release"), run=context.run_id)  # fmt: skip

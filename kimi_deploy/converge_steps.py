@@ -12,7 +12,7 @@ recorded serving, and old weights revisions collected.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -36,6 +36,8 @@ from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import tool_dir
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.render import RenderedFile
+from kimi_deploy.router_units import ROUTER_UNIT
+from kimi_deploy.router_view_plan import view_request
 from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
 from kimi_deploy.venv_lock import LockSource, lock_source
@@ -120,6 +122,9 @@ class BatchStep:
     # the engine unit of this batch that climbs the context ladder instead (left out of ``units``
     # and ``checks``: hostside/ladder.py starts and checks it rung by rung)
     climbs: bool = False
+    # on a router host, after the smoke tests: the engines of this batch its router must send to
+    # again before the next batch goes (``kimi_deploy.router_view_plan``), or None
+    router_view: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -268,16 +273,26 @@ def _smoke_checks(units: Sequence[UnitTarget], found: HostState) -> list[dict[st
     return checks
 
 
-def _batches(deploy: DeployPlan, todo: Converge, found: HostState, climb: Climb | None) -> list[BatchStep]:
+def _batches(
+    deploy: DeployPlan, todo: Converge, found: HostState, climb: Climb | None, restarting: Collection[str]
+) -> list[BatchStep]:
     """Every batch of the start order (each host takes every one: they are barriers across hosts)."""
     spec, topology = deploy.spec, deploy.topology
     mine, place = batch_of(spec, topology), first_batch_of(spec, topology)
+    router = found["units"].get(ROUTER_UNIT)
+    running = router is not None and router.get("active") == "active"
     out = []
     for batch in range(BATCHES):
         units = [u for u in todo.units if unit_batch(u.stage, mine) == batch]
         climbs = climb is not None and any(u.name == climb.unit for u in units)
         units = [u for u in units if climb is None or u.name != climb.unit]
-        earlier = tuple(p.host for p in topology if first_batch_of(p, topology) < batch) if batch else ()
+        # a batch waits for the hosts of the earlier ones, and for the router hosts, whose router
+        # had to take the earlier batch's engines back
+        earlier = (
+            tuple(p.host for p in topology if first_batch_of(p, topology) < batch or p.role == "router")
+            if batch
+            else ()
+        )
         out.append(
             BatchStep(
                 batch=batch,
@@ -286,6 +301,7 @@ def _batches(deploy: DeployPlan, todo: Converge, found: HostState, climb: Climb 
                 units=[(u.stage, u.name, u.release, unit_state(u, found)) for u in units],
                 checks=_smoke_checks(units, found),
                 climbs=climbs,
+                router_view=view_request(deploy.recipe, spec, topology, batch, restarting=restarting, running=running),
             )
         )
     return out
@@ -321,7 +337,7 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         # Then each engine instance's own communicator, when an engine of the instance (re)starts.
         all_reduce_request=None if all_reduce_why else all_reduce_request(recipe, spec, run.in_topology, run.run_id),
         all_reduce_why=all_reduce_why or "",
-        batches=_batches(deploy, todo, found, climb),
+        batches=_batches(deploy, todo, found, climb, hosts),
         collect=_collect(todo, found),
         restarting=restarting,
         climb=climb,

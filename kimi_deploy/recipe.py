@@ -641,6 +641,9 @@ class Ports(Strict):
     router: Port = 8000
     # the router of a prefill/decode topology, on loopback behind the gateway that takes ``router``
     router_backend: Port = 8009
+    # the router's Prometheus metrics, on loopback (the routers' own default): the converge reads its
+    # engines' health there between batches
+    router_metrics: Port = 29000
     # the communication check's own port on every host of a multi-host topology (before starts)
     comm_check: Port = 29499
     # the all-reduce check's rendezvous (a torch.distributed TCPStore) on its first host

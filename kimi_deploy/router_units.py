@@ -8,10 +8,14 @@ from kimi_deploy.engines import engine
 from kimi_deploy.host_paths import router_dir, store_dir
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.placement import TopologyPlacement
-from kimi_deploy.recipe import MOONCAKE_PACKAGE, Recipe
+from kimi_deploy.recipe import MOONCAKE_PACKAGE, Recipe, Topology
 from kimi_deploy.servespec import Unit
 
 ROUTER_UNIT = "kimi-router"
+# Each router's gauge of an engine's health on its Prometheus page, one sample per engine labelled
+# worker="URL", 1 while it sends to the engine: read off the real routers' /metrics (vllm-router
+# 0.1.17, sglang-router 0.3.2; tests/localcluster/test_standins.py holds vllm-router to it).
+HEALTH_GAUGES = {"vllm-router": "vllm_router_worker_health", "sglang-router": "smg_worker_health"}
 MOONCAKE_UNIT = "kimi-mooncake-master"
 # mooncake_master links libibverbs.so.1 and libnuma.so.1 (ldd, mooncake-transfer-engine
 # 0.3.13.post1), on a host without RDMA too: Debian's packages, from the host's own archive.
@@ -27,7 +31,6 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     # vllm-router and sglang-router check no client key: the router listens on loopback, behind
     # the gateway (kimi_deploy.gateway) that takes the topology's address and port and checks it.
     bind, port = LOOPBACK, topo.ports.router_backend
-    upstream = engine(topo.engine).api_port(topo)
     argv: list[str] = [f"{router_dir(recipe, package)}/bin/{package}"]
     serve = tp.leaders("serve")
     if serve:
@@ -35,20 +38,20 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         # (vllm-router 0.1.17's --help: "Regular mode: vllm-router --worker-urls http://worker1:8000
         # http://worker2:8000"; SGLang's router guide, docs.sglang.io/advanced_features/router.html,
         # launches sglang_router.launch_router with the same flag).
-        argv += ["--worker-urls", *(f"http://{leader.host.address}:{upstream}" for leader in serve)]
+        argv += ["--worker-urls", *(worker_url(topo, leader.host.address) for leader in serve)]
     elif package == "vllm-router":
         argv += ["--vllm-pd-disaggregation"]
         kv = topo.kv_transfer
         if kv is not None:
             argv += ["--kv-connector", "nixl" if "NixlConnector" in kv.connectors else "mooncake"]
         for leader in tp.leaders("prefill"):
-            argv += ["--prefill", f"http://{leader.host.address}:{upstream}"]
+            argv += ["--prefill", worker_url(topo, leader.host.address)]
     else:
         argv += ["--pd-disaggregation"]
         for leader in tp.leaders("prefill"):
-            argv += ["--prefill", f"http://{leader.host.address}:{upstream}", str(topo.ports.bootstrap)]
+            argv += ["--prefill", worker_url(topo, leader.host.address), str(topo.ports.bootstrap)]
     for leader in tp.leaders("decode"):
-        argv += ["--decode", f"http://{leader.host.address}:{upstream}"]
+        argv += ["--decode", worker_url(topo, leader.host.address)]
     argv += ["--host", bind, "--port", str(port), "--policy", topo.router.policy]
     # Both routers' runtime health checks (vllm-router 0.1.17 and sglang-router 0.3.2 spell them
     # alike): how soon an engine gone or back leaves or rejoins the rotation.
@@ -59,6 +62,9 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         "--health-failure-threshold", str(health.failures),
         "--health-success-threshold", str(health.successes),
     ]  # fmt: skip
+    # Its metrics on loopback at a port of the recipe's: the converge reads its health gauges
+    # there between batches (hostside/router_view.py).
+    argv += ["--prometheus-host", LOOPBACK, "--prometheus-port", str(topo.ports.router_metrics)]
     return Unit(
         name=ROUTER_UNIT,
         kind="router",
@@ -68,11 +74,17 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         env={},
         listens={"router_backend": port},
         bind=bind,
+        local_listens={"router_metrics": topo.ports.router_metrics},
         # vllm-router 0.1.17 sends the engines "Bearer $OPENAI_API_KEY" from its own environment,
         # not the client's key (tests/localcluster/test_standins.py::test_vllm_router_keys_contract,
         # run against the real router): the topology's key, from its secret file, never in argv.
         secret_env=("OPENAI_API_KEY",) if topo.expose is not None else (),
     )
+
+
+def worker_url(topo: Topology, address: str) -> str:
+    """The URL a topology's router knows the engine instance led from ``address`` by."""
+    return f"http://{address}:{engine(topo.engine).api_port(topo)}"
 
 
 def mooncake_master_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:

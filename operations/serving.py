@@ -32,3 +32,18 @@ def verified(checks: list[dict[str, Any]]) -> Generator[str, None, None]:
         # Where the smoke test records the restarts of systemd's own it found serving.
         record = {"restarts": c.get("restarts", 0), "restarts_file": f"{APPLIED}/{c['unit']}.restarts"}
         yield hostside_command("python3", "smoke.py", {"unit": c["unit"], "url": c["url"], **c["request"], **record})
+
+
+@operation()
+def routed(request: dict[str, Any] | None) -> Generator[str, None, None]:
+    """
+    Wait (bounded) until the router sends to the engines a batch (re)started, before the next
+    batch stops anything (``hostside/router_view.py``).
+
+    + request: the router view's request (``kimi_deploy.router_view_plan``); None: this host has
+      no router to wait on after this batch
+    """
+    if request is None:
+        host.noop("no router of this host to wait on after this batch")
+        return
+    yield hostside_command("python3", "router_view.py", request)

@@ -15,6 +15,7 @@ from typing import Any
 from pyinfra.context import host, state
 
 from hostside.probe_types import UnitState
+from kimi_deploy.start_batches import ROUTERS
 from kimi_pyinfra.rehearsal import Do, perform
 from operations import ladder, serving, units
 
@@ -31,6 +32,7 @@ def start_batch(
     do: Do = perform,
     *,
     climb: dict[str, Any] | None = None,
+    router_view: dict[str, Any] | None = None,
 ) -> None:
     """Start this host's units of ``batch`` in stage order, then smoke test them.
 
@@ -43,6 +45,8 @@ def start_batch(
     + do: how each step is taken (``kimi_pyinfra.rehearsal``: rehearsed, or made an operation)
     + climb: the context ladder its engine climbs in this batch (``operations.ladder.climbed``),
       started and checked rung by rung instead of with the other units (None: none)
+    + router_view: on a router host, the engines of this batch its router must send to again
+      before the next batch goes (``serving.routed``; None: none)
     """
     suffix = SUFFIXES[batch]
     for stage in host.loop(range(len(STAGES))):  # type: ignore[no-untyped-call]
@@ -52,6 +56,9 @@ def start_batch(
         # Not a barrier (no other host waits on it): only a host that climbs takes this step.
         do(ladder.climbed, name=f"Context ladder{suffix}", request=climb, _if=go)
     do(serving.verified, name=f"Smoke test{suffix}", checks=checks, _if=go)
+    if batch < ROUTERS:
+        # A barrier too: the next batch stops nothing before the router sends to this one.
+        do(serving.routed, name=f"Router sends to them{suffix}", request=router_view, _if=go)
 
 
 def unless_failed(hosts: tuple[str, ...]) -> Callable[[], bool]:

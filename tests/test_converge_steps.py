@@ -223,3 +223,38 @@ def test_a_port_held_by_another_process_stops_the_host_before_any_change(recipe:
     probed["gb300-p01"] = probed["gb300-p01"] | {"listeners": held}
     steps = steps_of("gb300-p01", plans, probed)
     assert steps.refusal == "gb300-p01: port 8000 (kimi-vllm api) is in use by pid 4242 (python3, no systemd unit)"
+
+
+def test_the_next_batch_waits_for_the_running_router_to_send_to_the_one_before(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    """An engine change restarts the prefill instances 0 and 2 and the decode instance first, then
+    prefill instance 1: after each batch the router host waits until its running router sends to
+    the instances that batch restarted (by the URLs the router knows them by), and the next batch
+    goes only if that host did not fail."""
+    before = _plans(recipe, prod)
+    after = _plans(_with(recipe, vllm="0.34.1"), prod)
+    probed = {h: probe(todo) for h, (_, todo) in before.items()}
+    router = steps_of("gb300-rt01", after, probed)
+    views = [b.router_view for b in router.batches]
+    assert views[0] is not None
+    assert views[1] is not None
+    assert views[2] is None  # the routers' own batch
+    assert views[0]["workers"] == ["http://10.41.0.11:8000", "http://10.41.0.15:8000", "http://10.41.0.31:8000"]
+    assert views[1]["workers"] == ["http://10.41.0.13:8000"]
+    assert {k: v for k, v in views[0].items() if k != "workers"} == {
+        "router": "vllm-router",
+        "metrics": "http://127.0.0.1:29000/metrics",
+        "gauge": "vllm_router_worker_health",
+        # three rounds of router.health's checks, and never less than a router on the 60 s default needs
+        "timeout_s": 150,
+    }
+    # an engine host waits on no router itself; the second batch waits for the router host
+    engine = steps_of("gb300-p03", after, probed)
+    assert [b.router_view for b in engine.batches] == [None, None, None]
+    assert "gb300-rt01" in engine.batches[1].unless_failed
+    # nothing restarts: nothing to wait for
+    assert [b.router_view for b in steps_of("gb300-rt01", before, probed).batches] == [None, None, None]
+    # no router running (a new router host): it starts after every batch, with nothing to catch up on
+    stopped = {**probed, "gb300-rt01": probe(before["gb300-rt01"][1], running=False)}
+    assert [b.router_view for b in steps_of("gb300-rt01", after, stopped).batches] == [None, None, None]

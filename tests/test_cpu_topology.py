@@ -149,6 +149,8 @@ def test_a_router_over_a_serve_pool_routes_to_each_instance_behind_the_gateway(t
         # the recipe's router.health, at its defaults
         "--health-check-interval-secs", "5", "--health-check-timeout-secs", "5",
         "--health-failure-threshold", "3", "--health-success-threshold", "2",
+        # its metrics on loopback, where the converge reads its view of the engines between batches
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000",
     ]  # fmt: skip
     assert router.secret_env == ("OPENAI_API_KEY",)
     assert (units["kimi-gateway"].bind, units["kimi-gateway"].listens) == ("10.213.7.15", {"router": 8000})

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from hostside import router_view
 from localcluster import pypi_mirror
 from localcluster.fake_nvidia import CONFIG_PATH, NVIDIA_SMI_PATH, install
 from localcluster.pkgindex import IndexServer, serve
@@ -798,6 +799,66 @@ def test_the_real_router_takes_an_engine_out_and_back_by_its_health_checks(real_
         engines[1] = engine(1)
         assert within(20, lambda: health(1) == "1"), "the router has not taken the engine back"
         assert within(10, lambda: answered_by() == "B")
+    finally:
+        for proc in engines:
+            proc.kill()
+        router.proc.kill()
+        router.finish()
+
+
+def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(real_vllm_router: Path) -> None:
+    """hostside/router_view.py, run between a converge's batches, on the real vllm-router 0.1.17:
+    while the router counts a stopped engine out, the view waits and, its time up, fails naming
+    it; once the engine answers again, the view returns as soon as the router has taken it back
+    (requests reach it), well within its bound; with no router answering it waits on nothing."""
+    ports, port, metrics = [free_port(), free_port()], free_port(), free_port()
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+
+    def engine(i: int) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-c", _ANSWERS_EVERYTHING, str(ports[i]), "AB"[i]])
+        deadline = time.monotonic() + 10
+        while call(f"{urls[i]}/health")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return proc
+
+    engines = [engine(0), engine(1)]
+    router = Engine([str(real_vllm_router), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
+                     "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
+                     "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+                     "--health-failure-threshold", "2", "--health-success-threshold", "2"],
+                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+    view = {"router": "vllm-router", "metrics": f"http://127.0.0.1:{metrics}/metrics",
+            "gauge": "vllm_router_worker_health", "workers": [urls[1]], "timeout_s": 3}  # fmt: skip
+    try:
+        router.wait_ready(base, timeout=60)
+        engines[1].kill()
+        engines[1].wait()
+        deadline = time.monotonic() + 20
+        while router_view.wait(view | {"timeout_s": 0})[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        code, said = router_view.wait(view)
+        assert code == 1
+        assert said["reason"] == (
+            f"vllm-router still counts {urls[1]} unhealthy after 3 s (its health gauge 0): "
+            "the next batch would stop the engines it sends to"
+        )
+        engines[1] = engine(1)
+        code, said = router_view.wait(view | {"timeout_s": 30})
+        assert (code, said["routed"], said["unknown"]) == (0, [urls[1]], []), said
+        assert 0 < said["waited_s"] < 30
+        answers = set()
+        for _ in range(4):
+            status, reply = call(f"{base}/v1/chat/completions", body)
+            assert status == 200, reply
+            answers.add(reply["choices"][0]["message"]["content"])
+        assert answers == {"A", "B"}
+        # an engine the router does not know is not waited for; no router at all, nothing is
+        assert router_view.wait(view | {"workers": ["http://127.0.0.1:1"]})[1]["unknown"] == ["http://127.0.0.1:1"]
+        none = router_view.wait(view | {"metrics": f"http://127.0.0.1:{free_port()}/metrics"})
+        assert none[0] == 0
+        assert none[1]["said"].startswith("no vllm-router answers on http://127.0.0.1:")
     finally:
         for proc in engines:
             proc.kill()

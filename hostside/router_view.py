@@ -1,0 +1,101 @@
+"""Wait (bounded) until the router sends requests to the engines a batch just (re)started: prints one JSON line.
+
+Input: one argument, base64 of zlib-compressed JSON: {"router" (its package, named in what is
+printed), "metrics" (its Prometheus page on loopback), "gauge" (its health gauge of each engine:
+vllm-router's ``vllm_router_worker_health``, sglang-router's ``smg_worker_health``, one sample per
+engine labelled ``worker="URL"``, 1 while the router sends to it), "workers" (the URLs the router
+knows the batch's engines by), "timeout_s"}.
+
+A batch's engines answer their own smoke test before the next batch stops anything, but the
+router takes an engine back only once its own health checks pass (the recipe's ``router.health``):
+until then it sends every request to the engines the next batch is about to stop. Exit 0 once
+every listed engine the router knows reads 1; an engine it does not list is one it learns of when
+it restarts after every batch, and no router answering on ``metrics`` (none started yet, or one
+told to serve its metrics elsewhere) leaves nothing to wait on: both are said, not waited
+for. Exit 1 when ``timeout_s`` is up, naming the engines the router still counts unhealthy. The
+page is read within bounds (``MAX_BYTES``, a 2 s timeout a request) and only the gauge's samples
+of the listed URLs are taken from it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from typing import Any
+
+MAX_BYTES = 8 << 20
+POLL_S = 0.5
+
+
+def health(page: str, gauge: str, workers: list[str]) -> dict[str, float]:
+    """The gauge's value for each listed worker the page has a sample of (``NAME{worker="URL"} V``,
+    other labels allowed); a sample that is not a number is left out."""
+    wanted = set(workers)
+    found: dict[str, float] = {}
+    for line in page.splitlines():
+        if not line.startswith(gauge + "{"):
+            continue
+        labels, close, value = line[len(gauge) + 1 :].partition("}")
+        if not close:
+            continue
+        for label in labels.split(","):
+            name, eq, quoted = label.strip().partition("=")
+            url = quoted[1:-1] if len(quoted) >= 2 and quoted[0] == quoted[-1] == '"' else None
+            if name == "worker" and eq and url in wanted:
+                with contextlib.suppress(ValueError, IndexError):
+                    found[url] = float(value.split()[0])
+    return found
+
+
+def _page(url: str) -> str | None:
+    """The metrics page, or None when nothing answers there."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback, from the plan)
+            return bytes(response.read(MAX_BYTES)).decode("utf-8", errors="replace")
+    except urllib.error.HTTPError:
+        return ""
+    except OSError:
+        return None
+
+
+def wait(req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    workers: list[str] = list(req["workers"])
+    started = time.monotonic()
+    deadline = started + float(req["timeout_s"])
+    while True:
+        page = _page(req["metrics"])
+        waited = round(time.monotonic() - started, 3)
+        if page is None:
+            said = f"no {req['router']} answers on {req['metrics']}: nothing to wait on"
+            return 0, {"ok": True, "waited_s": waited, "said": said}
+        seen = health(page, req["gauge"], workers)
+        out = [w for w in workers if w in seen and seen[w] != 1]
+        if not out:
+            unknown = [w for w in workers if w not in seen]
+            return 0, {"ok": True, "waited_s": waited, "routed": [w for w in workers if w in seen], "unknown": unknown}
+        if time.monotonic() >= deadline:
+            reason = (
+                f"{req['router']} still counts {', '.join(out)} unhealthy after {req['timeout_s']} s "
+                "(its health gauge 0): the next batch would stop the engines it sends to"
+            )
+            return 1, {"ok": False, "waited_s": waited, "reason": reason}
+        time.sleep(POLL_S)
+
+
+def main() -> None:
+    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    code, said = wait(req)
+    print(json.dumps(said))
+    if code:
+        print(f"kimi-deploy: router: {said['reason']}", file=sys.stderr)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Between batches, the router's view: the engines of a batch its router must send to again before
+the next batch stops anything (``hostside/router_view.py`` waits for it on the router host).
+
+Pure: from the plan and what the run knows of each host. Only a router already running (it serves
+while the batches restart the engines) and only the instances that (re)start in the batch are
+waited on; a router (re)started by this converge starts after every batch, once all its engines
+answer, and has nothing to catch up on. A router running from before its metrics port was
+rendered serves them at the routers' default, 127.0.0.1:29000 (measured of vllm-router 0.1.17),
+the default of ``ports.router_metrics`` too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.router_units import HEALTH_GAUGES, worker_url
+from kimi_deploy.servespec import HostPlan
+from kimi_deploy.start_batches import ROUTERS, batch_of
+
+# Rounds of the router's own checks waited at most: enough for a slow /health, not for a router that
+# cannot reach the engine (a refused or unreachable engine fails the converge before the next batch).
+ROUNDS = 3
+# A router running from before ``router.health`` was rendered checks every 60 s (the routers'
+# default) and takes an engine back after two passed checks, up to about 125 s: never less.
+LEGACY_READMIT_S = 150
+
+
+def view_request(
+    recipe: Recipe,
+    spec: HostPlan,
+    topology: Sequence[HostPlan],
+    batch: int,
+    *,
+    restarting: Collection[str],
+    running: bool,
+) -> dict[str, Any] | None:
+    """``hostside/router_view.py``'s request on router host ``spec`` after ``batch``, or None.
+
+    + topology: every host of the topology, in plan order
+    + restarting: the hosts of the topology where an engine (re)starts in this run, or that were
+      not probed (``converge_steps.restarting_hosts``)
+    + running: the router host's router is running now
+    """
+    topo = recipe.topologies[spec.topology]
+    if spec.role != "router" or topo.router is None or not running or batch >= ROUTERS:
+        return None
+    moving = {(p.pool, p.instance) for p in topology if p.host in restarting and p.role != "router"}
+    workers = [
+        worker_url(topo, p.address)
+        for p in topology
+        if p.role != "router" and p.node_rank == 0 and (p.pool, p.instance) in moving and batch_of(p, topology) == batch
+    ]
+    if not workers:
+        return None
+    health = topo.router.health
+    return {
+        "router": topo.router.package,
+        "metrics": f"http://127.0.0.1:{topo.ports.router_metrics}/metrics",
+        "gauge": HEALTH_GAUGES[topo.router.package],
+        "workers": workers,
+        "timeout_s": max(LEGACY_READMIT_S, ROUNDS * (health.successes * health.interval_s + health.timeout_s)),
+    }
