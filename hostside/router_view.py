@@ -3,13 +3,19 @@
 Input: one argument, base64 of zlib-compressed JSON: {"router" (its package, named in what is
 printed), "metrics" (its Prometheus page on loopback), "gauge" (its health gauge of each engine:
 vllm-router's ``vllm_router_worker_health``, sglang-router's ``smg_worker_health``, one sample per
-engine labelled ``worker="URL"``, 1 while the router sends to it), "workers" (the URLs the router
-knows the batch's engines by), "timeout_s"}.
+engine labelled ``worker="URL"``, 1 while the router sends to it), "circuit" and "circuit_open_s"
+(its gauge of each engine's circuit breaker, 1 while open, and the time a circuit stays open),
+"workers" (the URLs the router knows the batch's engines by), "timeout_s"}.
 
 A batch's engines answer their own smoke test before the next batch stops anything, but the
-router takes an engine back only once its own health checks pass (the recipe's ``router.health``):
-until then it sends every request to the engines the next batch is about to stop. Exit 0 once
-every listed engine the router knows reads 1; an engine it does not list is one it learns of when
+router takes an engine back only once its own health checks pass (the recipe's ``router.health``)
+and, when requests to it failed while it restarted, once its circuit breaker lets requests through
+again: until then it sends every request to the engines the next batch is about to stop. The
+circuit's gauge changes only when a request comes (measured of vllm-router 0.1.17: still open 20 s
+after its time was up, with no traffic), but its time counts from the last failed request, before
+the engine answered its smoke test: ``circuit_open_s`` after the wait starts, an open circuit lets
+trial requests through. Exit 0 once every listed engine the router knows is healthy and its
+circuit closed or past its time; an engine it does not list is one it learns of when
 it restarts after every batch, and no router answering on ``metrics`` (none started yet, or one
 told to serve its metrics elsewhere) leaves nothing to wait on: both are said, not waited
 for. Exit 1 when ``timeout_s`` is up, naming the engines the router still counts unhealthy. The
@@ -76,9 +82,13 @@ def wait(req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             return 0, {"ok": True, "waited_s": waited, "said": said}
         seen = health(page, req["gauge"], workers)
         out = [w for w in workers if w in seen and seen[w] != 1]
-        if not out:
+        circuit = health(page, req["circuit"], workers) if req.get("circuit") else {}
+        opened = [w for w in workers if circuit.get(w) == 1]
+        timed = waited >= float(req.get("circuit_open_s") or 0)
+        if not out and (not opened or timed):
             unknown = [w for w in workers if w not in seen]
-            return 0, {"ok": True, "waited_s": waited, "routed": [w for w in workers if w in seen], "unknown": unknown}
+            routed = [w for w in workers if w in seen]
+            return 0, {"ok": True, "waited_s": waited, "routed": routed, "unknown": unknown, "circuit_open": opened}
         if time.monotonic() >= deadline:
             reason = (
                 f"{req['router']} still counts {', '.join(out)} unhealthy after {req['timeout_s']} s "

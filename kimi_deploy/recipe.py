@@ -608,14 +608,17 @@ class RouterFallback(Strict):
 class RouterHealth(Strict):
     """The router's own health checks of its engines (both routers' ``--health-*`` flags): an
     engine failing ``failures`` checks in a row gets no more requests, one passing ``successes`` in
-    a row gets them again. The routers check every 60 s by default, which kept an engine back from
-    a restart out of rotation for 30 to 56 s in the drills (``bench/drills.py``); every 5 s costs
-    one ``GET /health`` per engine and 5 s and takes it back within about 10 s."""
+    a row gets them again. And its circuit breaker's open time (``--cb-timeout-duration-secs``): an
+    engine whose requests failed (10 in 120 s, the routers' default) gets none for
+    ``circuit_open_s``, then trial ones. The routers' defaults, checks every 60 s and a circuit
+    open 60 s, kept an engine back from a restart out of rotation for 30 to 56 s in the drills
+    (``bench/drills.py``); checks every 5 s cost one ``GET /health`` per engine and 5 s."""
 
     interval_s: Annotated[int, Field(ge=1, le=3600)] = 5
     timeout_s: Annotated[int, Field(ge=1, le=600)] = 5
     failures: Annotated[int, Field(ge=1, le=100)] = 3
     successes: Annotated[int, Field(ge=1, le=100)] = 2
+    circuit_open_s: Annotated[int, Field(ge=1, le=3600)] = 10
 
 
 class Router(Strict):

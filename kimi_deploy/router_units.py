@@ -16,6 +16,10 @@ ROUTER_UNIT = "kimi-router"
 # worker="URL", 1 while it sends to the engine: read off the real routers' /metrics (vllm-router
 # 0.1.17, sglang-router 0.3.2; tests/localcluster/test_standins.py holds vllm-router to it).
 HEALTH_GAUGES = {"vllm-router": "vllm_router_worker_health", "sglang-router": "smg_worker_health"}
+# Each router's gauge of an engine's circuit breaker, labelled alike: 1 while open (vllm-router
+# 0.1.17's /metrics; sglang-router 0.3.2's name as its binary holds it). The gauge changes only when
+# a request comes: an open circuit admits trial requests once its time is up, whatever it says.
+CIRCUIT_GAUGES = {"vllm-router": "vllm_router_cb_state", "sglang-router": "smg_worker_cb_state"}
 MOONCAKE_UNIT = "kimi-mooncake-master"
 # mooncake_master links libibverbs.so.1 and libnuma.so.1 (ldd, mooncake-transfer-engine
 # 0.3.13.post1), on a host without RDMA too: Debian's packages, from the host's own archive.
@@ -61,6 +65,7 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
         "--health-check-timeout-secs", str(health.timeout_s),
         "--health-failure-threshold", str(health.failures),
         "--health-success-threshold", str(health.successes),
+        "--cb-timeout-duration-secs", str(health.circuit_open_s),
     ]  # fmt: skip
     # Its metrics on loopback at a port of the recipe's: the converge reads its health gauges
     # there between batches (hostside/router_view.py).

@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.router_units import HEALTH_GAUGES, worker_url
+from kimi_deploy.router_units import CIRCUIT_GAUGES, HEALTH_GAUGES, worker_url
 from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import ROUTERS, batch_of
 
@@ -59,6 +59,9 @@ def view_request(
         "router": topo.router.package,
         "metrics": f"http://127.0.0.1:{topo.ports.router_metrics}/metrics",
         "gauge": HEALTH_GAUGES[topo.router.package],
+        "circuit": CIRCUIT_GAUGES[topo.router.package],
+        "circuit_open_s": health.circuit_open_s,
         "workers": workers,
-        "timeout_s": max(LEGACY_READMIT_S, ROUNDS * (health.successes * health.interval_s + health.timeout_s)),
+        "timeout_s": max(LEGACY_READMIT_S, ROUNDS * (health.successes * health.interval_s + health.timeout_s))
+        + health.circuit_open_s,
     }

@@ -246,8 +246,11 @@ def test_the_next_batch_waits_for_the_running_router_to_send_to_the_one_before(
         "router": "vllm-router",
         "metrics": "http://127.0.0.1:29000/metrics",
         "gauge": "vllm_router_worker_health",
-        # three rounds of router.health's checks, and never less than a router on the 60 s default needs
-        "timeout_s": 150,
+        "circuit": "vllm_router_cb_state",
+        "circuit_open_s": 10,
+        # three rounds of router.health's checks, never less than a router on the 60 s default
+        # needs, and the time a circuit stays open
+        "timeout_s": 150 + 10,
     }
     # an engine host waits on no router itself; the second batch waits for the router host
     engine = steps_of("gb300-p03", after, probed)

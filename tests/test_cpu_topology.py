@@ -149,6 +149,7 @@ def test_a_router_over_a_serve_pool_routes_to_each_instance_behind_the_gateway(t
         # the recipe's router.health, at its defaults
         "--health-check-interval-secs", "5", "--health-check-timeout-secs", "5",
         "--health-failure-threshold", "3", "--health-success-threshold", "2",
+        "--cb-timeout-duration-secs", "10",
         # its metrics on loopback, where the converge reads its view of the engines between batches
         "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000",
     ]  # fmt: skip

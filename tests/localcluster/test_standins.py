@@ -809,8 +809,10 @@ def test_the_real_router_takes_an_engine_out_and_back_by_its_health_checks(real_
 def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(real_vllm_router: Path) -> None:
     """hostside/router_view.py, run between a converge's batches, on the real vllm-router 0.1.17:
     while the router counts a stopped engine out, the view waits and, its time up, fails naming
-    it; once the engine answers again, the view returns as soon as the router has taken it back
-    (requests reach it), well within its bound; with no router answering it waits on nothing."""
+    it; once the engine answers again, the view returns once the router has taken it back and the
+    circuit that the requests failed on it opened is past its time (the gauge still says open
+    until a request comes), and requests reach it then; with no router answering it waits on
+    nothing."""
     ports, port, metrics = [free_port(), free_port()], free_port(), free_port()
     urls = [f"http://127.0.0.1:{p}" for p in ports]
 
@@ -825,16 +827,23 @@ def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(rea
     router = Engine([str(real_vllm_router), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
                      "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
                      "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
-                     "--health-failure-threshold", "2", "--health-success-threshold", "2"],
+                     "--health-failure-threshold", "2", "--health-success-threshold", "2",
+                     "--cb-timeout-duration-secs", "3"],
                     {"OPENAI_API_KEY": "router-key"})  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
     view = {"router": "vllm-router", "metrics": f"http://127.0.0.1:{metrics}/metrics",
-            "gauge": "vllm_router_worker_health", "workers": [urls[1]], "timeout_s": 3}  # fmt: skip
+            "gauge": "vllm_router_worker_health", "circuit": "vllm_router_cb_state", "circuit_open_s": 3,
+            "workers": [urls[1]], "timeout_s": 3}  # fmt: skip
     try:
         router.wait_ready(base, timeout=60)
         engines[1].kill()
         engines[1].wait()
+        # requests meet the stopped engine (answered by the other on retry) until its circuit opens
+        for _ in range(30):
+            assert call(f"{base}/v1/chat/completions", body)[0] == 200
+        circuit = router_view.health(str(call(f"http://127.0.0.1:{metrics}/metrics")[1]), "vllm_router_cb_state", urls)
+        assert circuit[urls[1]] == 1
         deadline = time.monotonic() + 20
         while router_view.wait(view | {"timeout_s": 0})[0] == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -846,8 +855,8 @@ def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(rea
         )
         engines[1] = engine(1)
         code, said = router_view.wait(view | {"timeout_s": 30})
-        assert (code, said["routed"], said["unknown"]) == (0, [urls[1]], []), said
-        assert 0 < said["waited_s"] < 30
+        assert (code, said["routed"], said["unknown"], said["circuit_open"]) == (0, [urls[1]], [], [urls[1]]), said
+        assert 3 <= said["waited_s"] < 30
         answers = set()
         for _ in range(4):
             status, reply = call(f"{base}/v1/chat/completions", body)
