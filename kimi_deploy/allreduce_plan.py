@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kimi_deploy.parsers.nccl_tests import NcclTestsRun, check_bus_bandwidth, format_bytes
 from kimi_deploy.recipe import AllReduce, Recipe
 from kimi_deploy.servespec import HostPlan
 
@@ -82,3 +83,21 @@ def all_reduce_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], 
         # the engine's own environment: its NCCL and Gloo interface, HCAs and the topology's settings
         "env": dict(next((u.env for u in me.units if u.kind == "engine"), topology.env)),
     }
+
+
+def nccl_verdict(recipe: Recipe, me: HostPlan, run: NcclTestsRun) -> tuple[str, str | None]:
+    """The floor of ``me``'s topology's all-reduce check (``comm_check.all_reduce``) on an
+    nccl-tests run captured there (``kimi-deploy facts check``): what passed, or the failure line,
+    nccl-tests' own problems first, then the bus bandwidth at the largest size (the lower of
+    out-of-place and in-place), as :func:`~kimi_deploy.parsers.nccl_tests.check_bus_bandwidth` says."""
+    check = recipe.topologies[me.topology].comm_check.all_reduce
+    if check is None:
+        return f"all-reduce: topology {me.topology} sets no comm_check.all_reduce: nothing asked", None
+    floor = check.min_busbw_gbs
+    failure = check_bus_bandwidth(run, floor)
+    if failure is not None:
+        return "", f"all-reduce: {failure}"
+    largest = max(run["rows"], key=lambda row: row["size_bytes"])
+    busbw = min(largest["out_of_place"]["busbw_gbs"], largest["in_place"]["busbw_gbs"])
+    size = format_bytes(largest["size_bytes"])
+    return f"all-reduce: {busbw:g} GB/s at {size} over {len(run['ranks'])} ranks, needs >= {floor:g} GB/s", None

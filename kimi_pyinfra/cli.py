@@ -9,9 +9,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kimi_deploy import captured_profile
+from kimi_deploy.allreduce_plan import nccl_verdict
 from kimi_deploy.emitted import emissions
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.fidelity_ledger import gaps, read_citations, render
@@ -140,6 +141,8 @@ _CAPTURES = {
     "tpu_pci": ("accelerators", "tpu"),
     "ibv_devinfo": ("rdma", "rdma"),
     "ibstat": ("rdma", "rdma"),
+    # not a probe section: the all-reduce check measures what nccl-tests does, before engines start
+    "nccl_all_reduce": ("all-reduce", "nccl"),
 }
 
 
@@ -148,6 +151,14 @@ def _section(name: str, text: str, args: argparse.Namespace) -> dict[str, Any]:
         return captured_profile.nvidia_section(text, _fields(args))
     if name == "tpu_pci":
         return captured_profile.tpu_section(text)
+    if name == "nccl_all_reduce":
+        run = nccl_tests.parse_nccl_tests(text)
+        if run["test"] not in (None, "all_reduce_perf"):
+            raise ParseError(f"a run of {run['test']}, not of all_reduce_perf")
+        if run["rows"] and all(row["redop"] == "none" for row in run["rows"]):
+            # nccl-tests before 2.17 name no test; its collectives that reduce nothing print redop none
+            raise ParseError("its rows reduce nothing (redop none): a run of another collective than all_reduce_perf")
+        return dict(run)
     return captured_profile.rdma_section(text, name.replace("_", "-"))
 
 
@@ -180,13 +191,18 @@ def _facts_check(args: argparse.Namespace) -> int:
             raise ConfigError(path, name.replace("_", "-"), exc.strerror or "cannot be read") from exc
         except ParseError as exc:
             raise ConfigError(path, name.replace("_", "-"), str(exc)) from exc
+    nccl = raw.pop("nccl", None)
     profile = parse_profile(raw)
     needs = Needs(recipe, spec, 0, 0, list(host.vars.kimi_rdma_devices or []))
     failed = 0
     for gate in dict.fromkeys(_CAPTURES[name][0] for name in given):
-        line = {"accelerators": accelerators, "rdma": rdma}[gate](needs, profile)
+        if gate == "all-reduce":
+            passed, line = nccl_verdict(recipe, spec, cast(nccl_tests.NcclTestsRun, nccl))
+        else:
+            line = {"accelerators": accelerators, "rdma": rdma}[gate](needs, profile)
+            passed = _judged(gate, needs, profile) if line is None else ""
         if line is None:
-            print(f"ok: {args.host}: {_judged(gate, needs, profile)}")
+            print(f"ok: {args.host}: {passed}")
         else:
             failed += 1
             print(f"kimi-deploy: {args.host}: {line}", file=sys.stderr)
@@ -295,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--tpu-pci", metavar="FILE", help="the host's TPU PCI listing (lspci -nn, sysfs)")
     check.add_argument("--ibv-devinfo", metavar="FILE", help="ibv_devinfo [-v] output")
     check.add_argument("--ibstat", metavar="FILE", help="ibstat output")
+    check.add_argument("--nccl-all-reduce", metavar="FILE", help="nccl-tests all_reduce_perf output")
     check.set_defaults(func=_facts_check)
     start = sub.add_parser("init", help="a folder of one's own to run the installed deploys from")
     start.add_argument("dir", metavar="DIR", help="written into; no file in it is overwritten")

@@ -755,18 +755,10 @@ def test_the_real_router_takes_an_engine_out_and_back_by_its_health_checks(real_
     urls = [f"http://127.0.0.1:{p}" for p in ports]
 
     def engine(i: int) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-c", _ANSWERS_EVERYTHING, str(ports[i]), "AB"[i]])
-        deadline = time.monotonic() + 10
-        while call(f"{urls[i]}/health")[0] != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return proc
+        return _named_engine(ports[i], "AB"[i])
 
     engines = [engine(0), engine(1)]
-    router = Engine([str(real_vllm_router), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
-                     "--policy", "round_robin", "--prometheus-port", str(metrics),
-                     "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
-                     "--health-failure-threshold", "2", "--health-success-threshold", "2"],
-                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    router = _checking_router(real_vllm_router, urls, port, metrics)
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
 
@@ -817,19 +809,10 @@ def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(rea
     urls = [f"http://127.0.0.1:{p}" for p in ports]
 
     def engine(i: int) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-c", _ANSWERS_EVERYTHING, str(ports[i]), "AB"[i]])
-        deadline = time.monotonic() + 10
-        while call(f"{urls[i]}/health")[0] != 200 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return proc
+        return _named_engine(ports[i], "AB"[i])
 
     engines = [engine(0), engine(1)]
-    router = Engine([str(real_vllm_router), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
-                     "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
-                     "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
-                     "--health-failure-threshold", "2", "--health-success-threshold", "2",
-                     "--cb-timeout-duration-secs", "3"],
-                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    router = _checking_router(real_vllm_router, urls, port, metrics, "--cb-timeout-duration-secs", "3")
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
     view = {"router": "vllm-router", "metrics": f"http://127.0.0.1:{metrics}/metrics",
@@ -873,6 +856,25 @@ def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(rea
             proc.kill()
         router.proc.kill()
         router.finish()
+
+
+def _named_engine(port: int, name: str) -> subprocess.Popen[bytes]:
+    """``_ANSWERS_EVERYTHING`` answering ``name`` on ``port``, once its /health answers."""
+    proc = subprocess.Popen([sys.executable, "-c", _ANSWERS_EVERYTHING, str(port), name])
+    deadline = time.monotonic() + 10
+    while call(f"http://127.0.0.1:{port}/health")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+def _checking_router(binary: Path, urls: list[str], port: int, metrics: int, *more: str) -> Engine:
+    """The real router over ``urls`` checking them every second (2 failures out, 2 successes back),
+    its metrics on loopback at ``metrics``."""
+    return Engine([str(binary), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
+                   "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
+                   "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+                   "--health-failure-threshold", "2", "--health-success-threshold", "2", *more],
+                  {"OPENAI_API_KEY": "router-key"})  # fmt: skip
 
 
 # An OpenAI-compatible engine as a router sees it, in a few lines: 200 and an answer everywhere, READY

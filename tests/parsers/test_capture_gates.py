@@ -8,7 +8,11 @@ is refused in one line naming what was found, and a capture of nvidia-smi failin
 the failure. Each ``ibv_devinfo`` and ``ibstat`` capture, read into the probe's RDMA section as
 ``kimi-deploy facts check`` reads it, passes a pool asking an HCA whose port the tool printed
 active, refuses one asking an HCA whose ports it printed in another state (naming the state) or did
-not print, and the hardware report counts the same ports.
+not print, and the hardware report counts the same ports. Each nccl-tests all-reduce capture is
+judged by the topology's all-reduce floor (``comm_check.all_reduce.min_busbw_gbs``): a clean run
+passes a floor at what it measured at its largest size and is refused one above it; a run with
+problems (wrong values, failures, no rows, no summary) is refused with its first problem whatever
+the floor.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import dataclasses
 
 import pytest
 
+from kimi_deploy.allreduce_plan import nccl_verdict
 from kimi_deploy.captured_profile import nvidia_section, rdma_section, tpu_section
 from kimi_deploy.host_profile import parse_profile, tpu_model
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.ibstat import parse_ibstat
 from kimi_deploy.parsers.ibv_devinfo import parse_ibv_devinfo
+from kimi_deploy.parsers.nccl_tests import parse_nccl_tests, run_problems
 from kimi_deploy.parsers.nvidia_smi_query import find_failure
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 from kimi_deploy.planner import plan
@@ -41,6 +47,7 @@ NOHEADER = {
 }
 TPUS = sorted(p.name for p in FIXTURES.glob("tpu_*"))
 HCAS = sorted(p.name for p in FIXTURES.glob("ib*_*"))
+ALL_REDUCES = sorted(p.name for p in FIXTURES.glob("nccl_allreduce_*"))
 # An active port as each tool prints it; the gate reads the kernel's words (sysfs), as the probe does.
 TOOL_ACTIVE = {"ibstat": "Active", "ibv-devinfo": "PORT_ACTIVE"}
 KERNEL_STATES = {"DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"}
@@ -165,3 +172,39 @@ def _tool_states(name: str, tool: str) -> list[tuple[str, str]]:
     if tool == "ibstat":
         return [(ca["name"], p["state"]) for ca in parse_ibstat(fixture(name))["cas"] for p in ca["ports"]]
     return [(hca["hca_id"], p["state"]) for hca in parse_ibv_devinfo(fixture(name)) for p in hca["ports"]]
+
+
+def _with_floor(recipe: Recipe, topology: str, floor: float) -> Recipe:
+    topo = recipe.topologies[topology]
+    check = topo.comm_check.all_reduce
+    assert check is not None
+    comm = topo.comm_check.model_copy(update={"all_reduce": check.model_copy(update={"min_busbw_gbs": floor})})
+    return recipe.model_copy(
+        update={"topologies": {**recipe.topologies, topology: topo.model_copy(update={"comm_check": comm})}}
+    )
+
+
+@pytest.mark.parametrize("name", ALL_REDUCES)
+def test_the_all_reduce_floor_judges_each_nccl_tests_capture(recipe: Recipe, b300: HostPlan, name: str) -> None:
+    run = parse_nccl_tests(fixture(name))
+    problems = run_problems(run)
+    if problems:
+        passed, failure = nccl_verdict(_with_floor(recipe, b300.topology, 0.001), b300, run)
+        assert passed == ""
+        assert failure is not None
+        assert failure.endswith(problems[0])
+        return
+    largest = max(row["size_bytes"] for row in run["rows"])
+    (row,) = [r for r in run["rows"] if r["size_bytes"] == largest]
+    measured = min(row["out_of_place"]["busbw_gbs"], row["in_place"]["busbw_gbs"])
+    if measured == 0:  # one rank: nothing crosses a bus, and no floor above 0 passes
+        assert nccl_verdict(_with_floor(recipe, b300.topology, 1), b300, run)[1] is not None
+        return
+    passed, failure = nccl_verdict(_with_floor(recipe, b300.topology, measured), b300, run)
+    assert failure is None
+    assert passed.startswith(f"all-reduce: {measured:g} GB/s at ")
+    assert f" over {len(run['ranks'])} ranks, needs >= {measured:g} GB/s" in passed
+    _, failure = nccl_verdict(_with_floor(recipe, b300.topology, measured + 1), b300, run)
+    assert failure is not None
+    assert f"bus bandwidth {measured:g} GB/s at " in failure
+    assert failure.endswith(f"needs >= {measured + 1:g} GB/s")

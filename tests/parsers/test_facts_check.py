@@ -84,7 +84,8 @@ def test_two_gates_at_once_each_say_their_verdict() -> None:
 @pytest.mark.parametrize(
     ("host", "args", "said"),
     [
-        ("b300-01", [], "inventories/prod.py: b300-01: give a capture: --nvidia-smi-query, --tpu-pci, --ibv-devinfo, --ibstat"),
+        ("b300-01", [], "inventories/prod.py: b300-01: give a capture: --nvidia-smi-query, --tpu-pci, --ibv-devinfo, "
+                        "--ibstat, --nccl-all-reduce"),
         ("nohost", ["--ibstat", "x"], "inventories/prod.py: nohost: not a host of the plan"),
         ("b300-01", ["--ibstat", "x", "--ibv-devinfo", "y"],
          "inventories/prod.py: b300-01: one capture per probe section: --ibv-devinfo or --ibstat"),
@@ -115,4 +116,32 @@ def test_a_tpu_listing_without_pci_ids_says_which_listing_the_gate_reads() -> No
     assert err == (
         f"{path}: tpu-pci: shows 4 TPU chips without their PCI ids: the gate judges a listing with them "
         "(lspci -nn, or sysfs's vendor and device files)\n"
+    )
+
+
+def test_an_all_reduce_capture_is_judged_by_the_topologys_floor() -> None:
+    good = FIXTURES / "nccl_allreduce_h100_2node_16rank_good_nvls_ompi_noise_nccltests309.txt"
+    code, out, _ = _check("b300-01", "--nccl-all-reduce", str(good))
+    assert (code, out) == (0, "ok: b300-01: all-reduce: 469.1 GB/s at 16 GiB over 16 ranks, needs >= 370 GB/s\n")
+    slow = FIXTURES / "nccl_allreduce_gh200_2node_8rank_slow_nocxi_v2171_indented_cscs.txt"
+    code, _, err = _check("b300-01", "--nccl-all-reduce", str(slow))
+    assert (code, err) == (
+        1, "kimi-deploy: b300-01: all-reduce: all_reduce_perf: bus bandwidth 5.41 GB/s at 128 MiB (in-place), "
+           "needs >= 370 GB/s\n",
+    )  # fmt: skip
+    # a topology that sets no all-reduce check asks nothing of it
+    code, out, _ = _check("gb300-p01", "--nccl-all-reduce", str(slow))
+    assert (code, out) == (
+        0,
+        "ok: gb300-p01: all-reduce: topology gb300-pd sets no comm_check.all_reduce: nothing asked\n",
+    )
+
+
+def test_a_run_of_another_collective_is_not_judged_as_an_all_reduce() -> None:
+    path = str(FIXTURES / "nccl_alltoall_rtx5090x1_inplace_na_nccltests287.txt")
+    code, _, err = _check("b300-01", "--nccl-all-reduce", path)
+    assert code == 2
+    assert err == (
+        f"{path}: nccl-all-reduce: its rows reduce nothing (redop none): a run of another collective than "
+        "all_reduce_perf\n"
     )
