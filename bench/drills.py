@@ -402,13 +402,16 @@ def _restore(st: dict[str, Any], inventory: Path, gateway: str, key: str, boot: 
     sys.exit("the engines did not serve again after a drill")
 
 
-def _cost(st: dict[str, Any], host: str) -> tuple[float, int]:
-    """The watchdog's CPU seconds (user + system, its process tree) and resident KiB: one SSH
-    round-trip reads its clock ticks, /proc stat and status."""
+def _cost(st: dict[str, Any], host: str) -> tuple[float, int, str, float]:
+    """The watchdog's CPU seconds (user + system, its process tree), resident KiB, pid and age in
+    seconds: one SSH round-trip reads its clock ticks, the host's uptime, /proc stat and status."""
     out = _ssh(st, host, "p=$(systemctl show -p MainPID --value kimi-watchdog); getconf CLK_TCK; "
-                         "cat /proc/$p/stat; awk '/^VmRSS/ {print $2}' /proc/$p/status").splitlines()  # fmt: skip
-    ticks, stat, rss = int(out[0]), out[1].rsplit(")", 1)[1].split(), int(out[2])
-    return (int(stat[11]) + int(stat[12]) + int(stat[13]) + int(stat[14])) / ticks, rss
+                         "cut -d' ' -f1 /proc/uptime; cat /proc/$p/stat; "
+                         "awk '/^VmRSS/ {print $2}' /proc/$p/status").splitlines()  # fmt: skip
+    ticks, uptime, rss = int(out[0]), float(out[1]), int(out[3])
+    pid, stat = out[2].split(" ", 1)[0], out[2].rsplit(")", 1)[1].split()
+    cpu = (int(stat[11]) + int(stat[12]) + int(stat[13]) + int(stat[14])) / ticks
+    return cpu, rss, pid, uptime - int(stat[19]) / ticks
 
 
 def main() -> None:
@@ -429,7 +432,7 @@ def main() -> None:
             started = time.time()
             _must(CLUSTER.pyinfra(inventory), "the first converge")
             print(f"converged in {time.time() - started:.0f} s")
-            rounds_start = {h: (time.time(), _cost(st, h)[0]) for h in ENGINES}
+            rounds_start = {h: (time.time(), _cost(st, h)) for h in ENGINES}
             gateway = f"http://{next(h['address'] for h in st['hosts'] if h['name'] == ROUTER)}:8000"
             key = (CLUSTER.dir / "api-key").read_text(encoding="utf-8").strip()
             results = []
@@ -459,12 +462,15 @@ def main() -> None:
                       f"{r['hosted']:>7}  {'yes' if r['up'] else 'NO ':<4} {r['errors'] or ''}")  # fmt: skip
             print()
             for h in ENGINES:
-                t0, cpu0 = rounds_start[h]
-                cpu1, rss = _cost(st, h)
-                hours = (time.time() - t0) / 3600
-                rounds = (time.time() - t0) / LADDER["interval_s"]
-                used = cpu1 - cpu0
-                print(f"{h} watchdog: {used:.2f} CPU s over {hours * 60:.1f} min ({rounds:.0f} rounds at "
+                t0, (cpu0, _, pid0, _) = rounds_start[h]
+                cpu1, rss, pid1, age = _cost(st, h)
+                # a converge that changed its configuration (hub-down-sync) restarted it: then the
+                # process running now, over its own life
+                same = pid1 == pid0
+                used, seconds = (cpu1 - cpu0, time.time() - t0) if same else (cpu1, age)
+                hours, rounds = seconds / 3600, seconds / LADDER["interval_s"]
+                since = "" if same else f" (restarted by a converge: since its start, pid {pid1})"
+                print(f"{h} watchdog{since}: {used:.2f} CPU s over {hours * 60:.1f} min ({rounds:.0f} rounds at "
                       f"{LADDER['interval_s']} s: {1000 * used / max(rounds, 1):.1f} ms a round, "
                       f"{used / max(hours, 1e-9) / 36:.2f}% of a core), {rss / 1024:.1f} MiB resident")  # fmt: skip
         finally:
