@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kimi_deploy.parsers.nccl_tests import NcclTestsRun, check_bus_bandwidth, format_bytes
+from kimi_deploy.parsers.nccl_tests import NcclTestsRun, check_bus_bandwidth, format_bytes, lowest_bus_bandwidth
 from kimi_deploy.recipe import AllReduce, Recipe
 from kimi_deploy.servespec import HostPlan
 
@@ -97,7 +97,7 @@ def nccl_verdict(recipe: Recipe, me: HostPlan, run: NcclTestsRun) -> tuple[str, 
     failure = check_bus_bandwidth(run, floor)
     if failure is not None:
         return "", f"all-reduce: {failure}"
-    largest = max(run["rows"], key=lambda row: row["size_bytes"])
-    busbw = min(largest["out_of_place"]["busbw_gbs"], largest["in_place"]["busbw_gbs"])
-    size = format_bytes(largest["size_bytes"])
+    largest = max(row["size_bytes"] for row in run["rows"])
+    busbw, _, _ = lowest_bus_bandwidth([row for row in run["rows"] if row["size_bytes"] == largest])
+    size = format_bytes(largest)
     return f"all-reduce: {busbw:g} GB/s at {size} over {len(run['ranks'])} ranks, needs >= {floor:g} GB/s", None

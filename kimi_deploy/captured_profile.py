@@ -1,10 +1,11 @@
 """A HostProfile from command outputs captured on a host, read as the probe's answer would be.
 
 ``kimi-deploy facts check`` judges a host by what an operator captured on it (``nvidia-smi
---query-gpu``, a TPU host's PCI listing, ``ibv_devinfo`` or ``ibstat``) with the same gates a deploy
-runs. The outputs go through the parsers into the sections of the probe's raw answer and then
-through :func:`~kimi_deploy.host_profile.parse_profile`, so what the gate sees of a capture is what
-it would see of the probe on that host:
+--query-gpu``, a TPU host's PCI listing, ``ibv_devinfo`` or ``ibstat``, nccl-tests'
+``all_reduce_perf``) with the same gates a deploy runs. The outputs go through the parsers into
+the sections of the probe's raw answer and then through
+:func:`~kimi_deploy.host_profile.parse_profile`, so what the gate sees of a capture is what it
+would see of the probe on that host:
 
 - ``nvidia-smi --query-gpu``: the probe's ``nvidia.smi_query`` with the capture's header (or the
   ``--query-gpu`` list given for a ``noheader`` one) as its fields; nvidia-smi's failure texts are
@@ -28,6 +29,7 @@ from typing import Any
 from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.ibstat import parse_ibstat
 from kimi_deploy.parsers.ibv_devinfo import parse_ibv_devinfo
+from kimi_deploy.parsers.nccl_tests import NcclTestsRun, parse_nccl_tests
 from kimi_deploy.parsers.nvidia_smi_query import find_failure, parse_query
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 
@@ -68,6 +70,18 @@ def tpu_section(text: str) -> dict[str, Any]:
         )
     pci = [{"address": d["pci_address"], "vendor": d["vendor_id"], "device": d["device_id"]} for d in parsed["devices"]]
     return {"pci": pci}
+
+
+def all_reduce_run(text: str) -> NcclTestsRun:
+    """An nccl-tests run of ``all_reduce_perf`` (not a probe section: the all-reduce check measures
+    what it does); a run of another collective is refused."""
+    run = parse_nccl_tests(text)
+    if run["test"] not in (None, "all_reduce_perf"):
+        raise ParseError(f"a run of {run['test']}, not of all_reduce_perf")
+    if run["rows"] and all(row["redop"] == "none" for row in run["rows"]):
+        # nccl-tests before 2.17 name no test; its collectives that reduce nothing print redop none
+        raise ParseError("its rows reduce nothing (redop none): a run of another collective than all_reduce_perf")
+    return run
 
 
 def rdma_section(text: str, tool: str) -> dict[str, Any]:

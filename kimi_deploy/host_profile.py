@@ -319,6 +319,11 @@ def _rdma(rdma: dict[str, Any]) -> list[dict[str, Any]]:
     return ports
 
 
+def port_active(port: dict[str, Any]) -> bool:
+    """Whether an RDMA port of the profile is active (``ACTIVE``, or ``ACTIVE_DEFER``)."""
+    return "ACTIVE" in str(port.get("state") or "").upper()
+
+
 def _sysfs_state(value: str | None) -> str | None:
     # "4: ACTIVE" -> "ACTIVE"; split by hand, a lazy pattern backtracks over a long text.
     if value is None:

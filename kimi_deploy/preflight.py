@@ -15,7 +15,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kimi_deploy.catalog import engine_catalog
-from kimi_deploy.host_profile import matches_model
+from kimi_deploy.host_profile import matches_model, port_active
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import CPU_ANY, HostPlan
 
@@ -119,15 +119,20 @@ def host_ram(needs: Needs, profile: dict[str, Any]) -> str | None:
     return None
 
 
-def rdma(needs: Needs, profile: dict[str, Any]) -> str | None:
+def rdma_asked(needs: Needs) -> bool:
+    """Whether the host moves its topology's KV cache over RDMA (the RDMA gate asks something of it)."""
     topo = needs.recipe.topologies[needs.spec.topology]
-    if topo.kv_transfer is None or topo.kv_transfer.transport != "rdma" or needs.spec.role == "router":
+    return topo.kv_transfer is not None and topo.kv_transfer.transport == "rdma" and needs.spec.role != "router"
+
+
+def rdma(needs: Needs, profile: dict[str, Any]) -> str | None:
+    if not rdma_asked(needs):
         return None
     ports = profile.get("rdma") or []
     for device in needs.rdma_devices:
         name = device.split(":", 1)[0]
         states = [str(p.get("state") or "state unknown") for p in ports if p.get("device") == name]
-        if not any("ACTIVE" in s.upper() for s in states):
+        if not any(port_active(p) for p in ports if p.get("device") == name):
             found = ", ".join(states) if states else "no such device"
             return f"RDMA: {name} needs an ACTIVE port for KV transfer, found {found}"
     return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kimi_deploy.host_profile import port_active
+
 GIB = 2**30
 
 
@@ -35,7 +37,7 @@ def _links(acc: dict[str, Any]) -> str:
 
 
 def _nics(profile: dict[str, Any]) -> str:
-    up = [p for p in profile.get("rdma") or [] if "ACTIVE" in str(p.get("state", "")).upper()]
+    up = [p for p in profile.get("rdma") or [] if port_active(p)]
     if not profile.get("rdma"):
         return "-"
     # a port whose rate is not known (short ibv_devinfo prints none) adds no rate

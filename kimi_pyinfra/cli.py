@@ -16,7 +16,7 @@ from kimi_deploy.allreduce_plan import nccl_verdict
 from kimi_deploy.emitted import emissions
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.fidelity_ledger import gaps, read_citations, render
-from kimi_deploy.host_profile import parse_profile
+from kimi_deploy.host_profile import parse_profile, port_active
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.index_pins import missing_pins
 from kimi_deploy.lockfile import lock_path
@@ -32,7 +32,7 @@ from kimi_deploy.parsers import (
 )
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
-from kimi_deploy.preflight import Needs, accelerators, rdma
+from kimi_deploy.preflight import Needs, accelerators, rdma, rdma_asked
 from kimi_deploy.recipe import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servespec import Plan
@@ -152,13 +152,7 @@ def _section(name: str, text: str, args: argparse.Namespace) -> dict[str, Any]:
     if name == "tpu_pci":
         return captured_profile.tpu_section(text)
     if name == "nccl_all_reduce":
-        run = nccl_tests.parse_nccl_tests(text)
-        if run["test"] not in (None, "all_reduce_perf"):
-            raise ParseError(f"a run of {run['test']}, not of all_reduce_perf")
-        if run["rows"] and all(row["redop"] == "none" for row in run["rows"]):
-            # nccl-tests before 2.17 name no test; its collectives that reduce nothing print redop none
-            raise ParseError("its rows reduce nothing (redop none): a run of another collective than all_reduce_perf")
-        return dict(run)
+        return dict(captured_profile.all_reduce_run(text))
     return captured_profile.rdma_section(text, name.replace("_", "-"))
 
 
@@ -217,10 +211,9 @@ def _judged(gate: str, needs: Needs, profile: dict[str, Any]) -> str:
         memory = f" ({acc['memory_mib'] // 1024} GiB)" if acc.get("memory_mib") else ""
         want = f"pool {spec.pool} needs {spec.accelerators} x {spec.accelerator_model}"
         return f"accelerators: {want}, found {acc['count']} x {acc['model']}{memory}"
-    topo = needs.recipe.topologies[spec.topology]
-    if topo.kv_transfer is None or topo.kv_transfer.transport != "rdma" or spec.role == "router":
+    if not rdma_asked(needs):
         return f"RDMA: topology {spec.topology} moves no KV cache over RDMA from this host: nothing asked"
-    active = [f"{p['device']}/{p['port']}" for p in profile["rdma"] if "ACTIVE" in str(p.get("state")).upper()]
+    active = [f"{p['device']}/{p['port']}" for p in profile["rdma"] if port_active(p)]
     asked = ", ".join(needs.rdma_devices) or "no device named"
     return f"RDMA: {asked} asked for KV transfer, ACTIVE ports: {', '.join(active) or 'none'}"
 

@@ -257,12 +257,7 @@ def check_bus_bandwidth(run: NcclTestsRun, min_busbw_gbs: float, min_bytes: int 
                 f"{name}: no result at {format_bytes(min_bytes)} or larger to compare with {min_busbw_gbs:g} GB/s;"
                 f" the largest message was {format_bytes(largest)}"
             )
-    figures = [
-        (measurement["busbw_gbs"], row["size_bytes"], placement)
-        for row in measured
-        for placement, measurement in (("out-of-place", row["out_of_place"]), ("in-place", row["in_place"]))
-    ]
-    busbw, size, placement = min(figures, key=lambda figure: figure[0])
+    busbw, size, placement = lowest_bus_bandwidth(measured)
     if busbw >= min_busbw_gbs:
         return None
     # With one rank nothing crosses a bus, so nccl-tests reports 0: say so rather than blame the fabric.
@@ -271,6 +266,17 @@ def check_bus_bandwidth(run: NcclTestsRun, min_busbw_gbs: float, min_bytes: int 
         f"{name}: bus bandwidth {busbw:g} GB/s at {format_bytes(size)} ({placement}),"
         f" needs >= {min_busbw_gbs:g} GB/s{alone}"
     )
+
+
+def lowest_bus_bandwidth(rows: list[ResultRow]) -> tuple[float, int, str]:
+    """The lowest bus bandwidth of ``rows`` (out-of-place and in-place alike): (GB/s, its message
+    size, ``"out-of-place"`` or ``"in-place"``)."""
+    figures = [
+        (measurement["busbw_gbs"], row["size_bytes"], placement)
+        for row in rows
+        for placement, measurement in (("out-of-place", row["out_of_place"]), ("in-place", row["in_place"]))
+    ]
+    return min(figures, key=lambda figure: figure[0])
 
 
 def format_bytes(size: int) -> str:
