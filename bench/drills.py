@@ -123,7 +123,7 @@ def _recipe(folder: Path, hosted: HostedApi, revision: str | None = None) -> Pat
     vllm["pools"]["serve"]["group"] = "drill_vllm"
     vllm["router"] = {
         "group": "drill_router", "package": "vllm-router", "policy": "round_robin",
-        "fallback": {"url": hosted.url, "api_key": {"file": str(hosted_key)}, "model": "kimi-hosted"},
+        "fallback": {"url": hosted.loopback_url, "api_key": {"file": str(hosted_key)}, "model": "kimi-hosted"},
     }  # fmt: skip
     data["routers"] = {"vllm-router": {"version": "0.1.17"}}
     data["topologies"] = {"demo-vllm": vllm}
@@ -426,7 +426,9 @@ def main() -> None:
     os.environ.setdefault("KIMI_API_KEY", "sk-drills-0123456789abcdef")
     with tempfile.TemporaryDirectory() as tmp, CLUSTER.fresh(HARDWARE, Path(tmp)) as st:
         folder = Path(tmp)
-        hosted = HostedApi(st["gateway"], "hosted-secret-0123456789", answers={PROMPT: HOSTED})
+        # on the router host's own loopback: a recipe sends a hosted key in the clear nowhere else
+        router = next(h["address"] for h in st["hosts"] if h["name"] == ROUTER)
+        hosted = HostedApi(st["gateway"], "hosted-secret-0123456789", answers={PROMPT: HOSTED}, loopback_of=router)
         try:
             inventory = _inventory(folder, _recipe(folder, hosted))
             started = time.time()

@@ -102,7 +102,7 @@ def main() -> None:
         port = free_port()
         keys = {"KIMI_API_KEY": "c" * 43, "KIMI_FALLBACK_API_KEY": "h" * 43}
         conf = render(folder, keys, bind="127.0.0.1", port=port, backend_port=9, fallback_url="http://127.0.0.1:9",
-                      served_name="kimi", hosted_model="hosted")  # fmt: skip
+                      served_name="kimi", hosted_model="hosted", hosted_max_tokens=4096)  # fmt: skip
         command = [binary, "-c", str(conf), "-e", "stderr"]
         result: dict[str, object] = {"program": f"{binary} with templates/gateway.nginx.conf.j2"}
         result |= measure(command, port, folder / "gateway.log", [

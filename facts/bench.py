@@ -8,7 +8,12 @@ from pyinfra.api.facts import FactBase
 
 from hostside.bench_load import RESULT
 from hostside.boundary_json import loads
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
+
+# The record holds every request's answer (up to 4,000 characters each, six bytes a character once
+# escaped) for every level of both targets: a benchmark of a few tasks at concurrency up to 64
+# records hundreds of requests, some MB, and a recipe may ask for many more tasks and rounds. So
+# its bound is wider than a probe's answer's (kimi_deploy/hostside_command.py).
+RECORD_MAX_BYTES = 64 << 20
 
 
 class BenchRecord(FactBase[dict[str, Any]]):
@@ -21,5 +26,5 @@ class BenchRecord(FactBase[dict[str, Any]]):
 
     def process(self, output: list[str]) -> dict[str, Any]:
         # A host's file: outside the recipe, read through the boundary's bounds.
-        found = loads("\n".join(output), "benchmark record", max_bytes=ANSWER_MAX_BYTES)
+        found = loads("\n".join(output), "benchmark record", max_bytes=RECORD_MAX_BYTES)
         return found if isinstance(found, dict) else {}

@@ -9,36 +9,107 @@ key; a ``chat.completion`` object, or with ``stream: true`` server-sent events o
 ``data: [DONE]``; a function call as ``message.tool_calls`` of ``{"id", "type": "function",
 "function": {"name", "arguments": <JSON text>}}``. The real vLLM answers in the same shape, which
 tests/e2e/test_demo_real.py checks field by field against this one.
+
+A recipe sends a hosted key in the clear only to loopback (``router.fallback.url``,
+``benchmark.compare``), so on the local cluster the API also listens on 127.0.0.1 inside the network
+namespace of the host that calls it (``loopback_of``): that host's own loopback, as a hosted API
+reached through a local proxy would be; the key never crosses the cluster's network.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
+import socket
+import subprocess
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 # prompt -> answer; a prompt not in the table is answered with DEFAULT
 Answers = dict[str, str]
 DEFAULT = "HOSTED"
+# setns(2)'s flag for a network namespace.
+CLONE_NEWNET = 0x40000000
+NETNS = Path("/run/netns")
+
+
+def netns_of(address: str) -> str:
+    """The named network namespace (``ip netns``) one of whose interfaces holds ``address``."""
+    for ns in sorted(NETNS.iterdir()) if NETNS.is_dir() else []:
+        command = ["ip", "-n", ns.name, "-j", "-4", "addr", "show"]
+        shown = subprocess.run(command, capture_output=True, text=True, check=False)
+        links = json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
+        if any(a.get("local") == address for link in links for a in link.get("addr_info", [])):
+            return ns.name
+    raise LookupError(f"no network namespace under {NETNS} holds {address}")
+
+
+def loopback_listener(address: str) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1 (an ephemeral port) of the host at ``address`` (root
+    only): made inside that host's network namespace, where it stays, by a thread that enters it
+    and comes back (gevent's threads included: they share one system thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def enter(ns: int, what: str) -> None:
+        if libc.setns(ns, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {what}")
+
+    with open("/proc/thread-self/ns/net", "rb") as home, open(NETNS / netns_of(address), "rb") as there:
+        enter(there.fileno(), f"the network namespace of {address}")
+        try:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(128)
+        finally:
+            enter(home.fileno(), "this thread's own network namespace")
+    return listener
+
+
+def serve_on_loopback_of(address: str, handler: Callable[..., BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A server of ``handler`` on the loopback of the host at ``address`` (:func:`loopback_listener`),
+    serving from a thread of its own until ``shutdown``; its port is ``server_address[1]``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = loopback_listener(address)
+    server.server_address = server.socket.getsockname()
+    server.server_name, server.server_port = "localhost", server.server_address[1]
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 class HostedApi:
-    """Serves on ``address`` (an ephemeral port) until ``close``; ``seen`` holds every call."""
+    """Serves on ``address`` (an ephemeral port) at ``url``, and with ``loopback_of`` on that host's
+    own loopback at ``loopback_url`` (what a recipe names), until ``close``; ``seen`` holds every call."""
 
-    def __init__(self, address: str, key: str, answers: Answers | None = None, calls: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        address: str,
+        key: str,
+        answers: Answers | None = None,
+        calls: dict[str, Any] | None = None,
+        loopback_of: str | None = None,
+    ):
         self.key, self.answers, self.calls = key, answers or {}, calls or {}
         self.seen: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer((address, 0), self._handler())
         self.url = f"http://{address}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.servers = [self.server]
+        self.loopback_url = self.url
+        if loopback_of is not None:
+            self.servers.append(serve_on_loopback_of(loopback_of, self._handler()))
+            self.loopback_url = f"http://127.0.0.1:{self.servers[-1].server_address[1]}"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
 
     def _handler(self) -> Callable[..., BaseHTTPRequestHandler]:
         api = self

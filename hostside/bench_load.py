@@ -10,8 +10,12 @@ level's rows go in order, none dropped or repeated, so that each answer it saves
 after it, at the same concurrency, as plain chat requests whose ``tool_calls`` are kept. Nothing
 is judged here: the controller judges every answer by its task's rule.
 
-The generator runs as the engine's user, each target's key in its environment (``OPENAI_API_KEY``
-as its client reads it, ``Authorization: Bearer``), never in argv. Between levels it waits for
+The endpoint's levels run as the engine's user, the endpoint's key in the generator's
+environment (``OPENAI_API_KEY`` as its client reads it, ``Authorization: Bearer``), never in
+argv: the engine holds that key already. The hosted API's levels run in a process of their own,
+under a user of their own (a transient systemd service with ``DynamicUser=``): the hosted key
+reaches it only as its systemd credential, read from root's file, so no process of the engine
+user (which runs model code) ever holds it or can read it from /proc. Between levels it waits for
 this program's word, so that each level is measured alone: the CPU time of the generator (its
 own account, import excluded) and of this host's engine, and the peaks of the engine's KV cache
 use and the accelerators' memory. The result is ``/var/lib/kimi/bench.json`` (root's alone).
@@ -43,6 +47,14 @@ from hostside.unit_usage import cpu_s
 from hostside.whole_file import write_whole
 
 RESULT = f"{STATE_DIR}/bench.json"
+# The hosted API's target (kimi_deploy.bench_plan), whose levels run under a user of their own.
+HOSTED = "hosted"
+# The credential its generator reads the hosted key from ($CREDENTIALS_DIRECTORY).
+HOSTED_CREDENTIAL = "kimi-bench-hosted-key"
+# Where its tasks wait for it (root's, readable by all: prompts of the recipe, no secret): outside
+# /tmp, which its sandbox makes a private one; and where systemd makes its own writable folder.
+HOSTED_INPUTS = STATE_DIR
+RUNTIME_ROOT = "/run"
 # what of vLLM's result a level keeps besides its requests (bench serve's field names)
 SUMMARY = (
     "duration", "completed", "total_input_tokens", "total_output_tokens", "output_throughput",
@@ -91,8 +103,12 @@ for i, run in enumerate(plan):
     if word != "go":
         break
     os.environ.pop("OPENAI_API_KEY", None)
-    if os.environ.get(run["key_env"]):
-        os.environ["OPENAI_API_KEY"] = os.environ[run["key_env"]]
+    key = os.environ.get(run.get("key_env") or "")
+    if run.get("key_credential"):
+        with open(os.path.join(os.environ["CREDENTIALS_DIRECTORY"], run["key_credential"]), encoding="utf-8") as f:
+            key = f.read().strip()
+    if key:
+        os.environ["OPENAI_API_KEY"] = key
     parser = FlexibleArgumentParser(description="vllm bench serve")
     serve.add_cli_args(parser)
     began = cpu()
@@ -126,24 +142,25 @@ def _last_error(stderr: str) -> str:
     return (found or lines or ["no output"])[-1][:400]
 
 
-def _argv(req: dict[str, Any], target: dict[str, Any], *, concurrency: int, name: str, work: str, n: int) -> list[str]:
+def _argv(req: dict[str, Any], target: dict[str, Any], *, concurrency: int, name: str, work: str, results: str,
+          n: int) -> list[str]:  # fmt: skip
     return [
         "--backend", "openai-chat", "--base-url", target["url"], "--endpoint", "/v1/chat/completions",
         "--model", target["model"], "--tokenizer", req["tokenizer"],
         "--dataset-name", "custom", "--dataset-path", os.path.join(work, f"{name}.jsonl"), "--num-prompts", str(n),
         "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95",
-        "--save-result", "--save-detailed", "--result-dir", work, "--result-filename", f"{name}.json",
+        "--save-result", "--save-detailed", "--result-dir", results, "--result-filename", f"{name}.json",
         # no ready check (it retries a refused first request for its whole timeout): the endpoint
         # served before the benchmark, and a refusal is each request's error, counted
         "--ready-check-timeout-sec", "0", "--disable-tqdm",
     ]  # fmt: skip
 
 
-def _records(work: str, name: str, rows: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+def _records(results: str, name: str, rows: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     """Each request of a level as vLLM saved it, and its summary; None when it saved nothing."""
     try:
-        with open(os.path.join(work, f"{name}.json"), encoding="utf-8") as f:
+        with open(os.path.join(results, f"{name}.json"), encoding="utf-8") as f:
             result = json.load(f)
     except (OSError, ValueError):
         return None
@@ -163,39 +180,66 @@ def _records(work: str, name: str, rows: list[int]) -> tuple[list[dict[str, Any]
     return records, {k: result.get(k) for k in SUMMARY}
 
 
-class Generator:
-    """``vllm bench serve``'s process for every level of every target, run as the engine's user."""
+def hosted_unit(run: str) -> str:
+    """The transient service the hosted API's levels of run ``run`` run as (its runtime folder's name too)."""
+    return "kimi-bench-hosted-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in run)[:64]
 
-    def __init__(self, req: dict[str, Any], work: str, runs: list[tuple[dict[str, Any], dict[str, Any], list[int]]]):
+
+class Generator:
+    """``vllm bench serve``'s process for every level of one target: the endpoint's as the engine's
+    user; the hosted API's as a transient service of a user of its own, the hosted key its
+    credential (``hosted=True``)."""
+
+    def __init__(self, req: dict[str, Any], work: str, runs: list[tuple[dict[str, Any], dict[str, Any], list[int]]],
+                 *, hosted: bool = False):  # fmt: skip
         user = pwd.getpwnam(req["user"])
+        self.unit = hosted_unit(req["run"]) if hosted else None
+        self.results = os.path.join(RUNTIME_ROOT, self.unit) if self.unit else work
         plan = []
         env = {
-            "PATH": "/usr/bin:/bin", "HOME": work, "XDG_CACHE_HOME": work, "HF_HUB_OFFLINE": "1",
+            "PATH": "/usr/bin:/bin", "HOME": self.results, "XDG_CACHE_HOME": self.results, "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "LANG": "C.UTF-8",
         }  # fmt: skip
+        key_file = None
         for i, (target, level, rows) in enumerate(runs):
             name = f"{target['name']}-{level['concurrency']}"
             with open(os.path.join(work, f"{name}.jsonl"), "w", encoding="utf-8") as f:
                 for row in rows:
                     task = req["tasks"][row]
                     f.write(json.dumps({"prompt": task["prompt"], "output_tokens": task["max_tokens"]}) + "\n")
+            argv = _argv(req, target, concurrency=level["concurrency"], name=name, work=work, results=self.results,
+                         n=len(rows))  # fmt: skip
+            if hosted:
+                # the key stays in root's file: systemd hands it to this service alone
+                key_file = target.get("key_file")
+                plan.append({"argv": argv, "key_credential": HOSTED_CREDENTIAL if key_file else None})
+                continue
             key = _key(target)
             if key:
                 env[f"KIMI_BENCH_KEY_{i}"] = key
-            argv = _argv(req, target, concurrency=level["concurrency"], name=name, work=work, n=len(rows))
-            plan.append({"argv": argv,
-                         "key_env": f"KIMI_BENCH_KEY_{i}"})  # fmt: skip
+            plan.append({"argv": argv, "key_env": f"KIMI_BENCH_KEY_{i}"})
         with open(os.path.join(work, "plan.json"), "w", encoding="utf-8") as f:
             json.dump(plan, f)
         for name in os.listdir(work):
-            os.chown(os.path.join(work, name), user.pw_uid, user.pw_gid)
+            if hosted:
+                os.chmod(os.path.join(work, name), 0o644)
+            else:
+                os.chown(os.path.join(work, name), user.pw_uid, user.pw_gid)
         self.work, self.deadline = work, float(req["timeout_s"])
         self.loaded_cpu_s: float | None = None
         self.last_error = "exited"
-        self.stderr = open(os.path.join(work, "generator.log"), "w+", encoding="utf-8")  # noqa: SIM115
+        # root's alone: what the generator says of its requests
+        log = os.open(os.path.join(work, "generator.log"), os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        self.stderr = open(log, "w+", encoding="utf-8")  # noqa: SIM115
+        command = [req["python"], "-c", BENCH_SERVE, os.path.join(work, "plan.json")]
+        if self.unit is not None:
+            self.proc = subprocess.Popen(
+                _hosted_service(self.unit, env, key_file) + command,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            )  # fmt: skip
+            return
         self.proc = subprocess.Popen(
-            [req["python"], "-c", BENCH_SERVE, os.path.join(work, "plan.json")],
-            env=env, cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+            command, env=env, cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
         )  # fmt: skip
 
@@ -268,8 +312,28 @@ class Generator:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                if self.unit is not None:  # systemd-run gone, its service may not be
+                    with contextlib.suppress(OSError, subprocess.SubprocessError):
+                        subprocess.run(["systemctl", "stop", f"{self.unit}.service"], capture_output=True,
+                                       timeout=60, check=False)  # fmt: skip
         self.last_error = self.error()
         self.stderr.close()
+
+
+def _hosted_service(unit: str, env: dict[str, str], key_file: str | None) -> list[str]:
+    """The ``systemd-run`` words that run a command as the transient service ``unit``: a user of
+    its own (``DynamicUser=``), its standard input and output this process's pipes, its own
+    writable folder (``RuntimeDirectory=``, its results), ``key_file`` its credential."""
+    words = [
+        "systemd-run", "--quiet", "--collect", "--pipe", "--wait", f"--unit={unit}",
+        "--description=kimi-deploy: serving benchmark, the hosted API's levels",
+        "--property=DynamicUser=yes", f"--property=RuntimeDirectory={unit}", "--property=RuntimeDirectoryMode=0700",
+        f"--property=WorkingDirectory={RUNTIME_ROOT}/{unit}", "--property=NoNewPrivileges=yes",
+        "--property=CapabilityBoundingSet=",
+    ]  # fmt: skip
+    if key_file:
+        words.append(f"--property=LoadCredential={HOSTED_CREDENTIAL}:{key_file}")
+    return words + [f"--setenv={name}={value}" for name, value in env.items()]
 
 
 def _call_tool(target: dict[str, Any], key: str | None, task: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -311,14 +375,14 @@ def _tools(req: dict[str, Any], target: dict[str, Any], key: str | None, level: 
     return [{"row": row, **record} for row, record in zip(rows, done, strict=True)]
 
 
-def _level(req: dict[str, Any], gen: Generator, target: dict[str, Any], level: dict[str, Any],
+def _level(req: dict[str, Any], gen: Generator | None, target: dict[str, Any], level: dict[str, Any],
            rows: list[int]) -> dict[str, Any]:  # fmt: skip
     """One level of one target, measured alone."""
     key = _key(target)
     tool_rows = [r for r in level["rows"] if req["tasks"][r]["tools"]]
     engine = req.get("engine") if target["name"] == "local" else None
     unit = engine["unit"] if engine else None
-    error = gen.ready() if rows else None
+    error = gen.ready() if rows and gen is not None else None
     peaks = Peaks(engine["url"], _key(engine), engine["unit"], accelerators=engine["nvidia"]) if engine else None
     if peaks:
         peaks.start()
@@ -326,9 +390,9 @@ def _level(req: dict[str, Any], gen: Generator, target: dict[str, Any], level: d
     records: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     generator_cpu = None
-    if rows and error is None:
+    if rows and error is None and gen is not None:
         generator_cpu, error = gen.level()
-        found = _records(gen.work, f"{target['name']}-{level['concurrency']}", rows)
+        found = _records(gen.results, f"{target['name']}-{level['concurrency']}", rows)
         if found is None and error is None:
             error = f"vllm bench serve saved no result: {gen.error()}"
         records, summary = found or ([], {})
@@ -358,34 +422,53 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="kimi-bench-")
     os.chown(work, user.pw_uid, user.pw_gid)
     found: dict[str, list[dict[str, Any]]] = {}
-    gen = None
+    gens: dict[str, Generator] = {}
+    folders = [work]
     try:
         text = {
             (t["name"], lv["concurrency"]): [r for r in lv["rows"] if not req["tasks"][r]["tools"]]
             for t in req["targets"] for lv in req["levels"]
         }  # fmt: skip
         runs = [(t, lv, text[t["name"], lv["concurrency"]]) for t in req["targets"] for lv in req["levels"]]
-        gen = Generator(req, work, [r for r in runs if r[2]])
+
+        def generator(target: dict[str, Any]) -> Generator | None:
+            """The target's generator, started at its first level with text tasks, once the
+            previous target's has ended (each level is measured alone)."""
+            name = target["name"]
+            mine = [r for r in runs if r[0]["name"] == name and r[2]]
+            if name not in gens and mine:
+                for other in gens.values():
+                    other.close()
+                if name == HOSTED:
+                    inputs = tempfile.mkdtemp(prefix="bench-hosted-in-", dir=HOSTED_INPUTS)
+                    os.chmod(inputs, 0o755)  # noqa: S103 - its service's user is made at its start
+                    folders.append(inputs)
+                gens[name] = Generator(req, folders[-1] if name == HOSTED else work, mine, hosted=name == HOSTED)
+            return gens.get(name)
+
         failed: set[str] = set()
         for target, level, rows in runs:
             if target["name"] in failed:
-                if rows:  # the next levels would meet the same fault
+                gen = gens.get(target["name"])
+                if rows and gen is not None:  # the next levels would meet the same fault
                     gen.skip()
                 continue
-            result = _level(req, gen, target, level, rows)
+            result = _level(req, generator(target), target, level, rows)
             found.setdefault(target["name"], []).append(result)
             if result["error"]:
                 failed.add(target["name"])
     finally:
-        if gen is not None:
+        for gen in gens.values():
             gen.close()
-        shutil.rmtree(work, ignore_errors=True)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
         for path in req.get("remove", []):
             if os.path.dirname(path) == STATE_DIR and os.path.basename(path).startswith("bench-"):
                 with contextlib.suppress(OSError):
                     os.remove(path)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    loaded = gen.loaded_cpu_s if gen is not None else None
+    first = next(iter(gens.values()), None)
+    loaded = first.loaded_cpu_s if first is not None else None
     return {"run": req["run"], "at": stamp, "generator_load_cpu_s": loaded, "targets": found}
 
 

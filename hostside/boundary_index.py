@@ -15,7 +15,7 @@ import urllib.request
 
 # The most of a project page read: PyPI's vllm page, some 400 files, is about 200 KB.
 PAGE_MAX_BYTES = 16 << 20
-_FILE = re.compile(r'href="(?:[^"]*/)?([^/"#]+?)(?:\.whl|\.tar\.gz|\.zip)[#"]')
+_EXTENSIONS = (".whl", ".tar.gz", ".zip")
 
 
 def normalized(name: str) -> str:
@@ -23,16 +23,57 @@ def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _file_stems(html: str) -> list[str]:
+    """The names the page's links end in, less their extension (``NAME-VERSION(-...)``): each
+    ``href`` read up to its closing quote by ``find`` alone, so a page costs time linear in its
+    length whatever it holds."""
+    stems: list[str] = []
+    start = html.find('href="')
+    while start >= 0:
+        start += len('href="')
+        end = html.find('"', start)
+        # a link cut off with the page still names its file if its fragment had begun
+        url, fragment, _ = html[start : end if end >= 0 else len(html)].partition("#")
+        if end < 0 and not fragment:
+            break
+        name = url[url.rfind("/") + 1 :]
+        extension = next((e for e in _EXTENSIONS if name.endswith(e)), None)
+        if extension is not None and len(name) > len(extension):
+            stems.append(name[: -len(extension)])
+        # the next link may begin inside this one's value (its quote is this one's end): each
+        # value still ends at the first quote after it, so each character is read at most twice
+        start = html.find('href="', start) if end >= 0 else -1
+    return stems
+
+
+def _version(stem: str, project: str) -> str:
+    """The version in ``stem`` of ``project``'s file, or "" when it is no file of ``project``. A
+    wheel's name has no "-", an sdist's may: its name is the shortest run of "-"-parts that names
+    the project. Each step looks at one part, and the name read so far must stay the start of the
+    project's, so a stem of many "-" costs time linear in its length."""
+    wanted = normalized(project)
+    end = stem.find("-")
+    read = normalized(stem if end < 0 else stem[:end])
+    while end >= 0 and read != wanted:
+        if not wanted.startswith(read):  # what is read only grows: it can no longer name the project
+            return ""
+        after = stem.find("-", end + 1)
+        read = normalized(f"{read}-{stem[end + 1 : after if after >= 0 else len(stem)]}")
+        end = after
+    if end < 0 or read != wanted:
+        return ""
+    after = stem.find("-", end + 1)
+    return stem[end + 1 : after if after >= 0 else len(stem)]
+
+
 def listed_versions(html: str, project: str) -> list[str]:
     """The versions of ``project`` the page's file links name, in the page's order, each once."""
     versions: list[str] = []
-    for stem in _FILE.findall(html):
-        name, _, rest = stem.partition("-")
-        while rest and normalized(name) != normalized(project):  # a project name with "-" in an sdist's name
-            more, _, rest = rest.partition("-")
-            name = f"{name}-{more}"
-        version = rest.split("-")[0]
-        if version and version not in versions:
+    seen: set[str] = set()
+    for stem in _file_stems(html):
+        version = _version(stem, project)
+        if version and version not in seen:
+            seen.add(version)
             versions.append(version)
     return versions
 

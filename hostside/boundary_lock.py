@@ -129,6 +129,66 @@ def freeze_pins(text: str) -> dict[str, str]:
     return pins
 
 
+# PEP 440's own pattern (as ``packaging`` spells it), for the canonical form of a version.
+_PEP440 = re.compile(
+    r"v?(?:(?P<epoch>[0-9]+)!)?(?P<release>[0-9]+(?:\.[0-9]+)*)"
+    r"(?:[-_.]?(?P<pre_l>alpha|a|beta|b|preview|pre|c|rc)[-_.]?(?P<pre_n>[0-9]+)?)?"
+    r"(?:-(?P<post_n1>[0-9]+)|[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>[0-9]+)?)?"
+    r"(?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?"
+    r"(?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?",
+)
+_PRE = {"alpha": "a", "beta": "b", "c": "rc", "pre": "rc", "preview": "rc"}
+# The most of an installed distribution's METADATA read: its headers come first and are short; the
+# rest is its description, which may be megabytes.
+METADATA_MAX_BYTES = 64 << 10
+
+
+def canonical_version(version: str) -> str | None:
+    """``version`` in PEP 440's normalized spelling (``1.0-RC1`` -> ``1.0rc1``, ``2.13.0+CPU`` ->
+    ``2.13.0+cpu``), as uv writes a lock; None when it is no PEP 440 version."""
+    found = _PEP440.fullmatch(version.strip().lower())
+    if found is None:
+        return None
+    out = f"{int(found['epoch'])}!" if found["epoch"] and int(found["epoch"]) else ""
+    out += ".".join(str(int(part)) for part in found["release"].split("."))
+    if found["pre_l"]:
+        out += f"{_PRE.get(found['pre_l'], found['pre_l'])}{int(found['pre_n'] or 0)}"
+    if found["post_n1"] or found["post_l"]:
+        out += f".post{int(found['post_n1'] or found['post_n2'] or 0)}"
+    if found["dev_l"]:
+        out += f".dev{int(found['dev_n'] or 0)}"
+    if found["local"]:
+        out += "+" + ".".join(str(int(p)) if p.isdigit() else p for p in re.split(r"[-_.]", found["local"]))
+    return out
+
+
+def metadata_pin(head: str) -> tuple[str, str]:
+    """``(normalized name, canonical version)`` of an installed distribution, from the ``Name:`` and
+    ``Version:`` headers of its METADATA (``head``: its start, up to ``METADATA_MAX_BYTES``; headers
+    end at the first blank line). ``ValueError`` in one line when either header is missing, given
+    twice, or not a name or version as a lock spells them."""
+    found: dict[str, str] = {}
+    for raw in head.split("\n"):
+        line = raw.removesuffix("\r")
+        if not line:
+            break
+        key, colon, value = line.partition(":")
+        if colon and key.lower() in ("name", "version"):
+            if key.lower() in found:
+                raise ValueError(f"{key.capitalize()}: given twice")
+            found[key.lower()] = value.strip()
+    name, version = found.get("name"), found.get("version")
+    if name is None or version is None:
+        missing = "Name" if name is None else "Version"
+        raise ValueError(f"no {missing}: header in its first {METADATA_MAX_BYTES} bytes")
+    if not is_name(name):
+        raise ValueError(f"Name: {shown(name)}: not a package name")
+    canonical = canonical_version(version) if len(version) <= 100 else None
+    if canonical is None or not re.fullmatch(_VERSION, canonical):
+        raise ValueError(f"Version: {shown(version)}: not a PEP 440 version")
+    return normalize(name), canonical
+
+
 def _same_version(pinned: str, wanted: str) -> bool:
     """Whether ``pinned`` satisfies ``==wanted`` as PEP 440 reads it: release segments padded
     with zeros (2.4 is 2.4.0), and a local label (``+cpu``) free when ``wanted`` names none."""

@@ -19,6 +19,19 @@ from typing import Any
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+# What a terminal acts on rather than shows: the controls above (ESC, which starts every escape
+# sequence, among them) and the bidirectional marks, embeddings, overrides and isolates, which
+# reorder what follows them on screen.
+UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal or a log may show it, on one line: each character of ``UNSHOWN``
+    written as its Python escape (``\\x1b``, ``\\n``, ``\\u202e``), every other one unchanged. An
+    escape sequence so shows as text and does nothing."""
+    return UNSHOWN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def control_char(text: str) -> str | None:
     """``"U+000A"`` for the first control character of ``text``, None when it holds none."""
     found = CONTROL.search(text)

@@ -2,7 +2,7 @@
 
 Input: one argument, base64 of zlib-compressed JSON (the same ``run``, ``port``, ``bandwidth`` and
 ``deadline_s`` on every host):
-  {"run": str,                          # one token per check, shared by all hosts
+  {"run": str,                          # the run's id, shared by all hosts (public: no secret)
    "me": str, "address": str,           # this host's name and the address its peers know it by
    "port": int,                         # the check's own port on every host: hello, bandwidth, reports
    "listen": [{"port": int, "label": str}],                  # ports this host must accept on
@@ -13,6 +13,14 @@ Input: one argument, base64 of zlib-compressed JSON (the same ``run``, ``port``,
    "phase": "all" | "listen" | "probe" | "verdict",   # default "all"
    "lifetime_s": float,                                # how long a listener may live (listen)
    "ephemeral": int}                                   # ports of the ephemeral range, default 0
+
+The check's token, shared by every host of the run and by no one else, is never in argv (every
+local user reads argv in /proc): the listener reads it from the credential ``kimi-commcheck-token``
+that systemd gives it (``LoadCredential=``), the other phases from the first line of their
+standard input. It never travels either: a listener's hello carries a fresh nonce and an HMAC of it
+under the token, and every message a proof over the nonce of the hello it answers, so whoever
+connects learns nothing that lets it forge a report, and a port answered without the proof is not
+this run's check.
 
 Each host listens on ``port`` and every ``listen`` port of ``address`` only, answers only the peers'
 addresses, connects to every peer port (retrying until the probe cutoff, as peers start their
@@ -48,9 +56,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import hashlib
+import hmac
 import io
 import ipaddress
 import json
+import os
+import secrets
 import selectors
 import signal
 import socket
@@ -58,14 +70,19 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from hostside.boundary_json import loads
 from hostside.boundary_text import control_char
 from hostside.sd_notify import notify
 
 CHECK_LABEL = "comm check"
+# The credential systemd gives the listener (LoadCredential=): the check's token.
+TOKEN_CREDENTIAL = "kimi-commcheck-token"  # noqa: S105 - a name, not the token
+TOKEN_MAX = 256
+NONCE_MAX = 64
 PROTOCOL = 1
 ATTEMPT_S = 1.0  # one connect attempt; a firewall that drops SYNs shows as "timed out"
 RETRY_S = 0.1
@@ -349,11 +366,32 @@ def _json_line(line: bytes, where: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+def read_token(environ: Mapping[str, str], stdin: TextIO) -> str:
+    """The check's token: the credential systemd gave this process (the listener), else the first
+    line of ``stdin``. ``BadRequest`` when there is none or it is not one line of ASCII text."""
+    folder = environ.get("CREDENTIALS_DIRECTORY")
+    where = f"in its credential {TOKEN_CREDENTIAL}" if folder else "on standard input"
+    try:
+        if folder:
+            with open(os.path.join(folder, TOKEN_CREDENTIAL), encoding="ascii") as f:
+                token = f.read(TOKEN_MAX + 2).strip()
+        else:
+            token = stdin.readline(TOKEN_MAX + 2).strip()
+    except (OSError, ValueError) as exc:
+        raise BadRequest(f"no token {where}: {exc}") from None
+    if not token:
+        raise BadRequest(f"no token {where}")
+    if len(token) > TOKEN_MAX or control_char(token) or not token.isascii():
+        raise BadRequest(f"the token {where} is not one line of at most {TOKEN_MAX} ASCII characters")
+    return token
+
+
 class Check:
     """One host's part of the check: listeners, probes, bandwidth, and the exchange of results."""
 
-    def __init__(self, req: Request) -> None:
+    def __init__(self, req: Request, token: str) -> None:
         self.req = req
+        self.token = token.encode()
         self.start = time.monotonic()
         self.deadline = self.start + req.deadline_s
         # Probes stop early enough for every host's report to reach every other host in time.
@@ -363,7 +401,6 @@ class Check:
         self.me = Peer(req.me, req.address, ())
         self.probed: dict[str, Any] | None = None
         self.ephemeral: list[int] = []  # this host's listeners in its ephemeral range
-        self.hello = self._hello()
         self.cond = threading.Condition()
         self.reports: dict[str, dict[str, Any]] = {}
         self.delivered: dict[str, str | None] = {}  # peer -> None when acknowledged, else why not
@@ -434,12 +471,25 @@ class Check:
                 continue
             self.listening[sock] = entry
         self._open_ephemeral()
-        self.hello = self._hello()
 
-    def _hello(self) -> bytes:
-        """What this host's listeners say first: the run, the host, its ports of the ephemeral range."""
+    def _proof(self, what: str) -> str:
+        """What only a holder of the token can say about ``what``."""
+        return hmac.new(self.token, what.encode(), hashlib.sha256).hexdigest()
+
+    def _hello(self) -> tuple[bytes, str]:
+        """What this host's listeners say first on a connection (the run, the host, its ports of the
+        ephemeral range, a fresh nonce and the proof that this run's check says it), and the nonce:
+        the messages that follow on that connection prove the token over it."""
         req = self.req
-        return _line({"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me, "ephemeral": self.ephemeral})
+        nonce = secrets.token_hex(16)
+        hello = {"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me, "ephemeral": self.ephemeral,
+                 "nonce": nonce, "proof": self._proof(f"hello {req.me} {nonce}")}  # fmt: skip
+        return _line(hello), nonce
+
+    def _message(self, nonce: str, message: dict[str, Any]) -> bytes:
+        """``message`` from this host to the listener whose hello held ``nonce``."""
+        proof = self._proof(f"message {self.req.me} {nonce}")
+        return _line({"run": self.req.run, "from": self.req.me, **message, "proof": proof})
 
     def _open_ephemeral(self) -> None:
         """Listeners on ``ephemeral`` ports of this host's range: the first free port from each of
@@ -501,7 +551,7 @@ class Check:
         with conn:
             try:
                 conn.settimeout(HELLO_S)
-                conn.sendall(self.hello)
+                conn.sendall(self._hello()[0])
             except OSError:
                 pass
 
@@ -510,7 +560,8 @@ class Check:
         try:
             with conn, conn.makefile("rb") as stream:
                 conn.settimeout(max(0.1, self._left(self.deadline)))
-                conn.sendall(self.hello)
+                hello, nonce = self._hello()
+                conn.sendall(hello)
                 line = stream.readline(LINE_MAX)
                 if not line:
                     return  # a probe: it connected, read the hello and left
@@ -519,7 +570,11 @@ class Check:
                 except ValueError as exc:
                     self._store_unreadable(peer, str(exc))
                     return
-                if msg is None or msg.get("run") != self.req.run or msg.get("from") != peer.host:
+                if msg is None or msg.get("from") != peer.host or not isinstance(msg.get("proof"), str):
+                    return
+                # Only a holder of the token answers this connection's nonce: anyone else who
+                # connected from a peer's address (a local user there) is not listened to.
+                if not hmac.compare_digest(msg["proof"], self._proof(f"message {peer.host} {nonce}")):
                     return
                 if msg.get("op") == "bandwidth" and self.req.bandwidth is not None:
                     received = self._receive(stream, self.req.bandwidth.bytes)
@@ -604,8 +659,18 @@ class Check:
                 continue
             return sock, "", attempts
 
-    def _greet(self, sock: socket.socket, peer: Peer, check: bool) -> tuple[str | None, str | None]:
-        """Who answered: ("comm check" | "other", None), or (None, why that is a failure)."""
+    def _proven(self, hello: dict[str, Any] | None) -> str | None:
+        """The nonce of a hello this run's check said (its proof holds), else None."""
+        if hello is None or hello.get("kimi_commcheck") != PROTOCOL or hello.get("run") != self.req.run:
+            return None
+        nonce, proof, host = hello.get("nonce"), hello.get("proof"), hello.get("host")
+        if not (isinstance(nonce, str) and isinstance(proof, str) and isinstance(host, str)) or len(nonce) > NONCE_MAX:
+            return None
+        return nonce if hmac.compare_digest(proof, self._proof(f"hello {host} {nonce}")) else None
+
+    def _greet(self, sock: socket.socket, peer: Peer, check: bool) -> tuple[str | None, str | None, str]:
+        """Who answered: ("comm check" | "other", None, the hello's nonce), or (None, why that is a
+        failure, "")."""
         try:
             sock.settimeout(max(0.05, min(HELLO_S if not check else ATTEMPT_S, self._left(self.deadline))))
             hello = _json_line(_recv_line(sock, HELLO_MAX), f"{peer.host}'s hello")
@@ -613,18 +678,19 @@ class Check:
             hello = None
         except ValueError as exc:
             if check:
-                return None, f"answered, but not by this run's comm check ({exc})"
+                return None, f"answered, but not by this run's comm check ({exc})", ""
             hello = None
-        if hello is None or hello.get("kimi_commcheck") != PROTOCOL or hello.get("run") != self.req.run:
+        nonce = self._proven(hello)
+        if hello is None or nonce is None:
             if check:
-                return None, "answered, but not by this run's comm check (another process holds the port?)"
-            return "other", None
+                return None, "answered, but not by this run's comm check (another process holds the port?)", ""
+            return "other", None, ""
         if hello.get("host") != peer.host:
-            return None, f"answered by {hello.get('host')}'s comm check, not {peer.host}'s (address mix-up?)"
+            return None, f"answered by {hello.get('host')}'s comm check, not {peer.host}'s (address mix-up?)", ""
         if check:
             with self.cond:
                 self.greeted[peer.host] = hello
-        return CHECK_LABEL, None
+        return CHECK_LABEL, None, nonce
 
     def _probe(self, peer: Peer, port: Port, check: bool = False) -> dict[str, Any]:
         started = time.monotonic()
@@ -632,7 +698,7 @@ class Check:
         reached = None
         if sock is not None:
             with sock:
-                reached, why = self._greet(sock, peer, check)
+                reached, why, _ = self._greet(sock, peer, check)
             cause = why or ""
         return {
             "kind": "connect",
@@ -671,13 +737,13 @@ class Check:
             result["cause"] = cause
             return result
         with sock:
-            _, why = self._greet(sock, peer, check=True)
+            _, why, nonce = self._greet(sock, peer, check=True)
             if why:
                 result["cause"] = why
                 return result
             block = memoryview(bytes(CHUNK))
             try:
-                sock.sendall(_line({"op": "bandwidth", "run": self.req.run, "from": self.req.me}))
+                sock.sendall(self._message(nonce, {"op": "bandwidth"}))
                 started = time.monotonic()
                 stop_at = min(started + bw.max_s, self.cutoff)
                 sent = 0
@@ -740,19 +806,19 @@ class Check:
             thread.join()
         return results
 
-    def _deliver(self, peer: Peer, report: bytes) -> None:
+    def _deliver(self, peer: Peer, report: dict[str, Any]) -> None:
         cause = "timed out"
         while self._left(self.deadline) > 0:
             sock, cause, _ = self._connect(peer.address, self.req.port, self.deadline)
             if sock is None:
                 break
             with sock:
-                _, why = self._greet(sock, peer, check=True)
+                _, why, nonce = self._greet(sock, peer, check=True)
                 if why:
                     cause = why
                     break
                 try:
-                    sock.sendall(report)
+                    sock.sendall(self._message(nonce, report))
                     sock.settimeout(max(0.05, self._left(self.deadline)))
                     ack = _json_line(_recv_line(sock, HELLO_MAX), f"{peer.host}'s acknowledgement")
                 except (OSError, ValueError) as exc:
@@ -769,7 +835,9 @@ class Check:
 
     # --- the whole check ------------------------------------------------------------------------
 
-    def _report(self, pairs: list[dict[str, Any]], local: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bytes]:
+    def _report(
+        self, pairs: list[dict[str, Any]], local: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """This host's failures (its own setup's, then its pairs') and the report that says them."""
         own = [
             _failure(p["kind"], self.req.me, p["to"], p["port"] if p["kind"] == "connect" else None, self._say(p))
@@ -777,16 +845,14 @@ class Check:
             if not p["ok"]
         ]
         mine = sorted(local + own, key=_order)
-        report = {"op": "report", "run": self.req.run, "from": self.req.me, "ok": not mine}
-        report["failures"] = mine[:REPORT_FAILURES_MAX]
-        return mine, _line(report)
+        return mine, {"op": "report", "ok": not mine, "failures": mine[:REPORT_FAILURES_MAX]}
 
-    def _send_all(self, report: bytes) -> None:
+    def _send_all(self, report: dict[str, Any]) -> None:
         """``report`` to every peer at once, each acknowledgement (or why none) in ``delivered``."""
         for peer in self.req.peers:
             threading.Thread(target=self._deliver, args=(peer, report), daemon=True).start()
 
-    def _deliver_all(self, report: bytes) -> dict[str, str | None]:
+    def _deliver_all(self, report: dict[str, Any]) -> dict[str, str | None]:
         """``report`` to every peer at once; peer -> None once acknowledged, else why not."""
         self._send_all(report)
         with self.cond:
@@ -842,10 +908,10 @@ class Check:
         if sock is None:
             raise OSError(cause)
         with sock:
-            _, why = self._greet(sock, self.me, check=True)
+            _, why, nonce = self._greet(sock, self.me, check=True)
             if why:
                 raise OSError(why)
-            sock.sendall(_line({"run": self.req.run, "from": self.req.me, **message}))
+            sock.sendall(self._message(nonce, message))
             sock.settimeout(COLLECT_S)
             answer = _json_line(_recv_line(sock, LINE_MAX), f"{self.req.me}'s own listener")
         if answer is None:
@@ -996,12 +1062,13 @@ class Check:
 def main() -> None:
     try:
         req = parse(json.loads(zlib.decompress(base64.b64decode(sys.argv[1], validate=True))))
+        token = read_token(os.environ, sys.stdin)
     except (IndexError, ValueError, zlib.error) as exc:
         reason = str(exc) if isinstance(exc, BadRequest) else f"cannot decode the request: {exc}"
         print(json.dumps({"ok": False, "error": f"bad request: {reason}"}))
         print(f"kimi-deploy: comm check: bad request: {reason}", file=sys.stderr)
         sys.exit(2)
-    check = Check(req)
+    check = Check(req, token)
     if req.phase in ("listen", "probe"):
         print(json.dumps(check.listen_until_stopped() if req.phase == "listen" else check.probe_step(), sort_keys=True))
         return

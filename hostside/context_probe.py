@@ -7,22 +7,26 @@ cache nor an earlier rung's prompt helps), sized with the engine's own tokenizer
 way in and ``question`` last. An engine that truncates the prompt or drops its middle answers
 without the needle, and the rung fails on it. While the answer streams, the engine's KV cache use
 (its /metrics) and the accelerators' memory (NVML's ``nvidia-smi``, where there is one) are
-sampled; their peaks are part of the result, with time to first token and decode speed.
+sampled; their peaks are part of the result, with time to first token and decode speed. Every
+answer is read within bounds (``hostside.boundary_http``: size, and time answer included; JSON
+through ``hostside.boundary_json``): an engine port that answers anything else fails the rung
+with one line naming what it answered.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import math
 import random
 import re
 import shutil
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
+from hostside.boundary_http import Reply, Unanswered, answering, ask
+from hostside.boundary_json import loads
 from hostside.unit_usage import memory_mib
 
 # Filler: plain words, none a number (a needle's answer often is one).
@@ -42,33 +46,64 @@ WORDS = (
     "socket", "sparrow", "spindle", "stable", "tablet", "thimble", "timber", "trumpet", "tulip", "umbrella",
     "vapor", "vessel", "village", "voyage", "walrus", "weasel", "willow",
 )  # fmt: skip
-_METRICS = re.compile(
-    r"^(vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|sglang:token_usage)(?:\{[^}]*\})? (\S+)$", re.M
-)
+# The engines' gauges of their KV cache use (vLLM's, its name before 0.10, SGLang's), each a fraction.
+KV_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SAMPLE_S = 0.5
+# What is read of the engine's answers at most: its /metrics page; its /tokenize answer (vLLM's
+# lists the prompt's tokens: about 8 MB for a million); the probe's streamed answer, and each of
+# its lines.
+METRICS_BYTES = 4 << 20
+TOKENIZE_BYTES = 64 << 20
+STREAM_BYTES = 16 << 20
+STREAM_LINE = 1 << 20
 
 
-def _request(url: str, key: str | None, body: Any = None) -> urllib.request.Request:
-    data = json.dumps(body).encode() if body is not None else None
-    # The URL is the deploy's own http://ADDRESS:PORT of the engine, never user input.
-    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")  # noqa: S310
-    request.add_header("Content-Type", "application/json")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    return request
+def kv_cache_usage(page: str) -> float | None:
+    """The highest KV cache use among the samples of ``page`` (Prometheus' text format, one
+    sample a line: ``NAME{LABELS} VALUE [TIMESTAMP]``) of ``KV_METRICS``, or None; a line that is
+    not such a sample, or whose value is not a finite number, is left out. Linear in the page."""
+    found: list[float] = []
+    for line in page.split("\n"):
+        name = next((n for n in KV_METRICS if line.startswith(n)), None)
+        if name is None:
+            continue
+        rest = line[len(name) :]
+        if rest.startswith("{"):
+            # the last "}" of the line closes the labels: a label's value may hold one, a number not
+            _, closed, rest = rest.rpartition("}")
+            if not closed:
+                continue
+        if not rest.startswith(" "):
+            continue  # another series whose name starts alike
+        fields = rest.split()
+        stamp = fields[1].removeprefix("-") if len(fields) == 2 else ""
+        if len(fields) != 1 and not (stamp.isascii() and stamp.isdigit()):
+            continue  # a value, and at most a timestamp (milliseconds)
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            found.append(value)
+    return max(found) if found else None
 
 
-def _error_text(exc: urllib.error.HTTPError) -> str:
+def _error_text(reply: Reply) -> str:
     """The engine's own message in an error answer, one bounded line."""
     try:
-        raw = exc.read(8192).decode("utf-8", "replace")
-        body = json.loads(raw)
-        message = (
-            (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else body.get("message")
-        )
-        text = str(message or body.get("detail") or raw)
-    except (OSError, ValueError, AttributeError):
+        raw = reply.read()
+        try:
+            body = loads(raw, reply.where, max_bytes=len(raw))
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            error = body.get("error")
+            message = error.get("message") if isinstance(error, dict) else body.get("message")
+            text = str(message or body.get("detail") or raw.decode("utf-8", "replace"))
+        else:
+            text = raw[:8192].decode("utf-8", "replace")
+    except Unanswered:
         text = ""
     return _CONTROL.sub(" ", text)[:300]
 
@@ -88,9 +123,9 @@ def count(base: str, key: str | None, served: str, content: str) -> int | None:
     """The prompt tokens of a chat request of ``content`` as the engine counts them; None: it has no /tokenize."""
     body = {"model": served, "messages": [{"role": "user", "content": content}], "add_generation_prompt": True}
     try:
-        with urllib.request.urlopen(_request(f"{base}/tokenize", key, body), timeout=300) as response:  # noqa: S310
-            answer = json.loads(response.read())
-    except (OSError, ValueError):
+        answered = ask(f"{base}/tokenize", key=key, body=body, timeout_s=300, max_bytes=TOKENIZE_BYTES)
+        answer = loads(answered.body, answered.where, max_bytes=TOKENIZE_BYTES) if answered.status == 200 else None
+    except (Unanswered, ValueError):
         return None
     n = answer.get("count") if isinstance(answer, dict) else None
     return n if isinstance(n, int) else None
@@ -135,11 +170,11 @@ class Peaks(threading.Thread):
 
     def sample(self) -> None:
         try:
-            with urllib.request.urlopen(_request(f"{self.base}/metrics", self.key), timeout=5) as r:  # noqa: S310
-                found = [float(v) for _, v in _METRICS.findall(r.read(4 << 20).decode("utf-8", "replace"))]
-            self.kv = self._peak(self.kv, max(found) if found else None)
-        except (OSError, ValueError):
-            pass
+            page = ask(f"{self.base}/metrics", key=self.key, timeout_s=5, max_bytes=METRICS_BYTES)
+            if page.status == 200:
+                self.kv = self._peak(self.kv, kv_cache_usage(page.body.decode("utf-8", "replace")))
+        except Unanswered:
+            pass  # no sample this time
         if self.smi:
             query = [self.smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
             out = subprocess.run(query, capture_output=True, text=True, check=False, timeout=10).stdout
@@ -149,7 +184,9 @@ class Peaks(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            self.sample()
+            # a sample missed (nvidia-smi late, say) ends no sampling
+            with contextlib.suppress(Exception):
+                self.sample()
             self.done.wait(SAMPLE_S)
 
 
@@ -174,38 +211,37 @@ def measure(req: dict[str, Any], key: str | None, rung: int, seed: str) -> dict[
     usage: dict[str, Any] = {}
     reason = None
     try:
-        asked = _request(f"{base}/v1/chat/completions", key, body)
-        with urllib.request.urlopen(asked, timeout=float(probe["timeout_s"])) as r:  # noqa: S310
-            for raw in r:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if not isinstance(chunk, dict):
-                    continue
-                if chunk.get("error"):
-                    reason = f"the answer broke off: {_CONTROL.sub(' ', str(chunk['error']))[:300]}"
-                    break
-                usage = chunk["usage"] if isinstance(chunk.get("usage"), dict) else usage
-                choices = chunk.get("choices")
-                for choice in choices if isinstance(choices, list) else []:
-                    delta = choice.get("delta") if isinstance(choice, dict) else None
-                    if not isinstance(delta, dict):
+        asked = answering(f"{base}/v1/chat/completions", key=key, body=body, timeout_s=float(probe["timeout_s"]),
+                          max_bytes=STREAM_BYTES)  # fmt: skip
+        with asked as r:
+            if not 200 <= r.status < 300:
+                size = prompt_tokens or "unknown"
+                reason = f"the engine refused the probe's {size}-token prompt with status {r.status}: {_error_text(r)}"
+            else:
+                for raw in r.lines(STREAM_LINE):
+                    line = raw.decode("utf-8", "replace").strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
                         continue
-                    piece = str(delta.get("content") or "") + str(
-                        delta.get("reasoning") or delta.get("reasoning_content") or ""
-                    )
-                    if piece:
-                        first = first or time.monotonic()
-                        last = time.monotonic()
-                        answer.append(str(delta.get("content") or ""))
-                if time.monotonic() - started > float(probe["timeout_s"]):
-                    reason = f"no whole answer within {probe['timeout_s']} s"
-                    break
-    except urllib.error.HTTPError as exc:
-        size = prompt_tokens or "unknown"
-        reason = f"the engine refused the probe's {size}-token prompt with status {exc.code}: {_error_text(exc)}"
-    except (OSError, ValueError) as exc:
+                    chunk = loads(line[5:], r.where, max_bytes=STREAM_LINE)
+                    if not isinstance(chunk, dict):
+                        continue
+                    if chunk.get("error"):
+                        reason = f"the answer broke off: {_CONTROL.sub(' ', str(chunk['error']))[:300]}"
+                        break
+                    usage = chunk["usage"] if isinstance(chunk.get("usage"), dict) else usage
+                    choices = chunk.get("choices")
+                    for choice in choices if isinstance(choices, list) else []:
+                        delta = choice.get("delta") if isinstance(choice, dict) else None
+                        if not isinstance(delta, dict):
+                            continue
+                        piece = str(delta.get("content") or "") + str(
+                            delta.get("reasoning") or delta.get("reasoning_content") or ""
+                        )
+                        if piece:
+                            first = first or time.monotonic()
+                            last = time.monotonic()
+                            answer.append(str(delta.get("content") or ""))
+    except (Unanswered, ValueError) as exc:  # no answer within bounds, or a line of it not JSON
         reason = (
             f"the probe's request failed after {time.monotonic() - started:.0f} s: {_CONTROL.sub(' ', str(exc))[:200]}"
         )

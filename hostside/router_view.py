@@ -18,9 +18,10 @@ trial requests through. Exit 0 once every listed engine the router knows is heal
 circuit closed or past its time; an engine it does not list is one it learns of when
 it restarts after every batch, and no router answering on ``metrics`` (none started yet, or one
 told to serve its metrics elsewhere) leaves nothing to wait on: both are said, not waited
-for. Exit 1 when ``timeout_s`` is up, naming the engines the router still counts unhealthy. The
-page is read within bounds (``MAX_BYTES``, a 2 s timeout a request) and only the gauge's samples
-of the listed URLs are taken from it.
+for. Exit 1 when ``timeout_s`` is up, naming the engines the router still counts unhealthy, or,
+when what answers on ``metrics`` never gave a page (not HTTP, too long, too slow), what it gave
+last. The page is read within bounds (``MAX_BYTES``, 2 s a request, answer included) and only the
+gauge's samples of the listed URLs are taken from it.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ import contextlib
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 import zlib
 from typing import Any
 
+from hostside.boundary_http import Unanswered, ask
+
 MAX_BYTES = 8 << 20
 POLL_S = 0.5
+REQUEST_S = 2.0
 
 
 def health(page: str, gauge: str, workers: list[str]) -> dict[str, float]:
@@ -59,15 +61,16 @@ def health(page: str, gauge: str, workers: list[str]) -> dict[str, float]:
     return found
 
 
-def _page(url: str) -> str | None:
-    """The metrics page, or None when nothing answers there."""
+def _page(url: str, router: str) -> str | None:
+    """The metrics page ("" for an error status), or None when nothing accepts a connection
+    there; ``Unanswered`` when what does gives no page within bounds."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback, from the plan)
-            return bytes(response.read(MAX_BYTES)).decode("utf-8", errors="replace")
-    except urllib.error.HTTPError:
-        return ""
-    except OSError:
-        return None
+        answer = ask(url, what=f"{router}'s metrics", timeout_s=REQUEST_S, max_bytes=MAX_BYTES)
+    except Unanswered as exc:
+        if not exc.reached:
+            return None
+        raise
+    return answer.body.decode("utf-8", errors="replace") if 200 <= answer.status < 300 else ""
 
 
 def wait(req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -75,7 +78,18 @@ def wait(req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     started = time.monotonic()
     deadline = started + float(req["timeout_s"])
     while True:
-        page = _page(req["metrics"])
+        try:
+            page = _page(req["metrics"], req["router"])
+        except Unanswered as exc:
+            # something answers there, and not with a page: waited through like an unhealthy gauge
+            if time.monotonic() >= deadline:
+                reason = (
+                    f"{exc}, until the wait's {req['timeout_s']} s were up: "
+                    "the next batch would stop the engines it sends to"
+                )
+                return 1, {"ok": False, "waited_s": round(time.monotonic() - started, 3), "reason": reason}
+            time.sleep(POLL_S)
+            continue
         waited = round(time.monotonic() - started, 3)
         if page is None:
             said = f"no {req['router']} answers on {req['metrics']}: nothing to wait on"

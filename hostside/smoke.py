@@ -18,7 +18,10 @@ reasoning_content first). With "tool" ({"name", "prompt", "result"}: the recipe'
 smoke.tool_call, on a topology whose engines parse tool calls), one tool-call round trip
 follows: the answer to ``prompt`` offering the function ``name`` must call it; sent back with
 the assistant's message as it came (its reasoning kept) and a ``tool`` message of ``result``
-answering the call's id, the final answer must hold ``expect``.
+answering the call's id, the final answer must hold ``expect``. Every answer is read within
+bounds (``hostside.boundary_http``: its size, and its time whole; JSON through
+``hostside.boundary_json``): whatever answers on the unit's port, a failure is one line naming
+what it answered.
 """
 
 from __future__ import annotations
@@ -30,10 +33,18 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import zlib
 from typing import Any, NoReturn
+
+from hostside.boundary_http import Unanswered, ask
+from hostside.boundary_json import loads
+from hostside.boundary_text import shown
+
+# The most of an answer read: a chat completion of the largest smoke budget, its reasoning
+# included, is well under it.
+ANSWER_BYTES = 4 << 20
+# The most one request may take, its whole answer included.
+CALL_S = 30.0
 
 
 def read_key(req: dict[str, Any]) -> str | None:
@@ -52,31 +63,20 @@ def read_key(req: dict[str, Any]) -> str | None:
     return None
 
 
-def engine_request(url: str, key: str | None, body: Any = None) -> urllib.request.Request:
-    """A JSON request to an engine's API: POST with ``body``, else GET; the key as a bearer token.
-    The URL is the deploy's own http://ADDRESS:PORT of the engine, never user input."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method="POST" if data else "GET")  # noqa: S310
-    request.add_header("Content-Type", "application/json")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    return request
-
-
-def _call(url: str, key: str | None, body: Any = None) -> tuple[int, Any]:
-    request = engine_request(url, key, body)
+def _call(url: str, key: str | None, body: Any = None, *, what: str = "API",
+          timeout_s: float = CALL_S) -> tuple[int, Any, str | None]:  # fmt: skip
+    """A request to the deploy's own ``http://ADDRESS:PORT`` of the unit's API (POST of ``body`` as
+    JSON, else GET; the key as a bearer token): (status, the answer's JSON, why there is none, in
+    one line). Status 0: no HTTP answer at all (nothing listening, something else answering, too
+    long, too slow); a status with JSON None: its body is not JSON within bounds."""
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
-            raw = response.read()
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
-    except (OSError, ValueError):
-        return 0, None
+        answer = ask(url, what=what, key=key, body=body, timeout_s=timeout_s, max_bytes=ANSWER_BYTES)
+    except Unanswered as exc:
+        return 0, None, str(exc)
     try:
-        return status, json.loads(raw or b"null")
-    except ValueError:
-        return status, None
+        return answer.status, loads(answer.body or b"null", answer.where), None
+    except ValueError as exc:
+        return answer.status, None, str(exc)
 
 
 def _state(unit: str) -> dict[str, str]:
@@ -105,6 +105,12 @@ def _first_exception(lines: list[str], unit: str) -> str | None:
         if found:
             return _CONTROL.sub(" ", found.group(1))[:300]
     return None
+
+
+def _error(exc: BaseException) -> str:
+    """An error of the check's own, in a few words of ASCII on one line."""
+    said = " ".join(str(exc).split())[:200].encode("ascii", "backslashreplace").decode()
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 class Failed(Exception):
@@ -138,7 +144,9 @@ def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> NoReturn:
 
 def _choice(req: dict[str, Any], key: str | None, body: dict[str, Any], what: str) -> tuple[dict[str, Any], Any]:
     """The first choice's message of the answer to ``body``, and its finish_reason."""
-    status, answer = _call(f"{req['url'].rstrip('/')}/v1/chat/completions", key, body)
+    status, answer, why = _call(f"{req['url'].rstrip('/')}/v1/chat/completions", key, body)
+    if status == 0 or (status == 200 and why):
+        _fail(req, f"{what}: {why}")
     try:
         choice = answer["choices"][0]
         message = choice["message"]
@@ -178,6 +186,12 @@ def _answer(req: dict[str, Any], key: str | None, body: dict[str, Any], what: st
 _SENT_BACK = ("role", "content", "tool_calls", "reasoning", "reasoning_content")
 
 
+def _function(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's ``function``, or {} when it has none that is an object."""
+    function = call.get("function")
+    return function if isinstance(function, dict) else {}
+
+
 def _round_trip(req: dict[str, Any], key: str | None, body: dict[str, Any], tool: dict[str, Any]) -> None:
     """Offered the function, the engine calls it; given its result, it answers."""
     name = tool["name"]
@@ -188,10 +202,11 @@ def _round_trip(req: dict[str, Any], key: str | None, body: dict[str, Any], tool
     asked = [{"role": "user", "content": tool["prompt"]}]
     first = {**body, "messages": asked, "tools": tools, "tool_choice": "auto"}
     message, finish = _choice(req, key, first, "tool-call request")
-    calls = message.get("tool_calls") or []
-    called = [c for c in calls if isinstance(c, dict) and (c.get("function") or {}).get("name") == name]
+    calls = message.get("tool_calls")
+    calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    called = [c for c in calls if _function(c).get("name") == name]
     if not called or not isinstance(called[0].get("id"), str):
-        names = [str((c.get("function") or {}).get("name"))[:40] for c in calls if isinstance(c, dict)]
+        names = [str(_function(c).get("name"))[:40] for c in calls]
         _fail(
             req,
             f"tool-call request: asked to call {name!r}, the answer called {names} (finish_reason {finish}, "
@@ -210,10 +225,14 @@ def wait_ready(req: dict[str, Any], key: str | None) -> float:
     started = time.monotonic()
     deadline = started + float(req["timeout_s"])
     while True:
-        status, _ = _call(f"{base}/health", key)
+        # each check bounded by the time left (at least a second: a slow answer is still told)
+        bound = min(CALL_S, max(deadline - time.monotonic(), 1.0))
+        status, _, why = _call(f"{base}/health", key, timeout_s=bound)
+        last = f"/health: {why}" if status == 0 else f"/health status {status}"
         if status == 200 and req.get("backend"):
             # behind a gateway that falls back: its router's own /health (loopback, no key)
-            status, _ = _call(f"{req['backend']}/health", None)
+            status, _, why = _call(f"{req['backend']}/health", None, what="router", timeout_s=bound)
+            last = f"/health: {why}" if status == 0 else f"router's /health status {status}"
         if status == 200:
             return time.monotonic() - started
         state = _state(req["unit"])
@@ -225,7 +244,7 @@ def wait_ready(req: dict[str, Any], key: str | None) -> float:
             code = state.get("ExecMainStatus")
             _fail(req, f"{req['unit']} exited with status {code} before it became ready", exited=True)
         if time.monotonic() > deadline:
-            _fail(req, f"not ready after {req['timeout_s']} s (last /health status {status})")
+            _fail(req, f"not ready after {req['timeout_s']} s (last {last})")
         time.sleep(0.2)
 
 
@@ -234,10 +253,13 @@ def serves(req: dict[str, Any]) -> dict[str, Any]:
     key = read_key(req)
     base = req["url"].rstrip("/")
     ready = wait_ready(req, key)
-    status, models = _call(f"{base}/v1/models", key)
-    names = [m.get("id") for m in (models or {}).get("data", [])]
+    status, models, why = _call(f"{base}/v1/models", key)
+    if status == 0:
+        _fail(req, f"/v1/models: {why}")
+    data = models.get("data") if isinstance(models, dict) else None
+    names = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if req["served_name"] not in names:
-        _fail(req, f"/v1/models lists {names}, not {req['served_name']!r} (status {status})")
+        _fail(req, f"/v1/models lists {shown(names)}, not {req['served_name']!r} (status {status})")
     body = {
         "model": req["served_name"],
         "messages": [{"role": "user", "content": req["prompt"]}],
@@ -261,7 +283,8 @@ def main() -> None:
     req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
     try:
         done = serves(req)
-    except Failed as failed:
+    except Exception as exc:  # noqa: BLE001 - whatever the engine answered, the check ends in one line
+        failed = exc if isinstance(exc, Failed) else Failed(f"the check failed unexpectedly: {_error(exc)}", [])
         print(json.dumps({"ok": False, "reason": failed.reason, "journal": failed.journal}))
         # One line that says what failed, then the unit's own last words.
         print(f"kimi-deploy: {req['unit']}: {failed.reason}; journal tail:", file=sys.stderr)

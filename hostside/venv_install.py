@@ -16,9 +16,13 @@ Every lock text, given, own or resolved here, is checked (``hostside.boundary_lo
 before it is written or handed to uv: only ``name==version`` lines each with ``--hash=sha256:``,
 pinning every requirement at its version; anything else fails before uv runs. uv installs wheels
 only (``--no-build``, ``--require-hashes``): nothing from the index or a lock runs while installing.
+Nor does the release's own interpreter start once a wheel is in it (its ``site`` would execute the
+``.pth`` files of any wheel the lock names, as root): uv compiles no bytecode (the host's Python
+does, isolated and without ``site``) and what is installed is read from the ``*.dist-info``
+folders' METADATA, not asked of that interpreter.
 
 The release is built beside ``path`` (a relocatable venv: ``uv venv --relocatable``, ``uv pip
-sync`` of the lock, its ``uv pip freeze`` checked against the lock), gets a manifest of its files
+sync`` of the lock, the distributions installed checked against the lock), gets a manifest of its files
 with their sizes (what the host probe stats) and its marker ``.kimi-release.json`` last, then
 takes the place of ``path`` in two renames: an engine running from ``path`` keeps running. On
 failure ``path`` is left as it was and the reason is one line (exit 1): a version missing from the
@@ -35,6 +39,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -44,7 +49,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from hostside.boundary_index import project_versions
-from hostside.boundary_lock import check_lock, freeze_pins, is_name
+from hostside.boundary_lock import METADATA_MAX_BYTES, canonical_version, check_lock, is_name, metadata_pin
 from hostside.boundary_text import shown
 
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
@@ -115,8 +120,9 @@ HTTP_RETRIES = 3
 
 
 def _run(argv: list[str], index_url: str, *remove: str, stdin: str | None = None) -> str:
+    # UV_COMPILE_BYTECODE would have uv start the venv's interpreter (or refuse --no-compile-bytecode).
     env = {
-        **os.environ,
+        **{name: value for name, value in os.environ.items() if name != "UV_COMPILE_BYTECODE"},
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_HTTP_TIMEOUT": str(HTTP_TIMEOUT_S),
         "UV_HTTP_RETRIES": str(HTTP_RETRIES),
@@ -224,6 +230,60 @@ def _lock_text(req: dict[str, Any], uv: str, new: str) -> tuple[str, str]:
     return _resolve(uv, req["requirements"], index_url, req.get("without") or [], new), "resolved here"
 
 
+def _site_packages(new: str) -> str:
+    """The site-packages folder of the venv ``new`` (made with this Python)."""
+    return os.path.join(new, "lib", f"python{sys.version_info.major}.{sys.version_info.minor}", "site-packages")
+
+
+# Compiles every module below argv[1] with as many workers as CPUs. A file that does not compile is
+# left to Python, as uv and pip leave it (it fails when imported, bytecode or not); this exits
+# non-zero only when compiling itself fails.
+_COMPILE = "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=2, workers=0)"
+
+
+def _compile(path: str, new: str) -> None:
+    """The bytecode of every module of ``new``, compiled by this host's Python, isolated (``-I``)
+    and without ``site`` (``-S``): nothing of the release is executed, its ``.pth`` files included."""
+    argv = [sys.executable, "-I", "-S", "-c", _COMPILE, _site_packages(new)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        _fail(f"{path}: compiling its bytecode failed: {shown(last[0])}", new)
+
+
+def _installed(path: str, new: str) -> dict[str, str]:
+    """``{normalized name: version}`` of every distribution in ``new``, read from each
+    ``*.dist-info/METADATA`` (its first ``METADATA_MAX_BYTES``); fails in one line on one that
+    cannot be read or names no package and version."""
+    site = _site_packages(new)
+    where = os.path.relpath(site, new)
+    pins: dict[str, str] = {}
+    for entry in sorted(os.listdir(site)):
+        if not entry.endswith(".dist-info"):
+            continue
+        meta = os.path.join(entry, "METADATA")
+        # Installing a wheel makes folders and regular files only: a link or anything else here
+        # was not made by uv, and is not followed.
+        if os.path.islink(os.path.join(site, entry)):
+            _fail(f"{path}: {where}/{shown(entry)} is a link, not a wheel's folder", new)
+        try:
+            fd = os.open(os.path.join(site, meta), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    _fail(f"{path}: {where}/{shown(meta)} is not a regular file", new)
+                head = f.read(METADATA_MAX_BYTES)
+        except OSError as exc:
+            _fail(f"{path}: {where}/{shown(meta)} cannot be read: {exc.strerror}", new)
+        try:
+            name, version = metadata_pin(head.decode("utf-8", errors="replace"))
+        except ValueError as exc:
+            _fail(f"{path}: {where}/{shown(meta)}: {exc}", new)
+        if name in pins:
+            _fail(f"{path}: {where}/{shown(meta)}: {name} is installed twice", new)
+        pins[name] = version
+    return pins
+
+
 def _swap(new: str, path: str) -> None:
     """``new`` takes the place of ``path``: two renames, the old folder removed after."""
     old = f"{path}.kimi-old"
@@ -274,17 +334,16 @@ def _install(req: dict[str, Any]) -> None:
     _run([uv, "venv", "--no-config", "--quiet", "--relocatable", "--python", sys.executable, new], index_url, new)
     _write(os.path.join(new, LOCK), text)
     # Hashes always required and wheels only: a lock's bytes are the index's, and none of them runs.
-    sync = [uv, "pip", "sync", "--no-config", "--no-cache", "--compile-bytecode", "--python", f"{new}/bin/python"]
+    # uv asks the venv's interpreter what it is before installing, while its site-packages holds
+    # uv's own files only; it would start it again to compile bytecode, which it does not here.
+    sync = [uv, "pip", "sync", "--no-config", "--no-cache", "--no-compile-bytecode", "--python", f"{new}/bin/python"]
     sync += ["--index-url", index_url, "--require-hashes", "--no-build", os.path.join(new, LOCK)]
     _run(sync, index_url, new)
-    freeze = _run([uv, "pip", "freeze", "--no-config", "--python", f"{new}/bin/python"], index_url, new)
-    try:
-        installed = freeze_pins(freeze)
-    except ValueError as exc:
-        _fail(f"{path}: uv pip freeze: {exc}: installed other than the lock's name==version pins", new)
-    if installed != locked:
+    installed = _installed(path, new)
+    if installed != {name: canonical_version(version) for name, version in locked.items()}:
         _fail(f"{path}: installed {sorted(installed.items())}, the lock has {sorted(locked.items())}", new)
-    _write(os.path.join(new, FREEZE), freeze)
+    _compile(path, new)
+    _write(os.path.join(new, FREEZE), "".join(f"{name}=={version}\n" for name, version in sorted(installed.items())))
     # uv's own lock file (mode 0666), for uv runs on this venv: there are none after this one.
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(new, ".lock"))

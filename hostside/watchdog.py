@@ -32,6 +32,12 @@ stopped on purpose (``systemctl stop``: inactive, result success) is left alone;
 starting, or started less than ``grace_s`` ago and not healthy yet, is given time (a wrong answer
 from a healthy one counts at once). Every change of state is one journal line; the state file and
 the metrics file are rewritten whole every round.
+
+Whatever answers on a unit's port is read within bounds (``hostside.boundary_http``: size, and
+time answer included; JSON through ``hostside.boundary_json``): an answer that is not HTTP, too
+long, too deep or too slow fails that check with one line naming it. An error of the watchdog's
+own in one check (a unit's, the host's, the canary's thread) is one journal line, and the round
+goes on with the others: the process never ends of one.
 """
 
 from __future__ import annotations
@@ -43,14 +49,14 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from hostside import xid as xids
+from hostside.boundary_http import Unanswered, ask
+from hostside.boundary_json import loads
 from hostside.kmsg import KERNEL, Kmsg
 from hostside.sd_notify import notify
-from hostside.smoke import engine_request, read_key
+from hostside.smoke import read_key
 from hostside.whole_file import write_whole
 
 # Journal lines, kept in the state file for the next converge's report.
@@ -59,6 +65,9 @@ ACTIONS_KEPT = 50
 XIDS_KEPT = 20
 # The most of an answer a line quotes.
 QUOTE = 60
+# The most of an engine's answer read: its /health answers nothing, a canary's chat completion a few KiB.
+HEALTH_BYTES = 64 << 10
+CANARY_BYTES = 1 << 20
 SHOW = ("Id", "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStartTimestampMonotonic")
 
 
@@ -69,6 +78,12 @@ def log(line: str) -> None:
 def quote(text: str) -> str:
     flat = " ".join(str(text).split())
     return repr(flat if len(flat) <= QUOTE else flat[:QUOTE] + "...")
+
+
+def unexpected(exc: BaseException) -> str:
+    """An error of the watchdog's own, in a few words of ASCII on one line."""
+    said = " ".join(str(exc).split())[: QUOTE * 2].encode("ascii", "backslashreplace").decode()
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 def systemd(units: list[str]) -> dict[str, dict[str, str]]:
@@ -83,27 +98,14 @@ def systemd(units: list[str]) -> dict[str, dict[str, str]]:
     return found
 
 
-def _call(url: str, key: str | None, timeout: float, body: Any = None) -> tuple[int, bytes, str | None]:
-    """(status, body, why it failed to connect or read); the URL is the plan's own engine URL."""
-    request = engine_request(url, key, body)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-            return response.status, response.read(1 << 20), None
-    except urllib.error.HTTPError as exc:
-        return exc.code, b"", None
-    except TimeoutError:
-        return 0, b"", f"no answer in {timeout:g} s"
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return 0, b"", str(getattr(reason, "strerror", None) or reason)[:120]
-
-
 def health(unit: dict[str, Any], timeout: float) -> str | None:
-    """Why ``GET /health`` failed, or None."""
-    status, _, why = _call(f"{unit['url']}/health", None, timeout)
-    if why:
-        return f"health: {why}"
-    return None if status == 200 else f"health: HTTP {status}"
+    """Why ``GET /health`` failed (one line: whatever answers on the unit's port may answer
+    anything), or None."""
+    try:
+        answer = ask(f"{unit['url']}/health", timeout_s=timeout, max_bytes=HEALTH_BYTES)
+    except Unanswered as exc:
+        return f"health: {exc}"
+    return None if answer.status == 200 else f"health: HTTP {answer.status}"
 
 
 # A canary answered, and not with the expected text: an engine serving wrong answers, which its
@@ -112,7 +114,7 @@ def health(unit: dict[str, Any], timeout: float) -> str | None:
 WRONG = "canary: wrong answer:"
 
 
-def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:
+def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:  # noqa: PLR0911 (one per way it fails)
     """Why the canary failed (None when its answer holds the expected text), and its seconds."""
     body = {
         "model": unit["served_name"],
@@ -121,16 +123,22 @@ def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:
         "temperature": 0,
     }
     start = time.monotonic()
-    status, raw, why = _call(f"{unit['url']}/v1/chat/completions", read_key(unit), timeout, body)
-    took = time.monotonic() - start
-    if why:
-        return f"canary: {why}", took
-    if status != 200:
-        return f"canary: HTTP {status}", took
+    url = f"{unit['url']}/v1/chat/completions"
     try:
-        content = json.loads(raw)["choices"][0]["message"].get("content") or ""
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return f"{WRONG} not a chat completion ({quote(raw.decode(errors='replace'))})", took
+        answer = ask(url, key=read_key(unit), body=body, timeout_s=timeout, max_bytes=CANARY_BYTES)
+    except Unanswered as exc:
+        return f"canary: {exc}", time.monotonic() - start
+    took = time.monotonic() - start
+    if answer.status != 200:
+        return f"canary: HTTP {answer.status}", took
+    try:
+        doc = loads(answer.body, answer.where)
+    except ValueError as exc:  # not JSON, or JSON too deep for the decoder
+        return f"{WRONG} not a chat completion ({exc})", took
+    try:
+        content = doc["choices"][0]["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return f"{WRONG} not a chat completion ({quote(answer.body.decode(errors='replace'))})", took
     if not str(content).strip():
         return f"{WRONG} empty", took
     if unit["expect"] not in str(content):
@@ -153,7 +161,10 @@ class Canary:
         self.took: float | None = None
 
     def _send(self, started: float) -> None:
-        why, took = canary(self.unit, self.timeout_s + 5)
+        try:
+            why, took = canary(self.unit, self.timeout_s + 5)
+        except Exception as exc:  # noqa: BLE001 - the thread's outcome comes back, whatever it met
+            why, took = f"canary: failed unexpectedly: {unexpected(exc)}", time.monotonic() - started
         with self.lock:
             if self.started == started:  # not given up on
                 self.result, self.started = (why, took), None
@@ -388,10 +399,10 @@ class Watchdog:
         units = kept.get("units", {}) if isinstance(kept, dict) else {}
         self.ladders = {u["unit"]: Ladder(u["unit"], config, units.get(u["unit"])) for u in config["units"]}
         self.actions: list[dict[str, Any]] = list(kept.get("actions", []))[-ACTIONS_KEPT:]
-        self.counts: dict[str, dict[str, int]] = {
-            u: dict(kept.get("counts", {}).get(u, {})) for u in self.ladders
-        }
+        self.counts: dict[str, dict[str, int]] = {u: dict(kept.get("counts", {}).get(u, {})) for u in self.ladders}
         self.host_fault: str | None = None
+        # the last line said of an error of the watchdog's own, by what it broke (a unit, the host)
+        self.errors: dict[str, str] = {}
         self.kmsg = Kmsg(config["kmsg"]) if config.get("kmsg") else None
         self.kmsg_error: str | None = None
         self.ignored = {int(c) for c in config.get("xid_ignore") or ()}
@@ -517,11 +528,41 @@ class Watchdog:
             self._act(name, action, ladder.why, now)
         return checks
 
+    def _unexpected(self, what: str, exc: BaseException, outcome: str = "not judged this round") -> None:
+        """One journal line for an error of the watchdog's own in ``what`` (said again only when
+        it changes: a round a second would fill the journal)."""
+        line = f"{what}: the check failed unexpectedly ({unexpected(exc)}): {outcome}"
+        if self.errors.get(what) != line:
+            log(line)
+        self.errors[what] = line
+
     def round(self) -> None:
+        """One round of every check. An error of the watchdog's own in one check (a unit's, the
+        host's) is one journal line, and the round goes on with the others."""
         cfg, now = self.config, time.time()
-        host, fault = self._host()
-        shown = systemd(list(self.ladders))
-        checks = {u["unit"]: self._unit(u, shown.get(u["unit"], {}), host, fault, now) for u in cfg["units"]}
+        try:
+            host, fault = self._host()
+            self.errors.pop("host", None)
+        except Exception as exc:  # noqa: BLE001
+            self._unexpected("host", exc, "its faults as last read")
+            host, fault = {}, self.host_fault
+        try:
+            shown: dict[str, dict[str, str]] | None = systemd(list(self.ladders))
+            self.errors.pop("systemd", None)
+        except Exception as exc:  # noqa: BLE001 - without systemd's view no unit is judged
+            self._unexpected("systemd", exc, "no unit judged this round")
+            shown = None
+        checks: dict[str, dict[str, Any]] = {}
+        for unit in cfg["units"]:
+            name = unit["unit"]
+            checks[name] = {"nrestarts": 0, "canary_s": None}
+            if shown is None:
+                continue
+            try:
+                checks[name] = self._unit(unit, shown.get(name, {}), host, fault, now)
+                self.errors.pop(name, None)
+            except Exception as exc:  # noqa: BLE001
+                self._unexpected(name, exc)
         record = {
             "updated": now,
             "host": host | {"fault": fault},
@@ -529,9 +570,13 @@ class Watchdog:
             "counts": self.counts,
             "actions": self.actions,
         }
-        write_whole(cfg["state"], json.dumps(record, sort_keys=True) + "\n", 0o644)
-        if cfg.get("textfile") and os.path.isdir(os.path.dirname(cfg["textfile"])):
-            write_whole(cfg["textfile"], _metrics(self.ladders, checks, host, self.counts, now), 0o644)
+        try:
+            write_whole(cfg["state"], json.dumps(record, sort_keys=True) + "\n", 0o644)
+            if cfg.get("textfile") and os.path.isdir(os.path.dirname(cfg["textfile"])):
+                write_whole(cfg["textfile"], _metrics(self.ladders, checks, host, self.counts, now), 0o644)
+            self.errors.pop("state", None)
+        except Exception as exc:  # noqa: BLE001
+            self._unexpected("state", exc, "state and metrics files not written this round")
 
 
 def main() -> None:
@@ -547,7 +592,10 @@ def main() -> None:
     notify("READY=1")
     while True:
         started = time.monotonic()
-        dog.round()
+        try:
+            dog.round()
+        except Exception as exc:  # noqa: BLE001 - the next round checks again; dying checks nothing
+            log(f"round failed unexpectedly: {unexpected(exc)}")
         notify("WATCHDOG=1")
         if args.once:
             return

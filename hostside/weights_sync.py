@@ -4,7 +4,8 @@ Run with the python of the tools venv that has huggingface_hub. Input: one argum
 zlib-compressed JSON, or ``--config FILE`` naming the same JSON in a file (the scrub timer):
 {"repo", "revision", "dir", "lock": {path: [size, digest]}, "endpoint", "token_file", "retries",
 "workers", "full", "peers": [{"host", "url"} | {"host", "path"}], "peer_key_file", "progress_log", "scrub",
-"repair", "in_order", "hub_attempts", "hub_backoff_s"}.
+"repair", "in_order", "hub_attempts", "hub_backoff_s", "hub_wait_budget_s", "hub_deadline_s",
+"min_bytes_per_s", "file_floor_s"} (the last four bound time: ``hostside.hub_fetch.Weather``).
 Prints one JSON line; exit 0 when every file matches the lock, 3 when the disk is too small
 (nothing downloaded), 4 when a file still mismatches after retries (or, scrubbing without repair,
 when a file is corrupted; or when the Hub's metadata contradicts the lock), 5 when the Hub fails
@@ -224,21 +225,31 @@ class Mismatch(ValueError):
 
 class _Sink:
     """Where a file's bytes from a peer or a mirror land as they arrive: hashed and written to its
-    partial file, flushed at once (a host fetching from this one relays them as they come)."""
+    partial file, flushed at once (a host fetching from this one relays them as they come). Never
+    past ``size`` (``Mismatch``), nor past ``weather``'s deadline for the file (``TimeoutError``)."""
 
-    def __init__(self, out: BinaryIO, fresh: Callable[[], Any]) -> None:
-        self.out = out
+    def __init__(self, out: BinaryIO, fresh: Callable[[], Any], size: int, weather: Weather) -> None:
+        self.out, self.size, self.weather = out, size, weather
         self.digest, self.got = fresh(), 0
+        self.until = time.monotonic() + weather.file_s(size)
 
     def write(self, block: bytes) -> int:
-        self.digest.update(block)
-        self.out.write(block)
+        keep = block[: self.size - self.got]
+        self.digest.update(keep)
+        self.out.write(keep)
         self.out.flush()
-        self.got += len(block)
+        self.got += len(keep)
+        if len(keep) < len(block):
+            raise Mismatch(f"the source sent more than the locked {self.size} bytes")
+        if time.monotonic() >= self.until:
+            raise TimeoutError(f"the file's deadline of {self.weather.file_s(self.size):g} s passed at byte "
+                               f"{self.got} of {self.size} ({self.weather.why_file_s()})")  # fmt: skip
         return len(block)
 
 
-def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None]) -> tuple[list[Any], int]:
+def _receive(
+    root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None], weather: Weather
+) -> tuple[list[Any], int]:
     """One file into a partial file, hashed as it arrives (``fill`` writes its bytes to the sink,
     from a peer, a mirror or the Hub); moved into place only when it matches the lock. Returns the
     cache entry of the placed file and its size. A failed try leaves no partial file: a host
@@ -253,7 +264,7 @@ def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None
         os.remove(partial)  # every try a new inode: a relay of an earlier try cannot read this one
     try:
         with open(partial, "wb") as out:
-            sink = _Sink(out, lambda: fresh_digest(kind, size))
+            sink = _Sink(out, lambda: fresh_digest(kind, size), size, weather)
             fill(sink)
         found = f"{kind}:{sink.digest.hexdigest()}" if sink.got == size else f"size:{sink.got}"
         if found != want:
@@ -269,7 +280,7 @@ def _receive(root: str, rel: str, entry: list[Any], fill: Callable[[_Sink], None
 
 
 def _fetch_from(
-    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None
+    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None, *, weather: Weather
 ) -> tuple[list[Any], int]:
     """``_receive`` of one file from a source: a peer's URL or a local folder."""
 
@@ -278,11 +289,11 @@ def _fetch_from(
             for block in iter(lambda: answer.read1(1 << 20), b""):
                 sink.write(block)
 
-    return _receive(root, rel, entry, fill)
+    return _receive(root, rel, entry, fill, weather)
 
 
 def _fetch_busy(
-    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None
+    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None, *, weather: Weather
 ) -> tuple[list[Any], int]:
     """``_fetch_from``, waiting its turn while the source says it is busy (503 with Retry-After:
     it serves as many hosts at once as it may), for up to ``BUSY_WAIT_S``: a busy source is no
@@ -290,7 +301,7 @@ def _fetch_busy(
     until = time.monotonic() + BUSY_WAIT_S
     while True:
         try:
-            return _fetch_from(root, rel, entry, source, key)
+            return _fetch_from(root, rel, entry, source, key, weather=weather)
         except urllib.error.HTTPError as exc:
             if exc.code != 503 or time.monotonic() >= until:
                 raise
@@ -315,11 +326,12 @@ def _from_peers(
     given: dict[str, int] = {}
     causes: dict[str, str] = {}
     mutex = threading.Lock()
+    weather = _weather(req)
 
     def one(rel: str) -> str | None:
         for peer in peers:  # in the planner's order: the host before this one in its chain first
             try:
-                entry, size = _fetch_busy(root, rel, lock[rel], peer, key)
+                entry, size = _fetch_busy(root, rel, lock[rel], peer, key, weather=weather)
             except (OSError, ValueError, http.client.HTTPException) as exc:
                 with mutex:
                     causes[rel] = f"{peer['host']}: {type(exc).__name__}: {exc}"
@@ -526,6 +538,26 @@ class HubOutcome:
     down: str | None = None
 
 
+def _weather(req: dict[str, Any]) -> Weather:
+    """The request's bounds on tries and time, each the default where it names none."""
+
+    def given(key: str, default: float) -> float:
+        value = req.get(key)
+        return default if value is None else float(value)
+
+    base = Weather()
+    attempts = req.get("hub_attempts")
+    deadline = req.get("hub_deadline_s")
+    return Weather(
+        attempts=base.attempts if attempts is None else int(attempts),
+        backoff_s=given("hub_backoff_s", base.backoff_s),
+        budget_s=given("hub_wait_budget_s", base.budget_s),
+        min_bytes_per_s=given("min_bytes_per_s", base.min_bytes_per_s),
+        floor_s=given("file_floor_s", base.floor_s),
+        sync_s=None if deadline is None else float(deadline),
+    )
+
+
 def _from_hub(
     req: dict[str, Any],
     *,
@@ -541,10 +573,12 @@ def _from_hub(
     meet (a gated repository, a lock the Hub contradicts) stops the files not yet begun and is
     raised."""
     _hub_environment(req)
-    attempts, backoff = req.get("hub_attempts"), req.get("hub_backoff_s")
-    weather = Weather(attempts=Weather.attempts if attempts is None else int(attempts),
-                      backoff_s=Weather.backoff_s if backoff is None else float(backoff))  # fmt: skip
-    hub = HubFiles(req, note, weather)
+    # A host others fetch from while it fetches takes files in the lock's order (theirs too), a
+    # few at a time (one alone would leave the link idle between files; all at once would starve
+    # the file the next host waits for); every host otherwise takes as many at once as
+    # huggingface_hub's snapshot_download does.
+    at_once = IN_ORDER_AT_ONCE if req.get("in_order") else HUB_AT_ONCE
+    hub = HubFiles(req, note, _weather(req).for_sync([lock[rel][0] for rel in bad], at_once))
     hub.check_token()
     _remove(root, bad)
     fetched: list[str] = []
@@ -589,11 +623,6 @@ def _from_hub(
         with mutex:
             mismatched.append(rel)
 
-    # A host others fetch from while it fetches takes files in the lock's order (theirs too), a
-    # few at a time (one alone would leave the link idle between files; all at once would starve
-    # the file the next host waits for); every host otherwise takes as many at once as
-    # huggingface_hub's snapshot_download does.
-    at_once = IN_ORDER_AT_ONCE if req.get("in_order") else HUB_AT_ONCE
     with ThreadPoolExecutor(max_workers=max(1, min(at_once, len(bad)))) as pool:
         list(pool.map(one, sorted(bad)))
     if fatal:

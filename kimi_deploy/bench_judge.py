@@ -2,19 +2,38 @@
 
 The answer comes from a host (the generator's record of what the endpoint sent), so it is outside
 the recipe: it is read as data only, bounded by ``hostside.boundary_json`` where it was loaded, and
-never run or formatted into anything but a reason line (``shown``).
+never run or formatted into anything but a reason line (``shown``). The JSON inside it (an answer
+a JSON Schema rule reads, a tool call's arguments) is decoded through the same bounds: an answer
+past them fails its task with the bound as its reason, never an exception that would lose the
+benchmark's report.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from hostside.boundary_json import loads
 from hostside.boundary_text import shown
 from kimi_deploy.recipe import BenchTask
+
+# The JSON an answer may hold: far more than a task's schema or tool asks for (the generator keeps
+# 4,000 characters of a text), far less than Python's recursion, which the decoder and the schema's
+# validation both use.
+ANSWER_MAX_BYTES = 1 << 20
+ANSWER_MAX_DEPTH = 64
+_WHERE = "answer"
+
+
+def _decoded(text: str) -> tuple[Any, str | None]:
+    """The JSON value ``text`` holds, or None and why not: ``"not JSON"`` or the bound it is past."""
+    try:
+        return loads(text, _WHERE, max_bytes=ANSWER_MAX_BYTES, max_depth=ANSWER_MAX_DEPTH), None
+    except ValueError as exc:
+        rule = str(exc).removeprefix(f"{_WHERE}: ")
+        return None, "not JSON" if rule.startswith("not JSON") else rule
 
 
 def judge(task: BenchTask, text: str, tool_calls: list[Any] | None = None) -> str | None:
@@ -26,10 +45,11 @@ def judge(task: BenchTask, text: str, tool_calls: list[Any] | None = None) -> st
     if rule.regex is not None:
         return None if re.search(rule.regex, text) else f"no match for /{rule.regex}/ in {shown(text.strip()[:80])}"
     if rule.json_schema is not None:
-        try:
-            value = json.loads(text.strip())
-        except ValueError:
+        value, fault = _decoded(text.strip())
+        if fault == "not JSON":
             return f"not one JSON value: {shown(text.strip()[:80])}"
+        if fault is not None:
+            return f"not one JSON value within bounds: {fault}"
         error = next(iter(Draft202012Validator(rule.json_schema).iter_errors(value)), None)
         return None if error is None else f"JSON schema: {error.message[:160]}"
     assert rule.tool_call is not None
@@ -47,10 +67,11 @@ def _tool_call(name: str, arguments: dict[str, Any], calls: list[Any]) -> str | 
         if function.get("name") != name:
             continue
         raw = function.get("arguments")
-        try:
-            given = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError:
+        given, fault = _decoded(raw) if isinstance(raw, str) else (raw, None)
+        if fault == "not JSON":
             return f"{name} called with arguments that are not JSON: {shown(str(raw)[:80])}"
+        if fault is not None:
+            return f"{name} called with arguments past bounds: {fault}"
         if not isinstance(given, dict):
             given = {}
         wrong = {k: given.get(k) for k, v in arguments.items() if given.get(k) != v}

@@ -16,6 +16,7 @@ from typing import Any
 
 from hostside.probe_types import HostState, Listener, UnitState
 from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.engine_guard import PACKAGES as GUARD_PACKAGES
 from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
@@ -471,6 +472,7 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
         *(GATEWAY_PACKAGES if gateway else ()),
         *(MOONCAKE_HOST_PACKAGES if master else ()),
         *engine(topology.engine).host_packages(topology),
+        *(GUARD_PACKAGES if any(u.guard for u in spec.units) else ()),
     ]
     return Converge(
         user=recipe.paths.user,

@@ -38,6 +38,15 @@ CREDENTIALS = f"/run/credentials/{GATEWAY_UNIT}.service"
 KEYS_FILE = f"{GATEWAY_UNIT}-keys.conf"
 # Limits (the unit's LimitNOFILE= and MemoryMax= leave room for them).
 MAX_CONNECTIONS = 1024
+# Requests one client address may have at once: a client of many streams gets them, and one
+# client alone leaves the other half to the rest.
+PER_ADDRESS = MAX_CONNECTIONS // 2
+# Unauthenticated health checks one address may have at once.
+HEALTH_PER_ADDRESS = 8
+# The connections one client address can hold open to one listening address and port (as many as
+# it has source ports): nginx counts nothing per address before a request head is complete, so the
+# worker's connections leave room for all of them beside the requests'.
+ONE_ADDRESS = 65536
 HEADER_TIMEOUT_S = 5
 IDLE_TIMEOUT_S = 15
 TIMEOUT_S = 600
@@ -80,8 +89,13 @@ def config_data(
     header_timeout_s: int = HEADER_TIMEOUT_S,
     idle_timeout_s: int = IDLE_TIMEOUT_S,
     timeout_s: int = TIMEOUT_S,
+    per_address: int = PER_ADDRESS,
+    hosted_max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The data ``gateway.nginx.conf.j2`` renders; the defaults are the host's paths and limits."""
+    """The data ``gateway.nginx.conf.j2`` renders; the defaults are the host's paths and limits.
+    ``hosted_max_tokens`` bounds each fallback answer (required with ``fallback_url``)."""
+    if fallback_url is not None and hosted_max_tokens is None:
+        raise ValueError("config_data: a fallback_url needs hosted_max_tokens")
     return {
         "bind": f"[{bind}]" if ":" in bind else bind,
         "port": port,
@@ -95,12 +109,23 @@ def config_data(
         "njs_module": NJS_MODULE,
         "fallback_log": fallback_log,
         "max_connections": max_connections,
+        "worker_connections": worker_connections(max_connections),
+        "one_address": ONE_ADDRESS,
+        "per_address": per_address,
+        "health_per_address": HEALTH_PER_ADDRESS,
+        "hosted_max_tokens": hosted_max_tokens,
         "header_timeout_s": header_timeout_s,
         "idle_timeout_s": idle_timeout_s,
         "timeout_s": timeout_s,
         "max_body_mb": MAX_BODY_MB,
         "routes": ROUTES,
     }
+
+
+def worker_connections(max_connections: int = MAX_CONNECTIONS) -> int:
+    """nginx's connections for ``max_connections`` requests at once: two each (the client's and
+    the upstream's), one client address's every source port, and a margin."""
+    return 2 * max_connections + ONE_ADDRESS + 64
 
 
 def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
@@ -120,6 +145,7 @@ def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
         fallback_url=fallback.url if fallback else None,
         served_name=recipe.model.served_name,
         hosted_model=fallback.model if fallback else None,
+        hosted_max_tokens=(fallback.max_tokens or topo.max_model_len) if fallback else None,
         js_file=js,
     )
     return Unit(

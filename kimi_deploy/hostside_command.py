@@ -22,8 +22,12 @@ from typing import Any
 
 HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
 # The most the controller decodes of a host program's JSON answer (a host is outside the recipe:
-# its answer goes through ``hostside.boundary_json`` like any other).
-ANSWER_MAX_BYTES = 64 << 20
+# its answer goes through ``hostside.boundary_json`` like any other, on the controller's one event
+# loop). The largest a real host sends is the state probe's: with 200 release records, 200 ladder
+# proofs, three venvs' locks and every file of a 2,000-file model listed three times it is some
+# 1.2 MB; the hardware and drivers probes' are a few KB. 8 MiB leaves that several times over.
+ANSWER_MAX_BYTES = 8 << 20
+
 
 # Runs a shipped bundle with the host's python3 under __name__ == "__main__" (hostside/boot.py:
 # it keeps the compiled code on the host, so that each version of a program is compiled once);

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kimi_deploy.catalog import Catalog, CatalogMissing, engine_catalog
+from kimi_deploy.engine_guard import guarded
 from kimi_deploy.engines import engine
 from kimi_deploy.engines.common import node_role
 from kimi_deploy.errors import ConfigError
@@ -63,6 +64,16 @@ def _check_names(recipe: Recipe, recipe_file: str, name: str, topo: Topology) ->
                     f"topologies.{name}.{field}",
                     f"{topo.engine} {version} has no {registry} {value!r} (known: {', '.join(known)})",
                 )
+
+
+def _check_router_address(inventory: Inventory, tp: TopologyPlacement) -> None:
+    if tp.router is not None and tp.topology.expose is not None and not is_ip_address(tp.router.address):
+        raise ConfigError(
+            f"{inventory.source}: host {tp.router.name}",
+            "kimi_address",
+            f"topology {tp.name}'s engines let in their router's host by IP address (an nftables "
+            f"rule on their API port): set the host's IP address, found {tp.router.address!r}",
+        )
 
 
 def _check_hosts(inventory: Inventory, tp: TopologyPlacement) -> None:
@@ -198,9 +209,13 @@ def plan(recipe: Recipe, recipe_file: str, inventory: Inventory, only: str | Non
     for tp in place(recipe, inventory, only):
         _check_names(recipe, recipe_file, tp.name, tp.topology)
         _check_hosts(inventory, tp)
+        _check_router_address(inventory, tp)
+        # An engine behind a router answers that router's host alone (and its own).
+        admits = (tp.router.address,) if tp.router is not None else None
         for placement in tp.engines:
             unit = _engine_unit(recipe, recipe_file, placement)
             _check_argv(recipe, recipe_file, placement, unit)
+            unit = guarded(unit, recipe.paths.config, admits)
             hosts.append(_host_plan(recipe, placement, (unit,)))
         if tp.router is not None:
             hosts.append(_router_plan(recipe, tp))

@@ -14,6 +14,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from hostside.boundary_text import printable
 from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.host_profile import matches_model, port_active
 from kimi_deploy.recipe import Recipe
@@ -173,5 +174,6 @@ GATES: tuple[Callable[[Needs, dict[str, Any]], str | None], ...] = (
 
 
 def check(needs: Needs, profile: dict[str, Any]) -> list[str]:
-    """Every failed gate, as ``HOST: gate: expected, found`` lines (empty: the host may proceed)."""
-    return [f"{needs.spec.host}: {line}" for gate in GATES if (line := gate(needs, profile)) is not None]
+    """Every failed gate, as ``HOST: gate: expected, found`` lines (empty: the host may proceed);
+    what the host reported in them is shown with its control characters escaped (``printable``)."""
+    return [printable(f"{needs.spec.host}: {line}") for gate in GATES if (line := gate(needs, profile)) is not None]

@@ -8,6 +8,7 @@ character (``kimi_deploy.safe_text``): any of them may reach a unit file.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -589,6 +590,26 @@ def _url_host(url: str) -> str:
     return url
 
 
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls_unless_loopback(url: str) -> str:
+    # The hosted key goes with every request: in the clear only where it never leaves the host.
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not _is_loopback(parts.hostname or ""):
+        raise ValueError(
+            "must be https:// (the hosted API's key goes with every request); http:// only on loopback "
+            f"(127.0.0.0/8, ::1, localhost), found {shown(url)}"
+        )
+    return url
+
+
 class RouterFallback(Strict):
     """The hosted API, answering when no local backend is healthy (off unless given)."""
 
@@ -599,10 +620,17 @@ class RouterFallback(Strict):
         str,
         StringConstraints(pattern=r"^https?://[^\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$"),
         AfterValidator(_url_host),
+        AfterValidator(_tls_unless_loopback),
     ]
     api_key: SecretRef
     # the hosted API's name of the model, put in place of the served name
     model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")]
+    # the most tokens one answer of the gateway's fallback may generate: the gateway lowers a
+    # request's max_tokens or max_completion_tokens to it, and gives it as max_tokens to a request
+    # naming neither (and sends one answer a request: n and best_of 1, one prompt). Default: the
+    # topology's max_model_len, no more than its own engines could give. Not read by the benchmark,
+    # whose tasks set their own.
+    max_tokens: Positive | None = None
 
 
 class RouterHealth(Strict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hostside.boundary_text import printable
 from kimi_deploy.host_profile import port_active
 
 GIB = 2**30
@@ -78,10 +79,12 @@ def format_report(profiles: dict[str, dict[str, Any]]) -> str:
             str((p.get("os") or {}).get("pretty") or "-"),
             str(acc.get("driver_version") or (p.get("drivers") or {}).get("nvidia") or "-"),
         ))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    # Each cell is what a host reported (GPU names, driver and OS strings): shown, never acted on.
+    shown = [[printable(cell) for cell in row] for row in rows]
+    widths = [max(len(r[i]) for r in shown) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in shown]
     for host, p in profiles.items():
         near = _affinity(p)
         if near:
-            lines.append(f"{host} GPU-NIC affinity: " + "; ".join(near))
+            lines.append(printable(f"{host} GPU-NIC affinity: " + "; ".join(near)))
     return "\n".join(lines) + "\n"

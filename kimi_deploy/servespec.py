@@ -20,6 +20,18 @@ class ConfigFile:
 
 
 @dataclass(frozen=True)
+class ApiGuard:
+    """The nftables table an engine unit loads before each start (``kimi_deploy.engine_guard``):
+    ``file`` (an nft script, one of the unit's ``files``) holds ``port``, its API, open to the host
+    itself and the addresses it ``admits`` (None: every address)."""
+
+    file: str
+    table: str
+    port: int
+    admits: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
 class Unit:
     """One systemd service on one host.
 
@@ -34,6 +46,7 @@ class Unit:
     ``files`` are the other config files the unit reads, by absolute path. ``peers``, when
     given, are the only addresses besides loopback the unit exchanges packets with (systemd's
     IPAddressAllow=): for a service that checks no key and binds more than it is told.
+    ``guard``: who may open a connection to an engine's API port beyond loopback.
     """
 
     name: str
@@ -49,6 +62,7 @@ class Unit:
     files: Mapping[str, ConfigFile] = field(default_factory=dict)
     peers: tuple[str, ...] = ()
     local_listens: Mapping[str, int] = field(default_factory=dict)
+    guard: ApiGuard | None = None
 
     def every_port(self) -> dict[str, int]:
         """Every port the unit binds, on any address, by label."""

@@ -14,7 +14,11 @@ Where a host's lock comes from, first match wins:
 - ``here``: this host alone installs it: it resolves while installing.
 
 A lock read from another host (``peer``, ``resolver``) is that host's word: it is checked here,
-before it goes anywhere, by the same rule the installing host applies (``lock_refusal``).
+before it goes anywhere, by the same rule the installing host applies (``lock_refusal``). The rule
+fixes how its packages arrive (hashed wheels from the recipe's index) and that the recipe's pins
+are among them, not which others it pins: the host that wrote it may add any wheel the index
+serves. Installing runs none of a release's code (``hostside/venv_install.py``); running the
+release does, as whoever runs it (the tools release: root, for the weights sync).
 """
 
 from __future__ import annotations

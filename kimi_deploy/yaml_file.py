@@ -1,8 +1,9 @@
 """Reading a YAML mapping from a file with errors that name the file, line and rule.
 
 Aliases are bounded: a document whose values, aliases expanded, number more than
-``MAX_VALUES`` is refused before anything reads them (a "billion laughs" file of a few hundred
-bytes would otherwise make every later step walk a billion values).
+``MAX_VALUES``, or whose aliases repeat more than ``MAX_ALIASED_BYTES`` bytes of scalars, is
+refused before anything reads them (a "billion laughs" file of a few hundred bytes would otherwise
+make every later step walk a billion values; a few aliases of one long string, copy gigabytes).
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from kimi_deploy.errors import ConfigError
 
 # Values (scalars, lists, mappings) of a document with its aliases expanded: a recipe has hundreds.
 MAX_VALUES = 100_000
+# Bytes of scalars the aliases repeat, each alias counted at its expanded size: a recipe's anchors
+# share a few lines (a pool's engine arguments), some KB; this leaves room for a benchmark prompt
+# of 100,000 characters used by dozens of tasks. What the file writes out itself is not counted:
+# it costs its own size.
+MAX_ALIASED_BYTES = 8 << 20
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -77,36 +83,48 @@ def _load(text: str, shown: str) -> Any:
 
 
 def _expanded_values(root: yaml.Node, shown: str) -> int:
-    """How many values ``root`` holds with its aliases expanded; ``ConfigError`` past ``MAX_VALUES``
-    or for an alias inside the list or mapping it names. Each node is counted once (memoised), so
-    a bomb is found in time linear in the file."""
-    sizes: dict[int, int] = {}
+    """How many values ``root`` holds with its aliases expanded; ``ConfigError`` past ``MAX_VALUES``,
+    when its aliases repeat more than ``MAX_ALIASED_BYTES`` bytes of scalars, or for an alias inside
+    the list or mapping it names. Each node is measured once (memoised), so a bomb is found in time
+    linear in the file."""
+    # node id -> (values, bytes of scalars) it expands to
+    sizes: dict[int, tuple[int, int]] = {}
     open_: set[int] = set()
+    aliased = 0
 
-    def size(node: yaml.Node) -> int:
+    def size(node: yaml.Node) -> tuple[int, int]:
+        nonlocal aliased
         key = id(node)
         if key in sizes:
+            # a node met again is an alias (the composer hands out the anchored node itself)
+            aliased += sizes[key][1]
+            if aliased > MAX_ALIASED_BYTES:
+                rule = f"YAML aliases repeat more than {MAX_ALIASED_BYTES} bytes of values"
+                raise ConfigError(shown, "", f"{rule} (an alias bomb?)")
             return sizes[key]
         if key in open_:
             raise ConfigError(shown, "", "a YAML alias refers to a list or mapping that contains it")
-        total = 1
+        values, size_bytes = 1, 0
         if isinstance(node, yaml.SequenceNode):
             children = list(node.value)
         elif isinstance(node, yaml.MappingNode):
             children = [part for pair in node.value for part in pair]
         else:
             children = []
+            size_bytes = len(str(node.value).encode("utf-8", "surrogatepass"))
         open_.add(key)
         for child in children:
-            total += size(child)
-            if total > MAX_VALUES:
+            child_values, child_bytes = size(child)
+            values += child_values
+            size_bytes += child_bytes
+            if values > MAX_VALUES:
                 rule = f"the document holds more than {MAX_VALUES} values with its YAML aliases expanded"
                 raise ConfigError(shown, "", f"{rule} (an alias bomb?)")
         open_.discard(key)
-        sizes[key] = total
-        return total
+        sizes[key] = values, size_bytes
+        return sizes[key]
 
-    return size(root)
+    return size(root)[0]
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from hostside.boundary_text import printable
 from kimi_deploy import captured_profile
 from kimi_deploy.allreduce_plan import nccl_verdict
 from kimi_deploy.emitted import emissions
@@ -195,11 +196,13 @@ def _facts_check(args: argparse.Namespace) -> int:
         else:
             line = {"accelerators": accelerators, "rdma": rdma}[gate](needs, profile)
             passed = _judged(gate, needs, profile) if line is None else ""
+        # The lines show what the captures say (GPU names, device names, nvidia-smi's errors): text
+        # from the host, shown with its control characters escaped.
         if line is None:
-            print(f"ok: {args.host}: {passed}")
+            print(printable(f"ok: {args.host}: {passed}"))
         else:
             failed += 1
-            print(f"kimi-deploy: {args.host}: {line}", file=sys.stderr)
+            print(printable(f"kimi-deploy: {args.host}: {line}"), file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -343,7 +346,8 @@ def _run(words: list[str]) -> int:
     try:
         code: int = args.func(args)
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        # A refusal may quote a capture or a host's text: shown, never acted on, by the terminal.
+        print(printable(str(exc)), file=sys.stderr)
         return 2
     return code
 

@@ -55,6 +55,9 @@ class RunContext:
     transfer_key: str
     # The controller's environment as the run found it: the secrets the recipe names by variable.
     environ: Mapping[str, str]
+    # The communication check's token, shared by the run's hosts: it proves a listener, a report
+    # or a probe's findings are the run's own (the run id above is public).
+    comm_check_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     # (recipe file, inventory label) -> the whole inventory's plan, planned once per run and recipe
     plans: dict[tuple[str, str], tuple[Recipe, Inventory, Plan]] = field(default_factory=dict)
     # host name -> its part of the plan and its converge

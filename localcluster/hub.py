@@ -56,6 +56,11 @@ Keys (unknown keys are an error, answered 500):
   compressed object (huggingface_hub 2.4.0 ``file_download.http_get``: "the server ignored our Range
   header (e.g. CloudFront with Accept-Encoding: gzip)").
 * ``"slow_bytes_per_s": N``: every file body is sent at about N bytes per second.
+* ``"overlong": {glob: N}``: each body of a matching path goes on N zero bytes past the file's end
+  (or past the end of the range asked for), with no ``Content-Length``: the answer ends only when
+  the connection closes, as a hostile or broken server or CDN streams past a file's size.
+* ``"drip": {glob: S}``: each body of a matching path is sent one byte every S seconds (S > 0): a
+  source that never stalls long enough for a read timeout, and never ends.
 * ``"gated": {repo_id: [token, ...]}``: the repository is gated and only those tokens' accounts have
   been granted access. Its files (``/resolve``) then answer as the Hub answers a gated repository:
   ``X-Error-Code: GatedRepo`` with 401 when the request carries no ``Authorization: Bearer``
@@ -67,7 +72,9 @@ Keys (unknown keys are an error, answered 500):
   huggingface/huggingface.js#945).
 * ``"fail": [rule, ...]``: count-limited faults of one file and method, each rule
   ``{"path": glob, "method": "HEAD"|"GET", "times": K, ...}`` and one of ``"status": N`` (the request is
-  answered N instead, ``"retry_after": S`` adding ``Retry-After: S``) or ``"reset_at": F`` (a GET body
+  answered N instead, ``"retry_after": S`` adding ``Retry-After: S``, ``"headers": {name: value}``
+  adding those headers as given, over any the status brings: a ``Retry-After`` that is no number
+  of seconds, a ``RateLimit`` reset thousands of digits long) or ``"reset_at": F`` (a GET body
   stops after that fraction of the file, 0 < F < 1, and the connection is reset: RST, as a dropped
   link or a restarted load balancer leaves it). A rule applies to the requests of its path, on
   ``/resolve`` and the CDN alike, the first K of them since faults.json last changed. A 429 carries
@@ -141,6 +148,8 @@ class Faults:
     fail: tuple[FailRule, ...] = ()
     whole: tuple[str, ...] = ()
     revoked: tuple[str, ...] = ()
+    overlong: tuple[tuple[str, int], ...] = ()
+    drip: tuple[tuple[str, float], ...] = ()
 
     def granted(self, repo_id: str) -> tuple[str, ...] | None:
         """The tokens granted access to ``repo_id`` when it is gated (None: it is not)."""
@@ -155,6 +164,14 @@ class Faults:
     def truncation(self, path: str) -> int | None:
         return next((n for g, n in self.truncate if fnmatch.fnmatchcase(path, g)), None)
 
+    def overlong_by(self, path: str) -> int | None:
+        """The bytes a body of ``path`` goes on past its end (None: it ends where it should)."""
+        return next((n for g, n in self.overlong if fnmatch.fnmatchcase(path, g)), None)
+
+    def drip_s(self, path: str) -> float | None:
+        """The seconds between the bytes of a body of ``path`` (None: it is not dripped)."""
+        return next((s for g, s in self.drip if fnmatch.fnmatchcase(path, g)), None)
+
 
 @dataclass(frozen=True)
 class FailRule:
@@ -167,6 +184,7 @@ class FailRule:
     status: int | None = None
     retry_after: int | None = None
     reset_at: float | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
     def matches(self, method: str, path: str) -> bool:
         return method == self.method and fnmatch.fnmatchcase(path, self.path)
@@ -181,7 +199,7 @@ def _fail_rules(value: Any) -> tuple[FailRule, ...]:
         where = f"{FAULTS_FILE}: fail[{n}]"
         if not isinstance(rule, dict):
             raise ValueError(f"{where}: expected an object")
-        unknown = set(rule) - {"path", "method", "times", "status", "retry_after", "reset_at"}
+        unknown = set(rule) - {"path", "method", "times", "status", "retry_after", "reset_at", "headers"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         path, method, times = rule.get("path"), rule.get("method"), rule.get("times", 1)
@@ -198,8 +216,23 @@ def _fail_rules(value: Any) -> tuple[FailRule, ...]:
             raise ValueError(f"{where}: reset_at must be a fraction between 0 and 1, of a GET")
         if retry_after is not None and not (isinstance(retry_after, int) and retry_after >= 0 and status):
             raise ValueError(f"{where}: retry_after must be a non-negative integer, with a status")
-        rules.append(FailRule(path, method, times, status, retry_after, reset_at))
+        headers = rule.get("headers", {})
+        sendable = isinstance(headers, dict) and all(_raw_header(k, v) for k, v in headers.items())
+        if not sendable or (headers and not status):
+            raise ValueError(f"{where}: headers must map header names to latin-1 values on one line, with a status")
+        rules.append(FailRule(path, method, times, status, retry_after, reset_at, tuple(headers.items())))
     return tuple(rules)
+
+
+def _raw_header(name: Any, value: Any) -> bool:
+    """Whether ``name: value`` can be sent as given: a token name, a latin-1 value on one line."""
+    if not (isinstance(name, str) and isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9-]+", name)):
+        return False
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return not any(c in value for c in "\r\n\0")
 
 
 def read_faults_text(root: Path) -> str:
@@ -219,7 +252,7 @@ def parse_faults(text: str) -> Faults:
         raise ValueError(f"{FAULTS_FILE}: expected a JSON object")
     known = {
         "down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s", "gated", "fail", "whole",
-        "revoked",
+        "revoked", "overlong", "drip",
     }  # fmt: skip
     unknown = set(data) - known
     if unknown:
@@ -233,8 +266,12 @@ def parse_faults(text: str) -> Faults:
     for key, globs in (("corrupt", corrupt), ("whole", whole), ("revoked", revoked)):
         if not (isinstance(globs, list) and all(isinstance(g, str) for g in globs)):
             raise ValueError(f"{FAULTS_FILE}: {key} must be a list of strings")
-    if not (isinstance(truncate, dict) and all(isinstance(n, int) and n >= 0 for n in truncate.values())):
-        raise ValueError(f"{FAULTS_FILE}: truncate must map globs to byte counts")
+    overlong, drip = data.get("overlong", {}), data.get("drip", {})
+    for key, counts in (("truncate", truncate), ("overlong", overlong)):
+        if not (isinstance(counts, dict) and all(isinstance(n, int) and n >= 0 for n in counts.values())):
+            raise ValueError(f"{FAULTS_FILE}: {key} must map globs to byte counts")
+    if not (isinstance(drip, dict) and all(isinstance(s, int | float) and s > 0 for s in drip.values())):
+        raise ValueError(f"{FAULTS_FILE}: drip must map globs to seconds between bytes")
     if slow is not None and not (isinstance(slow, int) and slow > 0):
         raise ValueError(f"{FAULTS_FILE}: slow_bytes_per_s must be a positive integer")
     gated = data.get("gated", {})
@@ -257,6 +294,8 @@ def parse_faults(text: str) -> Faults:
         fail=_fail_rules(data.get("fail", [])),
         whole=tuple(whole),
         revoked=tuple(revoked),
+        overlong=tuple(overlong.items()),
+        drip=tuple((g, float(s)) for g, s in drip.items()),
     )
 
 
@@ -673,6 +712,7 @@ class _Handler(BaseHTTPRequestHandler):
                         "RateLimit-Policy": '"fixed window";"resolvers";q=3000;w=300'}  # fmt: skip
         if rule.status == 401:  # as the Hub answers a token it no longer takes (see "revoked")
             raise HubError(401, None, "Invalid credentials in Authorization header", headers)
+        headers |= dict(rule.headers)
         phrase = {429: "Too Many Requests", 503: "Service Unavailable"}.get(rule.status, "Error")
         raise HubError(rule.status, None, f"{phrase} (fault injected)", headers)
 
@@ -723,7 +763,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Disposition", f"{disposition}; filename*=UTF-8''{quote(name)}; filename=\"{name}\";")
-        self.send_header("Content-Length", str(length))
+        over = faults.overlong_by(path) if method == "GET" else None
+        if over is None:
+            self.send_header("Content-Length", str(length))
+        else:
+            # No length: the body ends where the connection does, wherever the server likes.
+            self.send_header("Connection", "close")
+            self.close_connection = True
         if span is not None:
             self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
         self.end_headers()
@@ -737,13 +783,13 @@ class _Handler(BaseHTTPRequestHandler):
         if reset is not None and reset.reset_at is not None:
             cut = max(0, int(size * reset.reset_at) - first)
         corrupt = faults.corrupts(path)
-        rate = faults.slow_bytes_per_s
-        chunk_size = _CHUNK if rate is None else max(1, min(_CHUNK, rate // 10))
+        rate, drip = faults.slow_bytes_per_s, faults.drip_s(path)
+        chunk_size = 1 if drip is not None else _CHUNK if rate is None else max(1, min(_CHUNK, rate // 10))
         sent = 0
         started = time.monotonic()
         try:
             with obj.open("rb") as f:
-                if cut is None and not corrupt and rate is None:
+                if cut is None and not corrupt and rate is None and drip is None and over is None:
                     # No fault on this file: let the kernel copy it (benchmark shards are large).
                     sent = self.connection.sendfile(f, first, length)
                     self._bytes += sent
@@ -776,9 +822,17 @@ class _Handler(BaseHTTPRequestHandler):
                         ahead = (sent + len(chunk)) / rate - (time.monotonic() - started)
                         if ahead > 0:
                             time.sleep(ahead)
+                    if drip is not None:
+                        time.sleep(drip)
                     self.wfile.write(chunk)
                     sent += len(chunk)
                     self._bytes += len(chunk)
+                while over:
+                    more = bytes(min(_CHUNK, over))
+                    self.wfile.write(more)
+                    over -= len(more)
+                    sent += len(more)
+                    self._bytes += len(more)
         finally:
             self.hub.stats.count(self.hub.stats.sent, path, sent)
 

@@ -8,6 +8,8 @@ from collections.abc import Generator
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from hostside.boundary_text import printable
+
 
 @operation()
 def passed(failures: list[str], what: str = "preflight") -> Generator[str, None, None]:
@@ -23,5 +25,7 @@ def passed(failures: list[str], what: str = "preflight") -> Generator[str, None,
     if not failures:
         host.noop("every preflight gate passes")
         return
-    lines = " ".join(shlex.quote(f"kimi-deploy: {what}: {line}") for line in failures)
+    # A line may carry what a host reported (a GPU's name, a driver's error, a release's name):
+    # the operator's terminal shows it, and acts on none of its escape sequences.
+    lines = " ".join(shlex.quote(printable(f"kimi-deploy: {what}: {line}")) for line in failures)
     yield f"printf '%s\\n' {lines} >&2; exit 1"

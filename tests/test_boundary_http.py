@@ -1,17 +1,19 @@
-"""The checks of what clients and peers send (hostside/boundary_http.py, hostside/boundary_json.py),
-fuzzed: whatever arrives, the answer is a checked value or one refusal line, never an exception."""
+"""The checks of what clients, peers and engines send (hostside/boundary_http.py,
+hostside/boundary_json.py), fuzzed: whatever arrives, the answer is a checked value or one refusal
+line, never an exception."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostside.boundary_http import MAX_HEADERS, Refused, parse_head
+from hostside.boundary_http import MAX_HEADERS, Refused, Unanswered, ask, parse_head
 from hostside.boundary_json import depth, loads
+from tests.hostile_http import Hostile
 
 
 def _refusal(check: Callable[[], object]) -> ValueError | None:
@@ -68,3 +70,43 @@ def test_whatever_a_peer_sends_decodes_or_is_one_refusal_line(data: bytes) -> No
         assert type(refusal) is ValueError
         assert str(refusal).startswith("kimi-h2's message: ")
         assert str(refusal).isprintable()
+
+
+# ---- what a host program reads of an engine's answer --------------------------------------------------------
+
+_HEAD = st.sampled_from([b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 404 Not Found\r\n", b"HTTP/1.1 100 Continue\r\n\r\n"
+                         b"HTTP/1.1 200 OK\r\n", b"HTTP/2 200\r\n", b"ICY 200 OK\r\n", b""])  # fmt: skip
+_FIELD = st.sampled_from([b"Content-Length: 5\r\n", b"Content-Length: -1\r\n", b"Content-Length: 99999999999\r\n",
+                          b"Transfer-Encoding: chunked\r\n", b"Content-Length: 3, 4\r\n", b"X: \xff\x00\r\n",
+                          b" folded\r\n", b"no colon\r\n"])  # fmt: skip
+_BODY = st.binary(max_size=64) | st.sampled_from([b"5\r\nhello\r\n0\r\n\r\n", b"zz\r\n", b"ffffffff\r\nab", b"5;x\r\n"])
+_ANSWERS = st.binary(max_size=200) | st.builds(
+    lambda head, fields, end, body: head + b"".join(fields) + end + body,
+    _HEAD,
+    st.lists(_FIELD, max_size=4),
+    st.sampled_from([b"\r\n", b"\n", b""]),
+    _BODY,
+)
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[Hostile]:
+    with Hostile() as server:
+        yield server
+
+
+@given(_ANSWERS)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_whatever_answers_a_request_it_is_an_answer_within_bounds_or_one_line(peer: Hostile, sent: bytes) -> None:
+    peer.default = sent
+    try:
+        answer, said = ask(f"{peer.url}/health", timeout_s=2, max_bytes=8), ""
+    except Unanswered as exc:
+        answer, said = None, str(exc)
+    if answer is None:
+        assert said.startswith(f"engine at 127.0.0.1:{peer.port}: ")
+        assert said.isascii()
+        assert said.isprintable()
+    else:
+        assert 100 <= answer.status <= 999
+        assert len(answer.body) <= 8

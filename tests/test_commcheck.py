@@ -27,6 +27,8 @@ from kimi_deploy.hostside_command import HOSTSIDE, hostside_command
 
 DEADLINE = 3.0
 HELLO_BYTES = 4096
+# The check's token, shared by every host of a run; it reaches each on standard input.
+TOKEN = "dGhlLWNoZWNrcy10b2tlbi1mb3ItdGhpcy1ydW4"
 
 
 @dataclass
@@ -90,16 +92,22 @@ def topology(hosts: int, bandwidth: dict[str, Any] | None = None, deadline: floa
 
 
 def start(requests: list[dict[str, Any]]) -> list[subprocess.Popen[str]]:
-    return [
+    procs = [
         subprocess.Popen(
             hostside_command(sys.executable, "commcheck.py", request),
             shell=True,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for request in requests
     ]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(TOKEN + "\n")
+        proc.stdin.close()
+    return procs
 
 
 def finish(procs: list[subprocess.Popen[str]]) -> list[Outcome]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kimi_deploy.hostside_command import hostside_command
-from tests.test_commcheck import topology
+from tests.test_commcheck import TOKEN, topology
 
 
 def _command(request: dict[str, Any], phase: str) -> str:
@@ -39,8 +39,12 @@ def listeners(requests: list[dict[str, Any]], env: dict[str, str] | None = None)
     environ = {**os.environ, **(env or {})}
     # exec: the signal that stops it reaches the listener, as systemd's does
     out, err = subprocess.PIPE, subprocess.PIPE
-    procs = [subprocess.Popen("exec " + _command(r, "listen"), shell=True, stdout=out, stderr=err, text=True,
-                              env=environ) for r in requests]
+    procs = [subprocess.Popen("exec " + _command(r, "listen"), shell=True, stdin=subprocess.PIPE, stdout=out,
+                              stderr=err, text=True, env=environ) for r in requests]  # fmt: skip
+    for proc in procs:  # the check's token, as the controller sends it: never in argv
+        assert proc.stdin is not None
+        proc.stdin.write(TOKEN + "\n")
+        proc.stdin.close()
     try:
         until = time.monotonic() + 10
         for request in requests:
@@ -57,7 +61,8 @@ def listeners(requests: list[dict[str, Any]], env: dict[str, str] | None = None)
 
 
 def _step(request: dict[str, Any], phase: str) -> tuple[int, dict[str, Any], str]:
-    run = subprocess.run(_command(request, phase), shell=True, capture_output=True, text=True, timeout=60, check=False)
+    run = subprocess.run(_command(request, phase), shell=True, input=TOKEN + "\n", capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
     lines = run.stdout.splitlines()
     assert len(lines) == 1, run.stdout + run.stderr
     return run.returncode, json.loads(lines[0]), run.stderr

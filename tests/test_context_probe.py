@@ -14,6 +14,7 @@ import pytest
 
 from hostside import context_probe
 from kimi_deploy.recipe import ContextProbe
+from tests.hostile_http import BAD_STATUS, ENDLESS, LONG_LINE, Hostile, answer, within
 from tests.json_reply import send_json
 from tests.loopback import serving
 
@@ -78,7 +79,9 @@ class Engine(ThreadingHTTPServer):
                 self.end_headers()
                 chunks: list[dict[str, Any]] = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
                 chunks += [{"choices": [{"delta": {"content": piece}}]} for piece in (said, " .")]
-                chunks.append({"choices": [], "usage": {"prompt_tokens": len(words) + TEMPLATE, "completion_tokens": 2}})
+                chunks.append(
+                    {"choices": [], "usage": {"prompt_tokens": len(words) + TEMPLATE, "completion_tokens": 2}}
+                )
                 for chunk in chunks:
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
@@ -91,8 +94,8 @@ def engine() -> Iterator[Engine]:
     yield from serving(Engine())
 
 
-def _request(engine: Engine, **probe: Any) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{engine.server_address[1]}"
+def _request(engine: Engine | Hostile, **probe: Any) -> dict[str, Any]:
+    url = engine.url if isinstance(engine, Hostile) else f"http://127.0.0.1:{engine.server_address[1]}"
     return {
         "unit": "kimi-test-engine",
         "smoke": {"url": url, "served_name": SERVED},
@@ -143,3 +146,58 @@ def test_each_rung_and_run_asks_with_words_of_its_own_and_never_the_answer(engin
     words = one.split()
     assert 0.2 < words.index("vault") / len(words) < 0.3
     assert one.endswith("What is the vault code? Reply with the number only.")
+
+
+# ---- whatever answers on the engine's port ----------------------------------------------------------------
+
+KV = 'vllm:kv_cache_usage_perc{engine="0",model_name="kimi-local"} 0.42\n'
+
+
+def _sampled(page: str) -> float | None:
+    """The KV cache use a sample of ``page`` (the engine's /metrics) reads."""
+    with Hostile(answers={"/metrics": answer(page.encode(), kind="text/plain")}) as server:
+        peaks = context_probe.Peaks(server.url, None, "kimi-test-engine", accelerators=False)
+        within(10, peaks.sample)
+    return peaks.kv
+
+
+def test_a_sample_is_read_line_by_line() -> None:
+    # a sample's labels broken over two lines, and other series named alike, are no samples
+    broken = 'vllm:kv_cache_usage_perc{engine="0",\nmodel_name="kimi-local"} 0.99\n'
+    alike = 'vllm:kv_cache_usage_perc_total 0.98\nvllm:kv_cache_usage_perc{engine="1"} 0.97 x\n'
+    assert _sampled(broken + alike + KV) == 0.42
+    assert _sampled('sglang:token_usage{model_name="a}b"} 0.3 1700000000000\n') == 0.3  # a "}" in a label's value
+    assert _sampled(broken) is None
+
+
+def test_a_large_hostile_metrics_page_is_read_in_linear_time() -> None:
+    # 1.5 MB of samples whose labels never close: a pattern free to cross lines goes back over the
+    # rest of the page from each one (about 45 s of a root thread's time here)
+    page = KV + 'vllm:kv_cache_usage_perc{engine="0",model_name="kimi-local"\n' * 25_000
+    assert _sampled(page) == 0.42
+
+
+@pytest.mark.parametrize(
+    ("sent", "endless", "said"),
+    [
+        (BAD_STATUS, (), "not HTTP: status line 'HTTP/1.1 2OO OK'"),
+        (LONG_LINE, (), "not HTTP: a header line over 65536 bytes"),
+        (
+            answer(b"data: " + b"[" * 150_000 + b"]" * 150_000 + b"\n\n", kind="text/event-stream"),
+            (),
+            "JSON nested deeper than 32 levels",
+        ),
+        (ENDLESS, ("/v1/chat/completions",), "no whole answer in 2 s"),
+    ],
+    ids=["bad-status", "long-line", "nested-json", "endless-body"],
+)
+def test_a_probe_answered_by_something_else_fails_the_rung_in_one_line(
+    sent: bytes, endless: tuple[str, ...], said: str
+) -> None:
+    with Hostile(default=sent, endless=endless) as server:
+        request = _request(server, timeout_s=2)
+        result = within(20, lambda: context_probe.measure(request, None, 4096, "run-1/4096"))
+    assert not result["passed"]
+    assert result["reason"].startswith("the probe's request failed after ")
+    assert result["reason"].endswith(f"s: engine at {server.url[7:]}: {said}")
+    assert "\n" not in result["reason"]

@@ -32,6 +32,7 @@ FALLBACK_KEY = "sk-hosted-" + "h" * 32
 KEYS = {"KIMI_API_KEY": CLIENT_KEY, "KIMI_FALLBACK_API_KEY": FALLBACK_KEY}
 SERVED = "kimi-local"
 HOSTED_MODEL = "kimi-k3.1-pro"
+HOSTED_MAX_TOKENS = 4096
 EVENTS = [b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
 
 
@@ -161,7 +162,9 @@ def _serve_fake(fake: FakeUpstream) -> Iterator[FakeUpstream]:
 
 
 class Start(Protocol):
-    def __call__(self, backend_url: str, fallback: FakeUpstream | None, prefix: str = "", **config: Any) -> LocalGateway: ...
+    def __call__(
+        self, backend_url: str, fallback: FakeUpstream | None, prefix: str = "", **config: Any
+    ) -> LocalGateway: ...
 
 
 class Journal:
@@ -209,6 +212,7 @@ def start_gateway(tmp_path: Path, journal: Journal) -> Iterator[Start]:
             backend_port=int(backend_url.rsplit(":", 1)[1]),
             fallback_url=fallback.url + prefix if fallback else None,
             served_name=SERVED, hosted_model=HOSTED_MODEL if fallback else None,
+            hosted_max_tokens=HOSTED_MAX_TOKENS if fallback else None,
             fallback_log=f"syslog:server=unix:{journal.path}", timeout_s=20, **limits,
         )  # fmt: skip
         started.append(gateway)
@@ -276,10 +280,8 @@ def test_an_unavailable_backend_sends_requests_to_the_hosted_api_with_its_key(
     assert json.loads(body) == {"answered_by": "hosted-api", "model": HOSTED_MODEL}
     (seen,) = hosted.api_calls()
     assert seen.headers["Authorization"] == f"Bearer {FALLBACK_KEY}"
-    assert json.loads(seen.body) == {**request, "model": HOSTED_MODEL}
-    # Only the served name is rewritten; the hosted API's model list comes back as it is.
-    call(gateway, "POST", "/v1/chat/completions", {"model": "kimi-k3.1-lite", "messages": []})
-    assert json.loads(hosted.api_calls()[-1].body)["model"] == "kimi-k3.1-lite"
+    assert json.loads(seen.body) == {**request, "model": HOSTED_MODEL, "max_tokens": HOSTED_MAX_TOKENS}
+    # The hosted API's model list comes back as it is.
     assert json.loads(call(gateway, "GET", "/v1/models")[2]) == {"object": "list", "data": [{"id": "hosted-api"}]}
     # The service still answers, and so does the router's /health (it does not tell its engines gone).
     assert call(gateway, "GET", "/health", key=None)[::2] == (200, b'{"backend":true,"fallback":true}')
@@ -298,37 +300,91 @@ def test_an_unavailable_backend_sends_requests_to_the_hosted_api_with_its_key(
 
 
 H = HOSTED_MODEL.encode()
+# What the fallback adds to a request that names no bound of its own.
+CAP = b'"max_tokens": %d, ' % HOSTED_MAX_TOKENS
 
 
 @pytest.mark.parametrize(
     ("body", "sent"),
     [
-        (b"[" * 100_000 + b"]" * 100_000, None),
-        (b'{"model": "kimi-other", "n": ' + b"9" * 5000 + b"}", None),
-        (b"model=kimi-local", None),
         (
             b'{"model": "kimi-local", "messages": [' + b"[" * 500 + b"]" * 500 + b"]}",
-            b'{"model": "%b", "messages": [' % H + b"[" * 500 + b"]" * 500 + b"]}",
+            b"{" + CAP + b'"model": "%b", "messages": [' % H + b"[" * 500 + b"]" * 500 + b"]}",
         ),
         (
             b'{"seed": 12345678901234567890123, "m": {"model": "kimi-local"}, "model" : "kimi-local"}',
-            b'{"seed": 12345678901234567890123, "m": {"model": "kimi-local"}, "model" : "%b"}' % H,
+            b"{" + CAP + b'"seed": 12345678901234567890123, "m": {"model": "kimi-local"}, "model" : "%b"}' % H,
         ),
-        (b'{"\\u006dodel": "kimi\\u002dlocal", "n": 1.50}', b'{"\\u006dodel": "%b", "n": 1.50}' % H),
+        (
+            b' {"\\u006dodel": "kimi\\u002dlocal", "n": 1.50, "max_tokens": 1e2}\n',
+            b' {"\\u006dodel": "%b", "n": 1, "max_tokens": 1e2}\n' % H,
+        ),
+        (
+            b'{"model":"kimi-local","n":50,"max_completion_tokens":999999,"messages":[{"n":50,"max_tokens":9}]}',
+            b'{"model":"%b","n":1,"max_completion_tokens":%d,"messages":[{"n":50,"max_tokens":9}]}'
+            % (H, HOSTED_MAX_TOKENS),
+        ),
+        (
+            b'{"model": "kimi-local", "max_tokens": null, "n": "50", "best_of": 20, "prompt": [1, 2, 3]}',
+            b'{"model": "%b", "max_tokens": %d, "n": 1, "best_of": 1, "prompt": [1, 2, 3]}' % (H, HOSTED_MAX_TOKENS),
+        ),
+        (
+            b'{"model": "kimi-local", "n": 1, "max_tokens": 64, "prompt": ["one"]}',
+            b'{"model": "%b", "n": 1, "max_tokens": 64, "prompt": ["one"]}' % H,
+        ),
     ],
-    ids=["nested-array", "huge-int", "form", "nested-in-messages", "big-seed", "escaped"],
+    ids=["nested-in-messages", "big-seed", "escaped", "n-and-max-completion-tokens", "null-string-best-of", "within"],
 )
-def test_the_fallback_changes_the_served_name_alone(
-    body: bytes, sent: bytes | None, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
+def test_the_fallback_changes_the_served_name_and_the_bounds_alone(
+    body: bytes, sent: bytes, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
 ) -> None:
     backend.down = True
     gateway = start_gateway(backend.url, hosted)
     status, _, _ = exchange(gateway, raw_request("POST", "/v1/chat/completions", body=body))
     (seen,) = hosted.api_calls()
-    # The top-level served name becomes the hosted model's; every other byte goes as the client sent
-    # it, and a body that is not a JSON object with the served name goes as it came.
-    assert seen.body == (body if sent is None else sent)
+    # The top-level served name becomes the hosted model's, and what the request may cost is held
+    # to one answer of at most HOSTED_MAX_TOKENS; every other byte goes as the client sent it.
+    assert seen.body == sent
     assert status == 200
+    assert exchange(gateway, raw_request("GET", "/v1/models"))[0] == 200  # nginx still serves
+
+
+# Bodies the hosted API never sees, and what the client is told.
+REFUSED_BODIES = [
+    (b'{"model": "gpt-4o", "messages": []}', '"model" must be "kimi-local"'),
+    (b'{"model": "kimi-local", "messages": [], "model": "gpt-4o"}', 'names "model" more than once'),
+    (b'{"model": "kimi-local", "\\u006dodel": "gpt-4o"}', 'names "model" more than once'),
+    (b'{"model": "kimi-local", "n": 1, "messages": [], "n": 50}', 'names "n" more than once'),
+    (b'{"messages": [{"model": "kimi-local"}]}', '"model" must be "kimi-local"'),
+    (b'{"model": ["kimi-local"]}', '"model" must be "kimi-local"'),
+    (b'{"model": "kimi-other", "n": ' + b"9" * 5000 + b"}", '"model" must be "kimi-local"'),
+    (b"[" * 100_000 + b"]" * 100_000, "must be one JSON object"),
+    (b'{"model": "kimi-local", "m": ' + b"[" * 2000 + b"]" * 2000 + b"}", "nests deeper than"),
+    (b"model=kimi-local", "must be one JSON object"),
+    (b"", "must be one JSON object"),
+    (b'{"model": "kimi-local"} {"model": "gpt-4o"}', "must be one JSON object"),
+    (b'{"model": "kimi-local" "model": "gpt-4o"}', "must be one JSON object"),
+    (b'{"model": "kimi-local", "messages": [}', "must be one JSON object"),
+    (b'{"model": "kimi-local", "n": 01}', "must be one JSON object"),
+    (b'{"model": "kimi-local", "prompt": ["one", "two"]}', '"prompt" must be one prompt'),
+    (b'{"model": "kimi-local", "prompt": [[1, 2], [3]]}', '"prompt" must be one prompt'),
+]
+
+
+@pytest.mark.parametrize(("body", "told"), REFUSED_BODIES, ids=[f"{i}" for i in range(len(REFUSED_BODIES))])
+def test_the_fallback_refuses_any_request_but_one_bounded_answer_of_the_served_model(
+    body: bytes, told: str, backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start
+) -> None:
+    backend.down = True  # a request that went on would carry the hosted key, at the hosted API's prices
+    gateway = start_gateway(backend.url, hosted)
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        status, headers, answer = exchange(gateway, raw_request("POST", path, body=body))
+        assert (status, headers["content-type"]) == (400, "application/json")
+        error = json.loads(answer)["error"]
+        assert told in error["message"]
+        assert error["type"] == "invalid_request_error"
+    assert hosted.seen == []
+    assert len(backend.api_calls()) == 2  # the local router was asked first, as ever
     assert exchange(gateway, raw_request("GET", "/v1/models"))[0] == 200  # nginx still serves
 
 
@@ -351,6 +407,8 @@ def test_a_request_without_the_client_key_is_refused_and_reaches_no_upstream(
     assert answer.status == 401
     assert answer.getheader("WWW-Authenticate") == "Bearer"
     assert "API key" in json.loads(answer.read())["error"]["message"]
+    # and the connection closes: a refused client holds no slot past its answer
+    assert answer.getheader("Connection") == "close"
     conn.close()
     assert backend.seen == []
     assert hosted.seen == []
@@ -603,7 +661,7 @@ def test_slow_idle_and_oversized_heads_are_cut_off(backend: FakeUpstream, start_
         seconds, said = _closed_within(s, 5)
         assert said.startswith(b"HTTP/1.1 200 ")
         assert seconds < 2.5
-    # One header line of 65 KB, or heads over four 8 KiB buffers: refused while reading, before the key is looked at.
+    # One header line of 65 KB, or heads over two 4 KiB buffers: refused while reading, before the key is looked at.
     big = raw_request("GET", "/v1/models", headers={"X-Big": "a" * 65_000})
     many = raw_request("GET", "/v1/models", headers={f"X-H{i}": "v" * 1000 for i in range(99)})
     for request in (big, many):
@@ -631,3 +689,51 @@ def test_requests_beyond_the_cap_are_answered_503_at_once(backend: FakeUpstream,
             s.close()
     time.sleep(0.3)
     assert call(gateway, "GET", "/v1/models")[0] == 200
+
+
+def test_connections_that_never_finish_a_request_leave_room_for_a_keyed_one(
+    backend: FakeUpstream, start_gateway: Start
+) -> None:
+    # Timeouts longer than the test: only room, not a timeout, can let the keyed request in.
+    gateway = start_gateway(backend.url, None, max_connections=16, header_timeout_s=30, idle_timeout_s=30)
+    # More than 2 x 16 + 64 connections from one address, none with the key: heads never finished,
+    # and bodies of refused requests trickled (nginx reads them to throw them away).
+    held: list[socket.socket] = []
+    try:
+        for i in range(2 * 16 + 64 + 40):
+            s = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            if i % 2:
+                s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+            else:
+                request = raw_request("POST", "/v1/chat/completions", key=None)
+                s.sendall(request.replace(b"Content-Length: 0", b"Content-Length: 1000000") + b"{")
+            held.append(s)
+        time.sleep(0.3)
+        status, _, body = exchange(gateway, raw_request("GET", "/v1/models"), timeout=5)
+        assert (status, json.loads(body)) == (200, {"object": "list", "data": [{"id": "local-router"}]})
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_one_address_gets_its_share_of_the_requests_and_another_gets_in(
+    backend: FakeUpstream, start_gateway: Start
+) -> None:
+    gateway = start_gateway(backend.url, None, max_connections=4, per_address=2)
+    body = json.dumps({"model": SERVED, "stream": True, "messages": []}).encode()
+    held = []
+    try:
+        for _ in range(2):  # a client's two streams, held open by the backend
+            s = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            s.sendall(raw_request("POST", "/v1/chat/completions", body=body))
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+            held.append(s)
+        assert exchange(gateway, raw_request("GET", "/v1/models"), timeout=5)[0] == 503
+        # Another client address (loopback has them all) is served.
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=5, source_address=("127.0.0.2", 0)) as s:
+            s.sendall(raw_request("GET", "/v1/models"))
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+    finally:
+        backend.gate.set()
+        for s in held:
+            s.close()

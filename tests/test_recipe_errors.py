@@ -500,6 +500,35 @@ CASES: list[tuple[str, Mutation, str]] = [
         "'^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', found str 'ftp://api.moonshot.ai'",
     ),
     (
+        "fallback-url-in-the-clear-to-a-lab-address",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "http://10.0.0.7:8000"})),
+        "topologies.gb300-pd.router.fallback.url: must be https:// (the hosted API's key goes with every "
+        "request); http:// only on loopback (127.0.0.0/8, ::1, localhost), found 'http://10.0.0.7:8000'",
+    ),
+    (
+        "fallback-url-in-the-clear-to-a-name",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "http://api.moonshot.ai/v1"})),
+        "topologies.gb300-pd.router.fallback.url: must be https:// (the hosted API's key goes with every "
+        "request); http:// only on loopback (127.0.0.0/8, ::1, localhost), found 'http://api.moonshot.ai/v1'",
+    ),
+    (
+        "fallback-url-in-the-clear-to-a-loopback-lookalike",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "url": "http://localhost.evil.example"})),
+        "topologies.gb300-pd.router.fallback.url: must be https:// (the hosted API's key goes with every "
+        "request); http:// only on loopback (127.0.0.0/8, ::1, localhost), found 'http://localhost.evil.example'",
+    ),
+    (
+        "benchmark-compare-url-in-the-clear",
+        _set((("benchmark", "compare"), {**FALLBACK, "url": "http://[fd00::7]/v1"})),
+        "benchmark.compare.url: must be https:// (the hosted API's key goes with every "
+        "request); http:// only on loopback (127.0.0.0/8, ::1, localhost), found 'http://[fd00::7]/v1'",
+    ),
+    (
+        "fallback-max-tokens-zero",
+        _set(((*PD, "router", "fallback"), {**FALLBACK, "max_tokens": 0})),
+        "topologies.gb300-pd.router.fallback.max_tokens: Input should be greater than or equal to 1, found int 0",
+    ),
+    (
         "cpu-accelerators-without-cpu-settings",
         _set(((*SN, "accelerators"), CPU), ((*SN, "comm_check"), {})),
         "topologies.single-node: cpu: an engine on cpu accelerators needs cpu settings (kv_cache_gib at least)",
@@ -568,7 +597,17 @@ def test_bad_recipe_gives_one_exact_line(tmp_path: Path, mutate: Mutation, expec
 
 @pytest.mark.parametrize(
     "url",
-    ["https://api.moonshot.ai", "https://API.Moonshot.ai:8443/v1/", "http://10.0.0.7:8000", "http://[fd00::7]/v1"],
+    [
+        "https://api.moonshot.ai",
+        "https://API.Moonshot.ai:8443/v1/",
+        "https://10.0.0.7:8000",
+        "https://[fd00::7]/v1",
+        "http://127.0.0.1:8000",
+        "http://127.8.9.10/v1",
+        "http://[::1]:8000/v1",
+        "http://localhost:8000",
+        "http://LocalHost",
+    ],
 )
 def test_a_fallback_url_naming_a_host_is_accepted(tmp_path: Path, url: str) -> None:
     tree = copy.deepcopy(BASE)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.gateway import MAX_CONNECTIONS
+from kimi_deploy.gateway import MAX_CONNECTIONS, worker_connections
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe, load_recipe
@@ -26,12 +26,13 @@ SECRETS = {"KIMI_API_KEY": "local-key", "KIMI_FALLBACK_API_KEY": "hosted-key", "
            "api-key": "local-key"}  # fmt: skip
 
 
-def _with_fallback(prod: Inventory, tmp_path: Path) -> tuple[Recipe, HostPlan]:
+def _with_fallback(prod: Inventory, tmp_path: Path, **more: object) -> tuple[Recipe, HostPlan]:
     data = yaml.safe_load((ROOT / "recipes/kimi-k3.1-pro.yaml").read_text(encoding="utf-8"))
     data["topologies"]["gb300-pd"]["router"]["fallback"] = {
         "url": "https://api.moonshot.ai",
         "api_key": {"env": "KIMI_HOSTED_API_KEY"},
         "model": "kimi-k3.1-pro",
+        **more,
     }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -61,21 +62,29 @@ def test_the_gateway_fronts_the_router_and_holds_both_keys(prod: Inventory, tmp_
     assert (env.secret, env.mode, env.owner, env.content.count("=")) == (True, 0o600, "root", 1)
     assert "hosted-key" not in env.content
     config = files["/etc/kimi/kimi-gateway/nginx.conf"].content
-    assert "listen \"10.41.0.50:8000\";" in config
-    assert "server \"127.0.0.1:8009\";" in config
-    assert "include \"/run/credentials/kimi-gateway.service/kimi-gateway-keys.conf\";" in config
+    assert 'listen "10.41.0.50:8000";' in config
+    assert 'server "127.0.0.1:8009";' in config
+    assert 'include "/run/credentials/kimi-gateway.service/kimi-gateway-keys.conf";' in config
     # The hosted API over TLS, its certificate checked, its own Host.
-    assert "proxy_pass \"https://api.moonshot.ai\";" in config
+    assert 'proxy_pass "https://api.moonshot.ai";' in config
     assert "proxy_ssl_verify on;" in config
-    assert "proxy_set_header Host \"api.moonshot.ai\";" in config
+    assert 'proxy_set_header Host "api.moonshot.ai";' in config
     script = files["/etc/kimi/kimi-gateway/gateway.js"].content
     assert f'var SERVED = "{recipe.model.served_name}";' in script
     assert 'var HOSTED = "kimi-k3.1-pro";' in script
+    # Each fallback answer bounded by the topology's context unless the recipe says less.
+    assert f"var MAX_TOKENS = {recipe.topologies['gb300-pd'].max_model_len};" in script
     for f in files.values():
         if not f.secret:
             assert "hosted-key" not in f.content
             assert "local-key" not in f.content
     assert all("key" not in word for word in router.argv)
+
+
+def test_the_recipe_bounds_each_fallback_answer(prod: Inventory, tmp_path: Path) -> None:
+    recipe, host = _with_fallback(prod, tmp_path, max_tokens=2048)
+    files = {f.path: f for f in render_host(recipe, host, SECRETS)}
+    assert "var MAX_TOKENS = 2048;" in files["/etc/kimi/kimi-gateway/gateway.js"].content
 
 
 def test_a_key_nginx_could_not_read_back_is_refused_without_showing_it(prod: Inventory, tmp_path: Path) -> None:
@@ -90,7 +99,7 @@ def test_the_gateway_runs_as_a_user_of_its_own_within_bounds(prod: Inventory, tm
     recipe, host = _with_fallback(prod, tmp_path)
     files = {f.path: f for f in render_host(recipe, host, SECRETS)}
     unit = directives(files["/etc/systemd/system/kimi-gateway.service"].content)
-    # Not the engine user: the engines, the router and the Mooncake master (all running as it)
+    # Not the engine user: the engines, the router and the Mooncake master (each its own user)
     # cannot read the gateway's memory, environment or keys, nor signal it.
     assert (unit["User"], unit["DynamicUser"]) == (["kimi-gateway"], ["yes"])
     assert recipe.paths.user not in unit["User"] + unit["Group"]
@@ -98,10 +107,11 @@ def test_the_gateway_runs_as_a_user_of_its_own_within_bounds(prod: Inventory, tm
     assert files["/etc/kimi/secrets/kimi-gateway-keys.conf"].owner == "root"
     # Room for nginx's one worker and its connections (two descriptors per client), no more.
     assert int(unit["TasksMax"][0]) <= 16
-    assert 2 * MAX_CONNECTIONS < int(unit["LimitNOFILE"][0]) <= 8 * MAX_CONNECTIONS
+    assert worker_connections(MAX_CONNECTIONS) < int(unit["LimitNOFILE"][0]) <= 2 * worker_connections(MAX_CONNECTIONS)
     assert unit["MemoryMax"] == ["2G"]
-    # The router beside it still runs as the engine user.
-    assert directives(files["/etc/systemd/system/kimi-router.service"].content)["User"] == [recipe.paths.user]
+    # The router beside it, holding the topology's key, is a user of its own too.
+    router = directives(files["/etc/systemd/system/kimi-router.service"].content)
+    assert (router["User"], router["DynamicUser"]) == (["kimi-router"], ["yes"])
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")

@@ -5,7 +5,16 @@ that are not numbers) left out. Its waiting is held to the real vllm-router in
 
 from __future__ import annotations
 
-from hostside.router_view import health
+import threading
+
+from hostside.router_view import health, wait
+from tests.hostile_http import (
+    BAD_STATUS,
+    Hostile,
+    answer,
+    unanswered,
+    within,
+)
 
 GAUGE = "vllm_router_worker_health"
 A, B = "http://10.41.0.11:8000", "http://10.41.0.13:8000"
@@ -38,3 +47,29 @@ def test_other_labels_beside_the_worker_are_allowed() -> None:
 
 def test_sglang_routers_gauge_is_read_by_its_name() -> None:
     assert health(PAGE, "smg_worker_health", [A, B]) == {B: 1.0}
+
+
+@unanswered("/metrics", "no whole answer in 2 s")
+def test_a_metrics_page_answered_by_something_else_fails_the_wait_in_one_line(
+    sent: bytes, endless: tuple[str, ...], said: str
+) -> None:
+    with Hostile(default=sent, endless=endless) as server:
+        request = {"router": "vllm-router", "metrics": f"{server.url}/metrics", "gauge": GAUGE, "workers": [A, B],
+                   "timeout_s": 1}  # fmt: skip
+        code, result = within(20, lambda: wait(request))
+    assert code == 1
+    assert result["reason"] == (
+        f"vllm-router's metrics at {server.url[7:]}: {said}, until the wait's 1 s were up: "
+        "the next batch would stop the engines it sends to"
+    )
+    assert len(server.asked) >= 1
+
+
+def test_a_router_that_answers_again_is_waited_for() -> None:
+    page = answer(PAGE.replace(f'{GAUGE}{{worker="{B}"}} 0', f'{GAUGE}{{worker="{B}"}} 1').encode(), kind="text/plain")
+    with Hostile(default=BAD_STATUS) as server:
+        request = {"router": "vllm-router", "metrics": f"{server.url}/metrics", "gauge": GAUGE, "workers": [A, B],
+                   "timeout_s": 10}  # fmt: skip
+        threading.Timer(0.6, lambda: server.answers.update({"/metrics": page})).start()
+        code, result = within(20, lambda: wait(request))
+    assert (code, result["ok"], result["routed"]) == (0, True, [A, B])

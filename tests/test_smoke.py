@@ -23,6 +23,14 @@ from kimi_deploy.recipe import Recipe
 from tests.bundled import bundled_program
 from tests.conftest import ROOT
 from tests.host_converge import host_converge, lock_stands_in
+from tests.hostile_http import (
+    BAD_STATUS,
+    MANY_HEADERS,
+    NESTED,
+    Hostile,
+    answer,
+    unanswered,
+)
 from tests.json_reply import send_json
 from tests.loopback import serving
 
@@ -69,7 +77,12 @@ def _answer(
 
 
 def _smoke(engine: Engine, tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess[str]:
-    request = {"unit": "kimi-test-engine", "url": f"http://127.0.0.1:{engine.server_address[1]}",
+    return _smoke_of(f"http://127.0.0.1:{engine.server_address[1]}", tmp_path, **extra)
+
+
+def _smoke_of(url: str, tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess[str]:
+    """The bundled smoke test of the engine at ``url``, as a host runs it."""
+    request = {"unit": "kimi-test-engine", "url": url,
                "served_name": SERVED, "prompt": "Reply with exactly the word READY and nothing else.",
                "expect": "READY", "timeout_s": 10, "key_file": None, "key_var": None, **extra}  # fmt: skip
     argument = base64.b64encode(zlib.compress(json.dumps(request).encode())).decode()
@@ -252,3 +265,44 @@ def test_a_gateway_that_falls_back_is_checked_only_once_its_router_answers(engin
     assert engine.requests == []  # nothing was asked through the gateway
     run = _smoke(engine, tmp_path, backend=f"http://127.0.0.1:{engine.server_address[1]}")
     assert run.returncode == 0, run.stdout
+
+
+# ---- whatever answers on the engine's port ----------------------------------------------------------------
+
+MODELS = answer({"object": "list", "data": [{"id": SERVED}]})
+
+
+@unanswered("/health", "no whole answer in ")
+def test_a_health_check_answered_by_something_else_fails_in_one_line(
+    tmp_path: Path, sent: bytes, endless: tuple[str, ...], said: str
+) -> None:
+    with Hostile(default=sent, endless=endless) as server:
+        run = _smoke_of(server.url, tmp_path, timeout_s=1)
+    assert run.returncode == 1
+    first = run.stderr.splitlines()[0]
+    assert first.startswith(
+        f"kimi-deploy: kimi-test-engine: not ready after 1 s (last /health: API at {server.url[7:]}: "
+    )
+    assert said in first
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [
+        (BAD_STATUS, "not HTTP: status line 'HTTP/1.1 2OO OK'"),
+        (MANY_HEADERS, "not HTTP: more than 100 headers"),
+        (NESTED, "JSON nested deeper than 32 levels"),
+        (answer(b"{" * 40 + b"x"), "JSON nested deeper than 32 levels"),
+        (answer(b"NaN"), "not JSON: NaN is not JSON"),
+    ],
+    ids=["bad-status", "many-headers", "nested-json", "deep-broken-json", "nan"],
+)
+def test_a_hostile_chat_answer_fails_the_smoke_test_in_one_line(tmp_path: Path, sent: bytes, said: str) -> None:
+    with Hostile(answers={"/health": answer(b""), "/v1/models": MODELS}, default=sent) as server:
+        run = _smoke_of(server.url, tmp_path)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0] == (
+        f"kimi-deploy: kimi-test-engine: chat completion: API at {server.url[7:]}: {said}; journal tail:"
+    )
+    assert "Traceback" not in run.stderr

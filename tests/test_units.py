@@ -59,9 +59,12 @@ def test_every_engine_flag_is_in_the_pinned_release_catalog(recipe: Recipe, full
 def test_units_run_unprivileged_and_hardened(recipe: Recipe, full_plan: Plan) -> None:
     for host, f in _units(recipe, full_plan):
         d = directives(f.content)
-        # The gateway, holding the keys, is not even the engine user: a user of its own.
-        user = "kimi-gateway" if f.path.endswith("/kimi-gateway.service") else recipe.paths.user
-        assert d["User"] == [user], f"{host.host}: {f.path}"
+        # The gateway and the router hold keys, the Mooncake master faces the network: none is
+        # the engine user, each a user of its own that systemd makes at each start.
+        name = f.path.rsplit("/", 1)[-1].removesuffix(".service")
+        own = name in ("kimi-gateway", "kimi-router", "kimi-mooncake-master")
+        assert d["User"] == [name if own else recipe.paths.user], f"{host.host}: {f.path}"
+        assert d.get("DynamicUser") == (["yes"] if own else None), f"{host.host}: {f.path}"
         assert d["NoNewPrivileges"] == ["yes"]
         assert d["ProtectSystem"] == ["strict"]
         assert d["CapabilityBoundingSet"] == [""]

@@ -154,19 +154,34 @@ def test_what_uv_installed_is_read_as_pins_only() -> None:
         freeze_pins(f"vllm==0.34.0\n{EVIL_SDIST}\n")
 
 
+SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 # The stand-in uv: every call recorded; ``venv`` makes the folder, ``pip compile`` prints
-# COMPILED, ``pip freeze`` prints FROZEN, ``pip sync`` does nothing.
-FAKE_UV = """\
+# compiled.txt, ``pip sync`` writes the files of installed.json into the venv's site-packages.
+FAKE_UV = f"""\
 import json, os, sys
 here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(here, "calls.jsonl"), "a") as log:
     log.write(json.dumps(sys.argv[1:]) + "\\n")
 if sys.argv[1] == "venv":
     os.makedirs(os.path.join(sys.argv[-1], "bin"))
-elif sys.argv[1:3] in (["pip", "compile"], ["pip", "freeze"]):
-    with open(os.path.join(here, "compiled.txt" if sys.argv[2] == "compile" else "frozen.txt")) as out:
+    os.makedirs(os.path.join(sys.argv[-1], "{SITE}"))
+elif sys.argv[1:3] == ["pip", "compile"]:
+    with open(os.path.join(here, "compiled.txt")) as out:
         sys.stdout.write(out.read())
+elif sys.argv[1:3] == ["pip", "sync"]:
+    venv = os.path.dirname(os.path.dirname(sys.argv[sys.argv.index("--python") + 1]))
+    with open(os.path.join(here, "installed.json")) as listed:
+        for name, text in json.load(listed).items():
+            os.makedirs(os.path.dirname(os.path.join(venv, "{SITE}", name)), exist_ok=True)
+            with open(os.path.join(venv, "{SITE}", name), "w") as out:
+                out.write(text)
 """
+
+
+def _dist(name: str, version: str, **more: str) -> dict[str, str]:
+    """The files a wheel of ``name`` ``version`` installs, as {path in site-packages: text}."""
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nName: not a header here\n"
+    return {f"{name.replace('-', '_')}-{version}.dist-info/METADATA": meta, f"{name}/__init__.py": "", **more}
 
 
 class Host:
@@ -179,7 +194,7 @@ class Host:
         (self.uv / "bin/uv").chmod(0o755)
         (self.uv / ".kimi-release.json").write_text('{"package": "uv"}', encoding="utf-8")
         (self.uv / "compiled.txt").write_text(ENGINE_LOCK.split("\n", 2)[2], encoding="utf-8")
-        (self.uv / "frozen.txt").write_text("fastsafetensors==0.5.0\nvllm==0.34.0\n", encoding="utf-8")
+        self.installs({**_dist("fastsafetensors", "0.5.0"), **_dist("vLLM", "0.34.0")})
         self.path = tmp_path / "engines/vllm-0.34.0+fastsafetensors-0.5.0"
         self.program = bundled_program("venv_install.py", tmp_path)
 
@@ -197,6 +212,10 @@ class Host:
         done = subprocess.run([sys.executable, str(self.program), packed], capture_output=True, text=True,
                               check=False, timeout=60)  # fmt: skip
         return done.returncode, json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+    def installs(self, files: dict[str, str]) -> None:
+        """What ``uv pip sync`` puts in site-packages: {path: text}."""
+        (self.uv / "installed.json").write_text(json.dumps(files), encoding="utf-8")
 
     def calls(self) -> list[list[str]]:
         log = self.uv / "calls.jsonl"
@@ -241,6 +260,9 @@ def test_a_good_lock_is_installed_with_hashes_required_and_wheels_only(tmp_path:
     (sync,) = [call for call in host.calls() if call[:2] == ["pip", "sync"]]
     assert {"--require-hashes", "--no-build"} <= set(sync)
     assert sync[-1] == f"{host.path}.kimi-new/.kimi-lock.txt"
+    # What is installed, read from the distributions' metadata, and their bytecode.
+    assert (host.path / ".kimi-freeze.txt").read_text() == "fastsafetensors==0.5.0\nvllm==0.34.0\n"
+    assert list((host.path / SITE / "vLLM/__pycache__").glob("__init__.*.pyc"))
 
 
 def test_a_lock_resolved_here_is_checked_before_it_is_installed(tmp_path: Path) -> None:
@@ -282,13 +304,60 @@ def test_a_releases_own_lock_is_checked_before_a_rebuild(tmp_path: Path) -> None
     assert (host.path / ".kimi-lock.txt").read_text() == text
 
 
-def test_an_install_that_is_not_the_locks_pins_fails_in_one_line(tmp_path: Path) -> None:
+GOOD = {**_dist("fastsafetensors", "0.5.0"), **_dist("vLLM", "0.34.0")}
+META = "fastsafetensors-0.5.0.dist-info/METADATA"
+
+
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        (
+            {**GOOD, **_dist("evil", "1.0")},
+            "installed [('evil', '1.0'), ('fastsafetensors', '0.5.0'), ('vllm', '0.34.0')], "
+            "the lock has [('fastsafetensors', '0.5.0'), ('vllm', '0.34.0')]",
+        ),
+        (
+            {**GOOD, **_dist("vLLM", "0.34.1")},
+            f"{SITE}/'vLLM-0.34.1.dist-info/METADATA': vllm is installed twice",
+        ),
+        (
+            {**_dist("vLLM", "0.34.1"), **_dist("fastsafetensors", "0.5.0")},
+            "installed [('fastsafetensors', '0.5.0'), ('vllm', '0.34.1')], "
+            "the lock has [('fastsafetensors', '0.5.0'), ('vllm', '0.34.0')]",
+        ),
+        (
+            {**GOOD, META: f"Name: {EVIL_SDIST}\nVersion: 0.5.0\n"},
+            f"{SITE}/'{META}': Name: '{EVIL_SDIST}': not a package name",
+        ),
+        ({**GOOD, META: "Name: fastsafetensors\n"}, f"{SITE}/'{META}': no Version: header in its first 65536 bytes"),
+        (
+            {**GOOD, META: "Name: fastsafetensors\nVersion: 0.5.0\x1b[2J\n"},
+            f"{SITE}/'{META}': Version: '0.5.0\\x1b[2J': not a PEP 440 version",
+        ),
+    ],
+)
+def test_an_install_that_is_not_the_locks_pins_fails_in_one_line(
+    tmp_path: Path, files: dict[str, str], error: str
+) -> None:
     host = Host(tmp_path)
-    (host.uv / "frozen.txt").write_text(f"fastsafetensors==0.5.0\n{EVIL_SDIST}\nvllm==0.34.0\n", encoding="utf-8")
+    host.installs(files)
     code, answer, _ = host.install({"text": _platform_lock(ENGINE_LOCK)})
-    assert code == 1
-    assert answer["error"] == (
-        f"{host.path}: uv pip freeze: line 2: '{EVIL_SDIST}': a direct reference (URL or path): "
-        "installed other than the lock's name==version pins"
-    )
+    assert (code, answer["error"]) == (1, f"{host.path}: {error}")
     assert not host.path.exists()
+    assert not (tmp_path / f"{host.path}.kimi-new").exists()
+
+
+def test_what_is_installed_compares_to_the_lock_in_normalized_spellings(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.installs({**_dist("FastSafeTensors", "v0.5.0"), **_dist("vllm", "0.34.0")})
+    code, answer, stderr = host.install({"text": _platform_lock(ENGINE_LOCK)})
+    assert (code, answer.get("packages")) == (0, 2), stderr
+    assert (host.path / ".kimi-freeze.txt").read_text() == "fastsafetensors==0.5.0\nvllm==0.34.0\n"
+
+
+def test_a_module_that_does_not_compile_is_left_to_python_as_uv_leaves_it(tmp_path: Path) -> None:
+    host = Host(tmp_path)
+    host.installs({**GOOD, "vLLM/py2_only.py": "print 'hello'\n"})
+    code, answer, stderr = host.install({"text": _platform_lock(ENGINE_LOCK)})
+    assert (code, answer.get("packages")) == (0, 2), stderr
+    assert list((host.path / SITE / "vLLM/__pycache__").glob("__init__.*.pyc"))

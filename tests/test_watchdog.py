@@ -26,6 +26,16 @@ from kimi_deploy.watchdog_report import release_time, watchdog_lines
 from localcluster.fake_nvidia import describe
 from tests.conftest import RECIPE
 from tests.host_converge import LOCK, host_converge, lock_stands_in
+from tests.hostile_http import (
+    ENDLESS,
+    LONG_LINE,
+    NESTED,
+    NOT_HTTP,
+    Hostile,
+    answer,
+    unanswered,
+    within,
+)
 from tests.loopback import serving
 from tests.test_host_profile import make_bin
 from tests.test_smoke import Engine
@@ -73,10 +83,16 @@ def test_wrong_answers_drain_without_a_restart(_quiet: list[str]) -> None:  # no
     ladder = Ladder("kimi-vllm", LADDER)
     assert [ladder.step(t, WRONG, None, None) for t in (1, 2, 3)] == [None, None, "stop"]
     assert (ladder.state, ladder.restarts, ladder.why) == ("drained", 0, WRONG)
-    assert _quiet == [f"kimi-vllm: {WRONG} (3 checks in a row): draining (stopped; the router's health checks take it out)"]
+    assert _quiet == [
+        f"kimi-vllm: {WRONG} (3 checks in a row): draining (stopped; the router's health checks take it out)"
+    ]
     # a wrong answer among errors: the ladder goes by the check that reached the rung
     mixed = Ladder("kimi-vllm", LADDER)
-    assert [mixed.step(t, why, None, None) for t, why in ((1, WRONG), (2, WRONG), (3, FAILED))] == [None, None, "restart"]
+    assert [mixed.step(t, why, None, None) for t, why in ((1, WRONG), (2, WRONG), (3, FAILED))] == [
+        None,
+        None,
+        "restart",
+    ]
 
 
 @pytest.mark.usefixtures("_quiet")
@@ -126,7 +142,7 @@ def test_the_canary_passes_a_right_answer_and_fails_a_wrong_one_with_a_200(engin
     assert canary(_unit(api.url, "Say garbage.", key), 5)[0] == "canary: wrong answer: 'kjh#@!', not 'READY'"
     assert canary(_unit(api.url, "Say READY.", "/nonexistent"), 5)[0] == "canary: HTTP 401"
     api.close()
-    assert canary(_unit(api.url, "Say READY.", key), 5)[0] == "canary: Connection refused"
+    assert canary(_unit(api.url, "Say READY.", key), 5)[0] == f"canary: engine at {api.url[7:]}: Connection refused"
 
 
 def _news(c: Canary, due: bool = False) -> str | bool | None:
@@ -171,7 +187,9 @@ def _smi(tmp_path: Path, output: str, status: int = 0) -> None:
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
 
 
-def test_the_gpus_are_counted_and_their_uncorrected_errors_summed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_gpus_are_counted_and_their_uncorrected_errors_summed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     # as an H100 on 590.48.01 answers (utkuozdemir/nvidia_gpu_exporter internal/captures): pages are
     # not retired on it, rows are remapped
@@ -333,7 +351,11 @@ def test_a_lost_gpu_and_uncorrected_errors_of_the_cluster_s_gpus_are_faults(
     described["gpus"][2]["ecc_uncorrected_volatile"] = 3
     config.write_text(json.dumps(described), encoding="utf-8")
     assert accelerators({"count": 8}, 10)["fault"] == "3 uncorrected ECC errors"
-    described["gpus"][2] = {**described["gpus"][2], "ecc_uncorrected_volatile": 0, "fabric_status": "Insufficient Resources"}
+    described["gpus"][2] = {
+        **described["gpus"][2],
+        "ecc_uncorrected_volatile": 0,
+        "fabric_status": "Insufficient Resources",
+    }
     config.write_text(json.dumps(described), encoding="utf-8")
     bus = described["gpus"][2]["pci_bus_id"]
     assert accelerators({"count": 8}, 10)["fault"] == f"GPU {bus}: fabric Completed, Insufficient Resources"
@@ -367,3 +389,133 @@ def test_a_host_fault_is_judged_every_round_even_with_no_canary_due(
         assert acted == []
         dog._unit(unit, running, {}, lost, 3.0)
     assert acted == [("kimi-vllm", "stop")]
+
+
+# ---- whatever answers on an engine's port ----------------------------------------------------------------
+
+CHAT_READY = answer({"choices": [{"index": 0, "message": {"role": "assistant", "content": "READY"}}]})
+SERVES = {"/health": answer(b""), "/v1/chat/completions": CHAT_READY}
+
+
+def _dog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *urls: str
+) -> tuple[watchdog.Watchdog, list[tuple[str, str]]]:
+    """A watchdog of one unit a URL (``kimi-0``, ``kimi-1``...), all of them running; its actions recorded."""
+    units = [_unit(url, "Say READY.", "/nonexistent") | {"unit": f"kimi-{i}"} for i, url in enumerate(urls)]
+    running = {"ActiveState": "active", "SubState": "running", "ExecMainStartTimestampMonotonic": "1", "NRestarts": "0"}
+    monkeypatch.setattr(watchdog, "systemd", lambda names: dict.fromkeys(names, running))
+    acted: list[tuple[str, str]] = []
+    monkeypatch.setattr(watchdog.Watchdog, "_act", lambda self, unit, action, why, now: acted.append((unit, action)))
+    config = {"restart_after": 1, "restarts": 1, "canary_interval_s": 3600, "canary_timeout_s": 2, "grace_s": 0,
+              "timeout_s": 1, "state": str(tmp_path / "state.json"), "textfile": None, "units": units}  # fmt: skip
+    return watchdog.Watchdog(config), acted
+
+
+def _rounds(dog: watchdog.Watchdog, rounds: int) -> None:
+    for _ in range(rounds):
+        dog.round()
+
+
+@unanswered("/health", "no whole answer in 1 s")
+def test_a_check_answered_by_something_else_fails_in_one_line_and_the_next_round_checks_the_other_unit(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    _quiet: list[str],  # noqa: PT019
+    sent: bytes,
+    endless: tuple[str, ...],
+    said: str,
+) -> None:
+    bad, good = Hostile(default=sent, endless=endless), Hostile(SERVES)
+    try:
+        dog, acted = _dog(tmp_path, monkeypatch, bad.url, good.url)
+        within(20, lambda: _rounds(dog, 2))
+    finally:
+        bad.close()
+        good.close()
+    assert acted[0] == ("kimi-0", "restart")
+    assert next(line for line in _quiet if line.startswith("kimi-0")) == (
+        f"kimi-0: health: engine at 127.0.0.1:{bad.port}: {said} (1 checks in a row): restarting (1 of 1)"
+    )
+    assert good.asked.count("/health") == 2  # the other unit, checked in both rounds
+    assert dog.ladders["kimi-1"].state == "serving"
+    assert not any(unit == "kimi-1" for unit, _ in acted)
+
+
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [
+        (
+            NOT_HTTP,
+            "canary: engine at 127.0.0.1:{port}: not HTTP: status line 'SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13'",
+        ),
+        (LONG_LINE, "canary: engine at 127.0.0.1:{port}: not HTTP: a header line over 65536 bytes"),
+        (answer(b"x" * (2 << 20)), "canary: engine at 127.0.0.1:{port}: an answer over 1048576 bytes"),
+        (ENDLESS, "canary: engine at 127.0.0.1:{port}: no whole answer in 2 s"),
+        (
+            NESTED,
+            f"{watchdog.WRONG} not a chat completion (engine at 127.0.0.1:{{port}}: JSON nested deeper than 32 levels)",
+        ),
+        (answer(b"\xff[1]"), f"{watchdog.WRONG} not a chat completion (engine at 127.0.0.1:{{port}}: not JSON: "),
+    ],
+    ids=["not-http", "long-line", "too-long", "endless-body", "nested-json", "not-json"],
+)
+def test_a_hostile_canary_answer_fails_the_canary_with_its_reason(sent: bytes, said: str) -> None:
+    server = Hostile(default=sent, endless=("/v1/chat/completions",) if sent == ENDLESS else ())
+    try:
+        why, _ = within(10, lambda: canary(_unit(server.url, "Say READY.", "/nonexistent"), 2))
+    finally:
+        server.close()
+    assert why is not None
+    assert why.startswith(said.format(port=server.port))
+    assert "\n" not in why
+
+
+def test_the_canary_thread_outlives_a_nested_answer_and_says_why_it_failed() -> None:
+    server = Hostile(default=NESTED)
+    try:
+        sent = Canary(_unit(server.url, "Say READY.", "/nonexistent"), interval_s=3600, timeout_s=5)
+        news = within(10, lambda: _news(sent))
+    finally:
+        server.close()
+    assert (
+        news
+        == f"{watchdog.WRONG} not a chat completion (engine at 127.0.0.1:{server.port}: JSON nested deeper than 32 levels)"
+    )
+
+
+def test_an_unexpected_error_in_one_check_is_one_line_and_the_rounds_go_on(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    _quiet: list[str],  # noqa: PT019
+) -> None:
+    good = Hostile(SERVES)
+    checked = watchdog.health
+
+    def health(unit: dict[str, Any], timeout: float) -> str | None:
+        if unit["unit"] == "kimi-0":
+            raise RecursionError("maximum recursion depth exceeded")
+        return checked(unit, timeout)
+
+    monkeypatch.setattr(watchdog, "health", health)
+    try:
+        dog, acted = _dog(tmp_path, monkeypatch, good.url, good.url)
+        within(20, lambda: _rounds(dog, 3))
+    finally:
+        good.close()
+    assert [line for line in _quiet if line.startswith("kimi-0")] == [
+        "kimi-0: the check failed unexpectedly (RecursionError: maximum recursion depth exceeded): not judged this round"
+    ]
+    assert good.asked.count("/health") == 3  # kimi-1, every round
+    assert acted == []
+    assert set(json.loads((tmp_path / "state.json").read_text())["units"]) == {"kimi-0", "kimi-1"}
+
+
+def test_an_unexpected_error_in_the_canary_thread_is_a_failed_canary_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:
+        raise KeyError("choices")
+
+    monkeypatch.setattr(watchdog, "canary", broken)
+    sent = Canary(_unit("http://127.0.0.1:9", "Say READY.", "/nonexistent"), interval_s=3600, timeout_s=5)
+    assert within(10, lambda: _news(sent)) == "canary: failed unexpectedly: KeyError: 'choices'"

@@ -103,7 +103,9 @@ class NcclTestsRun(TypedDict):
     failures: list[str]
 
 
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+# Each digit belongs to one quantifier: a number that is not followed by what the pattern expects
+# is given up in one pass, not after every split of its digits between two of them.
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _NUMBER_RE = re.compile(_NUMBER)
 # Launcher prefixes: Open MPI --tag-output (optionally after --timestamp-output) and srun -l.
 _MPI_TAG = re.compile(r"^.*?\[\d+,\d+\]<std(?:out|err)>:")

@@ -48,7 +48,6 @@ _NIC = re.compile(r"NIC\d+")
 _DEVICE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
 _LINK = re.compile(r"X|[A-Z][A-Z0-9]*")
 _LEGEND_ENTRY = re.compile(r"(\S+)\s*=\s*(\S.*)")
-_NIC_LEGEND_ENTRY = re.compile(r"(\S+)\s*:\s*(\S+)")
 
 
 def parse_topo(text: str) -> dict[str, Any]:
@@ -153,7 +152,27 @@ def _legends(lines: list[str]) -> tuple[dict[str, str], dict[str, str]]:
             if entry:
                 legend[entry.group(1)] = entry.group(2)
         elif section is nic_legend:
-            entry = _NIC_LEGEND_ENTRY.fullmatch(text)
-            if entry:
-                nic_legend[entry.group(1)] = entry.group(2)
+            nic = _nic_entry(text)
+            if nic:
+                nic_legend[nic[0]] = nic[1]
     return legend, nic_legend
+
+
+def _nic_entry(text: str) -> tuple[str, str] | None:
+    """``NIC0: mlx5_0`` (a line of the NIC legend, its blanks single) as ``("NIC0", "mlx5_0")``,
+    also written ``NIC0 : mlx5_0``, ``NIC0 :mlx5_0`` or ``NIC0:mlx5_0``; the name is the longest
+    the line allows. By its words, not a pattern: one that tried each colon of a long word as the
+    separator would read the rest of the word again for each."""
+    words = text.split(" ")
+    if len(words) == 3:
+        name, colon, device = words
+        return (name, device) if colon == ":" and name and device else None
+    if len(words) == 2:
+        name, device = words
+        if device.startswith(":") and len(device) > 1 and name:
+            return name, device[1:]
+        return (name[:-1], device) if name.endswith(":") and len(name) > 1 and device else None
+    if len(words) == 1:
+        at = text.rfind(":", 1, len(text) - 1)
+        return (text[:at], text[at + 1 :]) if at > 0 else None
+    return None

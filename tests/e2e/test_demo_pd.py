@@ -10,17 +10,17 @@ import json
 import os
 import shutil
 import socket
-import threading
 import time
 import urllib.error
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import yaml
 
+from harness.hosted_api import serve_on_loopback_of
 from harness.own_cluster import OwnCluster, Run
 from tests.e2e.demo import chat, gpu_recipe_data, ssh
 
@@ -200,13 +200,14 @@ class _Hosted(BaseHTTPRequestHandler):
 
 
 def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dict[str, Any], tmp_path: Path) -> None:
-    hosted = ThreadingHTTPServer((pd_cluster["gateway"], 0), _Hosted)
-    threading.Thread(target=hosted.serve_forever, daemon=True).start()
+    # The hosted API on the router host's own loopback: a recipe sends a hosted key in the clear
+    # nowhere else.
+    hosted = serve_on_loopback_of(next(h["address"] for h in pd_cluster["hosts"] if h["name"] == "kimi-h4"), _Hosted)
     hosted_key = tmp_path / "hosted-key"
     hosted_key.write_text("hosted-secret-0123456789\n", encoding="utf-8")
     try:
         inventory = _files(tmp_path, fallback={
-            "url": f"http://{pd_cluster['gateway']}:{hosted.server_address[1]}",
+            "url": f"http://127.0.0.1:{hosted.server_address[1]}",
             "api_key": {"file": str(hosted_key)}, "model": "kimi-hosted",
         })  # fmt: skip
         run, _ = _converge(inventory)

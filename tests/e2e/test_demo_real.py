@@ -25,6 +25,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -58,7 +60,13 @@ SHARD = "model-00005-of-00096.safetensors"
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with REAL.fresh("none,none,none", tmp_path_factory.mktemp("real")) as st:
-        yield st
+        st["forwards"] = {}
+        try:
+            yield st
+        finally:
+            for tunnel in st["forwards"].values():
+                tunnel.terminate()
+                tunnel.wait(timeout=10)
 
 
 def recipe_for(folder: Path, max_model_len: int = 32768) -> Path:
@@ -105,6 +113,33 @@ def _address(st: dict[str, Any], host: str) -> str:
     return str(next(h["address"] for h in st["hosts"] if h["name"] == host))
 
 
+def _url(st: dict[str, Any], host: str) -> str:
+    """Where this process reaches ``host``'s API: the router host's gateway directly; an engine
+    through an SSH tunnel to the engine host itself, since an engine behind a router takes
+    connections from its own host and the router's alone (kimi_deploy/engine_guard.py)."""
+    address = _address(st, host)
+    if host == ROUTER:
+        return f"http://{address}:8000"
+    tunnel = st["forwards"].get(host)
+    if tunnel is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        tunnel = subprocess.Popen(
+            ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}",
+             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+             "-N", "-L", f"127.0.0.1:{port}:{address}:8000", f"root@{address}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        tunnel.port = port  # type: ignore[attr-defined]
+        st["forwards"][host] = tunnel
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+    return f"http://127.0.0.1:{tunnel.port}"
+
+
 def _key() -> str:
     return (REAL.dir / "api-key").read_text(encoding="utf-8").strip()
 
@@ -112,7 +147,7 @@ def _key() -> str:
 def _answers_from_real_vllm(st: dict[str, Any], host: str = ROUTER) -> dict[str, Any]:
     """A chat answer as scripts/demo asks for one (no budget), through the gateway and the router
     (``host`` the router's) or from one engine."""
-    answer = chat(f"http://{_address(st, host)}:8000", PROMPT, REAL.dir / "api-key")
+    answer = chat(_url(st, host), PROMPT, REAL.dir / "api-key")
     choice = answer["choices"][0]
     # The tiny Llama's tokenizer joins words with spaces: vLLM's text is " READY".
     assert (choice["message"]["content"].strip(), choice["finish_reason"]) == ("READY", "stop"), answer
@@ -124,7 +159,7 @@ def _answers_from_real_vllm(st: dict[str, Any], host: str = ROUTER) -> dict[str,
 
 def _answered(st: dict[str, Any], host: str) -> float:
     """The chat answers ``host``'s engine has given (its own counter, in the Prometheus text)."""
-    with urllib.request.urlopen(f"http://{_address(st, host)}:8000/metrics", timeout=30) as response:
+    with urllib.request.urlopen(f"{_url(st, host)}/metrics", timeout=30) as response:
         text = response.read().decode()
     found = re.findall(r'^vllm:request_success_total\{[^}]*finished_reason="stop"[^}]*\} (\S+)$', text, re.M)
     return sum(float(n) for n in found)
@@ -181,7 +216,7 @@ def test_the_real_engine_runs_unprivileged_from_its_release_with_no_key_in_argv(
 
 def test_the_real_engine_keeps_the_contract_the_stand_in_is_held_to(serving: dict[str, Any]) -> None:
     """tests/vllm_contract.py: the checks tests/localcluster/test_standins.py runs against the stand-in."""
-    check_vllm_api(f"http://{_address(serving, ENGINES[0])}:8000", _key(), "0.32.0", "kimi-local")
+    check_vllm_api(_url(serving, ENGINES[0]), _key(), "0.32.0", "kimi-local")
 
 
 def test_the_real_router_answers_clients_with_the_key_only_and_spreads_them(
@@ -190,6 +225,36 @@ def test_the_real_router_answers_clients_with_the_key_only_and_spreads_them(
     router = _address(serving, ROUTER)
     with _watchdogs_paused(serving):
         _counts_the_routers_spread(serving, router, tmp_path)
+
+
+def _status(st: dict[str, Any], client: str, url: str, body: str) -> str:
+    """The HTTP status ``client`` gets for POSTing ``body`` (JSON) to ``url`` without a key;
+    "000" when the connection is refused or reset."""
+    curl = f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' -H 'Content-Type: application/json' --data-binary @- {url}"
+    out = subprocess.run(
+        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
+         "-o", "BatchMode=yes", f"root@{_address(st, client)}", f"{curl} || true"],
+        input=body.encode(), capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.decode().strip() or "000"
+
+
+def test_an_engine_behind_the_router_takes_connections_from_the_router_host_alone(serving: dict[str, Any]) -> None:
+    """vLLM's key guards its /v1 paths alone: /invocations (a whole chat completion) and /tokenize
+    answer without it. So an engine behind a router admits the router's host and its own alone:
+    from the other engine host of the topology, both are refused (the connection reset)."""
+    engine = f"http://{_address(serving, ENGINES[0])}:8000"
+    chat_body = json.dumps({"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2})
+    tokenize = json.dumps({"model": "kimi-local", "prompt": PROMPT})
+    for path, body in (("/invocations", chat_body), ("/tokenize", tokenize)):
+        assert _status(serving, ENGINES[1], f"{engine}{path}", body) == "000", path
+    # What the guard keeps out: from the router's host, the real engine answers both without a key.
+    for path, body in (("/invocations", chat_body), ("/tokenize", tokenize)):
+        assert _status(serving, ROUTER, f"{engine}{path}", body) == "200", path
+    # The controller (the cluster's bridge) is no router either.
+    with pytest.raises(urllib.error.URLError, match="Connection refused"):
+        urllib.request.urlopen(urllib.request.Request(f"{engine}/tokenize", data=tokenize.encode()), timeout=5)
+    assert "kimi_vllm" in _sh(serving, ENGINES[0], "nft list tables")
 
 
 @contextlib.contextmanager
@@ -239,7 +304,9 @@ def _counts_the_routers_spread(serving: dict[str, Any], router: str, tmp_path: P
     assert "vllm::router" in every_argv
     assert _key() not in every_argv
     # The router's own port is loopback's alone: from another host, only the gateway answers.
-    reach = _sh(serving, ENGINES[0], f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' http://{router}:8009/health || true")
+    reach = _sh(
+        serving, ENGINES[0], f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' http://{router}:8009/health || true"
+    )
     assert reach.strip() in ("000", "")
     listening = {line.split()[3] for line in _sh(serving, ROUTER, "ss -ltnH").splitlines()}
     assert "127.0.0.1:8009" in listening
@@ -256,9 +323,7 @@ def _rungs(st: dict[str, Any], host: str) -> list[tuple[int, bool]]:
 
 
 def _models(st: dict[str, Any], host: str) -> list[tuple[str, int]]:
-    request = urllib.request.Request(
-        f"http://{_address(st, host)}:8000/v1/models", headers={"Authorization": f"Bearer {_key()}"}
-    )
+    request = urllib.request.Request(f"{_url(st, host)}/v1/models", headers={"Authorization": f"Bearer {_key()}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         models = json.loads(response.read())
     return [(m["id"], m["max_model_len"]) for m in models["data"]]
@@ -292,10 +357,15 @@ def test_the_climb_stops_at_the_rung_the_kv_cache_cannot_hold_and_the_rung_below
     lines = [line.strip() for line in failed.log.splitlines() if "kimi-deploy: context ladder:" in line]
     assert len(lines) == 1, failed.log[-4000:]
     (serving["dir"] / "ladder-failure-line.txt").write_text(lines[0] + "\n", encoding="utf-8")  # for the record
-    assert lines[0].startswith("[kimi-h1] kimi-deploy: context ladder: kimi-vllm at 262144 tokens: kimi-vllm "), lines[0]
+    assert lines[0].startswith("[kimi-h1] kimi-deploy: context ladder: kimi-vllm at 262144 tokens: kimi-vllm "), lines[
+        0
+    ]
     # The engine's own reason, in the one line.
-    assert re.search(r"ValueError: To serve at least one request with the model's max seq len \(262144\), "
-                     r"\(1\.\d+ GiB KV cache is needed, which is larger than the available KV cache memory", lines[0])
+    assert re.search(
+        r"ValueError: To serve at least one request with the model's max seq len \(262144\), "
+        r"\(1\.\d+ GiB KV cache is needed, which is larger than the available KV cache memory",
+        lines[0],
+    )
     assert lines[0].endswith("the climb stops there, 131072 serves again (passed in this climb: none)"), lines[0]
     assert _rungs(serving, "kimi-h1")[-1] == (262144, False)
     # The rung below serves, on the host that climbed; the second batch's host was left as it was.
@@ -457,8 +527,9 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     hosted_key = "hosted-secret-0123456789"
     tasks = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))["benchmark"]["tasks"]
     right = {"ready": "READY", "ready-word": "READY", "status-json": '{"status": "READY"}', "arithmetic": "4"}
+    # also on the generator host's own loopback, which the recipe names: a hosted key goes in the clear nowhere else
     api = HostedApi(st["gateway"], hosted_key, {t["prompt"]: right[t["id"]] for t in tasks if t["id"] in right},
-                    {"kimi_smoke_check": {}})  # fmt: skip
+                    {"kimi_smoke_check": {}}, loopback_of=_address(st, "kimi-h1"))  # fmt: skip
     try:
         # The test server streams as the real vLLM does, as far as a client reads it.
         gateway = f"http://{_address(st, ROUTER)}:8000"
@@ -467,7 +538,8 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
         key_file = st["dir"] / "hosted-key"
         key_file.write_text(hosted_key + "\n", encoding="utf-8")
         data = yaml.safe_load(recipe_for(st["dir"], max_model_len=131072).read_text(encoding="utf-8"))
-        data["benchmark"]["compare"] = {"url": api.url, "api_key": {"file": str(key_file)}, "model": "kimi-hosted"}
+        data["benchmark"]["compare"] = {"url": api.loopback_url, "api_key": {"file": str(key_file)},
+                                        "model": "kimi-hosted"}  # fmt: skip
         recipe = st["dir"] / "recipe-bench.yaml"
         recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         answered = {host: _answered(st, host) for host in ENGINES}

@@ -9,7 +9,6 @@ lock resolved on one host is what is installed, whatever the index says by then.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -17,7 +16,6 @@ import subprocess
 import threading
 import time
 import urllib.request
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from harness.own_cluster import BIN, ROOT, Run
 from hostside.boundary_lock import freeze_pins, lock_pins
 from localcluster.hub import write_faults
 from tests.e2e.demo import gpu_recipe_data, ssh
+from tests.wheel_file import pure_wheel
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the test cluster needs root and iproute2"
@@ -115,28 +114,10 @@ def lines(run: Run, needle: str) -> list[str]:
     return [line.strip() for line in run.log.splitlines() if needle in line]
 
 
-def fake_wheel(folder: Path, name: str, version: str) -> Path:
-    """A minimal, installable wheel of ``name`` ``version``."""
-    info = f"{name}-{version}.dist-info"
-    members = {
-        f"{name}/__init__.py": b"",
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{p},sha256={hashlib.sha256(d).hexdigest()},{len(d)}\n" for p, d in members.items())
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as wheel:
-        for member, data in {**members, f"{info}/RECORD": (record + f"{info}/RECORD,,\n").encode()}.items():
-            wheel.writestr(member, data)
-    out = folder / f"{name}-{version}-py3-none-any.whl"
-    out.write_bytes(buffer.getvalue())
-    return out
-
-
 @pytest.fixture
 def newer_idna(cluster: dict[str, Any]) -> Iterator[Path]:
     """A newer idna (a dependency of huggingface_hub's) built aside; removed from the index after."""
-    wheel = fake_wheel(cluster["dir"], "idna", "99.0")
+    wheel = pure_wheel(cluster["dir"], "idna", "99.0")
     try:
         yield wheel
     finally:
