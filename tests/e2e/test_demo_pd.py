@@ -150,7 +150,13 @@ def _the_real_mooncake_master_serves_the_engines_config(pd_cluster: dict[str, An
     # the binary of its own release, not the router's (its console script execs the bundled one)
     exe = ssh("kimi-h4", f"readlink /proc/{pid}/exe", cluster_state=pd_cluster)
     assert exe.startswith(f"/opt/kimi/engines/mooncake-transfer-engine-{MOONCAKE}/"), exe
-    assert ssh("kimi-h4", f"ps -o user= -p {pid}", cluster_state=pd_cluster) == "kimi"
+    # a user of its own that systemd made at its start (the range systemd.exec(5) gives DynamicUser=):
+    # neither root nor the engine user, so no engine's process may read or signal it
+    uid = int(ssh("kimi-h4", f"stat -c %u /proc/{pid}", cluster_state=pd_cluster))
+    assert 61184 <= uid <= 65519, uid
+    assert ssh("kimi-h4", "systemctl show -p User --value kimi-mooncake-master", cluster_state=pd_cluster) == (
+        "kimi-mooncake-master"
+    )
     listening = ssh("kimi-h4", f"ss -ltnpH | grep 'pid={pid},' | awk '{{print $4}}' | sort", cluster_state=pd_cluster)
     # The RPC port and the metrics follow their flags; the HTTP metadata server binds every address
     # whatever --http_metadata_server_host says, which is why the unit lets in its topology alone.
