@@ -71,3 +71,10 @@ def shown(value: Any, limit: int = 120) -> str:
 
 def _ascii(text: str) -> str:
     return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def error_line(exc: BaseException, limit: int) -> str:
+    """An unexpected error of a host program's own, as its one line shows it: the exception's type
+    and its first ``limit`` characters, whitespace flattened, ASCII only."""
+    said = _ascii(" ".join(str(exc).split())[:limit])
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__

@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 
 from hostside.boundary_http import Unanswered, ask
 from hostside.boundary_json import loads
-from hostside.boundary_text import shown
+from hostside.boundary_text import error_line, shown
 
 # The most of an answer read: a chat completion of the largest smoke budget, its reasoning
 # included, is well under it.
@@ -105,12 +105,6 @@ def _first_exception(lines: list[str], unit: str) -> str | None:
         if found:
             return _CONTROL.sub(" ", found.group(1))[:300]
     return None
-
-
-def _error(exc: BaseException) -> str:
-    """An error of the check's own, in a few words of ASCII on one line."""
-    said = " ".join(str(exc).split())[:200].encode("ascii", "backslashreplace").decode()
-    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 class Failed(Exception):
@@ -284,7 +278,8 @@ def main() -> None:
     try:
         done = serves(req)
     except Exception as exc:  # noqa: BLE001 - whatever the engine answered, the check ends in one line
-        failed = exc if isinstance(exc, Failed) else Failed(f"the check failed unexpectedly: {_error(exc)}", [])
+        why = f"the check failed unexpectedly: {error_line(exc, 200)}"
+        failed = exc if isinstance(exc, Failed) else Failed(why, [])
         print(json.dumps({"ok": False, "reason": failed.reason, "journal": failed.journal}))
         # One line that says what failed, then the unit's own last words.
         print(f"kimi-deploy: {req['unit']}: {failed.reason}; journal tail:", file=sys.stderr)

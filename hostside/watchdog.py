@@ -54,6 +54,7 @@ from typing import Any
 from hostside import xid as xids
 from hostside.boundary_http import Unanswered, ask
 from hostside.boundary_json import loads
+from hostside.boundary_text import error_line
 from hostside.kmsg import KERNEL, Kmsg
 from hostside.sd_notify import notify
 from hostside.smoke import read_key
@@ -82,8 +83,7 @@ def quote(text: str) -> str:
 
 def unexpected(exc: BaseException) -> str:
     """An error of the watchdog's own, in a few words of ASCII on one line."""
-    said = " ".join(str(exc).split())[: QUOTE * 2].encode("ascii", "backslashreplace").decode()
-    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+    return error_line(exc, QUOTE * 2)
 
 
 def systemd(units: list[str]) -> dict[str, dict[str, str]]:

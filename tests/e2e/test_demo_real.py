@@ -231,12 +231,7 @@ def _status(st: dict[str, Any], client: str, url: str, body: str) -> str:
     """The HTTP status ``client`` gets for POSTing ``body`` (JSON) to ``url`` without a key;
     "000" when the connection is refused or reset."""
     curl = f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' -H 'Content-Type: application/json' --data-binary @- {url}"
-    out = subprocess.run(
-        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", f"root@{_address(st, client)}", f"{curl} || true"],
-        input=body.encode(), capture_output=True, check=True, timeout=60,
-    )  # fmt: skip
-    return out.stdout.decode().strip() or "000"
+    return ssh(client, f"{curl} || true", cluster_state=st, stdin=body.encode()) or "000"
 
 
 def test_an_engine_behind_the_router_takes_connections_from_the_router_host_alone(serving: dict[str, Any]) -> None:
