@@ -63,14 +63,17 @@ def _url(unit: Unit, port_label: str, plan: HostPlan, at: HostPlan) -> str:
 
 def local_target(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan) -> Target:
     """The endpoint clients use, as the generator host ``at`` reaches it."""
-    gateway = next(((p, u) for p in topology for u in p.units if u.kind == "gateway"), None)
+    # the generator host's own gateway (in front of its engine), else the router's, if any
+    gateways = [(p, u) for p in topology for u in p.units if u.kind == "gateway"]
+    gateway = next(((p, u) for p, u in gateways if p.host == at.host), gateways[0] if gateways else None)
     engine = _engine(at)
     key_file, key_var = unit_key(recipe, at, engine)
     served = recipe.model.served_name
     if gateway is None:
         return Target("local", _url(engine, "api", at, at), served, key_file, key_var)
     plan, unit = gateway
-    return Target("local", _url(unit, "router", plan, at), served, key_file, key_var)
+    label = "router" if "router" in unit.listens else "api"
+    return Target("local", _url(unit, label, plan, at), served, key_file, key_var)
 
 
 def hosted(recipe: Recipe) -> RouterFallback | None:

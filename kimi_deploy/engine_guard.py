@@ -11,9 +11,10 @@ router's host and resets every other. A table, not systemd's ``IPAddressAllow=``
 every packet of the engine, its collective and KV transfer peers included, and only where
 cgroup v2 runs; the table holds one port, wherever nftables runs.
 
-An exposed engine without a router is its topology's endpoint: its table admits every address
-(clients come to it directly with the key), and it is still loaded, so that the table of an
-earlier release that did admit only a router never shuts its clients out. Pure: plans files.
+An exposed engine without a router listens on loopback behind a gateway of its own
+(``kimi_deploy.listen``): the gateway loads the engine's table as one that admits every address
+(``cleared``), so that the table of an earlier release, which admitted only a router to the port
+the gateway now takes, never shuts its clients out. Pure: plans files.
 """
 
 from __future__ import annotations
@@ -36,23 +37,33 @@ def table_name(unit: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", unit)
 
 
-def guarded(unit: Unit, config_dir: str, admits: tuple[str, ...] | None) -> Unit:
-    """``unit`` with its guard when its API listens beyond loopback; else ``unit`` as it is.
-
-    ``admits`` are IP addresses (the router's host), or None when the engine is the endpoint."""
-    port = unit.listens.get("api")
-    if unit.kind != "engine" or port is None or unit.bind == LOOPBACK:
-        return unit
-    guard = ApiGuard(f"{config_dir}/{unit.name}.nft", table_name(unit.name), port, admits)
+def _with_table(unit: Unit, config_dir: str, table_of: str, port: int, admits: tuple[str, ...] | None) -> Unit:
+    """``unit`` loading the nftables table of unit ``table_of`` for ``port`` before each start."""
+    guard = ApiGuard(f"{config_dir}/{unit.name}.nft", table_name(table_of), port, admits)
     data = {
         "table": guard.table,
         "port": port,
-        "unit": unit.name,
+        "unit": table_of,
         "admits": admits is not None,
         "v4": sorted({a for a in admits or () if ipaddress.ip_address(a).version == 4}),
         "v6": sorted({a for a in admits or () if ipaddress.ip_address(a).version == 6}),
     }
     return replace(unit, guard=guard, files={**unit.files, guard.file: ConfigFile(TEMPLATE, data)})
+
+
+def guarded(unit: Unit, config_dir: str, admits: tuple[str, ...]) -> Unit:
+    """``unit`` with its guard when its API listens beyond loopback (behind a router, whose host's
+    addresses are ``admits``); else ``unit`` as it is."""
+    port = unit.listens.get("api")
+    if unit.kind != "engine" or port is None or unit.bind == LOOPBACK:
+        return unit
+    return _with_table(unit, config_dir, unit.name, port, admits)
+
+
+def cleared(gateway: Unit, config_dir: str, engine_unit: str, port: int) -> Unit:
+    """``gateway``, which takes ``port`` in front of ``engine_unit``, loading that engine's table
+    as one that admits every address to ``port``."""
+    return _with_table(gateway, config_dir, engine_unit, port, None)
 
 
 def admitted(unit: Unit, address: str) -> bool:

@@ -1,7 +1,10 @@
-"""The gateway of a topology with a router: Debian's nginx in front of the router.
+"""The gateway: Debian's nginx in front of a router, or of an exposed engine without one.
 
 The routers (vllm-router, sglang-router) check no client key, so nginx takes the router's address
-and port and the router listens on loopback behind it. It answers clients that bear the
+and port and the router listens on loopback behind it. An engine's own key check guards only some
+of its routes (``kimi_deploy.engine_guard``), so an exposed topology without a router has a
+gateway on each instance's API host, on the topology's API port, and the engine on loopback
+behind it (``kimi_deploy.listen``). It answers clients that bear the
 topology's key, through the router, and with ``router.fallback``, when the router cannot answer (no
 connection, or 500/502/503/504: vllm-router 0.1.17 answers 500 when it cannot reach its engines),
 through the hosted API with the hosted key and the hosted model's name
@@ -21,9 +24,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from kimi_deploy.listen import LOOPBACK, bind_address
-from kimi_deploy.placement import TopologyPlacement
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.engine_guard import cleared
+from kimi_deploy.engines import engine
+from kimi_deploy.listen import LOOPBACK, client_address, gatewayed
+from kimi_deploy.placement import Placement, TopologyPlacement
+from kimi_deploy.recipe import Recipe, RouterFallback
 from kimi_deploy.servespec import ConfigFile, Unit
 
 GATEWAY_UNIT = "kimi-gateway"
@@ -128,20 +133,25 @@ def worker_connections(max_connections: int = MAX_CONNECTIONS) -> int:
     return 2 * max_connections + ONE_ADDRESS + 64
 
 
-def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
-    """In front of every router (which checks no client key): nginx on the topology's address and
-    port, holding the client key and, with ``router.fallback``, the hosted key as a credential."""
-    topo = tp.topology
-    if topo.router is None:
-        return None
-    assert tp.router is not None
-    fallback = topo.router.fallback
+def _gateway(
+    recipe: Recipe,
+    *,
+    topology: str,
+    bind: str,
+    port: int,
+    backend_port: int,
+    label: str,
+    fallback: RouterFallback | None,
+) -> Unit:
+    """nginx on ``bind:port`` in front of the backend on loopback at ``backend_port``, holding the
+    topology's client key (and, with ``fallback``, the hosted key) as a credential."""
+    topo = recipe.topologies[topology]
     folder = f"{recipe.paths.config}/{GATEWAY_UNIT}"
     conf, js = f"{folder}/nginx.conf", f"{folder}/gateway.js"
     data = config_data(
-        bind=bind_address(topo, tp.router),
-        port=topo.ports.router,
-        backend_port=topo.ports.router_backend,
+        bind=bind,
+        port=port,
+        backend_port=backend_port,
         fallback_url=fallback.url if fallback else None,
         served_name=recipe.model.served_name,
         hosted_model=fallback.model if fallback else None,
@@ -152,10 +162,10 @@ def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
         name=GATEWAY_UNIT,
         kind="gateway",
         stage=3,
-        description=f"Kimi {recipe.model.served_name} gateway (nginx){HOSTED if fallback else ''} ({tp.name})",
+        description=f"Kimi {recipe.model.served_name} gateway (nginx){HOSTED if fallback else ''} ({topology})",
         argv=(NGINX, "-c", conf, "-e", "stderr"),
         env={},
-        listens={"router": topo.ports.router},
+        listens={label: port},
         bind=data["bind"].strip("[]"),
         # The client key also in an EnvironmentFile: nginx does not read it there (its workers keep
         # no environment), the deploy's smoke test through the gateway does.
@@ -163,3 +173,46 @@ def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
         secret_files={f"{recipe.paths.config}/secrets/{KEYS_FILE}": "gateway-keys.nginx.j2"},
         files={conf: ConfigFile("gateway.nginx.conf.j2", data), js: ConfigFile("gateway.js.j2", data)},
     )
+
+
+def gateway_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit | None:
+    """In front of every router (which checks no client key): nginx on the topology's address and
+    port, holding the client key and, with ``router.fallback``, the hosted key as a credential."""
+    topo = tp.topology
+    if topo.router is None:
+        return None
+    assert tp.router is not None
+    return _gateway(
+        recipe,
+        topology=tp.name,
+        bind=client_address(topo, tp.router),
+        port=topo.ports.router,
+        backend_port=topo.ports.router_backend,
+        label="router",
+        fallback=topo.router.fallback,
+    )
+
+
+def engine_gateway_unit(recipe: Recipe, placement: Placement, engine_unit: Unit) -> Unit | None:
+    """In front of an exposed engine of a topology without a router (``listen.gatewayed``), on the
+    host whose engine serves the instance's API: nginx on the exposed address and the topology's API
+    port, the engine behind it on loopback. An engine's key check is no boundary (vLLM answers
+    ``/invocations`` and ``/tokenize`` without it), the gateway's is: it passes the client API's
+    routes alone, to key holders. It loads the engine's nftables table as one that admits every
+    address (``engine_guard.cleared``), so that the table of an earlier release, which admitted
+    only a router to this port, never shuts the clients out."""
+    topo = placement.topology
+    backend = engine_unit.listens.get("api")
+    if not gatewayed(topo) or backend is None:
+        return None
+    port = engine(topo.engine).client_port(topo)
+    unit = _gateway(
+        recipe,
+        topology=placement.topology_name,
+        bind=client_address(topo, placement.host),
+        port=port,
+        backend_port=backend,
+        label="api",
+        fallback=None,
+    )
+    return cleared(unit, recipe.paths.config, engine_unit.name, port)

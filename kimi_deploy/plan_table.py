@@ -63,7 +63,9 @@ def format_plan(plan: Plan, recipe: Recipe | None = None) -> str:
         header = ("HOST", "ADDRESS", "POOL", "ROLE", "INST", "RANK", "PARALLEL", "BIND", "PORTS")
         rows = [header]
         for h in hosts:
-            bind = next((u.bind for u in h.units if "api" in u.listens or "router" in u.listens), "-")
+            # where clients reach the host: its gateway's address, else its API's
+            front = sorted(h.units, key=lambda u: u.kind != "gateway")
+            bind = next((u.bind for u in front if "api" in u.listens or "router" in u.listens), "-")
             rows.append(
                 (
                     h.host,

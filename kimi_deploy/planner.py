@@ -14,7 +14,7 @@ from kimi_deploy.engine_guard import guarded
 from kimi_deploy.engines import engine
 from kimi_deploy.engines.common import node_role
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.gateway import gateway_unit
+from kimi_deploy.gateway import engine_gateway_unit, gateway_unit
 from kimi_deploy.host_paths import engine_dir, model_dir, router_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.placement import Placement, TopologyPlacement, place
@@ -210,13 +210,14 @@ def plan(recipe: Recipe, recipe_file: str, inventory: Inventory, only: str | Non
         _check_names(recipe, recipe_file, tp.name, tp.topology)
         _check_hosts(inventory, tp)
         _check_router_address(inventory, tp)
-        # An engine behind a router answers that router's host alone (and its own).
-        admits = (tp.router.address,) if tp.router is not None else None
         for placement in tp.engines:
             unit = _engine_unit(recipe, recipe_file, placement)
             _check_argv(recipe, recipe_file, placement, unit)
-            unit = guarded(unit, recipe.paths.config, admits)
-            hosts.append(_host_plan(recipe, placement, (unit,)))
+            if tp.router is not None:
+                # An engine behind a router answers that router's host alone (and its own).
+                unit = guarded(unit, recipe.paths.config, (tp.router.address,))
+            gateway = engine_gateway_unit(recipe, placement, unit)
+            hosts.append(_host_plan(recipe, placement, (unit,) if gateway is None else (unit, gateway)))
         if tp.router is not None:
             hosts.append(_router_plan(recipe, tp))
     for host_plan in hosts:

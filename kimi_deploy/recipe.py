@@ -672,6 +672,9 @@ class Ports(Strict):
     router: Port = 8000
     # the router of a prefill/decode topology, on loopback behind the gateway that takes ``router``
     router_backend: Port = 8009
+    # an exposed engine of a topology without a router, on loopback behind the gateway that takes
+    # ``api`` on its host (``kimi_deploy.listen``)
+    api_backend: Port = 8010
     # the router's Prometheus metrics, on loopback (the routers' own default): the converge reads its
     # engines' health there between batches
     router_metrics: Port = 29000

@@ -119,7 +119,8 @@ def test_a_converge_raising_the_length_climbs_and_is_asked_to_write_the_unit_alo
     assert request["rungs"][-1]["files"][0]["content"] == target.content
     assert request["rungs"][-1]["release"] == next(u.release for u in todo.units if u.name == "kimi-vllm")
     assert request["proof"]["key"] == climb.key
-    assert request["smoke"]["url"] == "http://10.213.7.11:8000"
+    # the engine itself, on loopback behind its gateway
+    assert request["smoke"]["url"] == "http://127.0.0.1:8010"
     # No secret travels in the request (it is in the host program's argv).
     assert "secrets" not in str([f["path"] for r in request["rungs"] for f in r["files"]])
 

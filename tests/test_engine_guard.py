@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.commcheck_plan import check_request
-from kimi_deploy.engine_guard import guarded
+from kimi_deploy.engine_guard import cleared, guarded
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
@@ -39,7 +39,7 @@ def test_an_engine_behind_a_router_admits_the_routers_host_alone(recipe: Recipe,
     assert all(u.guard is None for u in router.units)
 
 
-def test_an_engine_on_loopback_needs_no_guard_and_an_exposed_one_without_router_admits_everyone(
+def test_an_engine_on_loopback_needs_no_guard_and_an_exposed_one_without_router_is_behind_a_gateway(
     recipe: Recipe, prod: Inventory
 ) -> None:
     (single,) = plan(recipe, RECIPE, prod, "single-node").hosts
@@ -49,9 +49,15 @@ def test_an_engine_on_loopback_needs_no_guard_and_an_exposed_one_without_router_
     )
     exposed = recipe.model_copy(update={"topologies": {**recipe.topologies, "single-node": topo}})
     (host,) = plan(exposed, RECIPE, prod, "single-node").hosts
-    guard = host.units[0].guard
-    assert guard is not None
-    assert guard.admits is None
+    engine, gateway = host.units
+    # the engine answers some routes without its key: it stays on loopback, off the API port
+    assert (engine.bind, engine.listens["api"], engine.guard) == ("127.0.0.1", topo.ports.api_backend, None)
+    assert engine.argv[engine.argv.index("--host") + 1 :][:3] == ("127.0.0.1", "--port", str(topo.ports.api_backend))
+    # the gateway takes the API port on the address, and the engine's table there admits everyone
+    assert (gateway.kind, gateway.bind, gateway.listens) == ("gateway", host.address, {"api": 8000})
+    assert gateway.guard is not None
+    assert (gateway.guard.table, gateway.guard.port, gateway.guard.admits) == ("kimi_vllm", 8000, None)
+    assert gateway.guard.file in gateway.files
 
 
 def test_the_communication_check_reaches_a_guarded_api_from_admitted_hosts_alone(
@@ -90,9 +96,15 @@ def _rendered(unit: Unit) -> str:
     return environment().get_template(config.template).render(**config.data)
 
 
-def _engine(admits: tuple[str, ...] | None) -> Unit:
+def _engine(admits: tuple[str, ...]) -> Unit:
     bare = Unit("kimi-vllm", "engine", 1, "test", ("vllm",), {}, {"api": 18000}, "10.213.250.1")
     return guarded(bare, "/etc/kimi", admits)
+
+
+def _gateway() -> Unit:
+    """The gateway that took port 18000 in front of kimi-vllm, now on loopback."""
+    bare = Unit("kimi-gateway", "gateway", 3, "test", ("nginx",), {}, {"api": 18000}, "10.213.250.1")
+    return cleared(bare, "/etc/kimi", "kimi-vllm", 18000)
 
 
 nft = shutil.which("nft") or ""
@@ -157,10 +169,12 @@ def test_the_real_nft_loads_the_table_twice_and_resets_every_host_but_the_admitt
                 # the host itself, on loopback and on its own address, always gets in
                 assert _connects(a, "127.0.0.1", 18000) == "connected"
                 assert _connects(a, "10.213.250.1", 18000) == "connected"
-            # an endpoint's table admits everyone, and replaces a table that admitted a router alone
+            # a gateway that takes the port (the topology lost its router) loads the engine's table
+            # as one that admits everyone, and replaces the table that admitted a router alone
             script.write_text(_rendered(_engine(("10.213.250.9",))), encoding="utf-8")
             subprocess.run([ip, "netns", "exec", a, nft, "-f", str(script)], check=True)
-            script.write_text(_rendered(_engine(None)), encoding="utf-8")
+            assert _connects(b, "10.213.250.1", 18000) == "refused"
+            script.write_text(_rendered(_gateway()), encoding="utf-8")
             subprocess.run([ip, "netns", "exec", a, nft, "-f", str(script)], check=True)
             assert _connects(b, "10.213.250.1", 18000) == "connected"
         finally:

@@ -130,7 +130,7 @@ def _exposed_sglang_leader(recipe: Recipe, prod: Inventory) -> tuple[Recipe, Hos
 
 def test_sglang_api_key_travels_in_a_credential_not_argv(recipe: Recipe, prod: Inventory) -> None:
     exposed, leader = _exposed_sglang_leader(recipe, prod)
-    (unit,) = leader.units
+    unit, gateway = leader.units
     files = {f.path: f for f in render_host(exposed, leader, SECRETS)}
     source = "/etc/kimi/secrets/kimi-sglang.yaml"
     assert (files[source].secret, files[source].mode, files[source].owner) == (True, 0o600, "root")
@@ -142,7 +142,9 @@ def test_sglang_api_key_travels_in_a_credential_not_argv(recipe: Recipe, prod: I
     assert "--config %d/kimi-sglang.yaml" in service
     argv = exec_argv(service)
     assert argv[argv.index("--config") + 1] == "%d/kimi-sglang.yaml"
-    assert unit.argv[unit.argv.index("--host") + 1] == "10.61.0.10"
+    # Exposed without a router: the gateway takes the address, the engine stays on loopback.
+    assert unit.argv[unit.argv.index("--host") + 1] == "127.0.0.1"
+    assert (gateway.kind, gateway.bind, gateway.listens) == ("gateway", "10.61.0.10", {"api": 30000})
 
 
 def test_a_percent_d_from_the_recipe_stays_escaped(recipe: Recipe, prod: Inventory) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kimi_deploy.catalog import Catalog
+from kimi_deploy.listen import gatewayed
 from kimi_deploy.placement import Placement
 from kimi_deploy.recipe import EngineName, Recipe, Topology
 from kimi_deploy.servespec import Unit
@@ -40,6 +41,12 @@ class Engine:
     # from one (SGLang's ``--config`` YAML) rather than from its environment
     secret_file_key: str | None = None
 
-    def api_port(self, topology: Topology) -> int:
-        """The port the engine's API listens on for ``topology``."""
+    def client_port(self, topology: Topology) -> int:
+        """The port clients (or the router) reach the topology's API on: ``ports.api`` or the
+        engine's default."""
         return topology.ports.api if topology.ports.api is not None else self.default_api_port
+
+    def api_port(self, topology: Topology) -> int:
+        """The port the engine's API listens on for ``topology``: its client port, or
+        ``ports.api_backend`` behind a gateway of its own (``kimi_deploy.listen.gatewayed``)."""
+        return topology.ports.api_backend if gatewayed(topology) else self.client_port(topology)

