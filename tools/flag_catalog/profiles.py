@@ -20,6 +20,8 @@ class Root:
     module: str
     qualname: str
     subcommand: str | None = None
+    # constants the launcher passes the root by keyword, as (parameter, value) pairs
+    kwargs: tuple[tuple[str, bool | int | str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,20 @@ class PinnedName:
 
 
 @dataclass(frozen=True)
+class Fallthrough:
+    """The parser of another distribution that takes the flags the serve parser leaves.
+
+    ``tokenspeed serve`` hands every flag its engine does not accept to its smg gateway
+    (``tokenspeed/cli/_argsplit.py`` ``split_argv``), whose parser is in ``tokenspeed-smg``. That
+    wheel is read beside the engine's (``--with``); its flags join the catalog where no option
+    string of the engine's own claims them, as the launcher routes them.
+    """
+
+    distribution: str
+    roots: tuple[Root, ...]
+
+
+@dataclass(frozen=True)
 class Profile:
     engine: str
     launch: tuple[str, ...]
@@ -103,6 +119,7 @@ class Profile:
     # e.g. ``--disable-x`` for ``--enable-x``.
     bool_action_override: tuple[str, str] | None = None
     pinned: tuple[PinnedName, ...] = ()
+    fallthrough: Fallthrough | None = None
 
 
 _VLLM = Profile(
@@ -264,9 +281,16 @@ PROFILES: dict[str, Profile] = {
             FlagSet("tokenspeed.cli._argsplit", "_GATEWAY_OVERRIDE", True),
             FlagSet("tokenspeed.cli._argsplit", "_ALIASES", True, use_keys=True),
         ),
+        # The rest goes to `python -m smg launch` (tokenspeed/cli/_proc.py
+        # spawn_gateway), whose parser smg/launch_router.py parse_router_args
+        # fills with RouterArgs.add_cli_args(parser, use_router_prefix=False).
+        fallthrough=Fallthrough(
+            "tokenspeed-smg",
+            (Root("smg.router_args", "RouterArgs.add_cli_args", kwargs=(("use_router_prefix", False),)),),
+        ),
         # Tool-call / reasoning parser names belong to the smg gateway (a Rust
         # binary in another package) and speculative algorithms are free text:
-        # none of them is statically visible in this wheel.
+        # none of them is statically visible in these wheels.
         registries=(
             ("load_format", (RegistrySource("flag_choices", "", "--load-format"),)),
             (

@@ -110,31 +110,38 @@ def collect_bindings(
 
 
 class Wheel:
-    """A wheel opened as a zip; modules are parsed lazily and cached."""
+    """A wheel opened as a zip; modules are parsed lazily and cached.
 
-    def __init__(self, path: Path) -> None:
+    ``companions`` are wheels of other distributions installed with it (a gateway the engine
+    starts): their modules resolve as if installed beside the wheel's, which wins a module both
+    have; metadata and console scripts are the wheel's own.
+    """
+
+    def __init__(self, path: Path, companions: Sequence[Path] = ()) -> None:
         self.path = path
         self.zip = zipfile.ZipFile(path)
         self.members: dict[str, str] = {}
         self.packages: set[str] = set()
-        self.dist_info = ""
-        for name in self.zip.namelist():
-            top = name.split("/", 1)[0]
-            if top.endswith(".dist-info"):
-                self.dist_info = top
-                continue
-            if not name.endswith(".py") or ".data/" in name:
-                continue
-            dotted = name[:-3].replace("/", ".")
-            if dotted.endswith(".__init__"):
-                dotted = dotted[: -len(".__init__")]
-                self.packages.add(dotted)
-            self.members[dotted] = name
+        self.dist_info = _dist_info(self.zip)
+        self._zip_of: dict[str, zipfile.ZipFile] = {}
+        self.companions = tuple(Wheel(c) for c in companions)
+        for source in (self, *self.companions):
+            for name in source.zip.namelist():
+                top = name.split("/", 1)[0]
+                if top.endswith(".dist-info") or not name.endswith(".py") or ".data/" in name:
+                    continue
+                dotted = name[:-3].replace("/", ".")
+                if dotted.endswith(".__init__"):
+                    dotted = dotted[: -len(".__init__")]
+                    self.packages.add(dotted)
+                if dotted not in self.members:
+                    self.members[dotted] = name
+                    self._zip_of[name] = source.zip
         self._cache: dict[str, Module | None] = {}
         self.parse_failures: list[str] = []
 
     def read_text(self, member: str) -> str:
-        return self.zip.read(member).decode("utf-8", errors="replace")
+        return self._zip_of.get(member, self.zip).read(member).decode("utf-8", errors="replace")
 
     def has_module(self, name: str) -> bool:
         return name in self.members
@@ -169,6 +176,12 @@ class Wheel:
             out.setdefault(key, str(value).strip())
         return out
 
+    def requirements(self) -> list[str]:
+        """Every Requires-Dist of the wheel's METADATA, as written."""
+        text = self.read_text(f"{self.dist_info}/METADATA")
+        headers = email.parser.HeaderParser().parsestr(text)
+        return [str(value).strip() for value in headers.get_all("Requires-Dist") or []]
+
     def console_scripts(self) -> dict[str, str]:
         member = f"{self.dist_info}/entry_points.txt"
         if member not in self.zip.namelist():
@@ -186,6 +199,14 @@ class Wheel:
                 key, _, value = line.partition("=")
                 scripts[key.strip()] = value.strip()
         return scripts
+
+
+def _dist_info(zf: zipfile.ZipFile) -> str:
+    for name in zf.namelist():
+        top = name.split("/", 1)[0]
+        if top.endswith(".dist-info"):
+            return top
+    return ""
 
 
 def sha256_of(path: Path) -> str:
