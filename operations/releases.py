@@ -50,7 +50,9 @@ def current(
     files = [q(path) for path in record.get("files", [])]
     if files:
         copies = f"{q(release_dir)}/files"
-        steps.append(f"install -d -m 0755 {copies} && cp --parents {' '.join(files)} {copies}/")
+        # With the files' own times: a rollback puts them back with these, and a unit that kept
+        # running through this release (its files unchanged) must not read as started before them.
+        steps.append(f"install -d -m 0755 {copies} && cp --parents --preserve=timestamps {' '.join(files)} {copies}/")
     steps += [
         f"printf '%s\\n' {q(text)} > {q(release_dir)}/release.json",
         f"ln -sfn {q(release_dir)} {q(link)}.new",

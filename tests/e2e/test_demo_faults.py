@@ -131,7 +131,8 @@ def test_port_already_in_use_on_a_host(serving: dict[str, int], tmp_path: Path) 
         ssh("kimi-h2", "systemctl", "stop", "squatter.service")
     assert run.code != 0
     (line,) = _lines(run.log, "pyinfra error")
-    assert "kimi-h2: port 8001 (kimi-vllm api) is in use by pid " in line
+    # the topology's API port is its gateway's (the engine listens on loopback behind it)
+    assert "kimi-h2: port 8001 (kimi-gateway api) is in use by pid " in line
     assert line.endswith("(python3, unit squatter)")
     assert "Starting operation" not in run.log
     _still_serving(serving)

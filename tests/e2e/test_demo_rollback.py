@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.demo import address, chat, demo_recipe, pyinfra, ssh, state, vllm_version
+from tests.e2e.demo import address, chat, demo_recipe, main_pid, pyinfra, ssh, state, vllm_version
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -95,3 +95,35 @@ def test_a_rollback_target_no_longer_on_a_host_is_named_and_that_host_keeps_serv
     # kimi-h2 is the second batch: it goes back only once the first has; it keeps serving too.
     assert _engine("kimi-h2").startswith("/opt/kimi/engines/vllm-0.34.1")
     assert chat(f"http://{address('kimi-h2')}:8000", PROMPT)["choices"][0]["message"]["content"] == "READY"
+
+
+def test_a_unit_that_kept_running_is_left_running_by_the_rollback_and_the_converge_after(
+    demo_cluster: None, tmp_path: Path
+) -> None:
+    """The gateways in front of the vLLM engines keep running through an engine-only change (a
+    release whose copies of their files they were not restarted for), an upgrade, and the rollback
+    to that release: neither the rollback nor the converge after it restarts them."""
+
+    def longer(data: dict[str, Any]) -> None:
+        data["topologies"]["demo-vllm"]["max_model_len"] = 131072
+
+    def upgraded(data: dict[str, Any]) -> None:
+        longer(data)
+        vllm_version("0.34.1")(data)
+
+    assert pyinfra().code == 0
+    gateways = {host: main_pid(host, "kimi-gateway") for host in VLLM_HOSTS}
+    before = demo_recipe(tmp_path / "longer.yaml", longer)
+    try:
+        for recipe in (before, demo_recipe(tmp_path / "upgraded.yaml", upgraded)):
+            run = pyinfra("--data", f"kimi_recipe={recipe}")
+            assert run.code == 0, run.log[-3000:]
+        code, log = _rollback()
+        assert code == 0, log[-3000:]
+        after = pyinfra("--data", f"kimi_recipe={before}")
+        assert after.code == 0, after.log[-3000:]
+        assert after.changed() == {}
+        assert {host: main_pid(host, "kimi-gateway") for host in VLLM_HOSTS} == gateways
+    finally:
+        back = pyinfra()
+        assert back.code == 0, back.log[-3000:]
