@@ -94,13 +94,9 @@ def converge(do: Do) -> None:
 
     for step in steps.releases:
         r = step.release
-        do(engine.lock_resolved, name="Release locks resolved", path=r.path, requirements=r.requirements,
-           index_url=todo.index_url, source=step.lock, uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
-    for step in steps.releases:
-        r = step.release
         do(engine.venv, name="Releases (engine, host tools)", path=r.path, package=r.package, version=r.version,
            requirements=r.requirements, index_url=todo.index_url, current=step.current, lock=step.lock,
-           uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
+           platform=step.platform, uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
 
     if steps.hub_token is not None:
         do(units.rendered, name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"],

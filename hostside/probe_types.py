@@ -147,6 +147,9 @@ class StateAnswer(TypedDict):
     # the watchdog's state file, as the host holds it (unchecked: read through
     # ``kimi_deploy.watchdog_report``), None without one
     watchdog: dict[str, Any] | None
+    # what its releases are built for (unchecked: read through
+    # ``kimi_deploy.release_lock.HostPlatform.parse``)
+    platform: dict[str, str]
 
 
 class OsRelease(TypedDict):

@@ -11,7 +11,8 @@ Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
                           "restarts_verified": int}},
          "timers": {name: {...}},
          "revisions": {"present": [revision], "history": [revision]} | null,
-         "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed}}
+         "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed},
+         "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"}}
 """
 
 from __future__ import annotations
@@ -454,8 +455,24 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         "releases": releases,
         "ladder": _ladder(),
         "watchdog": _watchdog(),
+        "platform": _platform(),
     }
     return result
+
+
+def _platform() -> dict[str, str]:
+    """What this host's releases are built for: the Python that makes their venvs (this one:
+    ``hostside/venv_install.py`` runs under the same ``python3``), the machine and the C library
+    (the controller resolves their locks for it: ``kimi_deploy.release_lock``)."""
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        libc = ""
+    return {
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "machine": os.uname().machine,
+        "libc": libc,
+    }
 
 
 def main() -> None:

@@ -2,17 +2,16 @@
 
 Input: one argument, base64 of zlib-compressed JSON:
   {"path", "requirements", "index_url", "marker", "uv": {"version", "dir"},
-   "lock": {"text": str} | {"own": sha256} | null, "stage": path | null, "without": [name, ...]}
+   "lock": {"text": str} | {"own": sha256}}
 
 uv comes from the index like everything else: it is installed once, with the venv module and pip,
 into ``uv.dir`` (a folder per uv version, complete once its marker is there). The lock is the
-exact ``name==version`` set with the index's hashes, for this host's Python and platform: given
-(another host's, used when resolved for the same platform), ``own`` (the one in ``path``, whose
-digest must match), or resolved here. With ``stage`` the lock is only resolved and written there.
-Names in ``without`` are resolved as if no package required them (a uv override whose marker is
-never true), so they are neither in the lock nor installed.
+exact ``name==version`` set with the index's hashes, for this host's Python and machine: the text
+the controller resolved for this host's platform (``kimi_deploy.release_lock``; its first line
+names the platform, and must name this host's), or ``own``, the one in ``path``, whose digest must
+match, to rebuild a damaged release as it was. No lock is resolved here.
 
-Every lock text, given, own or resolved here, is checked (``hostside.boundary_lock.check_lock``)
+Every lock text, given or own, is checked (``hostside.boundary_lock.check_lock``)
 before it is written or handed to uv: only ``name==version`` lines each with ``--hash=sha256:``,
 pinning every requirement at its version; anything else fails before uv runs. uv installs wheels
 only (``--no-build``, ``--require-hashes``): nothing from the index or a lock runs while installing.
@@ -37,65 +36,20 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
-from hostside.boundary_index import project_versions
-from hostside.boundary_lock import METADATA_MAX_BYTES, canonical_version, check_lock, is_name, metadata_pin
+from hostside.boundary_lock import METADATA_MAX_BYTES, canonical_version, check_lock, metadata_pin
 from hostside.boundary_text import shown
+from hostside.uv_process import HTTP_RETRIES, HTTP_TIMEOUT_S, environment, reason
 
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
-# Names in the index's file links: "name-1.2.3-py3-none-any.whl", "name-1.2.3.tar.gz".
-_DOWN = (
-    r"503|502|504|Connection refused|tcp connect error|error sending request|timed out|"
-    r"Network is unreachable|dns error|Max retries exceeded|Could not fetch URL"
-)
-
-
-def _available(index_url: str, project: str) -> str | None:
-    """The versions of ``project`` the index lists, in its order ("none": it lists none); None
-    when the index does not answer."""
-    versions = project_versions(index_url, project)
-    return None if versions is None else ", ".join(versions) or "none"
-
-
-def _reason(output: str, index_url: str) -> str:
-    """One line for what uv (or pip, bootstrapping uv) printed when it failed."""
-    if re.search(_DOWN, output):
-        return f"package index {index_url} does not answer"
-    missing = re.search(r"there is no version of (\S+?)(?:\[|\s|,|$)", output) or re.search(
-        r"No matching distribution found for (\S+)", output
-    )
-    unknown = re.search(r"\S+ was not found in the package registry and you require (\S+?),", output) or re.search(
-        r"(\S+) was not found in the package registry", output
-    )
-    found = missing or unknown
-    if found:
-        spec = found.group(1).strip("`'\"")
-        listed = re.search(r"\(from versions: ([^)]*)\)", output)
-        # pip reads an index that answers 503 as one listing no versions: ask the index.
-        have = _available(index_url, re.split(r"[=<>!~\[]", spec)[0])
-        if have is None:
-            return f"package index {index_url} does not answer"
-        return f"{spec} is not on {index_url} (available: {listed.group(1) if listed else have})"
-    mismatch = re.search(r"Hash mismatch for `?([^`\s]+)", output)
-    if mismatch:
-        return f"{mismatch.group(1)}: {index_url} serves other bytes than the lock's hash"
-    errors = [line.split(":", 1)[-1].strip() for line in output.splitlines() if line.lower().startswith("error")]
-    causes = [line.strip().removeprefix("cause: ") for line in output.splitlines() if line.strip().startswith("cause:")]
-    if errors:
-        return f"{errors[0]}: {causes[-1]}" if causes else errors[0]
-    return output.strip().splitlines()[-1] if output.strip() else "uv failed without output"
-
-
 def _fail(message: str, *remove: str) -> NoReturn:
     for path in remove:
         shutil.rmtree(path, ignore_errors=True)
@@ -110,28 +64,10 @@ def _fail(message: str, *remove: str) -> NoReturn:
 _TMP = ".kimi-uv-tmp"
 
 
-# How long uv and pip wait for an index that accepted the connection, and how often they try
-# again: a site's own index serves every host of a run at once (64 hosts bootstrapping uv and
-# installing at the same moment kept one from answering within 15 s on the local cluster).
-# uv's defaults (30 s, 3 retries) and pip's (15 s, 5) are for one machine; an index that refuses
-# connections or answers 503 still fails within seconds.
-HTTP_TIMEOUT_S = 60
-HTTP_RETRIES = 3
-
-
 def _run(argv: list[str], index_url: str, *remove: str, stdin: str | None = None) -> str:
-    # UV_COMPILE_BYTECODE would have uv start the venv's interpreter (or refuse --no-compile-bytecode).
-    env = {
-        **{name: value for name, value in os.environ.items() if name != "UV_COMPILE_BYTECODE"},
-        "UV_PYTHON_DOWNLOADS": "never",
-        "UV_HTTP_TIMEOUT": str(HTTP_TIMEOUT_S),
-        "UV_HTTP_RETRIES": str(HTTP_RETRIES),
-        "UV_NO_PROGRESS": "1",
-        "NO_COLOR": "1",
-    }
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False, env=env)
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False, env=environment(os.environ))
     if done.returncode != 0:
-        _fail(_reason(done.stdout + done.stderr, index_url), *remove)
+        _fail(reason(done.stdout + done.stderr, index_url), *remove)
     return done.stdout
 
 
@@ -176,26 +112,6 @@ def _checked(text: str, requirements: list[str], what: str, *remove: str) -> dic
         _fail(f"{what} is refused: {exc}", *remove)
 
 
-def _resolve(uv: str, requirements: list[str], index_url: str, without: list[str], *remove: str) -> str:
-    """The lock of ``requirements`` for this host: exact pins with the index's hashes, wheels only
-    (resolving builds no source distribution, so runs nothing from the index); no package of
-    ``without`` in it."""
-    argv = [uv, "pip", "compile", "--no-config", "--no-cache", "--no-build", "--python", sys.executable]
-    argv += ["--generate-hashes", "--no-header", "--no-annotate", "--index-url", index_url]
-    bad = [name for name in without if not is_name(name)]
-    if bad:
-        _fail(f"without: {shown(bad[0])} is not a package name", *remove)
-    with tempfile.TemporaryDirectory(prefix="kimi-uv-") as folder:
-        if without:
-            overrides = os.path.join(folder, "without.txt")
-            # An override replaces every requirement on the package; one whose marker never holds
-            # removes it (uv has no other way to leave out a dependency another package declares).
-            _write(overrides, "".join(f'{name} ; sys_platform == "never"\n' for name in sorted(without)))
-            argv += ["--override", overrides]
-        pins = _run([*argv, "-"], index_url, *remove, stdin="".join(f"{r}\n" for r in requirements))
-    return f"# platform: {_platform()}\n# index: {index_url}\n{pins}"
-
-
 def _manifest(root: str) -> dict[str, int]:
     """Every file and link under ``root`` with its size (``lstat``), but the marker, the manifest
     and bytecode caches (Python recompiles a bad one; a third of the files, none needed to run)."""
@@ -211,23 +127,27 @@ def _manifest(root: str) -> dict[str, int]:
     return dict(sorted(files.items()))
 
 
-def _lock_text(req: dict[str, Any], uv: str, new: str) -> tuple[str, str]:
-    """The lock to install and where it came from ("given", "own", "resolved here")."""
-    path, lock, index_url = req["path"], req.get("lock"), req["index_url"]
-    if lock and lock.get("own"):
+def _lock_text(req: dict[str, Any], new: str) -> tuple[str, str]:
+    """The lock to install and where it came from: the controller's ("given"), or the release's
+    own ("own", to rebuild a damaged release as it was)."""
+    path, lock = req["path"], req.get("lock") or {}
+    if lock.get("own"):
         try:
             with open(os.path.join(path, LOCK), encoding="utf-8") as f:
                 text = f.read()
         except OSError as exc:
             _fail(f"{path}: its lock cannot be read: {exc.strerror}", new)
         if hashlib.sha256(text.encode()).hexdigest() != lock["own"]:
-            _fail(f"{path}: its lock changed since install: remove the folder to resolve it again", new)
+            _fail(f"{path}: its lock changed since install: remove the folder to install it again", new)
         return text, "own"
-    if lock and lock.get("text"):
-        if f"# platform: {_platform()}\n" in lock["text"]:
-            return lock["text"], "given"
-        print(f"kimi-deploy: {path}: the lock given is for another platform, not {_platform()}", file=sys.stderr)
-    return _resolve(uv, req["requirements"], index_url, req.get("without") or [], new), "resolved here"
+    given = lock.get("text")
+    if not isinstance(given, str) or not given:
+        _fail(f"{path}: no lock given (the controller resolves every release's lock)", new)
+    text = given
+    if not text.startswith(f"# platform: {_platform()}\n"):
+        first = shown(text.split("\n", 1)[0])
+        _fail(f"{path}: the lock given is for another platform ({first}), this host is {_platform()}", new)
+    return text, "given"
 
 
 def _site_packages(new: str) -> str:
@@ -298,7 +218,7 @@ def main() -> None:
     req: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
     given = (req.get("lock") or {}).get("text")
     if given:
-        # Another host's text: checked before anything runs or is made, uv and its bootstrap included.
+        # Checked before anything runs or is made, uv and its bootstrap included.
         _checked(given, req["requirements"], f"{req['path']}: the lock given")
     tmp = os.path.join(os.path.dirname(req["path"]), _TMP)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -314,22 +234,10 @@ def _install(req: dict[str, Any]) -> None:
     path, index_url = req["path"], req["index_url"]
     started = time.monotonic()
     uv = _bootstrap(req["uv"]["version"], req["uv"]["dir"], index_url)
-    if req.get("stage"):
-        folder, name = os.path.split(req["stage"])
-        os.makedirs(folder, exist_ok=True)
-        # Earlier runs' locks of this release: gone before resolving, so a failure leaves none.
-        for old in os.listdir(folder):
-            if old.startswith(name.split("@")[0] + "@"):
-                os.remove(os.path.join(folder, old))
-        text = _resolve(uv, req["requirements"], index_url, req.get("without") or [])
-        packages = len(_checked(text, req["requirements"], f"{path}: the lock resolved from {index_url}"))
-        _write(req["stage"], text)
-        print(json.dumps({"ok": True, "stage": req["stage"], "packages": packages}))
-        return
     new = f"{path}.kimi-new"
     shutil.rmtree(new, ignore_errors=True)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    text, source = _lock_text(req, uv, new)
+    text, source = _lock_text(req, new)
     locked = _checked(text, req["requirements"], f"{path}: the lock ({source})", new)
     _run([uv, "venv", "--no-config", "--quiet", "--relocatable", "--python", sys.executable, new], index_url, new)
     _write(os.path.join(new, LOCK), text)

@@ -58,8 +58,6 @@ class RunView:
     peers: Mapping[str, tuple[Converge, HostState | None]]
     # this host's part of the weights fan-out (``weights_fanout.plan_fan_out``)
     fan_out: FanOutPart
-    # where each release of this host takes its lock from, by folder (``venv_lock.lock_source``)
-    locks: Mapping[str, LockSource | None]
 
 
 @dataclass(frozen=True)
@@ -68,6 +66,8 @@ class ReleaseStep:
     lock: LockSource | None
     # the release marker the probe found (None: absent or incomplete)
     current: ReleaseMarker | None
+    # what the host reported its releases are built for (unchecked: ``release_lock.HostPlatform``)
+    platform: Any = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,6 @@ def run_view(
     todos: Mapping[str, tuple[DeployPlan, Converge]],
     probed: Mapping[str, Any],
     *,
-    order: Sequence[str],
     in_topology: Sequence[HostPlan],
     fan_out: Mapping[str, FanOutPart],
     run_id: str,
@@ -178,23 +177,18 @@ def run_view(
 ) -> RunView:
     """Host ``me``'s view of the run: ``todos``, its own converge and those of ``in_topology`` (the
     hosts of its topology the run covers); ``probed``, every host's answer (or the exception its
-    probe raised), the hosts in ``order``; ``fan_out``, ``plan_fan_out`` of every host's
+    probe raised); ``fan_out``, ``plan_fan_out`` of every host's
     ``weights_host``."""
     peers: dict[str, tuple[Converge, HostState | None]] = {}
     for p in in_topology:
         found = probed.get(p.host)
         peers[p.host] = (todos[p.host][1], cast(HostState, found) if isinstance(found, dict) else None)
-    mine = todos[me][1]
     return RunView(
         run_id=run_id,
         transfer_key=transfer_key,
         in_topology=tuple(in_topology),
         peers=peers,
         fan_out=fan_out[me],
-        # Every host installing a release installs the same lock: its own (a damaged copy is
-        # rebuilt from it), that of a host holding the release, or the one the first installer
-        # resolves before the rest.
-        locks={r.path: lock_source(me, r.path, r.requirements, probed, order) for r in mine.venvs},
     )
 
 
@@ -324,7 +318,12 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         # Before any change on any host: starting would fail, and the running release must stay.
         refusal=f"{spec.host}: {conflicts[0]}" if conflicts else None,
         preflight_failures=preflight_check(preflight_needs(todo, deploy, found), found["hardware"] or {}),
-        releases=[ReleaseStep(r, run.locks.get(r.path), found["venvs"].get(r.path)) for r in todo.venvs],
+        # A damaged release is rebuilt from its own lock; any other is installed from the lock the
+        # controller resolves for this host's platform.
+        releases=[
+            ReleaseStep(r, lock_source(found["venvs"].get(r.path)), found["venvs"].get(r.path), found.get("platform"))
+            for r in todo.venvs
+        ],
         uv=recipe.tools.uv,
         uv_dir=tool_dir(recipe, "uv", recipe.tools.uv),
         hub_token=todo.weights.token if todo.weights is not None else None,

@@ -66,9 +66,10 @@ class RunContext:
     fan_out: dict[str, FanOutPart] | None = None
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
-    # (host, file) -> a lock's text read from another host (or None), read once for all hosts
-    # that need it
-    locks: dict[tuple[str, str], Once] = field(default_factory=dict)
+    # a release's lock for one platform (``kimi_deploy.release_lock``: requirements, without,
+    # index, platform) -> its text, or the ``LockError`` resolving it raised: made once for all
+    # hosts that install it
+    locks: dict[tuple[Any, ...], Once] = field(default_factory=dict)
     # (host, path) of damaged releases already reported
     damage_said: set[tuple[str, str]] = field(default_factory=set)
     # host name -> whether its rehearsal found a step to take (``kimi_pyinfra.rehearsal``)

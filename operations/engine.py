@@ -1,23 +1,25 @@
 """Engine (and tool) releases: one immutable virtual environment per pinned version, installed
-with uv from a lock that every host installing the release shares (see ``kimi_deploy.venv_lock``)."""
+with uv from the lock the controller resolved for the host's platform (``kimi_deploy.venv_lock``,
+``kimi_deploy.release_lock``)."""
 
 from __future__ import annotations
 
-import hashlib
+import shlex
 from collections.abc import Generator
 from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
-from pyinfra.context import ctx_host, host, state
+from pyinfra.context import host, state
 
-from facts.engine import LockFile
+from hostside.boundary_text import printable
 from hostside.probe_types import ReleaseMarker
 from kimi_deploy.host_paths import release_dir
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.recipe import Paths
-from kimi_deploy.venv_lock import LOCK_FILE, LockSource, damage_line, lock_refusal, staged_lock
+from kimi_deploy.release_lock import HostPlatform, LockError, cached_lock
+from kimi_deploy.venv_lock import LockSource, damage_line
 from kimi_pyinfra.run_context import Once, run_context
 
 
@@ -38,79 +40,49 @@ def _uv(version: str, folder: str | None) -> dict[str, str]:
     return {"version": version, "dir": folder or release_dir(Paths().tools, "uv", version)}
 
 
-def _lock_of(name: str, file: str) -> str | None:
-    """The text of ``file`` on host ``name`` of this run, read once per run over one channel of
-    that host's connection, however many hosts ask at once: the first to ask reads it, the
-    others wait for that read (sshd refuses an 11th channel: ``MaxSessions 10``)."""
-    read = run_context().locks
-    if (name, file) not in read:
-        once = read[(name, file)] = Once()
+def _controllers_lock(requirements: list[str], without: list[str], index_url: str, platform: HostPlatform) -> str:
+    """The lock the controller holds or resolves for ``platform``: made once per run however
+    many hosts ask at once (the first to ask makes it, the others wait for it)."""
+    context = run_context()
+    key = (tuple(requirements), tuple(without), index_url, platform)
+    if key not in context.locks:
+        once = context.locks[key] = Once()
         try:
-            other = state.inventory.get_host(name)
-            with ctx_host.use(other):
-                once.value = other.get_fact(LockFile, path=file)
+            once.value = cached_lock(requirements, without, index_url, platform, context.environ)
+        except LockError as exc:
+            once.value = exc
         finally:
             once.done.set()
-    read[(name, file)].done.wait()
-    text: str | None = read[(name, file)].value
-    return text
+    context.locks[key].done.wait()
+    made = context.locks[key].value
+    if isinstance(made, LockError):
+        raise made
+    return str(made)
 
 
-@operation()
-def lock_resolved(
-    *,
-    path: str,
-    requirements: list[str],
-    index_url: str,
-    source: LockSource | None,
-    uv: str,
-    uv_dir: str | None = None,
-    without: list[str] | None = None,
-) -> Generator[str, None, None]:
-    """
-    Resolve the lock of a release that several hosts of this run install and none holds, once,
-    on the first of them, before any of them installs it.
-
-    + path: the release folder
-    + requirements: every pinned requirement of the release
-    + index_url: the package index to resolve against
-    + source: where this host's lock comes from (``kimi_deploy.venv_lock.lock_source``)
-    + uv: the uv release to resolve with (bootstrapped from the index once per host)
-    + uv_dir: its folder (default: ``uv-<version>`` in the recipe's default tools folder)
-    + without: requirements of the release left out of its lock
-
-    The lock is left in ``/var/lib/kimi/locks/`` for the other hosts' installs to read.
-    """
-    if source is None or source.kind != "resolver":
-        host.noop(f"{path}: no lock to resolve for other hosts")
-        return
-    if source.host != host.name:
-        host.noop(f"{path}: its lock is resolved on {source.host}")
-        return
-    request = {"path": path, "requirements": requirements, "index_url": index_url, "uv": _uv(uv, uv_dir)}
-    request["without"] = without or []
-    yield hostside_command("python3", "venv_install.py", {**request, "stage": staged_lock(path, run_context().run_id)})
-
-
-def _lock_request(source: LockSource, path: str, requirements: list[str]) -> dict[str, str] | None:
-    """What the install is told about its lock; None: resolve it on the host. A text read from
-    another host goes nowhere before it passes the lock rule and pins the recipe's versions."""
+def _lock_request(
+    source: LockSource, path: str, requirements: list[str], *, without: list[str], index_url: str, found: Any
+) -> dict[str, str] | None:
+    """What the install is told about its lock: its own, or the text the controller resolves for
+    the platform the host reported (``kimi_deploy.release_lock``), once the run executes (None
+    before: pyinfra also runs this to detect changes, and a dry run installs nothing); ``LockError``
+    when the host's platform is not one to resolve for, or the release does not resolve."""
     if source.kind == "own":
         return {"own": source.sha256 or ""}
-    text = None
-    if source.kind == "peer" and source.host:
-        text = _lock_of(source.host, f"{path}/{LOCK_FILE}")
-        if text is None or hashlib.sha256(text.encode()).hexdigest() != source.sha256:
-            raise OperationError(f"{path}: the lock {source.host} holds could not be read intact")
-    elif source.kind == "resolver" and source.host and state.is_executing:
-        # Absent when the resolver failed: then this host resolves, and fails for the same reason.
-        text = _lock_of(source.host, staged_lock(path, run_context().run_id))
-    if not text or not source.host:
+    if not state.is_executing:
         return None
-    refused = lock_refusal(path, source.host, text, requirements)
-    if refused is not None:
-        raise OperationError(refused)
-    return {"text": text}
+    try:
+        platform = HostPlatform.parse(found)
+    except ValueError as exc:
+        raise LockError(str(exc)) from None
+    return {"text": _controllers_lock(requirements, without, index_url, platform)}
+
+
+def _failed(line: str) -> str:
+    """A command that fails the host with ``line`` (``kimi-deploy: ...``), as its own programs do:
+    the host stops here, the others go on. What a host reported reaches the operator's terminal
+    without its escape sequences."""
+    return f"printf '%s\\n' {shlex.quote(printable(f'kimi-deploy: {line}'))} >&2; exit 1"
 
 
 @operation()
@@ -123,6 +95,7 @@ def venv(
     index_url: str,
     current: ReleaseMarker | None,
     lock: LockSource | None = None,
+    platform: Any = None,
     uv: str,
     uv_dir: str | None = None,
     without: list[str] | None = None,
@@ -137,7 +110,9 @@ def venv(
     + index_url: the package index to install from
     + current: the release marker the host probe found in ``path`` (None: absent or incomplete)
     + lock: where the lock comes from (``kimi_deploy.venv_lock.lock_source``); None: the release's
-      own lock when it is damaged, else resolved on this host while installing
+      own lock when it is damaged, else the controller's
+    + platform: what the host's probe reported its releases are built for (the controller resolves
+      the lock for it: ``kimi_deploy.release_lock``)
     + uv: the uv release to install with (bootstrapped from the index once per host)
     + uv_dir: its folder (default: ``uv-<version>`` in the recipe's default tools folder)
     + without: requirements of the release never installed: resolved as if nothing required them
@@ -147,9 +122,8 @@ def venv(
     error). A damaged one (a file of its manifest missing or of another size) is rebuilt beside it
     from its lock and then takes its place: an engine running from it keeps running, and is not
     restarted since its release did not change. A folder without a marker is an interrupted
-    install and is rebuilt. A failed install leaves ``path`` as it was. A lock read from another
-    host fails this host, naming that host and the rule, unless it holds only ``name==version``
-    lines each with ``--hash=sha256:`` and pins every requirement at its version.
+    install and is rebuilt. A failed install leaves ``path`` as it was. A release that does not
+    resolve for the host's platform fails the host in one line, before anything is installed.
 
     **Example:**
 
@@ -173,20 +147,23 @@ def venv(
     if lock is None:
         own = (current or {}).get("lock") or {}
         intact = bool(damaged and damaged.get("lock_intact") and own.get("sha256"))
-        lock = LockSource("own", host.name, own["sha256"]) if intact else LockSource("here")
+        lock = LockSource("own", own["sha256"]) if intact else LockSource("controller")
     said = run_context().damage_said
     if damaged and (host.name, path) not in said:
         # Once per run: pyinfra runs this at change detection and again when it executes.
         said.add((host.name, path))
-        how = {"own": "from its lock", "peer": f"from the lock {lock.host} holds"}.get(lock.kind, "from a new lock")
+        how = "from its lock" if lock.kind == "own" else "from a new lock"
         host.log(f"kimi-deploy: {damage_line(path, damaged)}: rebuilding it {how}, beside it", logger.warning)
-    request = {
+    request: dict[str, Any] = {
         "path": path,
         "requirements": requirements,
         "index_url": index_url,
         "marker": release_marker(package, version, requirements, index_url, without),
-        "without": without,
         "uv": _uv(uv, uv_dir),
-        "lock": _lock_request(lock, path, requirements),
     }
+    try:
+        request["lock"] = _lock_request(lock, path, requirements, without=without, index_url=index_url, found=platform)
+    except LockError as exc:
+        yield _failed(f"{path}: {exc}")
+        return
     yield hostside_command("python3", "venv_install.py", request)

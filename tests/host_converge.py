@@ -70,6 +70,7 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
         "revisions": {"present": present, "history": present} if todo.weights else None,
         "listeners": {},
         "packages": dict.fromkeys(todo.packages, installed),
+        "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},
         "current": todo.release.dir if running else None,
         "last_release": None,
         "releases": None,

@@ -53,7 +53,7 @@ def steps_of(me: str, plans: Mapping[str, tuple[DeployPlan, Converge]], probed: 
     deploy, todo = plans[me]
     order = list(plans)
     fan_out = plan_fan_out([weights_host(*plans[h], probed[h]) for h in order])
-    view = run_view(me, plans, probed, order=order, in_topology=deploy.topology, fan_out=fan_out, run_id=RUN,
+    view = run_view(me, plans, probed, in_topology=deploy.topology, fan_out=fan_out, run_id=RUN,
                     transfer_key="k" * 43)  # fmt: skip
     return converge_steps(deploy, todo, probed[me], view)
 
@@ -80,8 +80,8 @@ def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe
     assert steps.refusal is None
     assert steps.preflight_failures == []
     assert [s.current for s in steps.releases] == [None, None]
-    # no host holds a release: the first installer resolves each lock for the others
-    assert [(s.lock.kind, s.lock.host) if s.lock else None for s in steps.releases] == [("resolver", "gb300-p01")] * 2
+    # no host holds a release: each is installed from the lock the controller resolves
+    assert [s.lock.kind if s.lock else None for s in steps.releases] == ["controller"] * 2
     # the first host of the group fetches from the Hub and serves the others
     weights = steps.weights
     assert weights is not None

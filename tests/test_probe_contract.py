@@ -143,6 +143,7 @@ def test_the_check_finds_what_the_types_refuse() -> None:
         "revisions": None, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
         "ladder": [],
         "watchdog": None,
+        "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},
     }  # fmt: skip
     assert problems(answer, StateAnswer) == []
     assert problems({**answer, "free": 1}, StateAnswer) == ["answer: 'free' is not a key of StateAnswer"]

@@ -1,15 +1,15 @@
-"""Engine and tool releases installed from one lock: where each host's lock comes from, that a
-lock read from another host is refused before it goes anywhere unless it is hashed pins of the
-recipe's versions, what the host probe finds damaged in a release, and the one line an install
-failure comes down to (uv's and pip's output as they print it, captured against the local package
-index)."""
+"""Engine and tool releases installed from one lock: where each host's lock comes from (its own,
+or the controller's for its platform, never another host's), that the platform a host reports is
+checked before anything is resolved for it, what the host probe finds damaged in a release, and
+the one line an install failure comes down to (uv's and pip's output as they print it, captured
+against the local package index)."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
+import subprocess
 import urllib.request
 import zlib
 from pathlib import Path
@@ -17,13 +17,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from pyinfra.api.exceptions import OperationError
 
-from facts.engine import LockFile
-from hostside import state_probe, venv_install
+from hostside import state_probe, uv_process, venv_install
 from hostside.boundary_lock import lock_pins
 from hostside.probe_types import ReleaseMarker
-from kimi_deploy.venv_lock import LockSource, damage_line, lock_source, staged_lock
+from kimi_deploy.release_lock import HostPlatform, LockError
+from kimi_deploy.venv_lock import LockSource, damage_line, lock_source
 from kimi_pyinfra.run_context import RunContext
 from operations import engine
 
@@ -36,57 +35,25 @@ DAMAGED = {**HOLDS, "damaged": {"count": 1, "first": ["lib/python3.11/site-packa
 LOCK_GONE = {**HOLDS, "damaged": {"count": 2, "first": [".kimi-lock.txt", "bin/vllm"], "lock_intact": False}}
 
 
-def probes(**venvs: Any) -> dict[str, Any]:
-    return {name: {"venvs": {PATH: marker}} for name, marker in venvs.items()}
-
-
-ORDER = ["h1", "h2", "h3", "h4"]
-
 
 def test_a_host_holding_its_release_installs_nothing() -> None:
-    assert lock_source("h1", PATH, REQS, probes(h1=HOLDS, h2=None), ORDER) is None
+    assert lock_source(HOLDS) is None
 
 
 def test_a_damaged_release_is_rebuilt_from_its_own_lock() -> None:
-    assert lock_source("h2", PATH, REQS, probes(h1=HOLDS, h2=DAMAGED), ORDER) == LockSource("own", "h2", "a" * 64)
+    assert lock_source(DAMAGED) == LockSource("own", "a" * 64)
 
 
-def test_a_new_host_installs_the_lock_a_host_of_the_run_holds() -> None:
-    found = probes(h1=None, h2=LOCK_GONE, h3=HOLDS, h4=HOLDS)
-    for name in ("h1", "h2"):
-        assert lock_source(name, PATH, REQS, found, ORDER) == LockSource("peer", "h3", "a" * 64)
-
-
-def test_when_several_hosts_install_and_none_holds_it_the_first_resolves_for_all() -> None:
-    found = probes(h2=None, h3=LOCK_GONE, h4=None)
-    found["h1"] = OSError("unreachable")
-    for name in ("h2", "h3", "h4"):
-        assert lock_source(name, PATH, REQS, found, ORDER) == LockSource("resolver", "h2")
-
-
-def test_a_host_installing_alone_resolves_while_installing() -> None:
-    # h2 and h3 do not have this release in their plan (another engine): they take no part.
-    found = probes(h1=None) | {"h2": {"venvs": {}}, "h3": {"venvs": {}}}
-    assert lock_source("h1", PATH, REQS, found, ORDER) == LockSource("here")
-
-
-def test_a_release_installed_by_an_older_deploy_has_no_lock_to_share() -> None:
-    old = {"package": "vllm", "version": "0.34.0", "requirements": REQS, "index_url": INDEX}
-    assert lock_source("h2", PATH, REQS, probes(h1=old, h2=None), ORDER) == LockSource("here")
-
-
-def test_a_host_with_other_pins_is_no_source() -> None:
-    other = {**HOLDS, "requirements": ["vllm==0.34.0"]}
-    assert lock_source("h2", PATH, REQS, probes(h1=other, h2=None), ORDER) == LockSource("here")
+def test_any_other_install_takes_the_controllers_lock_whatever_other_hosts_hold() -> None:
+    old = {"package": "vllm", "version": "0.34.0", "requirements": REQS, "index_url": INDEX, "damaged": {"count": 1}}
+    for marker in (None, LOCK_GONE, old):
+        assert lock_source(marker) == LockSource("controller")
 
 
 def test_lock_helpers() -> None:
     text = f"# platform: cp311-x86_64\nvllm==0.34.0 \\\n    --hash=sha256:{'91fb' * 16}\nFast_SafeTensors==0.5.0 \\\n"
     text += f"    --hash=sha256:{'1d06' * 16}\n"
     assert lock_pins(text) == {"vllm": "0.34.0", "fast-safetensors": "0.5.0"}
-    assert staged_lock(PATH, "20250101T000000Z-ab12") == (
-        "/var/lib/kimi/locks/vllm-0.34.0+fastsafetensors-0.5.0@20250101T000000Z-ab12.txt"
-    )
     assert damage_line(PATH, DAMAGED["damaged"]) == (  # type: ignore[arg-type]
         f"{PATH}: 1 file missing or changed since install (lib/python3.11/site-packages/vllm/__init__.py)"
     )
@@ -94,72 +61,105 @@ def test_lock_helpers() -> None:
 
 LOCK = (Path(__file__).resolve().parent / "fixtures/locks/vllm-0.34.0+fastsafetensors-0.5.0.txt").read_text()
 EVIL = LOCK + "evil @ file:///tmp/evil-1.0.tar.gz\n"
-UNHASHED = "".join(LOCK.splitlines(keepends=True)[:2]) + "fastsafetensors==0.5.0\nvllm==0.34.0\n"
 RULE = "a lock holds only name==version lines, each with --hash=sha256:<64 hex>"
+PLATFORM = {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"}
 
 
-def _install(monkeypatch: pytest.MonkeyPatch, lock: LockSource, texts: dict[tuple[str, str], str]) -> list[str]:
-    """The commands ``engine.venv`` yields for a new release on this host, with ``texts`` as the
-    lock files other hosts hold; raises what the operation raises."""
-    monkeypatch.setattr(engine, "_lock_of", lambda name, file: texts.get((name, file)))
-    run = RunContext(run_id="20250101T000000Z-ab12", transfer_key="", environ={})
-    monkeypatch.setattr(engine, "run_context", lambda: run)
-    monkeypatch.setattr(engine, "state", SimpleNamespace(is_executing=True))
+def _install(
+    monkeypatch: pytest.MonkeyPatch,
+    lock: LockSource,
+    resolved: list[tuple[Any, ...]],
+    executing: bool = True,
+    same_run: bool = False,
+) -> list[str]:
+    """The commands ``engine.venv`` yields for a new release on this host, the controller's
+    resolutions recorded in ``resolved``; raises what the operation raises."""
+
+    def cached_lock(
+        requirements: list[str], without: list[str], index_url: str, platform: HostPlatform, environ: Any
+    ) -> str:
+        resolved.append((requirements, without, index_url, platform))
+        return LOCK
+
+    monkeypatch.setattr(engine, "cached_lock", cached_lock)
+    if not same_run:
+        _context(monkeypatch, executing)
     return list(
         engine.venv._inner(
             path=PATH, package="vllm", version="0.34.0", requirements=REQS, index_url=INDEX, current=None,
-            lock=lock, uv="0.13.9",
+            lock=lock, platform=PLATFORM, uv="0.13.9", without=["torchvision"],
         )
     )  # fmt: skip
 
 
-def _peer(text: str) -> LockSource:
-    return LockSource("peer", "h3", hashlib.sha256(text.encode()).hexdigest())
+def _context(monkeypatch: pytest.MonkeyPatch, executing: bool = True) -> None:
+    run = RunContext(run_id="20250101T000000Z-ab12", transfer_key="", environ={})
+    monkeypatch.setattr(engine, "run_context", lambda: run)
+    monkeypatch.setattr(engine, "state", SimpleNamespace(is_executing=executing))
 
 
-def test_a_lock_read_from_a_peer_goes_to_the_install_as_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    (command,) = _install(monkeypatch, _peer(LOCK), {("h3", f"{PATH}/.kimi-lock.txt"): LOCK})
-    request = json.loads(zlib.decompress(base64.b64decode(command.rsplit(" ", 1)[1])))
-    assert request["lock"] == {"text": LOCK}
+def _fails(command: str) -> str:
+    """What ``command`` prints on stderr, run as the host runs it; it must fail."""
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False, timeout=10)
+    assert (done.returncode, done.stdout) == (1, "")
+    return done.stderr
+
+
+def _request(command: str) -> dict[str, Any]:
+    return dict(json.loads(zlib.decompress(base64.b64decode(command.rsplit(" ", 1)[1]))))
+
+
+def test_the_install_gets_the_lock_the_controller_resolved_for_the_hosts_platform(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    resolved: list[tuple[Any, ...]] = []
+    (command,) = _install(monkeypatch, LockSource("controller"), resolved)
+    assert _request(command)["lock"] == {"text": LOCK}
+    platform = HostPlatform((3, 11), "x86_64", (2, 36))
+    assert resolved == [(REQS, ["torchvision"], INDEX, platform)]
+    # a second host of the platform in the run: the same lock, not resolved again
+    (command,) = _install(monkeypatch, LockSource("controller"), resolved, same_run=True)
+    assert (_request(command)["lock"], len(resolved)) == ({"text": LOCK}, 1)
+    # pyinfra also runs the operation to detect changes: nothing is resolved then
+    resolved.clear()
+    (command,) = _install(monkeypatch, LockSource("controller"), resolved, executing=False)
+    assert (_request(command)["lock"], resolved) == (None, [])
 
 
 @pytest.mark.parametrize(
-    ("text", "rule"),
+    ("found", "line"),
     [
-        (EVIL, f"line 7: 'evil @ file:///tmp/evil-1.0.tar.gz': a direct reference (URL or path): {RULE}"),
-        (LOCK + "-e /tmp/evil\n", f"line 7: '-e /tmp/evil': an option: {RULE}"),
-        (
-            "--index-url http://evil.example/simple\n" + LOCK,
-            f"line 1: '--index-url http://evil.example/simple': an option: {RULE}",
-        ),
-        (UNHASHED, f"line 3: fastsafetensors==0.5.0 carries no --hash=sha256: {RULE}"),
-        (LOCK.replace("vllm==0.34.0", "vllm==0.34.1"), "the lock pins vllm==0.34.1, the recipe vllm==0.34.0"),
+        (None, "the host did not report its platform"),
+        ({**PLATFORM, "machine": "x86_64\x1b[2J"}, "machine 'x86_64\\x1b[2J': expected one of x86_64, aarch64"),
+        ({**PLATFORM, "python": "3.11; rm -rf /"}, "python '3.11; rm -rf /': expected a CPython 3.x version"),
+        ({**PLATFORM, "libc": "musl 1.2"}, "C library 'musl 1.2': expected glibc 2.17 or newer"),
     ],
-    ids=["direct reference", "editable", "another index", "no hashes", "other versions"],
+    ids=["none", "escape", "python", "musl"],
 )
-def test_a_bad_lock_read_from_a_peer_fails_the_host_naming_the_peer(
-    monkeypatch: pytest.MonkeyPatch, text: str, rule: str
+def test_a_platform_the_host_reports_is_checked_before_anything_is_resolved(
+    monkeypatch: pytest.MonkeyPatch, found: Any, line: str
 ) -> None:
-    with pytest.raises(OperationError) as refused:
-        _install(monkeypatch, _peer(text), {("h3", f"{PATH}/.kimi-lock.txt"): text})
-    assert str(refused.value) == f"{PATH}: the lock read from h3 is refused: {rule}"
+    monkeypatch.setattr(engine, "cached_lock", lambda *a: pytest.fail("resolved"))
+    _context(monkeypatch)
+    (command,) = engine.venv._inner(
+        path=PATH, package="vllm", version="0.34.0", requirements=REQS, index_url=INDEX, current=None,
+        lock=LockSource("controller"), platform=found, uv="0.13.9",
+    )  # fmt: skip
+    assert _fails(command) == f"kimi-deploy: {PATH}: {line}\n"
 
 
-def test_a_bad_lock_a_resolver_staged_fails_the_host_naming_the_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
-    staged = staged_lock(PATH, "20250101T000000Z-ab12")
-    with pytest.raises(OperationError) as refused:
-        _install(monkeypatch, LockSource("resolver", "h2"), {("h2", staged): EVIL})
-    assert str(refused.value) == (
-        f"{PATH}: the lock read from h2 is refused: line 7: 'evil @ file:///tmp/evil-1.0.tar.gz': "
-        f"a direct reference (URL or path): {RULE}"
-    )
+def test_a_release_that_does_not_resolve_fails_the_host_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any) -> str:
+        raise LockError(f"vllm==0.34.0 -> flashinfer-python==0.7.3 is not on {INDEX} (available: 0.7.4)")
 
-
-def test_lock_file_fact_returns_the_exact_text() -> None:
-    text = "vllm==0.34.0 \\\n    --hash=sha256:91fb\n"
-    assert LockFile().process([base64.b64encode(text.encode()).decode()]) == text
-    assert LockFile().process([]) is None
-    assert "base64 -w0 '/opt/kimi/a b'" in LockFile().command("/opt/kimi/a b")
+    monkeypatch.setattr(engine, "cached_lock", refuse)
+    _context(monkeypatch)
+    (command,) = engine.venv._inner(
+        path=PATH, package="vllm", version="0.34.0", requirements=REQS, index_url=INDEX, current=None,
+        lock=LockSource("controller"), platform=PLATFORM, uv="0.13.9",
+    )  # fmt: skip
+    line = f"vllm==0.34.0 -> flashinfer-python==0.7.3 is not on {INDEX} (available: 0.7.4)"
+    assert _fails(command) == f"kimi-deploy: {PATH}: {line}\n"
 
 
 # uv 0.13.9 and pip 23.0.1 (Debian 12's ensurepip) against localcluster.pkgindex.
@@ -192,6 +192,11 @@ UV_ZIP = """error: Failed to download `vllm==0.34.0`
   cause: Invalid zip file structure
   cause: Encountered an unexpected header (actual: 0xfbfcb4af, expected: 0x4034b50).
 """
+# uv 0.13.9 against the local index holding broken 1.0 (needs lib==3.0) and 1.1, and lib 1.0
+UV_CHAIN = """error: No solution found when resolving dependencies
+  cause: Because there is no version of lib==3.0 and broken<=1.0 depends on lib==3.0, we can conclude that broken<=1.0 cannot be used.
+         And because you require broken==1.0, we can conclude that your requirements are unsatisfiable.
+"""
 PIP_NONE = """Looking in indexes: http://10.213.7.1:8766/simple
 ERROR: Could not find a version that satisfies the requirement uv==0.13.7 (from versions: 0.13.9)
 ERROR: No matching distribution found for uv==0.13.7
@@ -212,6 +217,7 @@ ERROR: No matching distribution found for uv==0.13.7
             "Failed to download `vllm==0.34.0`: Encountered an unexpected header (actual: 0xfbfcb4af, expected: 0x4034b50).",
         ),
         (PIP_NONE, "0.13.9", f"uv==0.13.7 is not on {INDEX} (available: 0.13.9)"),
+        (UV_CHAIN, "1.0", f"broken==1.0 -> lib==3.0 is not on {INDEX} (available: 1.0)"),
         # pip reads a 503 as "no versions": the index is asked, and does not answer.
         (PIP_NONE, None, f"package index {INDEX} does not answer"),
     ],
@@ -219,8 +225,8 @@ ERROR: No matching distribution found for uv==0.13.7
 def test_an_install_failure_is_one_line(
     monkeypatch: pytest.MonkeyPatch, output: str, listed: str | None, line: str
 ) -> None:
-    monkeypatch.setattr(venv_install, "_available", lambda index, project: listed)
-    assert venv_install._reason(output, INDEX) == line
+    monkeypatch.setattr(uv_process, "_available", lambda index, project: listed)
+    assert uv_process.reason(output, INDEX) == line
 
 
 def test_available_versions_are_read_from_the_index_page(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,8 +247,8 @@ def test_available_versions_are_read_from_the_index_page(monkeypatch: pytest.Mon
             return page.encode()[:limit] if limit >= 0 else page.encode()
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: Page())
-    assert venv_install._available(INDEX, "fastsafetensors") == "0.5.0, 0.4.2"
-    assert venv_install._available(INDEX, "vllm-router") == "0.1.17"
+    assert uv_process._available(INDEX, "fastsafetensors") == "0.5.0, 0.4.2"
+    assert uv_process._available(INDEX, "vllm-router") == "0.1.17"
 
 
 def _release(tmp_path: Path) -> Path:
