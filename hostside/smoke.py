@@ -8,7 +8,9 @@ weights' verification cache, removed when the engine exits before it is ready), 
 gateway's router, whose /health must answer too: a gateway with a hosted fallback answers while
 its router is not up)}. Exit 0 when /health
 is up, /v1/models lists the served name, and a chat completion answered by the served name has
-``expect`` in its content with a finish_reason; exit 1 otherwise, with the reason and the unit's
+``expect`` as its content with a finish_reason (the final answer alone, white space, quotes,
+emphasis and a closing full stop aside: thinking text that quotes the prompt's word is no
+answer); exit 1 otherwise, with the reason and the unit's
 journal tail. An engine that exited names the first exception its last run logged
 (``torch._inductor.exc.InductorError: ...``, a safetensors error): the cause, which a
 multi-process engine prints long before the tail's "see root cause above". An answer that used
@@ -18,7 +20,7 @@ reasoning_content first). With "tool" ({"name", "prompt", "result"}: the recipe'
 smoke.tool_call, on a topology whose engines parse tool calls), one tool-call round trip
 follows: the answer to ``prompt`` offering the function ``name`` must call it; sent back with
 the assistant's message as it came (its reasoning kept) and a ``tool`` message of ``result``
-answering the call's id, the final answer must hold ``expect``. Every answer is read within
+answering the call's id, the final answer must be ``expect``. Every answer is read within
 bounds (``hostside.boundary_http``: its size, and its time whole; JSON through
 ``hostside.boundary_json``): whatever answers on the unit's port, a failure is one line naming
 what it answered.
@@ -173,7 +175,21 @@ def _answer(req: dict[str, Any], key: str | None, body: dict[str, Any], what: st
         )
     if req["expect"] not in content or not finish:
         _fail(req, f"{what} content {content[:80]!r} (finish_reason {finish}) lacks {req['expect']!r}")
+    if final(content) != req["expect"]:
+        # The prompt names the word: thinking text that quotes it (a reasoning model served without
+        # its reasoning parser puts it in the content) holds it too, and proves nothing.
+        _fail(
+            req,
+            f"{what} content {content[:80]!r} is more than the answer {req['expect']!r} "
+            "(a reasoning model's thinking in the content? set the topology's parsers.reasoning)",
+        )
     return content, finish
+
+
+def final(content: str) -> str:
+    """The answer as a reader takes it: without the white space, quotes or emphasis around it and
+    a closing full stop."""
+    return content.strip().strip("`*\"'").strip().removesuffix(".").strip()
 
 
 # What of the assistant's message goes back in the next turn: everything of the conversation.

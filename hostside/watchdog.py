@@ -15,7 +15,7 @@ null), "xid_ignore" (Xid codes that say nothing of a GPU's health)}.
 
 Each round, for each unit: systemd's state (one ``systemctl show`` for all), ``GET /health``, and,
 every ``canary_interval_s`` while it passes and every round while it fails, a canary: the recipe's
-smoke prompt as a chat completion whose answer must hold the expected text (a 200 with wrong or
+smoke prompt as a chat completion whose answer must be the expected text (a 200 with wrong or
 empty content fails it: a wrong answer), sent in a thread of its own and failed when not back within
 ``canary_timeout_s``; for the host: the accelerators (the count the plan expects, uncorrected ECC
 errors, pages pending retirement, whether the GPUs of an NVLink fabric have joined it:
@@ -57,7 +57,7 @@ from hostside.boundary_json import loads
 from hostside.boundary_text import error_line
 from hostside.kmsg import KERNEL, Kmsg
 from hostside.sd_notify import notify
-from hostside.smoke import read_key
+from hostside.smoke import final, read_key
 from hostside.whole_file import write_whole
 
 # Journal lines, kept in the state file for the next converge's report.
@@ -141,7 +141,7 @@ def canary(unit: dict[str, Any], timeout: float) -> tuple[str | None, float]:  #
         return f"{WRONG} not a chat completion ({quote(answer.body.decode(errors='replace'))})", took
     if not str(content).strip():
         return f"{WRONG} empty", took
-    if unit["expect"] not in str(content):
+    if final(str(content)) != unit["expect"]:
         return f"{WRONG} {quote(content)}, not {quote(unit['expect'])}", took
     return None, took
 

@@ -102,6 +102,9 @@ def bench_request(
         "run": run,
         "python": f"{at.engine_dir}/bin/python",
         "tokenizer": at.model_dir,
+        # the model's tokenizer is its own code where the recipe trusts it (Kimi's): the
+        # generator loads it as the engine does, or every request fails
+        "trust_remote_code": recipe.model.trust_remote_code,
         "user": recipe.paths.user,
         "timeout_s": bench.timeout_s,
         "tasks": [

@@ -306,7 +306,8 @@ class SmokeToolCall(Strict):
 
 
 class Smoke(Strict):
-    """The check that a started engine really serves: its answer must contain ``expect``."""
+    """The check that a started engine really serves: its answer must be ``expect`` (the final
+    answer alone, white space, quotes, emphasis and a closing full stop aside)."""
 
     prompt: str = "Reply with exactly the word READY and nothing else."
     expect: Annotated[str, StringConstraints(min_length=1)] = "READY"

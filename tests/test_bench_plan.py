@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from hostside import bench_load
 from kimi_deploy.bench_plan import HOSTED_KEY, bench_request, generator, hosted, local_target, rows
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe, load_recipe
@@ -142,6 +144,17 @@ def test_the_request_names_where_keys_are_and_holds_none(tmp_path: Path) -> None
     assert request["remove"] == [HOSTED_KEY]
     assert request["python"] == f"{at.engine_dir}/bin/python"
     assert request["tokenizer"] == at.model_dir
+    assert request["trust_remote_code"] is recipe.model.trust_remote_code
     assert request["engine"] == {"unit": "kimi-vllm", "url": "http://10.213.7.11:8000", "nvidia": False,
                                  "key_file": "/etc/kimi/secrets/kimi-vllm.env", "key_var": "VLLM_API_KEY"}  # fmt: skip
     assert [level["concurrency"] for level in request["levels"]] == [1, 4, 16]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_the_generator_loads_a_remote_code_tokenizer_only_where_the_recipe_trusts_it(trusted: bool) -> None:
+    # Kimi's tokenizer is its own code: without the flag, vllm bench serve fails every request.
+    req = {"tokenizer": "/srv/models/m/rev", "trust_remote_code": trusted}
+    target = {"url": "http://127.0.0.1:8000", "model": "kimi-local"}
+    argv = bench_load._argv(req, target, concurrency=4, name="local-4", work="/w", results="/r", n=8)
+    assert ("--trust-remote-code" in argv) is trusted
+    assert argv[argv.index("--tokenizer") + 1] == "/srv/models/m/rev"

@@ -118,6 +118,25 @@ def test_a_budget_spent_on_reasoning_is_told_apart_from_a_broken_server(
     )
 
 
+def test_thinking_text_that_quotes_the_prompt_does_not_pass(engine: Engine, tmp_path: Path) -> None:
+    # A reasoning model served without its reasoning parser: its thinking comes in the content,
+    # and quotes the word the prompt names before any answer is given.
+    engine.reply = _answer("<think>The user wants me to reply with exactly the word READY, so", "stop")
+    run = _smoke(engine, tmp_path)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0] == (
+        "kimi-deploy: kimi-test-engine: chat completion content '<think>The user wants me to reply with exactly "
+        "the word READY, so' is more than the answer 'READY' (a reasoning model's thinking in the content? set "
+        "the topology's parsers.reasoning); journal tail:"
+    )
+
+
+@pytest.mark.parametrize("content", [" READY", "READY.", "**READY**", "`READY`", '"READY"\n'])
+def test_the_answer_alone_passes_whatever_surrounds_it(engine: Engine, tmp_path: Path, content: str) -> None:
+    engine.reply = _answer(content, "stop")
+    assert _smoke(engine, tmp_path).returncode == 0
+
+
 def test_an_answer_from_another_model_fails(engine: Engine, tmp_path: Path) -> None:
     engine.reply = _answer("READY", "stop", model="some-other-model")
     run = _smoke(engine, tmp_path)
