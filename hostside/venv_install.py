@@ -100,7 +100,7 @@ def _bootstrap(version: str, folder: str, index_url: str) -> str:
 
 
 def _platform() -> str:
-    """What a lock resolved here is valid for: this Python and this machine."""
+    """What a lock must name as its platform to be installed here: this Python and this machine."""
     return f"cp{sys.version_info.major}{sys.version_info.minor}-{platform.machine()}"
 
 
