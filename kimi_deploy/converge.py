@@ -300,9 +300,8 @@ def unit_key(recipe: Recipe, spec: HostPlan, unit: Unit) -> tuple[str | None, st
 def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | None) -> SmokeCheck | None:
     """The on-host smoke check of an engine's API, or of the gateway in front of a router or an
     engine (whose smoke test goes through it to the engines and back); None for other units."""
-    api = unit.listens.get("api") if unit.kind in ("engine", "gateway") else None
-    api = unit.listens.get("router", api)
-    if api is None or unit.kind not in ("engine", "router", "gateway"):
+    api = unit.listens.get("router", unit.listens.get("api"))
+    if api is None or unit.kind not in ("engine", "gateway"):
         return None
     # An engine reads the host's weights: its smoke test, should it exit before it is ready,
     # drops their verification cache (the next converge hashes them again).

@@ -66,8 +66,6 @@ class ReleaseStep:
     lock: LockSource | None
     # the release marker the probe found (None: absent or incomplete)
     current: ReleaseMarker | None
-    # what the host reported its releases are built for (unchecked: ``release_lock.HostPlatform``)
-    platform: Any = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +134,9 @@ class Steps:
     # uv, which installs them, and its folder
     uv: str
     uv_dir: str
+    # what the host reported its releases are built for (unchecked: ``release_lock.HostPlatform``),
+    # the platform the controller resolves their locks for
+    platform: Any
     hub_token: RenderedFile | None
     weights: WeightsSteps | None
     # the communication check of a topology whose hosts talk to each other: its request (None:
@@ -314,16 +315,16 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
     # A rung is proven once for the topology's hosts of the same hardware and release.
     proofs = [p for _, seen in run.peers.values() if seen is not None for p in seen.get("ladder") or []]
     climb = climb_for(deploy, todo, found, proofs)
+    # A damaged release is rebuilt from its own lock; any other is installed from the lock the
+    # controller resolves for this host's platform.
+    markers = [found["venvs"].get(r.path) for r in todo.venvs]
+    releases = [ReleaseStep(r, lock_source(m), m) for r, m in zip(todo.venvs, markers, strict=True)]
     return Steps(
         # Before any change on any host: starting would fail, and the running release must stay.
         refusal=f"{spec.host}: {conflicts[0]}" if conflicts else None,
         preflight_failures=preflight_check(preflight_needs(todo, deploy, found), found["hardware"] or {}),
-        # A damaged release is rebuilt from its own lock; any other is installed from the lock the
-        # controller resolves for this host's platform.
-        releases=[
-            ReleaseStep(r, lock_source(found["venvs"].get(r.path)), found["venvs"].get(r.path), found.get("platform"))
-            for r in todo.venvs
-        ],
+        releases=releases,
+        platform=found.get("platform"),
         uv=recipe.tools.uv,
         uv_dir=tool_dir(recipe, "uv", recipe.tools.uv),
         hub_token=todo.weights.token if todo.weights is not None else None,

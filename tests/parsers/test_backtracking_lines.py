@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.parsers.nvidia_smi_topo import parse_topo
+from tests.cli_run import kimi
 from tests.conftest import ROOT
 from tests.parsers import FIXTURES
 
@@ -40,6 +41,15 @@ CASES = {
 }
 
 
+def _in_time(program: str, stdin: str) -> str:
+    """What ``program`` (Python, run from the repository root) prints for ``stdin``, within 5 s."""
+    run = subprocess.run(
+        [sys.executable, "-c", program], input=stdin, cwd=ROOT, capture_output=True, text=True, timeout=5, check=False
+    )
+    assert (run.returncode, run.stderr) == (0, "")
+    return run.stdout.strip()
+
+
 @pytest.mark.parametrize(("tail", "expected"), list(CASES.values()), ids=list(CASES))
 def test_a_20000_digit_number_gets_its_verdict_in_time(tail: str, expected: str) -> None:
     program = textwrap.dedent(f"""
@@ -55,31 +65,14 @@ def test_a_20000_digit_number_gets_its_verdict_in_time(tail: str, expected: str)
             assert message.splitlines() == [message] and len(message) <= 420, message
             print("error", message.split("' ")[-1])
     """)
-    run = subprocess.run(
-        [sys.executable, "-c", program],
-        input=tail,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=5,
-        check=False,
-    )
-    assert (run.returncode, run.stderr) == (0, "")
-    assert run.stdout.strip() == expected
+    assert _in_time(program, tail) == expected
 
 
 def test_facts_parse_answers_20000_digit_averages_in_time(tmp_path: Path) -> None:
     text = (FIXTURES / GOOD).read_text(encoding="utf-8")
     hostile = tmp_path / "nccl.txt"
     hostile.write_text(text[: text.index("# Avg bus bandwidth")] + f"# Avg bus bandwidth : {DIGITS}x\n" * 3)
-    run = subprocess.run(
-        [sys.executable, "-m", "kimi_pyinfra.cli", "facts", "parse", "--kind", "nccl-all-reduce", str(hostile)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    run = kimi("facts", "parse", "--kind", "nccl-all-reduce", str(hostile))
     assert (run.returncode, run.stderr) == (0, "")
     assert json.loads(run.stdout)["avg_busbw_gbs"] is None
 
@@ -110,11 +103,7 @@ def test_a_nic_legend_line_is_read_in_time(line: str, entry: tuple[str, str] | N
         from kimi_deploy.parsers.nvidia_smi_topo import _legends
         print(_legends(["NIC Legend:", sys.stdin.read()])[1])
     """)
-    run = subprocess.run(
-        [sys.executable, "-c", program], input=line, cwd=ROOT, capture_output=True, text=True, timeout=5, check=False
-    )
-    assert (run.returncode, run.stderr) == (0, "")
-    assert run.stdout.strip() == str(dict([entry] if entry else []))
+    assert _in_time(program, line) == str(dict([entry] if entry else []))
 
 
 def test_a_topology_with_a_hostile_legend_line_reads_as_before() -> None:
