@@ -96,7 +96,8 @@ def converge(do: Do) -> None:
         r = step.release
         do(engine.venv, name="Releases (engine, host tools)", path=r.path, package=r.package, version=r.version,
            requirements=r.requirements, index_url=todo.index_url, current=step.current, lock=step.lock,
-           platform=steps.platform, uv=steps.uv, uv_dir=steps.uv_dir, without=r.without)  # fmt: skip
+           platform=steps.platform, uv=steps.uv, uv_dir=steps.uv_dir, without=r.without,
+           committed=r.committed)  # fmt: skip
 
     if steps.hub_token is not None:
         do(units.rendered, name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"],

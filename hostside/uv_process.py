@@ -49,6 +49,9 @@ _MISSING = (
 # index has one version, "... and all versions of broken depend on lib==3.0, ..."
 _DEPENDS = re.compile(r"(?:all versions of ([A-Za-z0-9][A-Za-z0-9._-]*)|(\S+)) depends? on ([^\s,]+)")
 _REQUIRED = re.compile(r"you require ([^\s,]+)")
+# "Because msgpack-python==0.5.6 has no usable wheels ...": only source distributions (a release
+# installs wheels only: building one would run the index's code)
+_WHEELLESS = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)[=<>!~][^\s,]* has no usable wheels")
 _SPEC_NAME = re.compile(r"[=<>!~\[;@ ]")
 
 
@@ -56,16 +59,38 @@ def _name(spec: str) -> str:
     return _SPEC_NAME.split(spec, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _available(index_url: str, project: str) -> str | None:
-    """The versions of ``project`` the index lists, in its order ("none": it lists none); None
-    when the index does not answer."""
+# The most versions a refusal names: those nearest the one asked for.
+_SHOWN = 6
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", version))
+
+
+def _nearest(versions: list[str], wanted: str) -> str:
+    """``versions`` as a refusal names them: all of a few, else the final releases nearest
+    ``wanted`` (``0.7.2, 0.7.2.post1, 0.7.4, ... (116 in all)``)."""
+    if len(versions) <= _SHOWN:
+        return ", ".join(versions) or "none"
+    finals = sorted((v for v in versions if not re.search(r"(a|b|rc|dev)\d*$", v)), key=_release)
+    below = [v for v in finals if _release(v) < _release(wanted)][-(_SHOWN // 2) :]
+    above = [v for v in finals if _release(v) >= _release(wanted)][: _SHOWN - len(below)]
+    return f"{', '.join(below + above)}, ... ({len(versions)} in all)"
+
+
+def _available(index_url: str, spec: str) -> str | None:
+    """The versions of ``spec``'s project the index lists ("none": it lists none); None when the
+    index does not answer."""
+    project = re.split(r"[=<>!~\[]", spec, maxsplit=1)[0]
+    wanted = spec[len(project) :].lstrip("=<>!~ ")
     versions = project_versions(index_url, project)
-    return None if versions is None else ", ".join(versions) or "none"
+    return None if versions is None else _nearest(versions, wanted)
 
 
 def _chain(output: str, spec: str) -> str:
     """``spec`` with the requirements that led to it (``vllm==0.34.0 -> flashinfer-python==0.7.3``),
-    as uv explains them."""
+    as uv explains them (its explanation wraps lines: read as one)."""
+    output = " ".join(output.split())
     specs = {_name(m.strip("`'\"")): m.strip("`'\"") for m in _REQUIRED.findall(output)}
     parents: dict[str, str] = {}
     for every, parent, needed in _DEPENDS.findall(output):
@@ -82,19 +107,37 @@ def _chain(output: str, spec: str) -> str:
     return " -> ".join(chain)
 
 
+def _no_wheel(output: str, index_url: str) -> str | None:
+    """The line for a requirement the index has only source distributions of, if that is why."""
+    output = " ".join(output.split())
+    wheelless = _WHEELLESS.search(output)
+    if wheelless is None:
+        return None
+    name = _name(wheelless.group(1))
+    needed = [c.strip("`'\"") for _, _, c in _DEPENDS.findall(output) if _name(c.strip("`'\"")) == name]
+    spec = needed[0] if needed else wheelless.group(1)
+    return f"{_chain(output, spec)} has no wheel for this platform on {index_url} (source distributions only)"
+
+
+def _missing(output: str, index_url: str, spec: str) -> str:
+    """The line for a requirement the index has no such version of."""
+    spec = spec.strip("`'\"")
+    listed = re.search(r"\(from versions: ([^)]*)\)", output)
+    # pip reads an index that answers 503 as one listing no versions: ask the index.
+    have = _available(index_url, spec)
+    if have is None:
+        return f"package index {index_url} does not answer"
+    return f"{_chain(output, spec)} is not on {index_url} (available: {listed.group(1) if listed else have})"
+
+
 def reason(output: str, index_url: str) -> str:
     """One line for what uv or pip printed when it failed, given the index it was told to use."""
     if _DOWN.search(output):
         return f"package index {index_url} does not answer"
-    found = next((m for m in (p.search(output) for p in _MISSING) if m), None)
-    if found:
-        spec = found.group(1).strip("`'\"")
-        listed = re.search(r"\(from versions: ([^)]*)\)", output)
-        # pip reads an index that answers 503 as one listing no versions: ask the index.
-        have = _available(index_url, re.split(r"[=<>!~\[]", spec)[0])
-        if have is None:
-            return f"package index {index_url} does not answer"
-        return f"{_chain(output, spec)} is not on {index_url} (available: {listed.group(1) if listed else have})"
+    wheelless = _no_wheel(output, index_url)
+    found = None if wheelless else next((m for m in (p.search(output) for p in _MISSING) if m), None)
+    if wheelless or found:
+        return wheelless or _missing(output, index_url, found.group(1) if found else "")
     mismatch = re.search(r"Hash mismatch for `?([^`\s]+)", output)
     if mismatch:
         return f"{mismatch.group(1)}: {index_url} serves other bytes than the lock's hash"

@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hostside.probe_types import HostState, Listener, UnitState
+from kimi_deploy.committed_locks import with_committed
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.engine_guard import PACKAGES as GUARD_PACKAGES
 from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
-from kimi_deploy.host_paths import model_dir, router_dir, store_dir, tool_dir
+from kimi_deploy.host_paths import model_dir, tool_dir
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
-from kimi_deploy.recipe import MOONCAKE_PACKAGE, Recipe, RouterFallback
+from kimi_deploy.recipe import Recipe, RouterFallback
+from kimi_deploy.release_set import VenvRelease, engine_releases, router_releases
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
@@ -36,16 +38,6 @@ from kimi_deploy.watchdog_units import WATCHDOG_UNIT, watchdog_config, watchdog_
 from kimi_deploy.weights_fanout import needs_files
 
 PYPI = "https://pypi.org/simple"
-
-
-@dataclass(frozen=True)
-class VenvRelease:
-    package: str
-    version: str
-    path: str
-    requirements: list[str]
-    # requirements of the release never installed (``EngineRelease.without``)
-    without: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -236,30 +228,14 @@ def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] |
     return secrets
 
 
-def _venv(
-    package: str, version: str, packages: Mapping[str, str], path: str, without: Sequence[str] = ()
-) -> VenvRelease:
-    """The release of ``package`` at ``version`` with its pinned ``packages``, installed at ``path``."""
-    requirements = [f"{package}=={version}", *(f"{name}=={pin}" for name, pin in sorted(packages.items()))]
-    return VenvRelease(package, version, path, requirements, sorted(without))
-
-
 def _releases(recipe: Recipe, spec: HostPlan) -> list[VenvRelease]:
-    """The host's releases: its router's (and its KV store master's), or its engine's and the Hub
-    client's (weights syncs)."""
+    """The host's releases (``kimi_deploy.release_set``), with their committed locks where the
+    recipe names the host's OS."""
     if spec.role == "router":
-        router = recipe.routers[spec.engine]  # type: ignore[index]
-        releases = [_venv(spec.engine, router.version, router.packages, router_dir(recipe, spec.engine))]  # type: ignore[arg-type]
-        if recipe.topologies[spec.topology].mooncake_master:
-            store = recipe.stores[MOONCAKE_PACKAGE]
-            releases.append(_venv(MOONCAKE_PACKAGE, store.version, store.packages, store_dir(recipe, MOONCAKE_PACKAGE)))
-        return releases
-    release = recipe.engines[spec.engine]  # type: ignore[index]
-    hub = recipe.tools.huggingface_hub
-    return [
-        _venv(release.distribution(spec.engine), release.version, release.packages, spec.engine_dir, release.without),
-        _venv("huggingface_hub", hub, {}, tool_dir(recipe, "huggingface_hub", hub)),
-    ]
+        releases = router_releases(recipe, spec.topology)
+    else:
+        releases = engine_releases(recipe, spec.engine, spec.engine_dir)  # type: ignore[arg-type]
+    return with_committed(recipe, spec.topology, releases)
 
 
 def _weights(deploy: DeployPlan, environ: Mapping[str, str]) -> WeightsTarget | None:

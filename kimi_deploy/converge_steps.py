@@ -25,7 +25,6 @@ from kimi_deploy.context_ladder import Climb, climb_for
 from kimi_deploy.converge import (
     Converge,
     UnitTarget,
-    VenvRelease,
     needs_start,
     port_conflicts,
     preflight_needs,
@@ -35,6 +34,7 @@ from kimi_deploy.converge import (
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import tool_dir
 from kimi_deploy.preflight import check as preflight_check
+from kimi_deploy.release_set import VenvRelease
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.router_units import ROUTER_UNIT
 from kimi_deploy.router_view_plan import view_request

@@ -9,7 +9,7 @@ from hostside.boundary_names import BadName, check_name
 from hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hub_token import controller_token
-from kimi_deploy.lockfile import Lock, LockedFile
+from kimi_deploy.lockfile import Lock, LockedFile, read_config
 from kimi_deploy.recipe import Recipe
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -18,7 +18,8 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 def make_lock(
     recipe: Recipe, recipe_file: str, endpoint: str | None = None, environ: Mapping[str, str] | None = None
 ) -> Lock:
-    """List every file of the pinned revision with its size and digest.
+    """List every file of the pinned revision with its size and digest, with config.json's
+    ``architectures`` and ``model_type`` as the Hub shows them in the revision's model info.
 
     Every name of the listing is checked by ``hostside.boundary_names.check_name``: a listing with
     a name that could leave the revision folder (``..``, ``/etc/passwd``, ...) makes no lock.
@@ -37,17 +38,19 @@ def make_lock(
 
     api = HfApi(endpoint=endpoint)
     where = endpoint or "the Hub"
+
+    def _said(exc: HfHubHTTPError) -> str:
+        status = exc.response.status_code if exc.response is not None else None
+        if type(exc).__name__ == GATED_ERROR:
+            return gated_line(model.repo, endpoint or HUB, status)
+        if status == 401 and controller_token(environ or {}) is not None:
+            return token_line(endpoint or HUB, None)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+
     try:
         entries = list(api.list_repo_tree(model.repo, revision=model.revision, recursive=True))
     except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
-        if type(exc).__name__ == GATED_ERROR:
-            said = gated_line(model.repo, endpoint or HUB, status)
-        elif status == 401 and controller_token(environ or {}) is not None:
-            said = token_line(endpoint or HUB, None)
-        else:
-            said = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {said}") from None
+        raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
     except OSError as exc:
         raise ConfigError(recipe_file, "model", f"{where} unreachable: {exc}") from None
     files: dict[str, LockedFile] = {}
@@ -70,4 +73,18 @@ def make_lock(
             "model.shards",
             f"{model.repo}@{model.revision} has {len(shards)} shards, expected {model.shards}",
         )
-    return Lock(repo=model.repo, revision=model.revision, files=files)
+    architectures: tuple[str, ...] = ()
+    model_type: str | None = None
+    if "config.json" in files:
+        # config.json's architectures and model_type, as the Hub shows them in the revision's model info
+        try:
+            shown_config = api.model_info(model.repo, revision=model.revision, expand=["config"]).config or {}
+        except HfHubHTTPError as exc:
+            raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
+        except OSError as exc:
+            raise ConfigError(recipe_file, "model", f"{where} unreachable: {exc}") from None
+        fields = {k: shown_config[k] for k in ("architectures", "model_type") if k in shown_config}
+        architectures, model_type = read_config(f"{where}: {model.repo}@{model.revision}: config.json", fields)
+    return Lock(
+        repo=model.repo, revision=model.revision, files=files, architectures=architectures, model_type=model_type
+    )

@@ -4,10 +4,13 @@
 
     {"repo": "org/name", "revision": "<40-hex>", "total_bytes": N,
      "files": {"model-00001-of-00096.safetensors": {"size": N, "digest": "sha256:<hex>"},
-               "config.json": {"size": N, "digest": "gitblob:<hex>"}}}
+               "config.json": {"size": N, "digest": "gitblob:<hex>"}},
+     "config": {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"}}
 
 LFS files carry their sha256 (the Hub's LFS object id); small files carry git's blob id, which is
-what the Hub publishes for them. Both are checked on the host after every download.
+what the Hub publishes for them. Both are checked on the host after every download. ``config``
+holds config.json's ``architectures`` and ``model_type`` at the revision, as the Hub shows them; a
+lock without it (made before they were recorded, or of a revision with no config.json) is valid.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from kimi_deploy.recipe import Recipe
 
 LOCK_DIR = "recipes/locks"
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|gitblob:[0-9a-f]{40})$")
+# config.json's names: an architecture is a Python class name, a model type a transformers key
+_ARCHITECTURE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+_MODEL_TYPE = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,9 @@ class Lock:
     repo: str
     revision: str
     files: dict[str, LockedFile]
+    # config.json's, at the revision (empty / None: not recorded)
+    architectures: tuple[str, ...] = ()
+    model_type: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -49,6 +58,13 @@ class Lock:
             "total_bytes": self.total_bytes,
             "files": {p: {"size": f.size, "digest": f.digest} for p, f in sorted(self.files.items())},
         }
+        config: dict[str, object] = {}
+        if self.architectures:
+            config["architectures"] = list(self.architectures)
+        if self.model_type is not None:
+            config["model_type"] = self.model_type
+        if config:
+            data["config"] = config
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     def compact(self) -> dict[str, list[object]]:
@@ -96,4 +112,27 @@ def read_lock(recipe: Recipe, base: Path | None = None) -> Lock:
         files[rel] = LockedFile(size, digest)
     if not files:
         raise ConfigError(where, "files", "lock names no file")
-    return Lock(repo=data["repo"], revision=data["revision"], files=files)
+    architectures, model_type = read_config(where, data.get("config", {}))
+    return Lock(
+        repo=data["repo"], revision=data["revision"], files=files, architectures=architectures, model_type=model_type
+    )
+
+
+def read_config(where: str, config: object) -> tuple[tuple[str, ...], str | None]:
+    """The lock's ``config`` (config.json's ``architectures`` and ``model_type``), both optional."""
+    if not isinstance(config, dict):
+        raise ConfigError(where, "config", f"expected a mapping, found {shown(config)}")
+    unknown = sorted(set(config) - {"architectures", "model_type"})
+    if unknown:
+        raise ConfigError(where, f"config.{unknown[0]}", "unknown key")
+    architectures = config.get("architectures", [])
+    if not isinstance(architectures, list) or not all(
+        isinstance(a, str) and _ARCHITECTURE.match(a) for a in architectures
+    ):
+        raise ConfigError(
+            where, "config.architectures", f"expected a list of class names, found {shown(architectures)}"
+        )
+    model_type = config.get("model_type")
+    if model_type is not None and not (isinstance(model_type, str) and _MODEL_TYPE.match(model_type)):
+        raise ConfigError(where, "config.model_type", f"expected a model type name, found {shown(model_type)}")
+    return tuple(architectures), model_type

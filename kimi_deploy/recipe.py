@@ -29,7 +29,9 @@ from pydantic import (
 
 from hostside.boundary_text import shown
 from hostside.xid import APPLICATION_XIDS
+from kimi_deploy.host_os import HostOs, machine_of, platform_of
 from kimi_deploy.nvidia_models import open_modules_only
+from kimi_deploy.release_lock import HostPlatform
 from kimi_deploy.safe_text import is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line
 from kimi_deploy.yaml_file import read_yaml_mapping
@@ -108,6 +110,9 @@ class ModelSpec(Strict):
     served_name: Name
     quantization: str | None = None
     trust_remote_code: bool = False
+    # ``architectures[0]`` of the checkpoint's config.json: each topology's engine release must
+    # register it (``kimi_deploy.servability``)
+    architecture: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100)] | None = None
     license: License
 
     @property
@@ -742,6 +747,10 @@ class Topology(Strict):
     ports: Ports = Ports()
     comm_check: CommCheck = CommCheck()
     env: dict[EnvName, str] = {}
+    # The hosts' operating system (``kimi_deploy.host_os``), when it is not the recipe's ``os``,
+    # and their CPU architecture, when their accelerator does not imply it.
+    os: HostOs | None = None
+    machine: Literal["x86_64", "aarch64"] | None = None
 
     @property
     def mooncake_master(self) -> bool:
@@ -796,6 +805,14 @@ class Topology(Strict):
             raise ValueError(
                 f"comm_check.all_reduce: backend nccl needs NVIDIA accelerators, found {self.accelerators.vendor}"
             )
+        spec = self.speculative
+        if spec is not None and spec.method.lower() == "dspark" and not spec.model:
+            # vLLM 0.33.0 config/speculative.py: without a draft model, "dspark" reads the DSpark
+            # stages from the served checkpoint itself (mtp.* weights), which few checkpoints ship.
+            raise ValueError(
+                "speculative: method dspark drafts with a checkpoint of its own: name the draft (model); "
+                "without one the engine would draft with the served checkpoint"
+            )
         if self.hicache is not None and self.engine == "sglang-jax":
             # sgl_jax/srt/model_executor/model_runner_kv_cache_mixin.py (sglang-jax 0.1.0rc0)
             raise ValueError(
@@ -833,6 +850,9 @@ class Recipe(Strict):
     # probed (kimi_deploy.context_ladder); without it, the engine restarts at the new length.
     context_probe: ContextProbe | None = None
     benchmark: Benchmark | None = None
+    # The hosts' operating system, for every topology that names none: with it, each release's
+    # lock is made before any host is touched and kept beside the recipe (``kimi-deploy lock``).
+    os: HostOs | None = None
     topologies: Annotated[dict[Name, Topology], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -907,6 +927,15 @@ class Recipe(Strict):
         if self.benchmark is not None:
             self._benchmark_refs(self.benchmark)
         return self
+
+    def platform(self, topology: str) -> HostPlatform | None:
+        """The platform the hosts of ``topology`` install releases for, when the recipe names
+        their OS; None: each host's probe tells (its locks are resolved during the converge)."""
+        topo = self.topologies[topology]
+        os_name = topo.os or self.os
+        if os_name is None:
+            return None
+        return platform_of(os_name, machine_of(topo.accelerators.model, topo.machine))
 
     def bench_topology(self) -> str | None:
         """The topology the benchmark drives: its own, or the first served by vLLM."""

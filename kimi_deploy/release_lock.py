@@ -79,6 +79,21 @@ class HostPlatform:
         return f"cp{self.python[0]}{self.python[1]}-{self.machine}"
 
     @property
+    def name(self) -> str:
+        """Its name in a committed lock's file name: ``cp312-aarch64-glibc2.39``."""
+        return f"{self.tag}-glibc{self.glibc[0]}.{self.glibc[1]}"
+
+    @property
+    def described(self) -> str:
+        """``Python 3.12, aarch64, glibc 2.39``, for messages."""
+        return f"Python {self.python[0]}.{self.python[1]}, {self.machine}, glibc {self.glibc[0]}.{self.glibc[1]}"
+
+    def runs(self, locked: HostPlatform) -> bool:
+        """Whether a host of this platform runs a lock made for ``locked``: the same Python and
+        machine, and a C library at least as new (manylinux wheels run on newer glibc)."""
+        return (self.python, self.machine) == (locked.python, locked.machine) and self.glibc >= locked.glibc
+
+    @property
     def uv_platform(self) -> str:
         """uv's ``--python-platform`` for it (``x86_64-manylinux_2_36``)."""
         major, minor = min(self.glibc, GLIBC_NEWEST)

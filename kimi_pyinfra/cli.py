@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from hostside.boundary_text import printable
-from kimi_deploy import captured_profile
+from kimi_deploy import captured_profile, committed_locks
 from kimi_deploy.allreduce_plan import nccl_verdict
+from kimi_deploy.converge import PYPI
 from kimi_deploy.emitted import emissions
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.fidelity_ledger import gaps, read_citations, render
@@ -36,6 +37,7 @@ from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, accelerators, rdma, rdma_asked
 from kimi_deploy.recipe import load_recipe
 from kimi_deploy.render import render_host
+from kimi_deploy.servability import check_servable
 from kimi_deploy.servespec import Plan
 from kimi_pyinfra.inventory_file import load_inventory
 from kimi_pyinfra.starter import init
@@ -50,13 +52,33 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
 def _validate(args: argparse.Namespace) -> int:
     recipe, result = _plan(args)
     topologies = sorted({h.topology for h in result.hosts})
+    refused: list[str] = []
+    for name in topologies:
+        # the engine release of each topology must load the model (kimi_deploy.servability)
+        try:
+            check_servable(recipe, args.recipe, name)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            refused.append(name)
+    kept = [name for name in topologies if name not in refused]
+    stale = committed_locks.problems(recipe, topologies=kept)
+    for line in stale:
+        print(f"kimi-deploy: {line}", file=sys.stderr)
+    if refused and kept:
+        print(
+            f"kimi-deploy: topologies refused: {', '.join(refused)}; validate the others with --topology NAME",
+            file=sys.stderr,
+        )
+    if refused or stale:
+        return 2
     if args.index:
         missing = missing_pins(recipe, args.index)
         for line in missing:
             print(f"kimi-deploy: {args.recipe}: {line}", file=sys.stderr)
         if missing:
             return 1
-    print(f"ok: {args.recipe} x {args.inventory}: {len(result.hosts)} hosts in {', '.join(topologies)}")
+    hosts = f"{len(result.hosts)} host{'' if len(result.hosts) == 1 else 's'}"
+    print(f"ok: {args.recipe} x {args.inventory}: {hosts} in {', '.join(topologies)}")
     if args.index:
         print(f"ok: every release the recipe pins is on {args.index}")
     return 0
@@ -95,8 +117,21 @@ def _show_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lock_releases(recipe: Any, index: str, asked: bool) -> int:
+    kept, refused = committed_locks.lock_all(recipe, index, os.environ)
+    for path in kept:
+        print(f"{path}: {sum(1 for line in path.read_text(encoding='utf-8').splitlines() if '==' in line)} pins")
+    for line in refused:
+        print(f"kimi-deploy: {line}", file=sys.stderr)
+    if asked and not kept and not refused:
+        print("no release to lock: the recipe names no hosts' OS (os); hosts' locks are resolved during the converge")
+    return 1 if refused else 0
+
+
 def _lock(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
+    if args.releases:
+        return _lock_releases(recipe, args.index, asked=True)
     # before huggingface_hub is imported: it reads these once
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
@@ -105,7 +140,7 @@ def _lock(args: argparse.Namespace) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(lock.to_json(), encoding="utf-8")
     print(f"{path}: {len(lock.files)} files, {lock.total_bytes} bytes")
-    return 0
+    return _lock_releases(recipe, args.index, asked=False)
 
 
 # --kind of `facts parse` -> the parser of that command's output (text, --fields).
@@ -268,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also ask this package index (PEP 503 simple URL, e.g. https://pypi.org/simple) whether it lists "
         "every release the recipe pins",
     )
+    validate.add_argument("--topology", help="only this topology of the recipe")
     validate.set_defaults(func=_validate)
     show = sub.add_parser("plan", help="print every host's serve spec (pool, rank, ports, argv)")
     show.add_argument("recipe")
@@ -284,9 +320,19 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.add_argument("--topology", help="only this topology of the recipe")
     ledger.add_argument("--check", metavar="FILE", help="compare with a ledger kept in FILE instead of printing")
     ledger.set_defaults(func=_ledger)
-    lock = sub.add_parser("lock", help="record every file's size and digest at the recipe's pinned revision")
+    lock = sub.add_parser(
+        "lock",
+        help="record every file's size and digest at the recipe's pinned revision, and lock every release "
+        "for its hosts' platforms",
+    )
     lock.add_argument("recipe")
     lock.add_argument("--endpoint", help="Hub or mirror URL (default: HF_ENDPOINT or huggingface.co)")
+    lock.add_argument(
+        "--releases", action="store_true", help="only the releases' locks (recipes/locks/releases/), not the weights'"
+    )
+    lock.add_argument(
+        "--index", metavar="URL", default=PYPI, help=f"the package index to resolve releases against (default {PYPI})"
+    )
     lock.set_defaults(func=_lock)
     facts = sub.add_parser("facts", help="hardware facts from captured command outputs; touch no host")
     facts_sub = facts.add_subparsers(dest="facts_command", required=True)

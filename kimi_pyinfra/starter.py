@@ -42,7 +42,7 @@ def starter_files() -> dict[str, str]:
     for folder in ("recipes", "inventories"):
         base = shipped(folder)
         for path in sorted(base.rglob("*")):
-            if path.is_file() and path.suffix in (".yaml", ".json", ".py") and "__pycache__" not in path.parts:
+            if path.is_file() and path.suffix in (".yaml", ".json", ".py", ".txt") and "__pycache__" not in path.parts:
                 files[f"{folder}/{path.relative_to(base)}"] = path.read_text(encoding="utf-8")
     return files
 

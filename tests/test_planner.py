@@ -33,7 +33,7 @@ def _with_topology(recipe: Recipe, name: str, **update: object) -> Recipe:
 def test_single_node_is_the_reference_vllm_command(full: Plan) -> None:
     (unit,) = full.for_host("b300-01").units
     assert unit.argv == (
-        "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm",
+        "/opt/kimi/engines/vllm-0.33.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm",
         "serve",
         MODEL,
         "--served-model-name",

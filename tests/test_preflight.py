@@ -53,7 +53,7 @@ def test_a_host_that_matches_passes(recipe: Recipe, full: Plan) -> None:
     [
         ("b300-01", "3.12.3", None),
         # Ubuntu 22.04's python3: vLLM 0.34.0's wheel requires 3.11 or newer
-        ("b300-01", "3.10.12", "b300-01: python3: vllm 0.34.0 installs on Python <3.15,>=3.11, found 3.10.12"),
+        ("b300-01", "3.10.12", "b300-01: python3: vllm 0.33.0 installs on Python <3.15,>=3.11, found 3.10.12"),
         ("tpu7x-w0", "3.12.3", None),
         # Debian 12's: sglang-jax has needed 3.12 since 0.0.1.post2
         ("tpu7x-w0", "3.11.2", "tpu7x-w0: python3: sglang-jax 0.1.0rc0 installs on Python <3.14,>=3.12, found 3.11.2"),

@@ -421,9 +421,16 @@ CASES: list[tuple[str, Mutation, str]] = [
     ),
     (
         "speculative-model-with-nul",
-        _set(((*PD, "speculative", "model"), "a\x00b")),
+        _set(((*PD, "speculative"), {"method": "dspark", "num_speculative_tokens": 3, "model": "a\x00b"})),
         "topologies.gb300-pd.speculative.model: control character U+0000 is refused in text that reaches a host's "
         "files, found 'a\\x00b'",
+    ),
+    (
+        # vLLM 0.33.0 drafts with the served checkpoint itself when "dspark" names no draft
+        "dspark-without-a-draft",
+        _set(((*PD, "speculative"), {"method": "dspark", "num_speculative_tokens": 3})),
+        "topologies.gb300-pd: speculative: method dspark drafts with a checkpoint of its own: name the draft "
+        "(model); without one the engine would draft with the served checkpoint",
     ),
     (
         "smoke-expect-with-c1",

@@ -257,6 +257,8 @@ def test_the_round_trip_is_asked_of_the_topologies_that_parse_tool_calls(
     assert recipe.smoke.tool_call is not None
     asked: dict[str, bool] = {}
     for host in prod.hosts:
+        if host.name.startswith("tpu7x-"):
+            continue  # refused: no engine release serves the model on TPU, and its release has no lock
         todo = host_converge(recipe, prod, host.name)
         topology = todo.release.record["topology"]
         for unit in todo.units:

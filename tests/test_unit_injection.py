@@ -279,7 +279,8 @@ def test_values_systemd_would_expand_reach_the_engine_as_written(tmp_path: Path,
     environment file: read back by systemd's rules, each is exactly the recipe's."""
 
     def edit(data: dict[str, Any]) -> None:
-        data["topologies"]["gb300-pd"]["speculative"]["model"] = EXPANDABLE
+        data["topologies"]["gb300-pd"]["speculative"] = {"method": "dspark", "num_speculative_tokens": 3,
+                                                         "model": EXPANDABLE}  # fmt: skip
         data["topologies"]["gb300-pd"]["env"] = {"KIMI_X": EXPANDABLE}
 
     recipe = load_recipe(_recipe(tmp_path, edit))

@@ -64,7 +64,7 @@ def _validate(tmp_path: Path, edit: Callable[[dict[str, list[str]]], None]) -> t
     edit(versions)
     _tree(tmp_path, versions)
     with _served(tmp_path) as url:
-        run = kimi("validate", RECIPE, PROD, "--index", url)
+        run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", "--index", url)
     return run.returncode, run.stdout, run.stderr.replace(url, "URL")
 
 
@@ -76,7 +76,7 @@ def test_an_index_with_every_pin_passes(tmp_path: Path) -> None:
 
 def test_each_pin_the_index_lacks_is_one_line_naming_its_newest_version(tmp_path: Path) -> None:
     def edit(versions: dict[str, list[str]]) -> None:
-        versions["vllm"] = ["0.32.0", "0.33.0", "0.35.0rc1"]  # the newest final release is named
+        versions["vllm"] = ["0.31.0", "0.32.0", "0.35.0rc1"]  # the newest final release is named
         versions["nixl"] = ["1.5.0", "1.5.2"]
         del versions["mooncake-transfer-engine-cuda13"]  # no such project: 404
 
@@ -84,7 +84,7 @@ def test_each_pin_the_index_lacks_is_one_line_naming_its_newest_version(tmp_path
     assert code == 1
     assert out == ""
     assert err.splitlines() == [
-        f"kimi-deploy: {RECIPE}: engines.vllm.version: vllm==0.34.0 is not on URL (newest: 0.33.0)",
+        f"kimi-deploy: {RECIPE}: engines.vllm.version: vllm==0.33.0 is not on URL (newest: 0.32.0)",
         f"kimi-deploy: {RECIPE}: engines.vllm.packages.mooncake-transfer-engine-cuda13: "
         "mooncake-transfer-engine-cuda13==0.3.13.post1 is not on URL (it lists no version of it)",
         f"kimi-deploy: {RECIPE}: engines.vllm.packages.nixl: nixl==1.5.1 is not on URL (newest: 1.5.2)",
@@ -94,7 +94,7 @@ def test_each_pin_the_index_lacks_is_one_line_naming_its_newest_version(tmp_path
 def test_an_index_that_does_not_answer_is_named(tmp_path: Path) -> None:
     with _served(tmp_path) as url:
         pass  # the server is gone: nothing answers at url now
-    run = kimi("validate", RECIPE, PROD, "--index", url)
+    run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", "--index", url)
     assert run.returncode == 1
     first = run.stderr.splitlines()[0]
     assert first == f"kimi-deploy: {RECIPE}: engines.vllm.version: package index {url} does not answer for vllm"

@@ -4,8 +4,10 @@
 The catalog records, for one pinned release of an LLM engine, the console
 scripts, the argv prefix that starts the server, every option string the
 server's argument parser accepts (with aliases, whether it takes a value, and
-literal choices) and the registries of names that flag values must come from.
-CI never downloads engines; it checks rendered units against these catalogs.
+literal choices) and the registries of names that flag values must come from, among them
+``architectures``: the config.json architectures the release's own model registry can load
+(``flag_catalog.architectures``; each profile in ``flag_catalog.profiles`` names the file and
+symbol it reads). CI never downloads engines; it checks rendered units against these catalogs.
 
 The wheel is analysed statically: it is opened as a zip and its modules are
 parsed with :mod:`ast`.  Engine code is never imported or executed.
@@ -70,7 +72,7 @@ EXTRACTOR = "tools/extract_flag_catalog.py"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flag_catalog.interpreter import Extractor  # noqa: E402
-from flag_catalog.profiles import PROFILES, Fallthrough, PinnedName, Profile, Root  # noqa: E402
+from flag_catalog.profiles import PROFILES, Fallthrough, PinnedName, Profile, RegistrySource, Root  # noqa: E402
 from flag_catalog.wheel import Wheel, sha256_of  # noqa: E402
 
 # --------------------------------------------------------------------------
@@ -215,7 +217,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # What the tests and other tools use of the extractor.
-__all__ = ["PROFILES", "Fallthrough", "PinnedName", "Profile", "Root", "build_catalog", "dump_catalog", "main"]
+__all__ = [
+    "PROFILES",
+    "Fallthrough",
+    "PinnedName",
+    "Profile",
+    "RegistrySource",
+    "Root",
+    "build_catalog",
+    "dump_catalog",
+    "main",
+]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -79,7 +79,7 @@ def check_layout(recipe_file: str, placement: Placement) -> None:
         )
 
 
-# Each connector's kv_role by the pool's role (vLLM 0.34.0). NixlConnector: kv_producer on prefill,
+# Each connector's kv_role by the pool's role (vLLM 0.33.0, as 0.34.0). NixlConnector: kv_producer on prefill,
 # kv_consumer on decode (kv_both is deprecated: kv_connector/v1/nixl/connector.py).
 # MooncakeStoreConnector: kv_both on prefill (it stores and loads, as kv_producer does:
 # mooncake/store/worker.py), kv_consumer on decode (loads, stores nothing of its own), as vLLM's
@@ -91,7 +91,7 @@ ROLES: dict[str, dict[str, str]] = {
     "decode": {"*": "kv_consumer"},
     "serve": {"*": "kv_both"},
 }
-# What vLLM 0.34.0's mooncake_store.py takes when the file leaves it out; written out all the same.
+# What vLLM 0.33.0's mooncake_store.py takes when the file leaves it out; written out all the same.
 MOONCAKE_SEGMENT = "4GB"  # each rank's share of the store, pinned host memory (global_segment_size)
 MOONCAKE_BUFFER = "4GB"  # each rank's transfer buffer (local_buffer_size)
 

@@ -124,21 +124,23 @@ def hub(repos: tuple[Path, RepoInfo, RepoInfo]) -> Iterator[HubServer]:
         server.stop()
 
 
-def _lock_from_info(info: RepoInfo, commit: str) -> Lock:
-    """What ``make_lock`` records, read from the build: LFS files by sha256, small files by git blob id."""
+def _lock_from_info(root: Path, info: RepoInfo, commit: str) -> Lock:
+    """What ``make_lock`` records, read from the build: LFS files by sha256, small files by git blob
+    id, and config.json's architectures and model type."""
     files = {
         path: LockedFile(e.size, f"sha256:{e.sha256}" if e.is_lfs else f"gitblob:{e.git_blob_sha1}")
         for path, e in info.files[commit].items()
     }
-    return Lock(info.repo_id, commit, files)
+    config = json.loads(_object(root, info, commit, "config.json"))
+    return Lock(info.repo_id, commit, files, tuple(config["architectures"]), config["model_type"])
 
 
 def test_lock_file_matches_a_fresh_build(
     repos: tuple[Path, RepoInfo, RepoInfo], hub: HubServer, recipe: Recipe
 ) -> None:
-    _, info, _ = repos
+    root, info, _ = repos
     model = recipe.model.model_copy(update={"repo": REPO_ID, "revision": COMMIT, "shards": 96})
     lock = make_lock(recipe.model_copy(update={"model": model}), "recipe", hub.url)
     path = ROOT / LOCK_DIR / f"kimi-deploy--tiny-llama-needle@{COMMIT}.json"
-    assert lock.to_json() == path.read_text(encoding="utf-8") == _lock_from_info(info, COMMIT).to_json()
+    assert lock.to_json() == path.read_text(encoding="utf-8") == _lock_from_info(root, info, COMMIT).to_json()
     assert len(lock.files) == 104

@@ -90,7 +90,30 @@ class ConstEval:
             return self.eval(module, expr.body if test else expr.orelse, local, depth + 1)
         if isinstance(expr, ast.Compare) and len(expr.ops) == 1:
             return self.compare(module, expr, local, depth + 1)
+        if isinstance(expr, ast.DictComp):
+            return self.dict_comprehension(module, expr, local, depth + 1)
         raise Unresolved(type(expr).__name__)
+
+    def dict_comprehension(self, module: str, expr: ast.DictComp, local: LocalLookup | None, depth: int) -> Const:
+        """``{k: v for TARGET in ITERABLE if TEST}`` over a constant iterable, one ``for`` clause
+        (vLLM's model registry merges ``{k: (mod, arch) for k, (mod, arch) in X.items() if ...}``)."""
+        if len(expr.generators) != 1 or expr.generators[0].is_async:
+            raise Unresolved("comprehension with several clauses")
+        clause = expr.generators[0]
+        items = as_sequence(self.eval(module, clause.iter, local, depth + 1))
+        out: dict[object, Const] = {}
+        for item in items:
+            names: dict[str, Const] = {}
+            bind_target(clause.target, item, names)
+
+            def scoped(name: str, names: dict[str, Const] = names) -> Const | None:
+                if name in names:
+                    return names[name]
+                return local(name) if local is not None else None
+
+            if all(self.eval(module, test, scoped, depth + 1) for test in clause.ifs):
+                out[self.eval(module, expr.key, scoped, depth + 1)] = self.eval(module, expr.value, scoped, depth + 1)
+        return out
 
     def compare(self, module: str, expr: ast.Compare, local: LocalLookup | None, depth: int) -> bool:
         """``a == b``, ``a != b``, ``a in b``, ``a not in b`` on constants (choices built per platform)."""
@@ -136,8 +159,10 @@ class ConstEval:
 
     def call(self, module: str, expr: ast.Call, local: LocalLookup | None, depth: int) -> Const:
         func = expr.func
-        if isinstance(func, ast.Attribute) and func.attr in {"keys", "copy"} and not expr.args:
+        if isinstance(func, ast.Attribute) and func.attr in {"keys", "copy", "items"} and not expr.args:
             base = self.eval(module, func.value, local, depth + 1)
+            if isinstance(base, dict) and func.attr == "items":
+                return [[key, value] for key, value in base.items()]
             if isinstance(base, dict):
                 return list(base.keys()) if func.attr == "keys" else dict(base)
             if isinstance(base, list):
@@ -213,6 +238,21 @@ class ConstEval:
                 raise Unresolved(f"literal member {ast.unparse(elt)}")
             values.extend(nested)
         return values
+
+
+def bind_target(target: ast.expr, value: Const, out: dict[str, Const]) -> None:
+    """The names a ``for`` target binds to ``value`` (a name, or nested tuples of names)."""
+    if isinstance(target, ast.Name):
+        out[target.id] = value
+        return
+    if isinstance(target, (ast.Tuple, ast.List)):
+        items = as_sequence(value)
+        if len(items) != len(target.elts):
+            raise Unresolved("unpacking")
+        for elt, item in zip(target.elts, items, strict=True):
+            bind_target(elt, item, out)
+        return
+    raise Unresolved(f"target {type(target).__name__}")
 
 
 def as_sequence(value: Const) -> list[Const]:

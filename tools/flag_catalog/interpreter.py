@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Sequence
 
-from flag_catalog import sglang_rules, vllm_rules
+from flag_catalog import architectures, sglang_rules, vllm_rules
 from flag_catalog.args import NO_VALUE_ACTION_CLASSES, NO_VALUE_ACTIONS, ArgSpec, RecordField
 from flag_catalog.consteval import Const, ConstEval, LocalLookup, Unresolved, as_sequence, choice_strings
 from flag_catalog.hints import Hints
@@ -815,7 +815,11 @@ class Extractor:
                 out[name] = sorted(names)
         return out
 
-    def registry_source(self, source: RegistrySource) -> list[str]:
+    def registry_source(self, source: RegistrySource) -> list[str]:  # noqa: PLR0911 (one case per kind)
+        if source.kind == "model_table":
+            return architectures.model_table(self.wheel, self.consts, source, self.warn)
+        if source.kind == "entry_classes":
+            return architectures.entry_classes(self.wheel, self.resolver, source, self.warn)
         if source.kind == "flag_choices":
             entry = self.flags.get(source.name)
             if entry is None:

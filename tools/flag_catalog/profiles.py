@@ -54,11 +54,21 @@ class RegistrySource:
       ``call_arg``    first argument of every call to ``*.name(...)`` in module
       ``enum_members`` names assigned in the body of class ``name``
       ``flag_choices`` choices of flag ``name`` in the extracted catalog
+      ``model_table`` keys of a module-level dict ``name`` of ``ARCH: (MODULE, CLASS)`` (vLLM's
+                      model registry): the architectures whose MODULE is in the wheel and binds
+                      CLASS on ``platform`` (``flag_catalog.architectures``)
+      ``entry_classes`` the ``__name__`` of each class in ``name`` (``EntryClass``) of every module
+                      of package ``module``, subpackages too with ``packages`` (SGLang's,
+                      sglang-jax's and TokenSpeed's model registries)
     """
 
     kind: str
     module: str
     name: str
+    # model_table: the platform the build runs on (vLLM's ``current_platform``: cuda, cpu, ...)
+    platform: str | None = None
+    # entry_classes: whether the registry also imports the package's subpackages
+    packages: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,12 +132,28 @@ class Profile:
     fallthrough: Fallthrough | None = None
 
 
+def _vllm_architectures(platform: str) -> tuple[str, tuple[RegistrySource, ...]]:
+    """vLLM's model registry (vllm/model_executor/models/registry.py): ``ModelRegistry`` is built
+    from ``_VLLM_MODELS``, the merge of ``_TEXT_GENERATION_MODELS``, ``_EMBEDDING_MODELS``, ...,
+    ``_SPECULATIVE_DECODING_MODELS`` and the Transformers-backend tables, each ``ARCH: (MODULE,
+    CLASS)``; ``_resolve_module_name`` reads a MODULE that starts with ``vllm.`` as a package of its
+    own (``vllm.models.kimi_k3``, whose ``__init__`` picks the class for the platform), any other
+    under ``vllm.model_executor.models``. ``_PREVIOUSLY_SUPPORTED_MODELS`` and
+    ``_OOT_SUPPORTED_MODELS`` name architectures it refuses."""
+    return (
+        "architectures",
+        (RegistrySource("model_table", "vllm.model_executor.models.registry", "_VLLM_MODELS", platform=platform),),
+    )
+
+
 _VLLM = Profile(
     engine="vllm",
     launch=("vllm", "serve"),
     roots=(Root("vllm.entrypoints.cli.serve", "ServeSubcommand.subparser_init", "serve"),),
     bool_action_override=("vllm.utils.argparse_utils", "EnableDisableAction"),
     registries=(
+        # PyPI's vllm wheel is the CUDA build
+        _vllm_architectures("cuda"),
         (
             "tool_call_parser",
             (RegistrySource("dict_keys", "vllm.tool_parsers", "_TOOL_PARSERS_TO_REGISTER"),),
@@ -194,6 +220,7 @@ PROFILES: dict[str, Profile] = {
         launch=("python", "-m", "vllm.entrypoints.openai.api_server"),
         roots=(Root("vllm.entrypoints.openai.api_server", MAIN_BLOCK),),
         pinned=(PinnedName("vllm.platforms", "current_platform", "vllm.platforms.cpu", "CpuPlatform"),),
+        registries=(_vllm_architectures("cpu"), *_VLLM.registries[1:]),
     ),
     "sglang": Profile(
         engine="sglang",
@@ -209,6 +236,10 @@ PROFILES: dict[str, Profile] = {
             ),
         ),
         registries=(
+            # sglang/srt/models/registry.py import_model_classes("sglang.srt.models"): every module
+            # (not subpackage) of the package, keyed by the __name__ of its EntryClass (a class or
+            # a list of them); a module that fails to import is skipped, with a warning, at run time
+            ("architectures", (RegistrySource("entry_classes", "sglang.srt.models", "EntryClass"),)),
             (
                 "tool_call_parser",
                 (
@@ -259,6 +290,9 @@ PROFILES: dict[str, Profile] = {
         launch=("python", "-m", "sgl_jax.launch_server"),
         roots=(Root("sgl_jax.srt.server_args", "ServerArgs.add_cli_args"),),
         registries=(
+            # sgl_jax/srt/models/registry.py import_model_classes(): as SGLang's, over the modules
+            # (not subpackages) of sgl_jax.srt.models
+            ("architectures", (RegistrySource("entry_classes", "sgl_jax.srt.models", "EntryClass"),)),
             ("tool_call_parser", (RegistrySource("flag_choices", "", "--tool-call-parser"),)),
             ("reasoning_parser", (RegistrySource("flag_choices", "", "--reasoning-parser"),)),
             ("load_format", (RegistrySource("flag_choices", "", "--load-format"),)),
@@ -292,6 +326,15 @@ PROFILES: dict[str, Profile] = {
         # binary in another package) and speculative algorithms are free text:
         # none of them is statically visible in these wheels.
         registries=(
+            # tokenspeed/runtime/models/registry.py import_model_classes(): every module of
+            # tokenspeed.runtime.models, subpackages included, keyed by its EntryClass's __name__
+            # (a module that fails to import stops the engine); the plugin registry it also reads
+            # (tokenspeed/runtime/plugins/registry.py register_model) starts empty, filled only by
+            # plugins installed beside the wheel
+            (
+                "architectures",
+                (RegistrySource("entry_classes", "tokenspeed.runtime.models", "EntryClass", packages=True),),
+            ),
             ("load_format", (RegistrySource("flag_choices", "", "--load-format"),)),
             (
                 "disaggregation_transfer_backend",
