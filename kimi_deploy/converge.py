@@ -21,6 +21,8 @@ from kimi_deploy.engine_guard import PACKAGES as GUARD_PACKAGES
 from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
+from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER
+from kimi_deploy.host_libraries import packages as library_packages
 from kimi_deploy.host_paths import model_dir, tool_dir
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.listen import LOOPBACK
@@ -29,7 +31,6 @@ from kimi_deploy.preflight import Needs
 from kimi_deploy.recipe import Recipe, RouterFallback
 from kimi_deploy.release_set import VenvRelease, engine_releases, router_releases
 from kimi_deploy.render import RenderedFile, render_host
-from kimi_deploy.router_units import MOONCAKE_HOST_PACKAGES
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
 from kimi_deploy.secrets import read_secret
 from kimi_deploy.servespec import HostPlan, Unit
@@ -444,9 +445,13 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
     topology = recipe.topologies[spec.topology]
     gateway = any(u.kind == "gateway" for u in spec.units)
     master = any(u.kind == "mooncake-master" for u in spec.units)
+    # the Mooncake store client, imported by an engine whose KV cache goes through the store
+    client = spec.role != "router" and "MooncakeStoreConnector" in (topology.kv_transfer.connectors if
+                                                                    topology.kv_transfer else [])  # fmt: skip
+    libraries = (MOONCAKE_MASTER if master else ()) + (MOONCAKE_CLIENT if client else ())
     debs = [
         *(GATEWAY_PACKAGES if gateway else ()),
-        *(MOONCAKE_HOST_PACKAGES if master else ()),
+        *library_packages(libraries, recipe.host_os(spec.topology)),
         *engine(topology.engine).host_packages(topology),
         *(GUARD_PACKAGES if any(u.guard for u in spec.units) else ()),
     ]

@@ -932,10 +932,14 @@ class Recipe(Strict):
         """The platform the hosts of ``topology`` install releases for, when the recipe names
         their OS; None: each host's probe tells (its locks are resolved during the converge)."""
         topo = self.topologies[topology]
-        os_name = topo.os or self.os
+        os_name = self.host_os(topology)
         if os_name is None:
             return None
         return platform_of(os_name, machine_of(topo.accelerators.model, topo.machine))
+
+    def host_os(self, topology: str) -> HostOs | None:
+        """The OS the recipe names for the hosts of ``topology``, if any."""
+        return self.topologies[topology].os or self.os
 
     def bench_topology(self) -> str | None:
         """The topology the benchmark drives: its own, or the first served by vLLM."""

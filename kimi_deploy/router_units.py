@@ -21,9 +21,6 @@ HEALTH_GAUGES = {"vllm-router": "vllm_router_worker_health", "sglang-router": "s
 # a request comes: an open circuit admits trial requests once its time is up, whatever it says.
 CIRCUIT_GAUGES = {"vllm-router": "vllm_router_cb_state", "sglang-router": "smg_worker_cb_state"}
 MOONCAKE_UNIT = "kimi-mooncake-master"
-# mooncake_master links libibverbs.so.1 and libnuma.so.1 (ldd, mooncake-transfer-engine
-# 0.3.13.post1), on a host without RDMA too: Debian's packages, from the host's own archive.
-MOONCAKE_HOST_PACKAGES = ("libibverbs1", "libnuma1")
 
 
 def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
