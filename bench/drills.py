@@ -86,8 +86,8 @@ LADDER = {"interval_s": 1, "timeout_s": 2, "canary_interval_s": 1, "canary_timeo
 # a converge drill, not deploys/drill.py's
 HUB_DOWN = "hub-down-sync"
 MODEL = "moonshotai/Kimi-K3.1-Pro-Tiny"
-REVISION_A = "707b75098b7cd8ff771cbef11deb78f502e0ba34"  # the recipe's, serving when the drill starts
-REVISION_B = "70e42530909446fa6a1a8292794d0638293ad679"
+REVISION_A = "23eb01d77aab1f1b9ff6dda80033b783970fe79c"  # the recipe's, serving when the drill starts
+REVISION_B = "1088b4b0a968514a4de7da23014f7058bbfbd30c"
 # slow enough that the Hub is still sending revision B's new shards when it goes down
 SLOW_BYTES_PER_S = 5_000
 # drill -> the hosts it is injected on

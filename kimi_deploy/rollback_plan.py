@@ -34,7 +34,7 @@ def latest_run(logs: Iterable[Sequence[Sequence[str]]]) -> str | None:
 
 
 def describe(record: dict[str, Any]) -> str:
-    """``vllm 0.34.0, weights 707b75098b7c`` for messages."""
+    """``vllm 0.34.0, weights 23eb01d77aab`` for messages."""
     what = f"{record.get('engine')} {record.get('engine_version')}"
     revision = record.get("revision")
     return f"{what}, weights {revision[:12]}" if revision else what

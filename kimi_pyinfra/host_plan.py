@@ -11,6 +11,7 @@ from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DEFAULT_RECIPE, DeployPlan, part_of
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import load_recipe
+from kimi_deploy.servability import check_servable
 from kimi_pyinfra.inventory_file import from_pyinfra
 from kimi_pyinfra.run_context import run_context
 
@@ -24,7 +25,8 @@ def inventory_label(argv: list[str] | None = None) -> str:
 
 
 def plan_for(inventory: Any, host: Any, label: str | None = None) -> DeployPlan:
-    """Plan the whole inventory exactly as ``kimi-deploy plan`` does and return ``host``'s part.
+    """Plan the whole inventory exactly as ``kimi-deploy plan`` does and return ``host``'s part;
+    ``ConfigError`` when its topology's engine release does not register the model (as ``validate``).
 
     ``inventory`` and ``host`` are pyinfra's objects; the recipe is the host's ``kimi_recipe``
     data (relative to the directory pyinfra runs in) or the default recipe. The whole inventory
@@ -39,7 +41,10 @@ def plan_for(inventory: Any, host: Any, label: str | None = None) -> DeployPlan:
         ours = from_pyinfra(inventory, label)
         plans[(recipe_file, label)] = (recipe, ours, plan(recipe, recipe_file, ours))
     recipe, ours, whole = plans[(recipe_file, label)]
-    return part_of(recipe, recipe_file, ours.host(host.name), whole)
+    part = part_of(recipe, recipe_file, ours.host(host.name), whole)
+    # as validate refuses it: a topology whose engine release does not load the model
+    check_servable(recipe, recipe_file, part.spec.topology)
+    return part
 
 
 def todo_for(inventory: Any, host: Any) -> tuple[DeployPlan, Converge]:

@@ -55,7 +55,7 @@ DEFAULT_SHARD_BYTES = 64 * 1024
 # Shards whose bytes commit B replaces.
 CHANGED_SHARDS = (7, 57, 90)
 # Bump when the generated content changes on purpose: it is part of the idempotency check.
-FORMAT = 1
+FORMAT = 2
 
 HIDDEN = 32  # one MXFP4 block (32 values) per expert row: blocks are [experts, rows, 16] bytes
 EXPERTS = 8
@@ -133,7 +133,7 @@ def _tokenizer() -> dict[str, Any]:
 
 def _config(variant: str) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "architectures": ["KimiK3ForCausalLM"],
+        "architectures": ["KimiK3ForConditionalGeneration"],
         "model_type": "kimi_k3",
         "hidden_size": HIDDEN,
         "intermediate_size": 2 * HIDDEN,

@@ -24,7 +24,7 @@ from localcluster.tiny_model import REPO_ID, git_blob_sha1
 from tests.conftest import ROOT
 
 COMMIT = hashlib.sha1(b"a listing with names outside the revision", usedforsecurity=False).hexdigest()
-DEMO_REVISION = "707b75098b7cd8ff771cbef11deb78f502e0ba34"
+DEMO_REVISION = "23eb01d77aab1f1b9ff6dda80033b783970fe79c"
 SHARDS = [f"model-{i:05d}-of-00096.safetensors" for i in range(1, 97)]
 TRAVERSAL = "../../../../etc/cron.d/x"
 ABSOLUTE = "/etc/passwd"

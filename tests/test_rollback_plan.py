@@ -9,8 +9,8 @@ import pytest
 from kimi_deploy.rollback_plan import RollbackError, latest_run, pins_line, plan_rollback
 
 OLD, NEW = "/opt/kimi/releases/old", "/opt/kimi/releases/new"
-RECORD = {"format": 2, "engine": "vllm", "engine_version": "0.34.0", "revision": "707b75098b7c" + "0" * 28,
-          "pins": {"engines.vllm.version": "0.34.0", "model.revision": "707b75098b7c" + "0" * 28}}  # fmt: skip
+RECORD = {"format": 2, "engine": "vllm", "engine_version": "0.34.0", "revision": "23eb01d77aab" + "0" * 28,
+          "pins": {"engines.vllm.version": "0.34.0", "model.revision": "23eb01d77aab" + "0" * 28}}  # fmt: skip
 LOG = [
     ["t1", OLD, "switched", "r1"],
     ["t2", OLD, "serving", "r1"],
@@ -28,7 +28,7 @@ def test_the_latest_converge_is_undone_on_the_hosts_it_switched() -> None:
     plan = plan_rollback("h1", NEW, LOG, whole(), "r2")
     assert plan.target == OLD
     assert pins_line("h1", plan) == (
-        "h1: back to vllm 0.34.0, weights 707b75098b7c; to keep it, set in the recipe: "
+        "h1: back to vllm 0.34.0, weights 23eb01d77aab; to keep it, set in the recipe: "
         f"engines.vllm.version: 0.34.0, model.revision: {RECORD['revision']}"
     )
 
@@ -53,8 +53,8 @@ def test_a_second_rollback_does_nothing() -> None:
     ("records", "says"),
     [
         ({}, "h1: rollback target /opt/kimi/releases/old is no longer on this host"),
-        (whole(engine=False), "h1: rollback target /opt/kimi/releases/old (vllm 0.34.0, weights 707b75098b7c): its engine release is gone"),
-        (whole(model=False), "(vllm 0.34.0, weights 707b75098b7c): its weights revision 707b75098b7c is gone"),
+        (whole(engine=False), "h1: rollback target /opt/kimi/releases/old (vllm 0.34.0, weights 23eb01d77aab): its engine release is gone"),
+        (whole(model=False), "(vllm 0.34.0, weights 23eb01d77aab): its weights revision 23eb01d77aab is gone"),
         (whole(files=False), "the copies of its files are gone"),
     ],
 )  # fmt: skip

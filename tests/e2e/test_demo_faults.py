@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ENGINES = {"kimi-h1": "kimi-vllm", "kimi-h2": "kimi-vllm", "kimi-h3": "kimi-sglang", "kimi-h4": "kimi-sglang"}
-REVISION_B = "70e42530909446fa6a1a8292794d0638293ad679"
+REVISION_B = "1088b4b0a968514a4de7da23014f7058bbfbd30c"
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ def _cluster(demo_cluster: None) -> None:
     """Needs the demo cluster's Hub and hosts."""
 
 
-REVISIONS = ["707b75098b7cd8ff771cbef11deb78f502e0ba34", "70e42530909446fa6a1a8292794d0638293ad679"]
+REVISIONS = ["23eb01d77aab1f1b9ff6dda80033b783970fe79c", "1088b4b0a968514a4de7da23014f7058bbfbd30c"]
 
 
 def _lock(tmp_path: Path, revision: str) -> subprocess.CompletedProcess[str]:

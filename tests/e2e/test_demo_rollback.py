@@ -65,9 +65,9 @@ def test_rollback_returns_the_upgraded_hosts_without_installing_or_downloading(u
     for host in VLLM_HOSTS:
         assert chat(f"http://{address(host)}:8000", PROMPT)["choices"][0]["message"]["content"] == "READY"
         assert (
-            f"{host}: back to vllm 0.34.0, weights 707b75098b7c; to keep it, set in the recipe: "
+            f"{host}: back to vllm 0.34.0, weights 23eb01d77aab; to keep it, set in the recipe: "
             "engines.vllm.packages.fastsafetensors: 0.5.0, engines.vllm.version: 0.34.0, "
-            "model.revision: 707b75098b7cd8ff771cbef11deb78f502e0ba34"
+            "model.revision: 23eb01d77aab1f1b9ff6dda80033b783970fe79c"
         ) in log
     for host in ("kimi-h3", "kimi-h4"):
         assert f"{host}: the latest converge did not change this host's release" in log
@@ -88,7 +88,7 @@ def test_a_rollback_target_no_longer_on_a_host_is_named_and_that_host_keeps_serv
     code, log = _rollback()
     assert code != 0
     (line,) = [x.strip() for x in log.splitlines() if "[kimi-h1] kimi-deploy: rollback:" in x]
-    assert line.endswith("(vllm 0.34.0, weights 707b75098b7c): its engine release is gone"), line
+    assert line.endswith("(vllm 0.34.0, weights 23eb01d77aab): its engine release is gone"), line
     assert "kimi-h1: rollback target /opt/kimi/releases/" in line
     assert _engine("kimi-h1").startswith("/opt/kimi/engines/vllm-0.34.1")
     assert chat(f"http://{address('kimi-h1')}:8000", PROMPT)["choices"][0]["message"]["content"] == "READY"

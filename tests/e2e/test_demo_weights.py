@@ -30,10 +30,10 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
 )
 
-REVISION = "707b75098b7cd8ff771cbef11deb78f502e0ba34"
+REVISION = "23eb01d77aab1f1b9ff6dda80033b783970fe79c"
 WEIGHTS = f"/srv/models/moonshotai--Kimi-K3.1-Pro-Tiny/{REVISION}"
 SHARD_57 = "model-00057-of-00096.safetensors"
-REVISION_B = "70e42530909446fa6a1a8292794d0638293ad679"
+REVISION_B = "1088b4b0a968514a4de7da23014f7058bbfbd30c"
 ENGINE_HOSTS = ("kimi-h1", "kimi-h2", "kimi-h3", "kimi-h4")
 CHANGED_IN_B = [
     "config.json",

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 HOSTS = 16
-REVISION = "707b75098b7cd8ff771cbef11deb78f502e0ba34"  # recipes/demo-gpu.yaml's
+REVISION = "23eb01d77aab1f1b9ff6dda80033b783970fe79c"  # recipes/demo-gpu.yaml's
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import CHANGED_SHARDS, REPO_ID, RepoInfo, build, git_blob_sha1, load_info
 
 # What the default build produces, on every machine: recipes and locks may pin these.
-DEFAULT_COMMIT_A = "707b75098b7cd8ff771cbef11deb78f502e0ba34"
-DEFAULT_COMMIT_B = "70e42530909446fa6a1a8292794d0638293ad679"
+DEFAULT_COMMIT_A = "23eb01d77aab1f1b9ff6dda80033b783970fe79c"
+DEFAULT_COMMIT_B = "1088b4b0a968514a4de7da23014f7058bbfbd30c"
 SHARD_BYTES = 4096  # small shards keep the module fast
 PAGE_SIZE = 50
 SHARD_57 = "model-00057-of-00096.safetensors"

@@ -356,4 +356,4 @@ def test_the_hub_serves_both_repos(hub: HubServer) -> None:
     api = HfApi(endpoint=hub.url)
     assert api.model_info(REPO_ID, revision="v1").sha == COMMIT_A
     assert api.model_info(REPO_ID).sha == COMMIT_B
-    assert api.model_info(tiny_model.REPO_ID, revision="v1").sha == "707b75098b7cd8ff771cbef11deb78f502e0ba34"
+    assert api.model_info(tiny_model.REPO_ID, revision="v1").sha == "23eb01d77aab1f1b9ff6dda80033b783970fe79c"
