@@ -22,11 +22,10 @@ from pathlib import Path
 from hostside.boundary_lock import check_lock
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.release_lock import HostPlatform, LockError, resolve
+from kimi_deploy.release_lock import WITHOUT_HEADER, HostPlatform, LockError, resolve
 from kimi_deploy.release_set import CommittedLock, VenvRelease, topology_releases
 
 RELEASE_LOCK_DIR = "recipes/locks/releases"
-_WITHOUT = "# without: "
 _LOCK_HINT = "run `kimi-deploy lock RECIPE --releases` and commit what it writes"
 
 
@@ -74,7 +73,7 @@ def _check(text: str, release: VenvRelease, platform: HostPlatform, where: str) 
     tag = f"# platform: {platform.tag}"
     if tag not in headers:
         raise ConfigError(where, "", f"stale: not a lock for {platform.tag}; {_LOCK_HINT}")
-    without = next((line[len(_WITHOUT) :] for line in headers if line.startswith(_WITHOUT)), "")
+    without = next((line[len(WITHOUT_HEADER) :] for line in headers if line.startswith(WITHOUT_HEADER)), "")
     if without != ", ".join(release.without):
         leaves = ", ".join(release.without)
         what = f"stale: locked without [{without}], the recipe leaves out [{leaves}]"
@@ -138,9 +137,6 @@ def lock_all(
         except LockError as exc:
             refused.append(f"{release.name} for {want.platform.described} ({', '.join(want.topologies)}): {exc}")
             continue
-        if release.without:  # below the platform, which the host reads first
-            first, rest = text.split("\n", 1)
-            text = f"{first}\n{_WITHOUT}{', '.join(release.without)}\n{rest}"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         kept.append(path)

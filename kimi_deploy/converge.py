@@ -446,8 +446,7 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
     gateway = any(u.kind == "gateway" for u in spec.units)
     master = any(u.kind == "mooncake-master" for u in spec.units)
     # the Mooncake store client, imported by an engine whose KV cache goes through the store
-    client = spec.role != "router" and "MooncakeStoreConnector" in (topology.kv_transfer.connectors if
-                                                                    topology.kv_transfer else [])  # fmt: skip
+    client = spec.role != "router" and topology.mooncake_store
     libraries = (MOONCAKE_MASTER if master else ()) + (MOONCAKE_CLIENT if client else ())
     debs = [
         *(GATEWAY_PACKAGES if gateway else ()),

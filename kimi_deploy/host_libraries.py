@@ -23,14 +23,13 @@ from kimi_deploy.host_os import OS_RELEASES, HostOs
 
 DEFAULT_OS: HostOs = "debian-12"
 
-_SAME = dict.fromkeys(OS_RELEASES)
 PACKAGES: dict[str, dict[HostOs, str]] = {
     "libcurl.so.4": {"debian-12": "libcurl4", "ubuntu-22.04": "libcurl4", "debian-13": "libcurl4t64",
                      "ubuntu-24.04": "libcurl4t64"},
-    "libibverbs.so.1": dict.fromkeys(_SAME, "libibverbs1"),
+    "libibverbs.so.1": dict.fromkeys(OS_RELEASES, "libibverbs1"),
     # rdma-core's providers: libmlx5.so.1 (ConnectX), beside libibverbs1, which only recommends them
-    "libmlx5.so.1": dict.fromkeys(_SAME, "ibverbs-providers"),
-    "libnuma.so.1": dict.fromkeys(_SAME, "libnuma1"),
+    "libmlx5.so.1": dict.fromkeys(OS_RELEASES, "ibverbs-providers"),
+    "libnuma.so.1": dict.fromkeys(OS_RELEASES, "libnuma1"),
 }  # fmt: skip
 
 MOONCAKE_MASTER = ("libcurl.so.4", "libibverbs.so.1", "libnuma.so.1")

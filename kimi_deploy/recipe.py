@@ -753,11 +753,17 @@ class Topology(Strict):
     machine: Literal["x86_64", "aarch64"] | None = None
 
     @property
+    def mooncake_store(self) -> bool:
+        """Whether its KV cache goes through the Mooncake store (MooncakeStoreConnector): its
+        engines import the store's client."""
+        kv = self.kv_transfer
+        return kv is not None and "MooncakeStoreConnector" in kv.connectors
+
+    @property
     def mooncake_master(self) -> bool:
         """Whether its router host runs a Mooncake master: its KV cache goes through the Mooncake
         store (MooncakeStoreConnector), whose master that host keeps."""
-        kv = self.kv_transfer
-        return self.router is not None and kv is not None and "MooncakeStoreConnector" in kv.connectors
+        return self.router is not None and self.mooncake_store
 
     @model_validator(mode="after")
     def _shape(self) -> Topology:

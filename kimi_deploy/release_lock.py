@@ -40,6 +40,8 @@ MACHINES = ("x86_64", "aarch64")
 GLIBC_OLDEST, GLIBC_NEWEST = (2, 17), (2, 40)
 _PYTHON = re.compile(r"3\.(\d{1,2})")
 _GLIBC = re.compile(r"glibc (\d{1,2})\.(\d{1,3})")
+# The lock's line naming the requirements it was resolved without.
+WITHOUT_HEADER = "# without: "
 # How long one resolution may take (uv's own HTTP timeouts and retries are shorter).
 RESOLVE_S = 600
 
@@ -156,7 +158,10 @@ def resolve(
             raise LockError(f"resolving took over {RESOLVE_S} s against {index_url}") from None
     if done.returncode != 0:
         raise LockError(reason(done.stdout + done.stderr, index_url))
-    text = f"# platform: {platform.tag}\n# index: {index_url}\n{done.stdout}"
+    # what the lock leaves out, below the platform (which the host reads first): a lock kept
+    # beside the recipe is stale once the recipe leaves out other requirements
+    left_out = f"{WITHOUT_HEADER}{', '.join(sorted(without))}\n" if without else ""
+    text = f"# platform: {platform.tag}\n{left_out}# index: {index_url}\n{done.stdout}"
     try:
         check_lock(text, requirements)
     except ValueError as exc:

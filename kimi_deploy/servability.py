@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from kimi_deploy.catalog import CatalogMissing, engine_catalog
@@ -100,19 +101,34 @@ def served_by(recipe: Recipe, architecture: str) -> str:
     return "served " + "; ".join(f"on {vendor} by {', '.join(names)}" for vendor, names in vendors.items())
 
 
-def check_servable(recipe: Recipe, recipe_file: str, topology: str, base: Path | None = None) -> None:
-    """Refuse ``topology`` when its engine release does not register the model's architecture."""
-    architecture = model_architecture(recipe, recipe_file, base)
-    if architecture is None:
-        return
+def _refusal(recipe: Recipe, recipe_file: str, topology: str, architecture: str) -> ConfigError | None:
     engine = recipe.topologies[topology].engine
     registered = _registered(recipe, engine)
     if registered is None or architecture in registered:
-        return
+        return None
     near = closest(architecture, registered)
     shown = f"registers {', '.join(near)}" if near else f"registers {len(registered)} others, none like it"
-    raise ConfigError(
+    return ConfigError(
         recipe_file,
         f"topologies.{topology}",
         f"{_release(recipe, engine)} does not register {architecture} ({shown}); {served_by(recipe, architecture)}",
     )
+
+
+def refusals(
+    recipe: Recipe, recipe_file: str, topologies: Sequence[str], base: Path | None = None
+) -> dict[str, ConfigError]:
+    """Each of ``topologies`` whose engine release does not register the model's architecture,
+    with its one line; the architecture read once (``ConfigError`` when recipe and lock disagree)."""
+    architecture = model_architecture(recipe, recipe_file, base)
+    if architecture is None:
+        return {}
+    found = {name: _refusal(recipe, recipe_file, name, architecture) for name in dict.fromkeys(topologies)}
+    return {name: refused for name, refused in found.items() if refused is not None}
+
+
+def check_servable(recipe: Recipe, recipe_file: str, topology: str, base: Path | None = None) -> None:
+    """Refuse ``topology`` when its engine release does not register the model's architecture."""
+    refused = refusals(recipe, recipe_file, [topology], base).get(topology)
+    if refused is not None:
+        raise refused

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from hostside.boundary_lock import lock_pins
 from hostside.boundary_text import printable
 from kimi_deploy import captured_profile, committed_locks
 from kimi_deploy.allreduce_plan import nccl_verdict
@@ -37,7 +38,7 @@ from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, accelerators, rdma, rdma_asked
 from kimi_deploy.recipe import load_recipe
 from kimi_deploy.render import render_host
-from kimi_deploy.servability import check_servable
+from kimi_deploy.servability import refusals
 from kimi_deploy.servespec import Plan
 from kimi_pyinfra.inventory_file import load_inventory
 from kimi_pyinfra.starter import init
@@ -52,14 +53,10 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
 def _validate(args: argparse.Namespace) -> int:
     recipe, result = _plan(args)
     topologies = sorted({h.topology for h in result.hosts})
-    refused: list[str] = []
-    for name in topologies:
-        # the engine release of each topology must load the model (kimi_deploy.servability)
-        try:
-            check_servable(recipe, args.recipe, name)
-        except ConfigError as exc:
-            print(exc, file=sys.stderr)
-            refused.append(name)
+    # the engine release of each topology must load the model (kimi_deploy.servability)
+    refused = refusals(recipe, args.recipe, topologies)
+    for refusal in refused.values():
+        print(refusal, file=sys.stderr)
     kept = [name for name in topologies if name not in refused]
     stale = committed_locks.problems(recipe, topologies=kept)
     for line in stale:
@@ -115,7 +112,7 @@ def _show_plan(args: argparse.Namespace) -> int:
 def _lock_releases(recipe: Any, index: str, asked: bool) -> int:
     kept, refused = committed_locks.lock_all(recipe, index, os.environ)
     for path in kept:
-        print(f"{path}: {sum(1 for line in path.read_text(encoding='utf-8').splitlines() if '==' in line)} pins")
+        print(f"{path}: {len(lock_pins(path.read_text(encoding='utf-8')))} pins")
     for line in refused:
         print(f"kimi-deploy: {line}", file=sys.stderr)
     if asked and not kept and not refused:

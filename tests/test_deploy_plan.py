@@ -82,3 +82,23 @@ def test_deploy_stops_with_one_line_on_a_bad_recipe(tmp_path: Path) -> None:
     assert errors[0].endswith(
         f"{bad}: model.license: license 'kimi-k3.1-license' is not acknowledged: read it and set accepted: true"
     )
+
+
+def test_deploy_refuses_a_release_pin_its_committed_locks_do_not_hold_before_any_change(tmp_path: Path) -> None:
+    """A new engine pin in a recipe that names its hosts' OS, not yet locked: the run stops on it,
+    in one line, before any host is changed (and before the weights' lock is looked at)."""
+    data = yaml.safe_load((ROOT / RECIPE).read_text(encoding="utf-8"))
+    data["engines"]["vllm"]["version"] = "0.34.1"
+    unlocked = tmp_path / "unlocked.yaml"
+    unlocked.write_text(yaml.safe_dump(data), encoding="utf-8")
+    run = _run_deploy(tmp_path, unlocked)
+    assert run.returncode != 0
+    errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
+    assert len(errors) == 1
+    assert "recipes/locks/releases/vllm-0.34.1+fastsafetensors-0.5.0+" in errors[0]
+    assert errors[0].endswith(
+        "no lock of vllm-0.34.1+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1 for "
+        "Python 3.12, x86_64, glibc 2.39 (topologies single-node): run `kimi-deploy lock RECIPE --releases` and "
+        "commit what it writes"
+    )
+    assert "Starting operation" not in run.stdout + run.stderr

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,6 +176,20 @@ def test_a_recipe_that_disagrees_with_its_lock_is_refused(tmp_path: Path) -> Non
     # refused for every topology, also one whose release registers the recipe's name
     assert refusal(recipe, file, "single-node", tmp_path) == expected
     assert refusal(recipe, file, "tpu7x", tmp_path) == expected
+
+
+def test_validate_names_a_disagreement_with_the_lock_once(tmp_path: Path) -> None:
+    """Not once per topology: the architecture is the model's, read once."""
+    recipe, _ = recipe_with(tmp_path, KIMI_K3)
+    write_lock(tmp_path, recipe, {"architectures": ["KimiK3ForCausalLM"], "model_type": "kimi_k3"})
+    argv = [sys.executable, "-m", "kimi_pyinfra.cli", "validate", "recipes/kimi.yaml", str(inventory_file(tmp_path))]
+    run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
+    assert (run.returncode, run.stdout) == (2, "")
+    assert run.stderr.splitlines() == [
+        f"recipes/kimi.yaml: model.architecture: {KIMI_K3} is not the checkpoint's: config.json at "
+        f"{recipe.model.revision} names KimiK3ForCausalLM (recipes/locks/{recipe.model.dir_name}@"
+        f"{recipe.model.revision}.json)"
+    ]
 
 
 def test_a_lock_from_before_config_was_recorded_is_valid(tmp_path: Path) -> None:
