@@ -57,12 +57,18 @@ def _run_deploy(tmp_path: Path, recipe_file: Path) -> subprocess.CompletedProces
     )
 
 
-def test_deploy_refuses_a_revision_without_lock_before_any_change(tmp_path: Path) -> None:
-    run = _run_deploy(tmp_path, ROOT / RECIPE)
+def _one_error(run: subprocess.CompletedProcess[str]) -> str:
+    """The run failed, and pyinfra names one error: that line."""
     assert run.returncode != 0
     errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
     assert len(errors) == 1
-    assert errors[0].endswith(
+    return errors[0]
+
+
+def test_deploy_refuses_a_revision_without_lock_before_any_change(tmp_path: Path) -> None:
+    run = _run_deploy(tmp_path, ROOT / RECIPE)
+    error = _one_error(run)
+    assert error.endswith(
         "recipes/locks/moonshotai--Kimi-K3.1-Pro@5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d.json: no lock for "
         "moonshotai/Kimi-K3.1-Pro@5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d: run `kimi-deploy lock RECIPE`"
     )
@@ -76,10 +82,8 @@ def test_deploy_stops_with_one_line_on_a_bad_recipe(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(data), encoding="utf-8")
     run = _run_deploy(tmp_path, bad)
-    assert run.returncode != 0
-    errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
-    assert len(errors) == 1
-    assert errors[0].endswith(
+    error = _one_error(run)
+    assert error.endswith(
         f"{bad}: model.license: license 'kimi-k3.1-license' is not acknowledged: read it and set accepted: true"
     )
 
@@ -92,11 +96,9 @@ def test_deploy_refuses_a_release_pin_its_committed_locks_do_not_hold_before_any
     unlocked = tmp_path / "unlocked.yaml"
     unlocked.write_text(yaml.safe_dump(data), encoding="utf-8")
     run = _run_deploy(tmp_path, unlocked)
-    assert run.returncode != 0
-    errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
-    assert len(errors) == 1
-    assert "recipes/locks/releases/vllm-0.34.1+fastsafetensors-0.5.0+" in errors[0]
-    assert errors[0].endswith(
+    error = _one_error(run)
+    assert "recipes/locks/releases/vllm-0.34.1+fastsafetensors-0.5.0+" in error
+    assert error.endswith(
         "no lock of vllm-0.34.1+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1 for "
         "Python 3.12, x86_64, glibc 2.39 (topologies single-node): run `kimi-deploy lock RECIPE --releases` and "
         "commit what it writes"
