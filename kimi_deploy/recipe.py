@@ -36,7 +36,7 @@ from kimi_deploy.safe_text import is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line
 from kimi_deploy.yaml_file import read_yaml_mapping
 
-EngineName = Literal["vllm", "sglang", "sglang-jax", "tokenspeed"]
+EngineName = Literal["vllm", "sglang", "sglang-jax", "vllm-tpu", "tokenspeed"]
 RouterName = Literal["vllm-router", "sglang-router"]
 # Services a topology's router host keeps beside its router, each from a release of its own.
 StoreName = Literal["mooncake-transfer-engine"]

@@ -30,12 +30,14 @@ def test_every_engine_a_recipe_names_is_registered_and_every_engine_module_is_an
 
 
 def test_the_default_api_ports_are_the_engines_own() -> None:
-    # vLLM's `vllm serve --port` and TokenSpeed's default 8000, SGLang's and sglang-jax's `--port`
-    # default 30000 (sgl_jax/srt/server_args.py, 0.1.0rc0)
+    # vLLM's `vllm serve --port` (its TPU build's too: vllm/entrypoints/launchers/cli_args.py, vllm-tpu
+    # 0.32.0) and TokenSpeed's default 8000, SGLang's and sglang-jax's `--port` default 30000
+    # (sgl_jax/srt/server_args.py, 0.1.0rc0)
     assert {name: e.default_api_port for name, e in ENGINES.items()} == {
         "vllm": 8000,
         "sglang": 30000,
         "sglang-jax": 30000,
+        "vllm-tpu": 8000,
         "tokenspeed": 8000,
     }
 

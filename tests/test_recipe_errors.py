@@ -159,7 +159,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     (
         "engine-unknown",
         _set(((TOPO, "tpu7x", "engine"), "trt")),
-        "topologies.tpu7x.engine: Input should be 'vllm', 'sglang', 'sglang-jax' or 'tokenspeed', found str 'trt'",
+        "topologies.tpu7x.engine: Input should be 'vllm', 'sglang', 'sglang-jax', 'vllm-tpu' or 'tokenspeed', found str 'trt'",
     ),
     (
         "revision-a-branch",

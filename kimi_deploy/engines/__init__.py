@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kimi_deploy.engines import sglang, sglang_jax, tokenspeed, vllm
+from kimi_deploy.engines import sglang, sglang_jax, tokenspeed, vllm, vllm_tpu
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.recipe import EngineName
 
 ENGINES: Mapping[EngineName, Engine] = {
-    e.name: e for e in (vllm.ENGINE, sglang.ENGINE, sglang_jax.ENGINE, tokenspeed.ENGINE)
+    e.name: e for e in (vllm.ENGINE, sglang.ENGINE, sglang_jax.ENGINE, vllm_tpu.ENGINE, tokenspeed.ENGINE)
 }
 
 

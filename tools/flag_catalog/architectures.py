@@ -12,6 +12,9 @@ Two registry shapes are read:
   and the architecture counts when one of them binds CLASS.
 * ``EntryClass`` of every module of a package (SGLang, sglang-jax, TokenSpeed): the registry keys
   each class by its ``__name__``, so an alias counts under the name of the class it stands for.
+
+and one more for a registry a function fills item by item: the string keys of ``NAME[KEY] = ...``
+(tpu-inference's ``_MODEL_REGISTRY``).
 """
 
 from __future__ import annotations
@@ -198,4 +201,28 @@ def entry_classes(wheel: Wheel, resolver: Resolver, source: RegistrySource, warn
                 warn(f"{dotted}.{source.name}: {resolver.dotted_name(ref) or 'a value'} is not a class of the wheel")
     if not names:
         raise Unresolved(f"no module of {source.module} has {source.name}")
+    return sorted(set(names))
+
+
+def subscript_keys(wheel: Wheel, source: RegistrySource) -> list[str]:
+    """The string keys of every ``NAME[KEY] = ...`` in module ``source.module``, at any depth."""
+    mod = wheel.module(source.module)
+    if mod is None:
+        raise Unresolved("module not found")
+    names: list[str] = []
+    for node in ast.walk(mod.tree):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            if (
+                isinstance(target, ast.Subscript)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == source.name
+                and isinstance(target.slice, ast.Constant)
+                and isinstance(target.slice.value, str)
+            ):
+                names.append(target.slice.value)
+    if not names:
+        raise Unresolved(f"no {source.name}[...] = assignment")
     return sorted(set(names))

