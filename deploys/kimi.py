@@ -105,8 +105,9 @@ def converge(do: Do) -> None:
 
     # Download once, fan out as a pipeline: every host that serves others listens first; then one
     # step in which the Hub's one host and every host of the chains fetch at once, each relaying
-    # what it receives to the next (a local mirror first either way).
-    if (w := steps.weights) is not None:
+    # what it receives to the next (a local mirror first either way). Each checkpoint the host
+    # holds in turn (the model, then its speculative draft), all before any engine (re)starts.
+    for w in host.loop(steps.weights):  # type: ignore[no-untyped-call]
         if w.key is not None:
             do(units.rendered, name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"],
                owners=found["owners"])  # fmt: skip
@@ -156,9 +157,9 @@ def converge(do: Do) -> None:
        last=found.get("last_release"), run=context.run_id)  # fmt: skip
 
     # Only now that the planned revision is verified and serving: all but it and the rollback copy go.
-    if steps.collect is not None:
-        do(weights.collected, name="Old revisions collected", parent=steps.collect.parent,
-           keep=steps.collect.keep, remove=steps.collect.remove)  # fmt: skip
+    for collect in host.loop(steps.collect):  # type: ignore[no-untyped-call]
+        do(weights.collected, name="Old revisions collected", parent=collect.parent,
+           keep=collect.keep, remove=collect.remove)  # fmt: skip
 
 
 converge_host(converge)

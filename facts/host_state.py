@@ -21,11 +21,12 @@ class KimiHostState(FactBase[HostState]):
         {
             "user": True,
             "venvs": {"/opt/kimi/engines/vllm-0.34.0": {"package": "vllm", ...} | None},
-            "weights": {"exists": True, "missing": [], "unverified": [], "extra": []} | None,
+            "weights": {"/srv/models/<org>--<name>/<commit>": {"exists": True, "missing": [], "unverified": [],
+                        "extra": []}},  # each checkpoint the host holds: the model, a draft
             "files": {"/etc/systemd/system/kimi-vllm.service": "<sha256>" | None},
             "units": {"kimi-vllm": {"active": "active", "pid": 1234, "applied": "<digest>", ...}},
             "timers": {"kimi-weights-scrub": {"active": "active", "enabled": "enabled"}},
-            "revisions": {"present": ["<commit>"], "history": ["<commit>"]} | None,
+            "revisions": {"/srv/models/<org>--<name>": {"present": ["<commit>"], "history": ["<commit>"]}},
             "listeners": {"8000": {"pid": 1234, "comm": "vllm", "unit": "kimi-vllm"}},
             "packages": {"nginx": True},
             "current": "/opt/kimi/releases/<id>" | None,

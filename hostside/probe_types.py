@@ -97,6 +97,7 @@ class ReleaseEntry(TypedDict):
 
     record: dict[str, Any]
     engine: bool
+    # every checkpoint it links (the model, a draft) still verified; None: it links none
     model: bool | None
     files: bool
 
@@ -123,14 +124,16 @@ class StateAnswer(TypedDict):
 
     user: bool
     venvs: dict[str, ReleaseMarker | None]
-    weights: WeightsFound | None
+    # by revision folder: each checkpoint the host holds (the model, a speculative draft)
+    weights: dict[str, WeightsFound]
     # sha256, None: absent
     files: dict[str, str | None]
     # "owner:group:octal mode" of each of ``files``, None: absent
     owners: dict[str, str | None]
     units: dict[str, UnitState]
     timers: dict[str, TimerState]
-    revisions: Revisions | None
+    # by the folder of a checkpoint's revisions
+    revisions: dict[str, Revisions]
     # by port, as a string
     listeners: dict[str, Listener]
     # installed or not, by Debian package

@@ -1,16 +1,17 @@
 """Everything a converge needs to decide, read in one round-trip: prints one JSON line.
 
 Input: one argument, base64 of zlib-compressed JSON:
-  {"user": str, "venvs": [dir], "weights": {"dir": str, "lock": {path: [size, digest]}} | null,
+  {"user": str, "venvs": [dir], "weights": [{"dir": str, "lock": {path: [size, digest]}}] (one per
+   checkpoint the host holds: the model, a speculative draft),
    "files": [path], "units": [name], "unit_secrets": {name: [path]}, "unit_files": {name: [path]},
    "timers": [name], "ports": [port],
-   "models": the folder of a model's revisions | null, "packages": [Debian package]}
-Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {...}|null,
+   "models": [the folder of a checkpoint's revisions], "packages": [Debian package]}
+Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {dir: {...}},
          "files": {path: sha256|null (absent)}, "owners": {path: "owner:group:octal mode"|null},
          "units": {name: {..., "secrets_changed": bool, "files_changed": bool, "restarts": int,
                           "restarts_verified": int}},
          "timers": {name: {...}},
-         "revisions": {"present": [revision], "history": [revision]} | null,
+         "revisions": {folder: {"present": [revision], "history": [revision]}},
          "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed},
          "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"}}
 """
@@ -302,15 +303,33 @@ def _record(folder: str) -> dict[str, Any] | None:
         return None
 
 
+def _served(record: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoints a release record served, by link (``{"model": {"repo", "revision"}}``); a
+    record older than ``checkpoints`` served its model only."""
+    record = record or {}
+    found = record.get("checkpoints")
+    if isinstance(found, dict):
+        return found
+    revision = record.get("revision")
+    return {"model": {"repo": record.get("model"), "revision": revision}} if revision else {}
+
+
 def _revisions(parent: str, log: list[list[str]]) -> Revisions:
-    """Revision folders kimi-deploy made under ``parent`` (they hold ``.kimi``), and the weights
-    revision of each release the host switched to, oldest first (the release log, last 100)."""
+    """Revision folders kimi-deploy made under ``parent`` (they hold ``.kimi``), and the revision of
+    that checkpoint (the folder's name is its repository's, ``org--name``) in each release the host
+    switched to, oldest first (the release log, last 100)."""
     try:
         present = sorted(n for n in os.listdir(parent) if os.path.isdir(os.path.join(parent, n, ".kimi")))
     except OSError:
         present = []
+    name = os.path.basename(parent.rstrip("/"))
     records = {folder: _record(folder) for folder in {entry[1] for entry in log[-100:]}}
-    history = [rev for entry in log[-100:] if (rev := (records[entry[1]] or {}).get("revision"))]
+    history = [
+        c["revision"]
+        for entry in log[-100:]
+        for c in _served(records[entry[1]]).values()
+        if isinstance(c, dict) and c.get("revision") and str(c.get("repo") or "").replace("/", "--") == name
+    ]
     return {"present": present, "history": history}
 
 
@@ -410,12 +429,15 @@ def _releases(log: list[list[str]]) -> Releases:
         if record is None:
             records[folder] = None
             continue
-        model = os.path.join(folder, "model")
-        cache = os.path.join(model, ".kimi", "verify-cache.json")
+        # every checkpoint it links (the model, a draft): whole while its verification cache is there
+        links = [os.path.join(folder, link) for link in _served(record) or {"model": None}]
+        linked = [link for link in links if os.path.lexists(link)]
         records[folder] = {
             "record": record,
             "engine": (marker := _marker(os.path.join(folder, "engine"))) is not None and not marker.get("damaged"),
-            "model": os.path.isfile(cache) if os.path.lexists(model) else None,
+            "model": all(os.path.isfile(os.path.join(link, ".kimi", "verify-cache.json")) for link in linked)
+            if linked
+            else None,
             "files": all(os.path.isfile(os.path.join(folder, "files", p.lstrip("/"))) for p in record.get("files", [])),
         }
     return {"entries": log, "records": records}
@@ -428,7 +450,6 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         user = True
     except KeyError:
         user = False
-    weights = request.get("weights")
     log = _release_log()  # read once: the revisions' history, the last entry, the rollback's records
     releases = _releases(log) if request.get("releases") else None
     names = list(request.get("units", []))
@@ -441,12 +462,12 @@ def probe(request: dict[str, Any]) -> StateAnswer:
     result: StateAnswer = {
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
-        "weights": _weights(weights) if weights else None,
+        "weights": {w["dir"]: _weights(w) for w in request.get("weights") or []},
         "files": {p: file_sha256(p) for p in request.get("files", [])},
         "owners": {p: owner_mode(p) for p in request.get("files", [])},
         "units": _units(names, shown, request.get("unit_secrets"), request.get("unit_files")),
         "timers": _timers(timers, shown),
-        "revisions": _revisions(request["models"], log) if request.get("models") else None,
+        "revisions": {parent: _revisions(parent, log) for parent in request.get("models") or []},
         "listeners": _listeners([int(p) for p in request.get("ports", [])], main_pids),
         "packages": _packages(request.get("packages", [])),
         "current": _readlink(request.get("link")),

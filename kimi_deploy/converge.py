@@ -23,12 +23,12 @@ from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
 from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER
 from kimi_deploy.host_libraries import packages as library_packages
-from kimi_deploy.host_paths import model_dir, tool_dir
+from kimi_deploy.host_paths import checkpoint_dir, tool_dir
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
-from kimi_deploy.recipe import Recipe, RouterFallback
+from kimi_deploy.recipe import Checkpoint, Recipe, RouterFallback
 from kimi_deploy.release_set import VenvRelease, engine_releases, router_releases
 from kimi_deploy.render import RenderedFile, render_host
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
@@ -43,6 +43,9 @@ PYPI = "https://pypi.org/simple"
 
 @dataclass(frozen=True)
 class WeightsTarget:
+    """One checkpoint a host holds (the model, a speculative draft): its revision's folder,
+    synced and verified against its lock."""
+
     repo: str
     revision: str
     path: str
@@ -58,6 +61,9 @@ class WeightsTarget:
     fan_out_port: int | None = None
     # the revision's folder in a local mirror (a mount), tried first
     mirror: str | None = None
+    # its link in a release folder (``model``, ``draft``) and the recipe field that pins it
+    link: str = "model"
+    field: str = "model"
 
 
 def sync_request(target: WeightsTarget) -> dict[str, Any]:
@@ -118,7 +124,8 @@ class Converge:
     user: str
     index_url: str
     venvs: list[VenvRelease]
-    weights: WeightsTarget | None
+    # the checkpoints the host holds: the model first, then its topology's draft (none on a router)
+    checkpoints: tuple[WeightsTarget, ...]
     files: list[RenderedFile]
     units: list[UnitTarget]
     release: Release
@@ -126,6 +133,11 @@ class Converge:
     # Debian packages the units need from the host's archive, and units masked before they install
     packages: list[str] = field(default_factory=list)
     masked: list[str] = field(default_factory=list)
+
+    @property
+    def weights(self) -> WeightsTarget | None:
+        """The served model's checkpoint (what the smoke test, the scrub and the drills read)."""
+        return self.checkpoints[0] if self.checkpoints else None
 
 
 # What the smoke prompt and the chat template take of the context, at most.
@@ -180,8 +192,7 @@ def unit_state(unit: UnitTarget, state: HostState) -> UnitState | None:
     found = state["files"]
     if current is not None and any(found.get(path) != sha for path, sha in unit.secrets.items()):
         return current | {"secrets_changed": True}
-    weights = state["weights"]
-    repaired = weights is not None and weights["exists"] and needs_files(weights)
+    repaired = any(w["exists"] and needs_files(w) for w in state["weights"].values())
     if current is not None and unit.reads_weights and repaired:
         # files of the revision it serves are missing, changed or unreadable: the engine may hold
         # what it read of them, or have failed on them; it restarts once the sync has repaired them
@@ -239,29 +250,34 @@ def _releases(recipe: Recipe, spec: HostPlan) -> list[VenvRelease]:
     return with_committed(recipe, spec.topology, releases)
 
 
-def _weights(deploy: DeployPlan, environ: Mapping[str, str]) -> WeightsTarget | None:
-    """The revision an engine host holds, verified against the lock; None on a router host."""
+def _checkpoints(deploy: DeployPlan, environ: Mapping[str, str]) -> tuple[WeightsTarget, ...]:
+    """The checkpoints an engine host holds (``Recipe.checkpoints``), each at its revision verified
+    against its lock; none on a router host."""
     recipe, host_vars = deploy.recipe, deploy.host.vars
     if deploy.spec.role == "router":
-        return None
+        return ()
     tools = tool_dir(recipe, "huggingface_hub", recipe.tools.huggingface_hub)
-    return WeightsTarget(
-        repo=recipe.model.repo,
-        revision=recipe.model.revision,
-        path=model_dir(recipe),
-        lock=read_lock(recipe).compact(),
-        python=f"{tools}/bin/python",
-        endpoint=host_vars.kimi_hf_endpoint,
-        full_verify=host_vars.kimi_verify == "full",
-        token=_hub_token(recipe.paths.config, environ),
-        peer_key_file=f"{recipe.paths.config}/secrets/weights-transfer-key",
-        fan_out_port=recipe.weights.fan_out.port if recipe.weights.fan_out else None,
-        mirror=(
-            f"{recipe.weights.mirror_path}/{recipe.model.dir_name}/{recipe.model.revision}"
-            if recipe.weights.mirror_path
-            else None
-        ),
-    )
+    token = _hub_token(recipe.paths.config, environ)
+    mirror = recipe.weights.mirror_path
+
+    def target(field: str, checkpoint: Checkpoint) -> WeightsTarget:
+        return WeightsTarget(
+            repo=checkpoint.repo,
+            revision=checkpoint.revision,
+            path=checkpoint_dir(recipe, checkpoint),
+            lock=read_lock(checkpoint).compact(),
+            python=f"{tools}/bin/python",
+            endpoint=host_vars.kimi_hf_endpoint,
+            full_verify=host_vars.kimi_verify == "full",
+            token=token,
+            peer_key_file=f"{recipe.paths.config}/secrets/weights-transfer-key",
+            fan_out_port=recipe.weights.fan_out.port if recipe.weights.fan_out else None,
+            mirror=f"{mirror}/{checkpoint.dir_name}/{checkpoint.revision}" if mirror else None,
+            link=field.rsplit(".", 1)[-1],
+            field=field,
+        )
+
+    return tuple(target(field, checkpoint) for field, checkpoint in recipe.checkpoints(deploy.spec.topology))
 
 
 def unit_key(recipe: Recipe, spec: HostPlan, unit: Unit) -> tuple[str | None, str | None]:
@@ -329,7 +345,7 @@ def _units(
     return units
 
 
-def _pins(recipe: Recipe, spec: HostPlan, weights: WeightsTarget | None) -> dict[str, str]:
+def _pins(recipe: Recipe, spec: HostPlan, checkpoints: tuple[WeightsTarget, ...]) -> dict[str, str]:
     """The recipe pins that make a converge come back to this host's release."""
     pins = {f"engines.{spec.engine}.version": spec.engine_version}
     if spec.role == "router":
@@ -341,8 +357,7 @@ def _pins(recipe: Recipe, spec: HostPlan, weights: WeightsTarget | None) -> dict
         pins |= {f"engines.{spec.engine}.packages.{k}": v for k, v in sorted(engine_release.packages.items())}
         if engine_release.package is not None:
             pins[f"engines.{spec.engine}.package"] = engine_release.package
-    if weights is not None:
-        pins["model.revision"] = recipe.model.revision
+    pins |= {f"{c.field}.revision": c.revision for c in checkpoints}
     return pins
 
 
@@ -380,7 +395,7 @@ def _watchdog_target(files: list[RenderedFile]) -> UnitTarget:
 def _release(
     deploy: DeployPlan,
     venvs: list[VenvRelease],
-    weights: WeightsTarget | None,
+    checkpoints: tuple[WeightsTarget, ...],
     files: list[RenderedFile],
     units: list[UnitTarget],
 ) -> Release:
@@ -397,7 +412,7 @@ def _release(
         "engine": spec.engine,
         "engine_version": spec.engine_version,
         "model": recipe.model.repo,
-        "revision": recipe.model.revision if weights else None,
+        "revision": recipe.model.revision if checkpoints else None,
         "units": {u.name: u.release for u in units},
     }
     release_id = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
@@ -407,11 +422,12 @@ def _release(
         # the batch its units (re)start in, which a rollback to this release keeps
         "batch": batch_of(spec, deploy.topology),
         "smoke": {u.name: {"url": u.smoke.url, "request": u.smoke.request} for u in units if u.smoke},
-        "pins": _pins(recipe, spec, weights),
+        "pins": _pins(recipe, spec, checkpoints),
+        # every checkpoint it serves, by its link in the release folder: the probe reads each
+        # one's revision history and whether a rollback finds it whole
+        "checkpoints": {c.link: {"repo": c.repo, "revision": c.revision} for c in checkpoints},
     }
-    links = {"engine": venvs[0].path}
-    if weights is not None:
-        links["model"] = weights.path
+    links = {"engine": venvs[0].path} | {c.link: c.path for c in checkpoints}
     folder = f"{recipe.paths.releases}/{release_id}"
     kept = [
         RenderedFile(f"{folder}/release.json", json.dumps(record, sort_keys=True) + "\n", 0o644, "root"),
@@ -425,7 +441,8 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
     """What the converge makes true on ``deploy``'s host; ``environ``: the controller's environment."""
     recipe, spec = deploy.recipe, deploy.spec
     venvs = _releases(recipe, spec)
-    weights = _weights(deploy, environ)
+    checkpoints = _checkpoints(deploy, environ)
+    weights = checkpoints[0] if checkpoints else None
     files = render_host(recipe, spec, _secrets(deploy, environ))
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
@@ -458,10 +475,10 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
         user=recipe.paths.user,
         index_url=deploy.host.vars.kimi_pip_index_url or PYPI,
         venvs=venvs,
-        weights=weights,
+        checkpoints=checkpoints,
         files=files,
         units=units,
-        release=_release(deploy, venvs, weights, files, units),
+        release=_release(deploy, venvs, checkpoints, files, units),
         timers=timers,
         packages=list(dict.fromkeys(debs)),
         masked=list(GATEWAY_MASKED) if gateway else [],
@@ -474,13 +491,13 @@ def converge_request(todo: Converge) -> dict[str, Any]:
     return {
         "user": todo.user,
         "venvs": [v.path for v in todo.venvs],
-        "weights": {"dir": todo.weights.path, "lock": todo.weights.lock} if todo.weights else None,
+        "weights": [{"dir": c.path, "lock": c.lock} for c in todo.checkpoints],
         "files": [f.path for f in files],
         "units": [u.name for u in todo.units],
         "unit_secrets": {u.name: sorted(u.secrets) for u in todo.units if u.secrets},
         "unit_files": {u.name: list(u.files) for u in todo.units if u.files},
         "timers": todo.timers,
-        "models": todo.weights.path.rsplit("/", 1)[0] if todo.weights else None,
+        "models": [c.path.rsplit("/", 1)[0] for c in todo.checkpoints],
         "ports": sorted(port for u in todo.units for port in u.ports),
         "link": todo.release.link,
         "packages": todo.packages,
@@ -504,11 +521,13 @@ def port_conflicts(
 
 
 def preflight_needs(todo: Converge, deploy: DeployPlan, state: HostState) -> Needs:
-    """What the preflight gates check this host against: weights still missing count as needed space."""
-    lock = todo.weights.lock if todo.weights else {}
-    found = state["weights"]
-    present = found is not None and found["exists"]
-    absent = set(found["missing"]) | set(found["unverified"]) if found is not None and present else set(lock)
-    missing = sum(int(lock[p][0]) for p in absent if p in lock)
-    total = sum(int(size) for size, _ in lock.values())
+    """What the preflight gates check this host against: the files of every checkpoint it holds,
+    those still missing counting as needed space."""
+    missing = total = 0
+    for c in todo.checkpoints:
+        found = state["weights"].get(c.path)
+        present = found is not None and found["exists"]
+        absent = set(found["missing"]) | set(found["unverified"]) if found is not None and present else set(c.lock)
+        missing += sum(int(c.lock[p][0]) for p in absent if p in c.lock)
+        total += sum(int(size) for size, _ in c.lock.values())
     return Needs(deploy.recipe, deploy.spec, total, missing, list(deploy.host.vars.kimi_rdma_devices or []))

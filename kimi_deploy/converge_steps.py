@@ -42,7 +42,7 @@ from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
 from kimi_deploy.venv_lock import LockSource, lock_source
 from kimi_deploy.watchdog_units import WATCHDOG_UNIT
-from kimi_deploy.weights_fanout import FanOutPart, WeightsHost, needs_files
+from kimi_deploy.weights_fanout import FanOutPart, WeightsHost, needs_files, plan_fan_out
 from kimi_deploy.weights_gc import collectable
 
 
@@ -56,8 +56,9 @@ class RunView:
     in_topology: tuple[HostPlan, ...]
     # each of them (this one too): its converge and its probe's answer (None: it did not answer)
     peers: Mapping[str, tuple[Converge, HostState | None]]
-    # this host's part of the weights fan-out (``weights_fanout.plan_fan_out``)
-    fan_out: FanOutPart
+    # this host's part of the weights fan-out of each checkpoint it holds, in its converge's order
+    # (``weights_fanout.plan_fan_out`` of each ``weights_hosts`` slot)
+    fan_out: tuple[FanOutPart, ...]
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,10 @@ class ReleaseStep:
 
 @dataclass(frozen=True)
 class WeightsSteps:
-    """The weights' steps. This host syncs from ``peers`` in turn (none: from the Hub), after a
-    local mirror either way, the Hub last; it may serve its files to others, relaying them as they
-    arrive when its own sync brings them (``arriving``)."""
+    """One checkpoint's steps (the model's, a draft's), taken in turn. This host syncs from
+    ``peers`` in turn (none: from the Hub), after a local mirror either way, the Hub last; it may
+    serve its files to others, relaying them as they arrive when its own sync brings them
+    (``arriving``)."""
 
     # ``hostside/weights_sync.py``'s request, the python of the Hub client, and what the probe
     # found of the folder
@@ -138,7 +140,8 @@ class Steps:
     # the platform the controller resolves their locks for
     platform: Any
     hub_token: RenderedFile | None
-    weights: WeightsSteps | None
+    # each checkpoint the host holds, the model first (none on a router host)
+    weights: list[WeightsSteps]
     # the communication check of a topology whose hosts talk to each other: its request (None:
     # nothing of the topology (re)starts, ``comm_check_why`` says so); absent for other topologies
     comm_check: bool
@@ -147,23 +150,31 @@ class Steps:
     all_reduce_request: dict[str, Any] | None
     all_reduce_why: str
     batches: list[BatchStep]
-    collect: CollectStep | None
+    # each checkpoint's old revisions, once the planned ones serve
+    collect: list[CollectStep]
     # the units this converge (re)starts on this host
     restarting: frozenset[str]
     # the context ladder this host's engine climbs (``kimi_deploy.context_ladder``), or None
     climb: Climb | None = None
 
 
-def weights_host(deploy: DeployPlan, todo: Converge, probed: Any) -> WeightsHost:
-    """A host of the run as the weights fan-out sees it (``probed``: its probe's answer, or the
-    exception its probe raised)."""
-    target = todo.weights
+def weights_host(deploy: DeployPlan, todo: Converge, probed: Any, slot: int = 0) -> WeightsHost:
+    """A host of the run as the fan-out of its ``slot``-th checkpoint (0: the model, 1: a draft)
+    sees it (``probed``: its probe's answer, or the exception its probe raised)."""
+    target = todo.checkpoints[slot] if slot < len(todo.checkpoints) else None
     if target is None or not isinstance(probed, dict):
         return WeightsHost(deploy.spec.host, deploy.host.address, None, None, None)
     wants = (target.repo, target.revision, target.path)
-    return WeightsHost(
-        deploy.spec.host, deploy.host.address, wants, target.fan_out_port, probed["weights"], target.full_verify
-    )
+    found = probed["weights"].get(target.path)
+    return WeightsHost(deploy.spec.host, deploy.host.address, wants, target.fan_out_port, found, target.full_verify)
+
+
+def plan_fan_outs(hosts: Sequence[tuple[DeployPlan, Converge, Any]]) -> list[dict[str, FanOutPart]]:
+    """Each checkpoint slot's fan-out (``plan_fan_out``) over ``hosts`` (each: its plan, its
+    converge and its probe's answer, in run order): the model's, then the drafts'; hosts holding
+    the same checkpoint share a group whatever their topology."""
+    slots = max((len(todo.checkpoints) for _, todo, _ in hosts), default=0)
+    return [plan_fan_out([weights_host(*h, slot) for h in hosts]) for slot in range(slots)]
 
 
 def run_view(
@@ -172,14 +183,13 @@ def run_view(
     probed: Mapping[str, Any],
     *,
     in_topology: Sequence[HostPlan],
-    fan_out: Mapping[str, FanOutPart],
+    fan_out: Sequence[Mapping[str, FanOutPart]],
     run_id: str,
     transfer_key: str,
 ) -> RunView:
     """Host ``me``'s view of the run: ``todos``, its own converge and those of ``in_topology`` (the
     hosts of its topology the run covers); ``probed``, every host's answer (or the exception its
-    probe raised); ``fan_out``, ``plan_fan_out`` of every host's
-    ``weights_host``."""
+    probe raised); ``fan_out``, ``plan_fan_outs`` of every host."""
     peers: dict[str, tuple[Converge, HostState | None]] = {}
     for p in in_topology:
         found = probed.get(p.host)
@@ -189,7 +199,7 @@ def run_view(
         transfer_key=transfer_key,
         in_topology=tuple(in_topology),
         peers=peers,
-        fan_out=fan_out[me],
+        fan_out=tuple(slot[me] for slot in fan_out)[: len(todos[me][1].checkpoints)],
     )
 
 
@@ -210,41 +220,50 @@ def restarting_hosts(run: RunView) -> list[str]:
     return out
 
 
-def _weights(todo: Converge, found: HostState, run: RunView) -> WeightsSteps | None:
-    target = todo.weights
-    if target is None:
-        return None
-    fan_out, port = run.fan_out, target.fan_out_port
-    key = None
-    if fan_out.serves or fan_out.sync == "peers":
-        key = RenderedFile(target.peer_key_file, run.transfer_key + "\n", 0o440, "root", secret=True)
-    return WeightsSteps(
-        sync=sync_request(target),
-        python=target.python,
-        current=found["weights"],
-        mirror=[{"host": "mirror", "path": target.mirror}] if target.mirror else [],
-        full_verify=target.full_verify,
-        key=key,
-        key_file=target.peer_key_file,
-        serves=fan_out.serves,
-        arriving=needs_files(found["weights"]),
-        port=port,
-        path=target.path,
-        lock=target.lock,
-        peers=[{"host": p.host, "url": f"http://{p.address}:{port}"} for p in fan_out.peers]
-        if port is not None and fan_out.sync == "peers"
-        else [],
-    )
+def _weights(todo: Converge, found: HostState, run: RunView) -> list[WeightsSteps]:
+    """Each checkpoint's steps, in the converge's order (the model first)."""
+    out = []
+    for target, fan_out in zip(todo.checkpoints, run.fan_out, strict=True):
+        port = target.fan_out_port
+        key = None
+        if fan_out.serves or fan_out.sync == "peers":
+            key = RenderedFile(target.peer_key_file, run.transfer_key + "\n", 0o440, "root", secret=True)
+        current = found["weights"].get(target.path)
+        out.append(
+            WeightsSteps(
+                sync=sync_request(target),
+                python=target.python,
+                current=current,
+                mirror=[{"host": "mirror", "path": target.mirror}] if target.mirror else [],
+                full_verify=target.full_verify,
+                key=key,
+                key_file=target.peer_key_file,
+                serves=fan_out.serves,
+                arriving=needs_files(current),
+                port=port,
+                path=target.path,
+                lock=target.lock,
+                peers=[{"host": p.host, "url": f"http://{p.address}:{port}"} for p in fan_out.peers]
+                if port is not None and fan_out.sync == "peers"
+                else [],
+            )
+        )
+    return out
 
 
-def _collect(todo: Converge, found: HostState) -> CollectStep | None:
-    revisions = found.get("revisions")
-    if todo.weights is None or revisions is None:
-        return None
-    planned = todo.weights.revision
-    remove = collectable(revisions["present"], revisions["history"], planned)
-    keep = [r for r in revisions["present"] if r not in remove] or [planned]
-    return CollectStep(todo.weights.path.rsplit("/", 1)[0], keep, remove)
+def _collect(todo: Converge, found: HostState) -> list[CollectStep]:
+    """Each checkpoint's folder of revisions: all but the planned one and the rollback copy go."""
+    out = []
+    for target in todo.checkpoints:
+        parent = target.path.rsplit("/", 1)[0]
+        revisions = found["revisions"].get(parent)
+        if revisions is None:
+            continue
+        planned = target.revision
+        remove = collectable(revisions["present"], revisions["history"], planned)
+        keep = [r for r in revisions["present"] if r not in remove] or [planned]
+        out.append(CollectStep(parent, keep, remove))
+    return out
 
 
 def _smoke_checks(units: Sequence[UnitTarget], found: HostState) -> list[dict[str, Any]]:

@@ -39,11 +39,14 @@ def drift(todo: Converge, found: HostState, files: Sequence[RenderedFile]) -> li
         wanted = f.owner_mode(todo.user)
         if owner != wanted:
             lines.append(f"{f.path}: owner and mode {owner}, not {wanted}: put back")
-    weights = found["weights"]
-    if weights is not None and weights["exists"] and weights.get("unreadable"):
+    for checkpoint in todo.checkpoints:
+        weights = found["weights"].get(checkpoint.path)
+        if weights is None or not weights["exists"] or not weights.get("unreadable"):
+            continue
         bad = weights["unreadable"]
+        what = "weights" if checkpoint.link == "model" else f"{checkpoint.link} weights"
         lines.append(
-            f"weights: {len(bad)} files the engine user {todo.user} cannot read ({bad[0]}"
+            f"{what}: {len(bad)} files the engine user {todo.user} cannot read ({bad[0]}"
             f"{', ...' if len(bad) > 1 else ''}): checked and given their modes back"
         )
     for unit in todo.units:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kimi_deploy.recipe import EngineName, Recipe, RouterName, StoreName
+from kimi_deploy.recipe import Checkpoint, EngineName, Recipe, RouterName, StoreName
 
 # A unit's cache folder (its CacheDirectory=kimi/<unit>, under systemd's /var/cache: templates/_hardening.j2).
 UNIT_CACHE_ROOT = "/var/cache/kimi"
@@ -40,9 +40,14 @@ def tool_dir(recipe: Recipe, package: str, version: str) -> str:
     return release_dir(recipe.paths.tools, package, version)
 
 
+def checkpoint_dir(recipe: Recipe, checkpoint: Checkpoint) -> str:
+    """A checkpoint's files at its pinned revision (the model's, a draft's)."""
+    return f"{recipe.paths.models}/{checkpoint.dir_name}/{checkpoint.revision}"
+
+
 def model_dir(recipe: Recipe) -> str:
     """The weights at the pinned revision."""
-    return f"{recipe.paths.models}/{recipe.model.dir_name}/{recipe.model.revision}"
+    return checkpoint_dir(recipe, recipe.model)
 
 
 def unit_cache_dir(unit: str) -> str:

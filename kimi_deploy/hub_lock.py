@@ -10,16 +10,31 @@ from hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.lockfile import Lock, LockedFile, read_config
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import Checkpoint
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
+def remote_tokenizer(config: Mapping[str, object]) -> bool:
+    """Whether the Hub's model info ``config`` (config.json's fields, and tokenizer_config.json's
+    under ``tokenizer_config``) names a tokenizer class of the checkpoint's own: an ``auto_map``
+    with an ``AutoTokenizer``, which transformers loads only with ``trust_remote_code``."""
+    tokenizer = config.get("tokenizer_config")
+    maps = [config.get("auto_map"), tokenizer.get("auto_map") if isinstance(tokenizer, Mapping) else None]
+    return any(isinstance(m, Mapping) and m.get("AutoTokenizer") for m in maps)
+
+
 def make_lock(
-    recipe: Recipe, recipe_file: str, endpoint: str | None = None, environ: Mapping[str, str] | None = None
+    checkpoint: Checkpoint,
+    recipe_file: str,
+    endpoint: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    field: str = "model",
 ) -> Lock:
-    """List every file of the pinned revision with its size and digest, with config.json's
-    ``architectures`` and ``model_type`` as the Hub shows them in the revision's model info.
+    """List every file of ``checkpoint``'s pinned revision (the recipe's ``field``: the model, a
+    draft) with its size and digest, with config.json's ``architectures`` and ``model_type`` as the
+    Hub shows them in the revision's model info, and whether its tokenizer is remote code
+    (``remote_tokenizer``).
 
     Every name of the listing is checked by ``hostside.boundary_names.check_name``: a listing with
     a name that could leave the revision folder (``..``, ``/etc/passwd``, ...) makes no lock.
@@ -29,9 +44,9 @@ def make_lock(
     the lines the hosts' sync uses (``hostside.hub_access``); ``environ`` (the controller's) tells
     whether a token was sent.
     """
-    model = recipe.model
+    model = checkpoint
     if not _COMMIT.match(model.revision):
-        raise ConfigError(recipe_file, "model.revision", f"a lock needs a 40-hex commit, found {model.revision!r}")
+        raise ConfigError(recipe_file, f"{field}.revision", f"a lock needs a 40-hex commit, found {model.revision!r}")
     from huggingface_hub import HfApi  # noqa: PLC0415 - heavy import, only for this command
     from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
@@ -50,9 +65,9 @@ def make_lock(
     try:
         entries = list(api.list_repo_tree(model.repo, revision=model.revision, recursive=True))
     except HfHubHTTPError as exc:
-        raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
+        raise ConfigError(recipe_file, field, f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
     except OSError as exc:
-        raise ConfigError(recipe_file, "model", f"{where} unreachable: {exc}") from None
+        raise ConfigError(recipe_file, field, f"{where} unreachable: {exc}") from None
     files: dict[str, LockedFile] = {}
     for entry in entries:
         if not isinstance(entry, RepoFile):
@@ -61,7 +76,7 @@ def make_lock(
             # Each name becomes a path the hosts write and delete as root.
             check_name(entry.path)
         except BadName as exc:
-            raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {exc}") from None
+            raise ConfigError(recipe_file, field, f"{where}: {model.repo}@{model.revision}: {exc}") from None
         if entry.lfs is not None:
             files[entry.path] = LockedFile(entry.lfs.size, f"sha256:{entry.lfs.sha256}")
         else:
@@ -70,21 +85,30 @@ def make_lock(
     if len(shards) != model.shards:
         raise ConfigError(
             recipe_file,
-            "model.shards",
+            f"{field}.shards",
             f"{model.repo}@{model.revision} has {len(shards)} shards, expected {model.shards}",
         )
     architectures: tuple[str, ...] = ()
     model_type: str | None = None
+    remote: bool | None = None
     if "config.json" in files:
         # config.json's architectures and model_type, as the Hub shows them in the revision's model info
         try:
             shown_config = api.model_info(model.repo, revision=model.revision, expand=["config"]).config or {}
         except HfHubHTTPError as exc:
-            raise ConfigError(recipe_file, "model", f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
+            raise ConfigError(recipe_file, field, f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
         except OSError as exc:
-            raise ConfigError(recipe_file, "model", f"{where} unreachable: {exc}") from None
+            raise ConfigError(recipe_file, field, f"{where} unreachable: {exc}") from None
         fields = {k: shown_config[k] for k in ("architectures", "model_type") if k in shown_config}
-        architectures, model_type = read_config(f"{where}: {model.repo}@{model.revision}: config.json", fields)
+        architectures, model_type, _ = read_config(f"{where}: {model.repo}@{model.revision}: config.json", fields)
+        # recorded where it is so: a lock without it is a tokenizer transformers ships (or one
+        # made before it was recorded)
+        remote = remote_tokenizer(shown_config) or None
     return Lock(
-        repo=model.repo, revision=model.revision, files=files, architectures=architectures, model_type=model_type
+        repo=model.repo,
+        revision=model.revision,
+        files=files,
+        architectures=architectures,
+        model_type=model_type,
+        tokenizer_remote_code=remote,
     )

@@ -5,12 +5,18 @@
     {"repo": "org/name", "revision": "<40-hex>", "total_bytes": N,
      "files": {"model-00001-of-00096.safetensors": {"size": N, "digest": "sha256:<hex>"},
                "config.json": {"size": N, "digest": "gitblob:<hex>"}},
-     "config": {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"}}
+     "config": {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
+                "tokenizer_remote_code": true}}
 
 LFS files carry their sha256 (the Hub's LFS object id); small files carry git's blob id, which is
 what the Hub publishes for them. Both are checked on the host after every download. ``config``
 holds config.json's ``architectures`` and ``model_type`` at the revision, as the Hub shows them; a
 lock without it (made before they were recorded, or of a revision with no config.json) is valid.
+``tokenizer_remote_code``: whether its tokenizer is code of the checkpoint's own (an ``auto_map``
+naming an ``AutoTokenizer`` in config.json or tokenizer_config.json, as the Hub shows them), which
+the engine loads only with ``trust_remote_code``; ``kimi-deploy lock`` records it only where it is
+true (absent: not needed, or a lock made before it was recorded). Every checkpoint a recipe
+pins (the model, a speculative draft) has a lock of this format.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from pathlib import Path
 from hostside.boundary_names import BadName, check_name
 from hostside.boundary_text import shown
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import Checkpoint
 
 LOCK_DIR = "recipes/locks"
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|gitblob:[0-9a-f]{40})$")
@@ -46,6 +52,8 @@ class Lock:
     # config.json's, at the revision (empty / None: not recorded)
     architectures: tuple[str, ...] = ()
     model_type: str | None = None
+    # its tokenizer needs the checkpoint's own code (None: not recorded)
+    tokenizer_remote_code: bool | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -63,6 +71,8 @@ class Lock:
             config["architectures"] = list(self.architectures)
         if self.model_type is not None:
             config["model_type"] = self.model_type
+        if self.tokenizer_remote_code is not None:
+            config["tokenizer_remote_code"] = self.tokenizer_remote_code
         if config:
             data["config"] = config
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
@@ -72,15 +82,16 @@ class Lock:
         return {p: [f.size, f.digest] for p, f in sorted(self.files.items())}
 
 
-def lock_path(recipe: Recipe, base: Path | None = None) -> Path:
-    name = f"{recipe.model.dir_name}@{recipe.model.revision}.json"
+def lock_path(checkpoint: Checkpoint, base: Path | None = None) -> Path:
+    name = f"{checkpoint.dir_name}@{checkpoint.revision}.json"
     return (base or Path(".")) / LOCK_DIR / name
 
 
-def read_lock(recipe: Recipe, base: Path | None = None) -> Lock:
-    """The lock of the recipe's pinned revision; ``ConfigError`` when absent or malformed, or when
-    a file name could leave the revision folder (``hostside.boundary_names.check_name``)."""
-    path = lock_path(recipe, base)
+def read_lock(checkpoint: Checkpoint, base: Path | None = None) -> Lock:
+    """The lock of ``checkpoint``'s pinned revision (the recipe's model, a draft); ``ConfigError``
+    when absent or malformed, or when a file name could leave the revision folder
+    (``hostside.boundary_names.check_name``)."""
+    path = lock_path(checkpoint, base)
     where = str(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -88,13 +99,13 @@ def read_lock(recipe: Recipe, base: Path | None = None) -> Lock:
         raise ConfigError(
             where,
             "",
-            f"no lock for {recipe.model.repo}@{recipe.model.revision}: run `kimi-deploy lock RECIPE`",
+            f"no lock for {checkpoint.repo}@{checkpoint.revision}: run `kimi-deploy lock RECIPE`",
         ) from None
     except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(where, "", f"unreadable lock: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise ConfigError(where, "", f"expected a JSON object, found {shown(data)}")
-    if data.get("repo") != recipe.model.repo or data.get("revision") != recipe.model.revision:
+    if data.get("repo") != checkpoint.repo or data.get("revision") != checkpoint.revision:
         raise ConfigError(where, "repo", f"lock is for {shown(data.get('repo'))}@{shown(data.get('revision'))}")
     entries = data.get("files") or {}
     if not isinstance(entries, dict):
@@ -112,17 +123,23 @@ def read_lock(recipe: Recipe, base: Path | None = None) -> Lock:
         files[rel] = LockedFile(size, digest)
     if not files:
         raise ConfigError(where, "files", "lock names no file")
-    architectures, model_type = read_config(where, data.get("config", {}))
+    architectures, model_type, remote = read_config(where, data.get("config", {}))
     return Lock(
-        repo=data["repo"], revision=data["revision"], files=files, architectures=architectures, model_type=model_type
+        repo=data["repo"],
+        revision=data["revision"],
+        files=files,
+        architectures=architectures,
+        model_type=model_type,
+        tokenizer_remote_code=remote,
     )
 
 
-def read_config(where: str, config: object) -> tuple[tuple[str, ...], str | None]:
-    """The lock's ``config`` (config.json's ``architectures`` and ``model_type``), both optional."""
+def read_config(where: str, config: object) -> tuple[tuple[str, ...], str | None, bool | None]:
+    """The lock's ``config`` (config.json's ``architectures`` and ``model_type``, and whether the
+    tokenizer needs remote code), each optional."""
     if not isinstance(config, dict):
         raise ConfigError(where, "config", f"expected a mapping, found {shown(config)}")
-    unknown = sorted(set(config) - {"architectures", "model_type"})
+    unknown = sorted(set(config) - {"architectures", "model_type", "tokenizer_remote_code"})
     if unknown:
         raise ConfigError(where, f"config.{unknown[0]}", "unknown key")
     architectures = config.get("architectures", [])
@@ -135,4 +152,7 @@ def read_config(where: str, config: object) -> tuple[tuple[str, ...], str | None
     model_type = config.get("model_type")
     if model_type is not None and not (isinstance(model_type, str) and _MODEL_TYPE.match(model_type)):
         raise ConfigError(where, "config.model_type", f"expected a model type name, found {shown(model_type)}")
-    return tuple(architectures), model_type
+    remote = config.get("tokenizer_remote_code")
+    if remote is not None and not isinstance(remote, bool):
+        raise ConfigError(where, "config.tokenizer_remote_code", f"expected true or false, found {shown(remote)}")
+    return tuple(architectures), model_type, remote

@@ -49,6 +49,11 @@ def _check_names(recipe: Recipe, recipe_file: str, name: str, topo: Topology) ->
         catalog = engine_catalog(recipe, topo.engine)
     except CatalogMissing as exc:
         raise ConfigError(recipe_file, f"engines.{topo.engine}.version", str(exc)) from None
+    # a draft checkpoint reaches only an engine whose unit passes it, by a flag its release has
+    flag = engine(topo.engine).draft_flag
+    if topo.speculative is not None and topo.speculative.draft is not None and catalog.flag(flag or "") is None:
+        why = f"has no {flag}" if flag else "takes no draft checkpoint here (vllm's --speculative-config does)"
+        raise ConfigError(recipe_file, f"topologies.{name}.speculative.draft", f"{topo.engine} {version} {why}")
     for field, registry, values in _REGISTRY_FIELDS:
         known = catalog.registries.get(registry)
         for value in values(topo):

@@ -100,25 +100,46 @@ def _commit(revision: str) -> str:
     return revision
 
 
-class ModelSpec(Strict):
+Revision = Annotated[str, AfterValidator(_commit)]
+SizeBytes = Annotated[int, Field(ge=1, le=10**15)]  # up to 1 PB: larger is a typo
+Architecture = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100)]
+
+
+class Checkpoint(Strict):
+    """A checkpoint a host holds at a pinned revision: locked (``recipes/locks``), synced and
+    verified into its own folder, fanned out, collected and rolled back like every other."""
+
     repo: RepoId
     # It names the weights' folder and lock: only a commit pins what they hold.
-    revision: Annotated[str, AfterValidator(_commit)]
+    revision: Revision
     shards: Positive
-    size_bytes: Annotated[int, Field(ge=1, le=10**15)]  # up to 1 PB: larger is a typo
-    max_context: Positive
-    served_name: Name
-    quantization: str | None = None
-    trust_remote_code: bool = False
+    size_bytes: SizeBytes
     # ``architectures[0]`` of the checkpoint's config.json: each topology's engine release must
     # register it (``kimi_deploy.servability``)
-    architecture: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100)] | None = None
+    architecture: Architecture | None = None
     license: License
 
     @property
     def dir_name(self) -> str:
-        """Folder name of this model under the models directory (Hub cache style)."""
+        """Folder name of this checkpoint under the models directory (Hub cache style)."""
         return self.repo.replace("/", "--")
+
+
+class ModelSpec(Checkpoint):
+    """The served model."""
+
+    max_context: Positive
+    served_name: Name
+    quantization: str | None = None
+    trust_remote_code: bool = False
+
+
+class Draft(Checkpoint):
+    """A speculative decoding draft: a checkpoint of its own the engine loads beside the model
+    (no served name, no context of its own); its architecture is required, the engine release
+    must register it."""
+
+    architecture: Architecture
 
 
 PackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
@@ -571,9 +592,22 @@ class KvTransfer(Strict):
 
 
 class Speculative(Strict):
+    """Speculative decoding: ``method`` drafts ``num_speculative_tokens`` tokens a step, with
+    ``draft``, a pinned checkpoint of its own (vLLM's ``--speculative-config`` ``model``)."""
+
     method: str
     num_speculative_tokens: Positive
-    model: str | None = None
+    draft: Draft | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_free_model(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "model" in data:
+            raise ValueError(
+                "model: a draft is a pinned checkpoint: write draft: {repo, revision, shards, size_bytes, "
+                "architecture, license} instead"
+            )
+        return data
 
 
 class HiCache(Strict):
@@ -812,12 +846,13 @@ class Topology(Strict):
                 f"comm_check.all_reduce: backend nccl needs NVIDIA accelerators, found {self.accelerators.vendor}"
             )
         spec = self.speculative
-        if spec is not None and spec.method.lower() == "dspark" and not spec.model:
+        if spec is not None and spec.method.lower() == "dspark" and spec.draft is None:
             # vLLM 0.33.0 config/speculative.py: without a draft model, "dspark" reads the DSpark
             # stages from the served checkpoint itself (mtp.* weights), which few checkpoints ship.
             raise ValueError(
-                "speculative: method dspark drafts with a checkpoint of its own: name the draft (model); "
-                "without one the engine would draft with the served checkpoint"
+                "speculative: method dspark drafts with a checkpoint of its own: pin it as draft (repo, "
+                "revision, shards, size_bytes, architecture, license); without one the engine would draft "
+                "with the served checkpoint"
             )
         if self.hicache is not None and self.engine == "sglang-jax":
             # sgl_jax/srt/model_executor/model_runner_kv_cache_mixin.py (sglang-jax 0.1.0rc0)
@@ -933,6 +968,22 @@ class Recipe(Strict):
         if self.benchmark is not None:
             self._benchmark_refs(self.benchmark)
         return self
+
+    def checkpoints(self, topology: str) -> tuple[tuple[str, Checkpoint], ...]:
+        """The checkpoints the engine hosts of ``topology`` hold, each with its recipe field: the
+        model first, then its speculative draft, if any."""
+        spec = self.topologies[topology].speculative
+        draft = (f"topologies.{topology}.speculative.draft", spec.draft) if spec and spec.draft else None
+        return (("model", self.model), *([draft] if draft else []))
+
+    def all_checkpoints(self) -> tuple[tuple[str, Checkpoint], ...]:
+        """Every checkpoint of the recipe once (by repository and revision), with the first field
+        that names it: the model, then each topology's draft."""
+        seen: dict[tuple[str, str], tuple[str, Checkpoint]] = {}
+        for name in self.topologies:
+            for field, checkpoint in self.checkpoints(name):
+                seen.setdefault((checkpoint.repo, checkpoint.revision), (field, checkpoint))
+        return tuple(seen.values())
 
     def platform(self, topology: str) -> HostPlatform | None:
         """The platform the hosts of ``topology`` install releases for, when the recipe names

@@ -61,7 +61,10 @@ def plan_rollback(
     if not found.get("engine"):
         gone.append("its engine release is gone")
     if found.get("model") is False:
-        gone.append(f"its weights revision {str(record.get('revision'))[:12]} is gone")
+        drafts = [c for link, c in (record.get("checkpoints") or {}).items() if link != "model" and isinstance(c, dict)]
+        what = ", ".join(f"{c.get('repo')}@{str(c.get('revision'))[:12]}" for c in drafts)
+        # the model's revision or a draft's: the probe says only that one of them is not whole
+        gone.append(f"its weights revision {str(record.get('revision'))[:12]}{f' or {what}' if what else ''} is gone")
     if not found.get("files"):
         gone.append("the copies of its files are gone")
     if gone:

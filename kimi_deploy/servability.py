@@ -1,12 +1,14 @@
-"""Whether a topology's engine release can load the model at all.
+"""Whether a topology's engine release can load its checkpoints at all.
 
-The checkpoint's architecture (config.json ``architectures[0]``) is the recipe's
-``model.architecture``, which must agree with what the weights' lock recorded from the Hub, or,
-when the recipe names none, the lock's. Each topology's engine release must register it: the
+A checkpoint's architecture (config.json ``architectures[0]``) is the recipe's ``architecture``
+of it (``model.architecture``, a speculative draft's), which must agree with what its lock
+recorded from the Hub, or, when the recipe names none, the lock's. Each topology's engine release
+must register the architecture of every checkpoint the topology holds (the model, its draft): the
 catalog's ``architectures`` (what ``tools/extract_flag_catalog.py`` read from the release's own
-model registry in its wheel). A recipe whose model has no known architecture (no field, no lock
-that records one) is not checked. A refusal lifts by itself once the pinned release's catalog
-registers the architecture.
+model registry in its wheel). A checkpoint with no known architecture (no field, no lock that
+records one) is not checked. A refusal lifts by itself once the pinned release's catalog registers
+the architecture. The model's tokenizer must load as the recipe says: a lock that recorded a
+tokenizer of the checkpoint's own code needs ``model.trust_remote_code``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from kimi_deploy.catalog import CatalogMissing, engine_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.lockfile import lock_path, read_lock
-from kimi_deploy.recipe import EngineName, Recipe
+from kimi_deploy.recipe import Checkpoint, EngineName, Recipe
 
 # How many registered names a refusal shows, the closest first.
 SHOWN = 4
@@ -30,20 +32,43 @@ _FAMILY = re.compile(r"^[A-Z][a-z]+")
 _RELATED = {"Kimi": ("Deepseek",)}
 
 
-def model_architecture(recipe: Recipe, recipe_file: str, base: Path | None = None) -> str | None:
-    """The architecture the engines must register: the recipe's, checked against the lock's, or the
-    lock's; None when neither names one. ``base``: the folder of ``recipes/locks`` (default: here)."""
-    declared = recipe.model.architecture
-    path = lock_path(recipe, base)
-    recorded = read_lock(recipe, base).architectures if path.is_file() else ()
+def checkpoint_architecture(
+    checkpoint: Checkpoint, field: str, recipe_file: str, base: Path | None = None
+) -> str | None:
+    """The architecture the engines must register for ``checkpoint`` (the recipe's ``field``): the
+    recipe's, checked against the lock's, or the lock's; None when neither names one. ``base``: the
+    folder of ``recipes/locks`` (default: here)."""
+    declared = checkpoint.architecture
+    path = lock_path(checkpoint, base)
+    recorded = read_lock(checkpoint, base).architectures if path.is_file() else ()
     if declared is not None and recorded and declared != recorded[0]:
         raise ConfigError(
             recipe_file,
-            "model.architecture",
-            f"{declared} is not the checkpoint's: config.json at {recipe.model.revision} names "
+            f"{field}.architecture",
+            f"{declared} is not the checkpoint's: config.json at {checkpoint.revision} names "
             f"{', '.join(recorded)} ({path})",
         )
     return declared or (recorded[0] if recorded else None)
+
+
+def model_architecture(recipe: Recipe, recipe_file: str, base: Path | None = None) -> str | None:
+    """The model's architecture (``checkpoint_architecture``)."""
+    return checkpoint_architecture(recipe.model, "model", recipe_file, base)
+
+
+def check_remote_code(recipe: Recipe, recipe_file: str, base: Path | None = None) -> None:
+    """Refuse a model whose lock recorded a tokenizer of the checkpoint's own code while the recipe
+    does not trust remote code: the engine would fail to load its tokenizer."""
+    model = recipe.model
+    path = lock_path(model, base)
+    if model.trust_remote_code or not path.is_file() or not read_lock(model, base).tokenizer_remote_code:
+        return
+    raise ConfigError(
+        recipe_file,
+        "model.trust_remote_code",
+        f"{model.repo}@{model.revision[:12]}'s tokenizer is code of its own (auto_map AutoTokenizer, "
+        f"{path}): set trust_remote_code: true, the revision pinned, or serve another checkpoint",
+    )
 
 
 def _registered(recipe: Recipe, engine: EngineName) -> tuple[str, ...] | None:
@@ -101,16 +126,18 @@ def served_by(recipe: Recipe, architecture: str) -> str:
     return "served " + "; ".join(f"on {vendor} by {', '.join(names)}" for vendor, names in vendors.items())
 
 
-def _refusal(recipe: Recipe, recipe_file: str, topology: str, architecture: str) -> ConfigError | None:
+def _refusal(recipe: Recipe, recipe_file: str, topology: str, architecture: str, field: str) -> ConfigError | None:
     engine = recipe.topologies[topology].engine
     registered = _registered(recipe, engine)
     if registered is None or architecture in registered:
         return None
     near = closest(architecture, registered)
     shown = f"registers {', '.join(near)}" if near else f"registers {len(registered)} others, none like it"
+    # the model's refusal names the topology, as ever; a draft's its own field
+    where = f"topologies.{topology}" if field == "model" else field
     return ConfigError(
         recipe_file,
-        f"topologies.{topology}",
+        where,
         f"{_release(recipe, engine)} does not register {architecture} ({shown}); {served_by(recipe, architecture)}",
     )
 
@@ -118,17 +145,29 @@ def _refusal(recipe: Recipe, recipe_file: str, topology: str, architecture: str)
 def refusals(
     recipe: Recipe, recipe_file: str, topologies: Sequence[str], base: Path | None = None
 ) -> dict[str, ConfigError]:
-    """Each of ``topologies`` whose engine release does not register the model's architecture,
-    with its one line; the architecture read once (``ConfigError`` when recipe and lock disagree)."""
-    architecture = model_architecture(recipe, recipe_file, base)
-    if architecture is None:
-        return {}
-    found = {name: _refusal(recipe, recipe_file, name, architecture) for name in dict.fromkeys(topologies)}
-    return {name: refused for name, refused in found.items() if refused is not None}
+    """Each of ``topologies`` whose engine release does not register the architecture of one of
+    its checkpoints (the model, then its draft), with its one line; each architecture read once
+    (``ConfigError`` when recipe and lock disagree, or when the model's tokenizer needs remote code
+    the recipe does not trust)."""
+    check_remote_code(recipe, recipe_file, base)
+    known: dict[tuple[str, str], str | None] = {}
+    out: dict[str, ConfigError] = {}
+    for name in dict.fromkeys(topologies):
+        for field, checkpoint in recipe.checkpoints(name):
+            key = (checkpoint.repo, checkpoint.revision)
+            if key not in known:
+                known[key] = checkpoint_architecture(checkpoint, field, recipe_file, base)
+            architecture = known[key]
+            refused = _refusal(recipe, recipe_file, name, architecture, field) if architecture else None
+            if refused is not None:
+                out[name] = refused
+                break
+    return out
 
 
 def check_servable(recipe: Recipe, recipe_file: str, topology: str, base: Path | None = None) -> None:
-    """Refuse ``topology`` when its engine release does not register the model's architecture."""
+    """Refuse ``topology`` when its engine release does not register the architecture of one of its
+    checkpoints, or the model's tokenizer needs remote code the recipe does not trust."""
     refused = refusals(recipe, recipe_file, [topology], base).get(topology)
     if refused is not None:
         raise refused

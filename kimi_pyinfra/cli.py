@@ -127,11 +127,13 @@ def _lock(args: argparse.Namespace) -> int:
     # before huggingface_hub is imported: it reads these once
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-    lock = make_lock(recipe, args.recipe, args.endpoint, os.environ)
-    path = lock_path(recipe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(lock.to_json(), encoding="utf-8")
-    print(f"{path}: {len(lock.files)} files, {lock.total_bytes} bytes")
+    # every checkpoint the hosts hold: the model, and each topology's speculative draft
+    for field, checkpoint in recipe.all_checkpoints():
+        lock = make_lock(checkpoint, args.recipe, args.endpoint, os.environ, field)
+        path = lock_path(checkpoint)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(lock.to_json(), encoding="utf-8")
+        print(f"{path}: {len(lock.files)} files, {lock.total_bytes} bytes")
     return _lock_releases(recipe, args.index, asked=False)
 
 
@@ -314,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.set_defaults(func=_ledger)
     lock = sub.add_parser(
         "lock",
-        help="record every file's size and digest at the recipe's pinned revision, and lock every release "
+        help="record every file's size and digest at the pinned revision of each checkpoint (the model, each "
+        "speculative draft), and lock every release "
         "for its hosts' platforms",
     )
     lock.add_argument("recipe")

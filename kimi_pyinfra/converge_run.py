@@ -16,10 +16,9 @@ from pyinfra.context import inventory
 
 from facts.inventory_probe import active_hosts, probe_all
 from kimi_deploy.converge import converge_request
-from kimi_deploy.converge_steps import RunView, run_view, weights_host
+from kimi_deploy.converge_steps import RunView, plan_fan_outs, run_view
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.driver_plan import probe_request as drivers_request
-from kimi_deploy.weights_fanout import plan_fan_out
 from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.run_context import run_context
 
@@ -42,7 +41,7 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
     context = run_context()
     if context.fan_out is None:  # once per run, for every host
         answered = [h for h in hosts if h.name in probed]
-        context.fan_out = plan_fan_out([weights_host(*todo_for(inventory, h), probed[h.name]) for h in answered])
+        context.fan_out = plan_fan_outs([(*todo_for(inventory, h), probed[h.name]) for h in answered])
     # The hosts of this topology that this run covers (whether or not they answered).
     in_topology = [
         p for p in deploy.topology if (h := inventory.get_host(p.host, None)) is not None and state.is_host_in_limit(h)

@@ -62,8 +62,8 @@ class RunContext:
     plans: dict[tuple[str, str], tuple[Recipe, Inventory, Plan]] = field(default_factory=dict)
     # host name -> its part of the plan and its converge
     todos: dict[str, tuple[DeployPlan, Converge]] = field(default_factory=dict)
-    # host name -> its part of the weights fan-out, planned once every host answered
-    fan_out: dict[str, FanOutPart] | None = None
+    # each checkpoint slot's fan-out (``converge_steps.plan_fan_outs``): the model's, then the drafts'
+    fan_out: list[dict[str, FanOutPart]] | None = None
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
     # a release's lock for one platform (``kimi_deploy.release_lock``: requirements, without,

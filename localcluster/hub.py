@@ -918,7 +918,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(method, info)
 
     def _config(self, files: dict[str, Any]) -> dict[str, Any] | None:
-        """The part of config.json the Hub shows in model info (architectures, model type, quantization)."""
+        """The part of config.json the Hub shows in model info (architectures, model type, quantization,
+        the auto_map of remote code: ``kimi-deploy lock`` records whether it names a tokenizer)."""
         entry = files.get("config.json")
         if entry is None or entry["size"] > _MAX_BODY:
             return None
@@ -928,7 +929,7 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         if not isinstance(config, dict):
             return None
-        return {k: config[k] for k in ("architectures", "model_type", "quantization_config") if k in config}
+        return {k: config[k] for k in ("architectures", "model_type", "quantization_config", "auto_map") if k in config}
 
     def _entry(self, repo: Repo, sha: str, path: str, expand: bool) -> dict[str, Any]:
         manifest = repo.commit(sha)

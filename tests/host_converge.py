@@ -45,7 +45,12 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
     files = todo.files + todo.release.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
     hardware = GB300 if any(u.reads_weights for u in todo.units) else B300
     weights: WeightsFound = {"exists": installed, "missing": [] if installed else list(LOCK), "unverified": [], "unreadable": [], "extra": []}
-    present = revisions if revisions is not None else ([todo.weights.revision] if todo.weights and installed else [])
+
+    def present(checkpoint: Any) -> list[str]:
+        """The revision folders of a checkpoint's folder: ``revisions`` for the model's."""
+        if revisions is not None and checkpoint.link == "model":
+            return revisions
+        return [checkpoint.revision] if installed else []
 
     def marker(v: VenvRelease) -> ReleaseMarker | None:
         return {"requirements": v.requirements, "without": v.without, "lock": {"sha256": "a" * 64}} if installed else None
@@ -63,12 +68,12 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
     return {
         "user": installed,
         "venvs": {v.path: marker(v) for v in todo.venvs},
-        "weights": weights if todo.weights else None,
+        "weights": {c.path: weights for c in todo.checkpoints},
         "files": {f.path: f.sha256 if running else None for f in files},
         "owners": {f.path: f.owner_mode(todo.user) if running else None for f in files},
         "units": {u.name: unit(u.release) for u in todo.units},
         "timers": dict.fromkeys(todo.timers, timer),
-        "revisions": {"present": present, "history": present} if todo.weights else None,
+        "revisions": {c.path.rsplit("/", 1)[0]: {"present": present(c), "history": present(c)} for c in todo.checkpoints},
         "listeners": {},
         "packages": dict.fromkeys(todo.packages, installed),
         "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},

@@ -17,12 +17,11 @@ import pytest
 
 from hostside.probe_types import Listener
 from kimi_deploy.converge import Converge, needs_start
-from kimi_deploy.converge_steps import Steps, WeightsSteps, converge_steps, run_view, weights_host
+from kimi_deploy.converge_steps import Steps, WeightsSteps, converge_steps, plan_fan_outs, run_view
 from kimi_deploy.deploy_plan import DeployPlan, part_of
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.weights_fanout import plan_fan_out
 from tests.conftest import RECIPE
 from tests.host_converge import LOCK, host_converge, lock_stands_in
 from tests.host_converge import probe_answer as probe
@@ -52,7 +51,7 @@ def steps_of(me: str, plans: Mapping[str, tuple[DeployPlan, Converge]], probed: 
     """``me``'s steps in a run of every host of the topology, as the deploy decides them."""
     deploy, todo = plans[me]
     order = list(plans)
-    fan_out = plan_fan_out([weights_host(*plans[h], probed[h]) for h in order])
+    fan_out = plan_fan_outs([(*plans[h], probed[h]) for h in order])
     view = run_view(me, plans, probed, in_topology=deploy.topology, fan_out=fan_out, run_id=RUN,
                     transfer_key="k" * 43)  # fmt: skip
     return converge_steps(deploy, todo, probed[me], view)
@@ -83,13 +82,11 @@ def test_a_new_host_installs_fetches_checks_and_starts_everything(recipe: Recipe
     # no host holds a release: each is installed from the lock the controller resolves
     assert [s.lock.kind if s.lock else None for s in steps.releases] == ["controller"] * 2
     # the first host of the group fetches from the Hub and serves the others
-    weights = steps.weights
-    assert weights is not None
+    weights = steps.weights[0]
     assert (weights.peers, _serves(weights)) == ([], True)  # from the Hub
     assert weights.key is not None
     assert weights.key.secret
-    other = steps_of("gb300-d02", plans, probed).weights
-    assert other is not None
+    other = steps_of("gb300-d02", plans, probed).weights[0]
     # every other host of the group fetches in a chain: from the host before it first (it relays
     # what it receives), the chain's source last; and serves the hosts after it
     assert (bool(other.peers), other.arriving) == (True, True)
@@ -117,10 +114,10 @@ def test_a_converged_topology_is_a_no_op(recipe: Recipe, prod: Inventory) -> Non
         assert steps.comm_check_why == f"no engine of topology {TOPOLOGY} starts or restarts"
         assert steps.all_reduce_request is None
         assert [s.lock for s in steps.releases] == [None] * len(steps.releases)
-        if steps.weights is not None:
-            assert (steps.weights.peers, _serves(steps.weights), steps.weights.key) == ([], False, None)
+        for w in steps.weights:
+            assert (w.peers, _serves(w), w.key) == ([], False, None)
         # nothing to collect: only the planned revision is present
-        assert steps.collect is None or steps.collect.remove == []
+        assert all(c.remove == [] for c in steps.collect)
         assert not any(c["restarted"] for b in steps.batches for c in b.checks)
 
 
@@ -164,19 +161,21 @@ def test_a_revision_change_fetches_it_restarts_the_engines_and_keeps_the_old_one
     for h in after:
         was = probe(before[h][1], revisions=[old])
         # the planned revision's folder is new: absent
-        probed[h] = {**was, "weights": {"exists": False, "missing": list(LOCK), "unverified": [], "extra": []}}
+        absent = {"exists": False, "missing": list(LOCK), "unverified": [], "extra": []}
+        model = {c.path: absent for c in after[h][1].checkpoints[:1]}  # none on the router's host
+        probed[h] = {**was, "weights": {**was["weights"], **model}}
     steps = steps_of("gb300-p01", after, probed)
-    assert steps.weights is not None
-    assert steps.weights.sync["revision"] == new
-    assert steps.weights.peers == []  # from the Hub
+    assert steps.weights[0].sync["revision"] == new
+    assert steps.weights[0].peers == []  # from the Hub
     # the watchdog reads the new revision's scrub result
     assert steps.restarting == {"kimi-vllm", "kimi-watchdog"}
-    assert steps.collect is not None
-    assert (steps.collect.keep, steps.collect.remove) == ([old], [])
+    assert (steps.collect[0].keep, steps.collect[0].remove) == ([old], [])
     # once the next revision serves, the oldest goes and the previous one stays
-    later = {**probed["gb300-p01"], "revisions": {"present": ["0" * 40, old, new], "history": ["0" * 40, old, new]}}
-    collect = steps_of("gb300-p01", after, {**probed, "gb300-p01": later}).collect
-    assert collect is not None
+    parent = steps.collect[0].parent
+    three = {"present": ["0" * 40, old, new], "history": ["0" * 40, old, new]}
+    revisions = probe(before["gb300-p01"][1], revisions=[old])["revisions"]
+    later = {**probed["gb300-p01"], "revisions": {**revisions, parent: three}}
+    collect = steps_of("gb300-p01", after, {**probed, "gb300-p01": later}).collect[0]
     assert (collect.keep, collect.remove) == ([old, new], ["0" * 40])
 
 

@@ -41,7 +41,8 @@ def test_each_kind_of_drift_is_named_once(todo: Converge) -> None:
     found = probe_answer(todo) | {"current": todo.release.dir}
     found["owners"] = found["owners"] | {unit_file.path: "root:root:600", config.path: "kimi:kimi:644"}
     found["files"] = found["files"] | {env_file.path: "0" * 64}
-    found["weights"] = found["weights"] | {"unverified": [SHARD], "unreadable": [SHARD]}  # type: ignore[operator]
+    model = todo.checkpoints[0].path
+    found["weights"] = found["weights"] | {model: found["weights"][model] | {"unverified": [SHARD], "unreadable": [SHARD]}}
     found["units"] = found["units"] | {"kimi-vllm": found["units"]["kimi-vllm"] | {"files_changed": True}}
     assert drift(todo, found, todo.files) == [
         f"{unit_file.path}: owner and mode root:root:600, not root:root:644: put back",

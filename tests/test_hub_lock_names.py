@@ -119,7 +119,7 @@ def test_a_lock_file_naming_a_file_outside_the_revision_is_refused_when_read(
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"repo": REPO_ID, "revision": COMMIT, "files": files}))
     with pytest.raises(ConfigError) as caught:
-        read_lock(recipe, tmp_path)
+        read_lock(recipe.model, tmp_path)
     assert caught.value.where == str(path)
     assert caught.value.field == field
     assert caught.value.message.startswith(rule)
@@ -136,7 +136,7 @@ def test_a_malformed_lock_file_is_one_line(tmp_path: Path, text: str) -> None:
     path.parent.mkdir(parents=True)
     path.write_text(text)
     with pytest.raises(ConfigError) as caught:
-        read_lock(recipe, tmp_path)
+        read_lock(recipe.model, tmp_path)
     assert str(caught.value).startswith(f"{path}: ")
     assert "\n" not in str(caught.value)
 

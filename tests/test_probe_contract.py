@@ -61,14 +61,14 @@ def _request(tmp_path: Path, port: int) -> dict[str, Any]:
     return {
         "user": "root",
         "venvs": [str(release), str(tmp_path / "engines/absent")],
-        "weights": {"dir": str(revision), "lock": {"config.json": [2, "sha256:" + "1" * 64], "gone.bin": [1, "x"]}},
+        "weights": [{"dir": str(revision), "lock": {"config.json": [2, "sha256:" + "1" * 64], "gone.bin": [1, "x"]}}],
         "files": [str(secret), str(tmp_path / "absent.conf")],
         "units": ["kimi-contract-no-such-unit"],
         "unit_secrets": {"kimi-contract-no-such-unit": [str(secret)]},
         "unit_files": {"kimi-contract-no-such-unit": [str(tmp_path / "absent.conf")]},
         "timers": ["kimi-contract-no-such-timer"],
         "ports": [port],
-        "models": str(models),
+        "models": [str(models)],
         "link": str(tmp_path / "current"),
         "packages": ["bash", "kimi-contract-no-such-package"],
         "releases": True,
@@ -92,14 +92,15 @@ def test_the_state_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path, l
     assert answer["user"] is True
     assert answer["venvs"][str(tmp_path / "engines/absent")] is None
     assert answer["venvs"][str(tmp_path / "engines/vllm-0.34.0")]["damaged"] is None
-    assert (answer["weights"]["missing"], answer["weights"]["unverified"]) == (["gone.bin"], ["config.json"])
-    assert answer["weights"]["extra"] == ["stray.bin"]
+    weights = answer["weights"][str(tmp_path / "models" / ("a" * 40))]
+    assert (weights["missing"], weights["unverified"]) == (["gone.bin"], ["config.json"])
+    assert weights["extra"] == ["stray.bin"]
     secret, absent = str(tmp_path / "secret.env"), str(tmp_path / "absent.conf")
     assert answer["files"] == {secret: hashlib.sha256(b"KEY=1\n").hexdigest(), absent: None}
     assert answer["owners"] == {secret: "root:root:640", absent: None}
     assert answer["packages"] == {"bash": True, "kimi-contract-no-such-package": False}
     assert answer["listeners"][str(listener)]["pid"] == os.getpid()
-    assert sorted(answer["revisions"]["present"]) == ["a" * 40, "b" * 40]
+    assert sorted(answer["revisions"][str(tmp_path / "models")]["present"]) == ["a" * 40, "b" * 40]
     assert answer["current"] == str(tmp_path / "engines/vllm-0.34.0")
     assert set(answer["units"]) == {"kimi-contract-no-such-unit"}
     # and the fact reads it into the converge's type
@@ -139,8 +140,8 @@ def test_the_check_finds_what_the_types_refuse() -> None:
             "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
             "restarts_verified": 0, "context": None}  # fmt: skip
     answer: dict[str, Any] = {
-        "user": True, "venvs": {}, "weights": None, "files": {}, "owners": {}, "units": {"u": unit}, "timers": {},
-        "revisions": None, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
+        "user": True, "venvs": {}, "weights": {}, "files": {}, "owners": {}, "units": {"u": unit}, "timers": {},
+        "revisions": {}, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
         "ladder": [],
         "watchdog": None,
         "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},

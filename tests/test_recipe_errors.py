@@ -420,17 +420,19 @@ CASES: list[tuple[str, Mutation, str]] = [
         "a host's files, found 'x\\ry'",
     ),
     (
-        "speculative-model-with-nul",
-        _set(((*PD, "speculative"), {"method": "dspark", "num_speculative_tokens": 3, "model": "a\x00b"})),
-        "topologies.gb300-pd.speculative.model: control character U+0000 is refused in text that reaches a host's "
-        "files, found 'a\\x00b'",
+        # a draft is pinned like the model: a free name (a Hub id the engine would fetch) is not
+        "speculative-model-is-no-pin",
+        _set(((*PD, "speculative"), {"method": "dspark", "num_speculative_tokens": 3, "model": "org/draft"})),
+        "topologies.gb300-pd.speculative: model: a draft is a pinned checkpoint: write draft: {repo, revision, "
+        "shards, size_bytes, architecture, license} instead",
     ),
     (
         # vLLM 0.33.0 drafts with the served checkpoint itself when "dspark" names no draft
         "dspark-without-a-draft",
         _set(((*PD, "speculative"), {"method": "dspark", "num_speculative_tokens": 3})),
-        "topologies.gb300-pd: speculative: method dspark drafts with a checkpoint of its own: name the draft "
-        "(model); without one the engine would draft with the served checkpoint",
+        "topologies.gb300-pd: speculative: method dspark drafts with a checkpoint of its own: pin it as draft "
+        "(repo, revision, shards, size_bytes, architecture, license); without one the engine would draft with the "
+        "served checkpoint",
     ),
     (
         "smoke-expect-with-c1",

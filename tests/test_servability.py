@@ -102,7 +102,7 @@ def write_lock(base: Path, recipe: Recipe, config: dict[str, Any] | None) -> Pat
     }
     if config is not None:
         data["config"] = config
-    path = lock_path(recipe, base)
+    path = lock_path(recipe.model, base)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data), encoding="utf-8")
     return path
@@ -195,7 +195,7 @@ def test_validate_names_a_disagreement_with_the_lock_once(tmp_path: Path) -> Non
 def test_a_lock_from_before_config_was_recorded_is_valid(tmp_path: Path) -> None:
     recipe, file = recipe_with(tmp_path, KIMI_K3)
     write_lock(tmp_path, recipe, None)
-    lock = read_lock(recipe, tmp_path)
+    lock = read_lock(recipe.model, tmp_path)
     assert (lock.architectures, lock.model_type) == ((), None)
     assert model_architecture(recipe, file, tmp_path) == KIMI_K3
     assert lock.to_json() == Lock(lock.repo, lock.revision, lock.files).to_json()
@@ -216,7 +216,7 @@ def test_a_malformed_config_record_is_refused(tmp_path: Path, config: Any, field
     recipe, _ = recipe_with(tmp_path, None)
     path = write_lock(tmp_path, recipe, config)
     with pytest.raises(ConfigError) as err:
-        read_lock(recipe, tmp_path)
+        read_lock(recipe.model, tmp_path)
     assert str(err.value).startswith(f"{path}: {field}: ")
 
 
@@ -279,7 +279,7 @@ def _pinned(recipe: Recipe, commit: str) -> Recipe:
 )
 def test_make_lock_records_the_architectures(hub: tuple[HubServer, str], tmp_path: Path) -> None:
     recipe, _ = recipe_with(tmp_path, None)
-    lock = make_lock(_pinned(recipe, hub[1]), "recipe", hub[0].url)
+    lock = make_lock(_pinned(recipe, hub[1]).model, "recipe", hub[0].url)
     assert (lock.architectures, lock.model_type) == ((KIMI_K3,), "kimi_k3")
     assert json.loads(lock.to_json())["config"] == {"architectures": [KIMI_K3], "model_type": "kimi_k3"}
 
@@ -287,7 +287,7 @@ def test_make_lock_records_the_architectures(hub: tuple[HubServer, str], tmp_pat
 @pytest.mark.parametrize("hub", [b"not json"], indirect=True)
 def test_make_lock_of_a_config_the_hub_cannot_read_records_none(hub: tuple[HubServer, str], tmp_path: Path) -> None:
     recipe, _ = recipe_with(tmp_path, None)
-    lock = make_lock(_pinned(recipe, hub[1]), "recipe", hub[0].url)
+    lock = make_lock(_pinned(recipe, hub[1]).model, "recipe", hub[0].url)
     assert (lock.architectures, lock.model_type) == ((), None)
     assert "config" not in json.loads(lock.to_json())
 
@@ -297,7 +297,7 @@ def test_make_lock_refuses_a_name_that_is_no_class(hub: tuple[HubServer, str], t
     recipe, _ = recipe_with(tmp_path, None)
     server, commit = hub
     with pytest.raises(ConfigError) as err:
-        make_lock(_pinned(recipe, commit), "recipe", server.url)
+        make_lock(_pinned(recipe, commit).model, "recipe", server.url)
     assert str(err.value) == (
         f"{server.url}: {REPO_ID}@{commit}: config.json: config.architectures: "
         "expected a list of class names, found ['No Class']"

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host_paths import checkpoint_dir
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, Scrub, SecretRef, load_recipe
@@ -275,12 +276,10 @@ EXPANDABLE = "k3 %n %%d ${HOME} $HOME $$ \"dq\" 'sq' back\\slash ; #"
 
 
 def test_values_systemd_would_expand_reach_the_engine_as_written(tmp_path: Path, prod: Inventory) -> None:
-    """Free text of a recipe (a speculative model, an environment value) in ExecStart= and the
-    environment file: read back by systemd's rules, each is exactly the recipe's."""
+    """Free text of a recipe (an environment value) in ExecStart= and the environment file: read
+    back by systemd's rules, each is exactly the recipe's; the speculative draft's JSON too."""
 
     def edit(data: dict[str, Any]) -> None:
-        data["topologies"]["gb300-pd"]["speculative"] = {"method": "dspark", "num_speculative_tokens": 3,
-                                                         "model": EXPANDABLE}  # fmt: skip
         data["topologies"]["gb300-pd"]["env"] = {"KIMI_X": EXPANDABLE}
 
     recipe = load_recipe(_recipe(tmp_path, edit))
@@ -290,7 +289,8 @@ def test_values_systemd_would_expand_reach_the_engine_as_written(tmp_path: Path,
     service = files[f"/etc/systemd/system/{unit.name}.service"]
     argv = systemd_argv(service)
     assert argv == list(unit.argv)
-    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == EXPANDABLE
+    draft = recipe.topologies["gb300-pd"].speculative.draft  # type: ignore[union-attr]
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == checkpoint_dir(recipe, draft)  # type: ignore[arg-type]
     assert environment_file(files[f"/etc/kimi/{unit.name}.env"])["KIMI_X"] == EXPANDABLE
     _systemd_accepts(tmp_path, service)
 

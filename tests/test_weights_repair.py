@@ -104,7 +104,7 @@ def test_an_engine_restarts_when_its_weights_are_repaired_and_nothing_else_does(
             ({"exists": True, "missing": [], "unverified": [SHARD], "unreadable": [], "extra": []}, True),
         )
         for weights, engines_restart in weights_cases:
-            state = probe_answer(todo) | {"weights": weights}
+            state = probe_answer(todo) | {"weights": {c.path: weights for c in todo.checkpoints}}
             restarts = {u.name for u in todo.units if needs_start(u.release, unit_state(u, state))}
             engines = {u.name for u in todo.units if u.reads_weights}
             assert restarts == (engines if engines_restart else set()), (name, weights)

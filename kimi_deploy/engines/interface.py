@@ -40,6 +40,9 @@ class Engine:
     # the API key's name in the engine's secret config file, for an engine that reads its key
     # from one (SGLang's ``--config`` YAML) rather than from its environment
     secret_file_key: str | None = None
+    # the flag its unit passes a speculative draft's folder with (vLLM's ``--speculative-config``
+    # ``model``), None: it takes no draft checkpoint; the pinned release's catalog must have it
+    draft_flag: str | None = None
 
     def client_port(self, topology: Topology) -> int:
         """The port clients (or the router) reach the topology's API on: ``ports.api`` or the

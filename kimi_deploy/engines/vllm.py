@@ -9,7 +9,7 @@ from kimi_deploy.catalog import Catalog, engine_catalog
 from kimi_deploy.engines.common import engine_unit_for, model_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import engine_dir, model_dir
+from kimi_deploy.host_paths import checkpoint_dir, engine_dir, model_dir
 from kimi_deploy.listen import bind_address
 from kimi_deploy.placement import Placement
 from kimi_deploy.recipe import Recipe, Topology
@@ -17,6 +17,8 @@ from kimi_deploy.servespec import ConfigFile, Unit
 from kimi_deploy.unit_env import common_env
 
 UNIT = "kimi-vllm"
+# where a speculative draft's folder goes (a JSON object's ``model``)
+DRAFT_FLAG = "--speculative-config"
 MOONCAKE_CONFIG = "mooncake.json"
 # Debian packages a host serving vLLM's CPU build needs beside the release: its native extension
 # (vllm/_C.abi3.so) links libnuma.so.1; without it vLLM starts and its worker dies on
@@ -226,13 +228,15 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     kv_flags, files = _kv_transfer(recipe, placement, config_dir, env, listens)
     argv += kv_flags
     if topo.speculative is not None:
+        # vLLM 0.33.0 config/speculative.py SpeculativeConfig: ``model`` (the draft, here its
+        # verified folder on the host, so vLLM never asks the Hub), ``method``, ``num_speculative_tokens``
         spec: dict[str, object] = {
             "method": topo.speculative.method,
             "num_speculative_tokens": topo.speculative.num_speculative_tokens,
         }
-        if topo.speculative.model:
-            spec["model"] = topo.speculative.model
-        argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"), sort_keys=True)]
+        if topo.speculative.draft is not None:
+            spec["model"] = checkpoint_dir(recipe, topo.speculative.draft)
+        argv += [DRAFT_FLAG, json.dumps(spec, separators=(",", ":"), sort_keys=True)]
     # vLLM reads its API key from this variable; it reaches the unit through its secret env file.
     secret_env = ("VLLM_API_KEY",) if topo.expose is not None and not worker else ()
     return engine_unit_for(
@@ -247,5 +251,10 @@ def positionals(catalog: Catalog) -> int:
 
 
 ENGINE = Engine(
-    name="vllm", default_api_port=8000, unit=engine_unit, positionals=positionals, host_packages=host_packages
+    name="vllm",
+    default_api_port=8000,
+    unit=engine_unit,
+    positionals=positionals,
+    host_packages=host_packages,
+    draft_flag=DRAFT_FLAG,
 )

@@ -140,7 +140,7 @@ def test_lock_file_matches_a_fresh_build(
 ) -> None:
     root, info, _ = repos
     model = recipe.model.model_copy(update={"repo": REPO_ID, "revision": COMMIT, "shards": 96})
-    lock = make_lock(recipe.model_copy(update={"model": model}), "recipe", hub.url)
+    lock = make_lock(model, "recipe", hub.url)
     path = ROOT / LOCK_DIR / f"kimi-deploy--tiny-llama-needle@{COMMIT}.json"
     assert lock.to_json() == path.read_text(encoding="utf-8") == _lock_from_info(root, info, COMMIT).to_json()
     assert len(lock.files) == 104

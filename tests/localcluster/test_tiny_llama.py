@@ -346,7 +346,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
 def test_lock_files_match_a_fresh_build(hub: HubServer, recipe: Recipe, commit: str) -> None:
     # Only the model part of a recipe makes a lock: the production recipe's, pointed at this repo.
     model = recipe.model.model_copy(update={"repo": REPO_ID, "revision": commit, "shards": 96})
-    lock = make_lock(recipe.model_copy(update={"model": model}), "recipe", hub.url)
+    lock = make_lock(model, "recipe", hub.url)
     path = ROOT / LOCK_DIR / f"{REPO_ID.replace('/', '--')}@{commit}.json"
     assert lock.to_json() == path.read_text(encoding="utf-8")
     assert len(lock.files) == 104
