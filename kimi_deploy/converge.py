@@ -21,7 +21,7 @@ from kimi_deploy.engine_guard import PACKAGES as GUARD_PACKAGES
 from kimi_deploy.engines import engine
 from kimi_deploy.gateway import MASKED as GATEWAY_MASKED
 from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
-from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER
+from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER, NIXL_CLIENT
 from kimi_deploy.host_libraries import packages as library_packages
 from kimi_deploy.host_paths import checkpoint_dir, tool_dir
 from kimi_deploy.hub_token import controller_token
@@ -464,7 +464,15 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
     master = any(u.kind == "mooncake-master" for u in spec.units)
     # the Mooncake store client, imported by an engine whose KV cache goes through the store
     client = spec.role != "router" and topology.mooncake_store
-    libraries = (MOONCAKE_MASTER if master else ()) + (MOONCAKE_CLIENT if client else ())
+    # NIXL, imported by an engine whose KV cache moves with NixlConnector
+    nixl = (
+        spec.role != "router"
+        and topology.kv_transfer is not None
+        and "NixlConnector" in topology.kv_transfer.connectors
+    )
+    libraries = (
+        (MOONCAKE_MASTER if master else ()) + (MOONCAKE_CLIENT if client else ()) + (NIXL_CLIENT if nixl else ())
+    )
     debs = [
         *(GATEWAY_PACKAGES if gateway else ()),
         *library_packages(libraries, recipe.host_os(spec.topology)),

@@ -21,8 +21,10 @@ from localcluster import pypi_mirror
 from tests.host_converge import LOCK, host_converge, lock_stands_in
 from tests.tool_module import load_tool
 
+ROOT = Path(__file__).resolve().parent.parent
 TOOL = load_tool(Path(__file__).resolve().parent.parent / "tools/needed_libs.py")
 NotElf, needed, wheel_needs = TOOL.NotElf, TOOL.needed, TOOL.wheel_needs
+closure_needs, unaccounted = TOOL.closure_needs, TOOL.unaccounted
 
 
 def _readelf(path: Path) -> list[str]:
@@ -103,7 +105,43 @@ def test_the_hosts_that_run_mooncake_get_its_libraries_in_their_oss_names(
     assert "ibverbs-providers" not in router
     engine = host_converge(recipe, prod, "gb300-d01").packages
     assert {"libcurl4t64", "libibverbs1", "ibverbs-providers", "libnuma1"} <= set(engine)
+    # NIXL's core links OpenSSL 3 (NixlConnector, on the engine hosts only)
+    assert "libssl3t64" in engine
+    assert "libssl3t64" not in router
     # no Mooncake on single-node: none of its libraries
     assert not set(host_converge(recipe, prod, "b300-01").packages) & {"libcurl4t64", "libibverbs1"}
     # a recipe that names no OS: Debian 12's names
     assert "libcurl4" in host_converge(recipe.model_copy(update={"os": None}), prod, "gb300-rt01").packages
+
+
+def test_a_closure_provides_what_any_of_its_wheels_carries_and_the_rest_is_accounted_for_or_said(
+    tmp_path: Path,
+) -> None:
+    """Across a release's wheels: ``ext.so`` links ``libours.so`` that another wheel carries (the
+    closure provides it) and libcurl, which nothing the deploy installs for ``pkg/`` accounts for;
+    the same libcurl linked by the Mooncake client is installed with it, and numba's TBB layer
+    (a plugin numba skips without TBB) needs nothing. ``--check`` says the one left, exit 1."""
+    ours = _compile(tmp_path, "libours", "int ours(void) { return 1; }\n")
+    ext = _compile(tmp_path, "ext", "int ours(void);\nint ext(void) { return ours(); }\n", "-lours",
+                   "-l:libcurl.so.4")  # fmt: skip
+    closure = tmp_path / "closure"
+    closure.mkdir()
+    members = {
+        "pkg-1.0-py3-none-manylinux_2_28_x86_64.whl": {"pkg/ext.so": ext},
+        "ours-1.0-py3-none-manylinux_2_28_x86_64.whl": {"ours.libs/libours.so": ours},
+        "mooncake_transfer_engine-1.0-py3-none-manylinux_2_28_x86_64.whl": {"mooncake/store.so": ext},
+        "numba-1.0-py3-none-manylinux_2_28_x86_64.whl": {"numba/np/ufunc/tbbpool.so": ext},
+    }
+    for name, files in members.items():
+        with zipfile.ZipFile(closure / name, "w") as z:
+            for arcname, path in files.items():
+                z.write(path, arcname)
+    needs = closure_needs(sorted(closure.glob("*.whl")))
+    assert set(needs) == {"libcurl.so.4"}
+    assert unaccounted(needs) == {"libcurl.so.4": [("pkg-1.0-py3-none-manylinux_2_28_x86_64.whl", "pkg/ext.so")]}
+    done = subprocess.run([sys.executable, str(ROOT / "tools/needed_libs.py"), "--closure", str(closure), "--check"],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert (done.returncode, done.stdout) == (
+        1,
+        "libcurl.so.4: pkg-1.0-py3-none-manylinux_2_28_x86_64.whl (pkg/ext.so)\n",
+    )

