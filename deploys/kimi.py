@@ -107,10 +107,11 @@ def converge(do: Do) -> None:
     # step in which the Hub's one host and every host of the chains fetch at once, each relaying
     # what it receives to the next (a local mirror first either way). Each checkpoint the host
     # holds in turn (the model, then its speculative draft), all before any engine (re)starts.
+    # the run's transfer key is one file for every checkpoint: written once
+    if (key := next((w.key for w in steps.weights if w.key is not None), None)) is not None:
+        do(units.rendered, name="Weights transfer key", files=[key], group=todo.user, current=found["files"],
+           owners=found["owners"])  # fmt: skip
     for w in host.loop(steps.weights):  # type: ignore[no-untyped-call]
-        if w.key is not None:
-            do(units.rendered, name="Weights transfer key", files=[w.key], group=todo.user, current=found["files"],
-               owners=found["owners"])  # fmt: skip
         if w.serves and w.port is not None:
             do(weights.peer_server, name="Weights served to peers", path=w.path, lock=w.lock,
                bind=deploy.host.address, port=w.port, allow=list(w.serves), key_file=w.key_file,

@@ -44,28 +44,30 @@ def make_lock(
     the lines the hosts' sync uses (``hostside.hub_access``); ``environ`` (the controller's) tells
     whether a token was sent.
     """
-    model = checkpoint
-    if not _COMMIT.match(model.revision):
-        raise ConfigError(recipe_file, f"{field}.revision", f"a lock needs a 40-hex commit, found {model.revision!r}")
+    if not _COMMIT.match(checkpoint.revision):
+        raise ConfigError(
+            recipe_file, f"{field}.revision", f"a lock needs a 40-hex commit, found {checkpoint.revision!r}"
+        )
     from huggingface_hub import HfApi  # noqa: PLC0415 - heavy import, only for this command
     from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
 
     api = HfApi(endpoint=endpoint)
+    pinned = f"{checkpoint.repo}@{checkpoint.revision}"
     where = endpoint or "the Hub"
 
     def _said(exc: HfHubHTTPError) -> str:
         status = exc.response.status_code if exc.response is not None else None
         if type(exc).__name__ == GATED_ERROR:
-            return gated_line(model.repo, endpoint or HUB, status)
+            return gated_line(checkpoint.repo, endpoint or HUB, status)
         if status == 401 and controller_token(environ or {}) is not None:
             return token_line(endpoint or HUB, None)
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
     try:
-        entries = list(api.list_repo_tree(model.repo, revision=model.revision, recursive=True))
+        entries = list(api.list_repo_tree(checkpoint.repo, revision=checkpoint.revision, recursive=True))
     except HfHubHTTPError as exc:
-        raise ConfigError(recipe_file, field, f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
+        raise ConfigError(recipe_file, field, f"{where}: {pinned}: {_said(exc)}") from None
     except OSError as exc:
         raise ConfigError(recipe_file, field, f"{where} unreachable: {exc}") from None
     files: dict[str, LockedFile] = {}
@@ -76,17 +78,17 @@ def make_lock(
             # Each name becomes a path the hosts write and delete as root.
             check_name(entry.path)
         except BadName as exc:
-            raise ConfigError(recipe_file, field, f"{where}: {model.repo}@{model.revision}: {exc}") from None
+            raise ConfigError(recipe_file, field, f"{where}: {pinned}: {exc}") from None
         if entry.lfs is not None:
             files[entry.path] = LockedFile(entry.lfs.size, f"sha256:{entry.lfs.sha256}")
         else:
             files[entry.path] = LockedFile(entry.size, f"gitblob:{entry.blob_id}")
     shards = [p for p in files if p.endswith(".safetensors")]
-    if len(shards) != model.shards:
+    if len(shards) != checkpoint.shards:
         raise ConfigError(
             recipe_file,
             f"{field}.shards",
-            f"{model.repo}@{model.revision} has {len(shards)} shards, expected {model.shards}",
+            f"{pinned} has {len(shards)} shards, expected {checkpoint.shards}",
         )
     architectures: tuple[str, ...] = ()
     model_type: str | None = None
@@ -94,19 +96,19 @@ def make_lock(
     if "config.json" in files:
         # config.json's architectures and model_type, as the Hub shows them in the revision's model info
         try:
-            shown_config = api.model_info(model.repo, revision=model.revision, expand=["config"]).config or {}
+            shown_config = api.model_info(checkpoint.repo, revision=checkpoint.revision, expand=["config"]).config or {}
         except HfHubHTTPError as exc:
-            raise ConfigError(recipe_file, field, f"{where}: {model.repo}@{model.revision}: {_said(exc)}") from None
+            raise ConfigError(recipe_file, field, f"{where}: {pinned}: {_said(exc)}") from None
         except OSError as exc:
             raise ConfigError(recipe_file, field, f"{where} unreachable: {exc}") from None
         fields = {k: shown_config[k] for k in ("architectures", "model_type") if k in shown_config}
-        architectures, model_type, _ = read_config(f"{where}: {model.repo}@{model.revision}: config.json", fields)
+        architectures, model_type, _ = read_config(f"{where}: {pinned}: config.json", fields)
         # recorded where it is so: a lock without it is a tokenizer transformers ships (or one
         # made before it was recorded)
         remote = remote_tokenizer(shown_config) or None
     return Lock(
-        repo=model.repo,
-        revision=model.revision,
+        repo=checkpoint.repo,
+        revision=checkpoint.revision,
         files=files,
         architectures=architectures,
         model_type=model_type,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kimi_deploy.catalog import CatalogMissing, engine_catalog
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.lockfile import lock_path, read_lock
+from kimi_deploy.lockfile import Lock, lock_path, read_lock
 from kimi_deploy.recipe import Checkpoint, EngineName, Recipe
 
 # How many registered names a refusal shows, the closest first.
@@ -32,15 +32,21 @@ _FAMILY = re.compile(r"^[A-Z][a-z]+")
 _RELATED = {"Kimi": ("Deepseek",)}
 
 
+def _recorded(checkpoint: Checkpoint, base: Path | None) -> Lock | None:
+    """``checkpoint``'s lock, None while it has none (``kimi-deploy lock`` not run yet)."""
+    return read_lock(checkpoint, base) if lock_path(checkpoint, base).is_file() else None
+
+
 def checkpoint_architecture(
-    checkpoint: Checkpoint, field: str, recipe_file: str, base: Path | None = None
+    checkpoint: Checkpoint, field: str, recipe_file: str, base: Path | None = None, lock: Lock | None = None
 ) -> str | None:
     """The architecture the engines must register for ``checkpoint`` (the recipe's ``field``): the
     recipe's, checked against the lock's, or the lock's; None when neither names one. ``base``: the
-    folder of ``recipes/locks`` (default: here)."""
+    folder of ``recipes/locks`` (default: here); ``lock``: its lock, already read."""
     declared = checkpoint.architecture
     path = lock_path(checkpoint, base)
-    recorded = read_lock(checkpoint, base).architectures if path.is_file() else ()
+    lock = lock or _recorded(checkpoint, base)
+    recorded = lock.architectures if lock is not None else ()
     if declared is not None and recorded and declared != recorded[0]:
         raise ConfigError(
             recipe_file,
@@ -56,18 +62,19 @@ def model_architecture(recipe: Recipe, recipe_file: str, base: Path | None = Non
     return checkpoint_architecture(recipe.model, "model", recipe_file, base)
 
 
-def check_remote_code(recipe: Recipe, recipe_file: str, base: Path | None = None) -> None:
+def check_remote_code(recipe: Recipe, recipe_file: str, base: Path | None = None, lock: Lock | None = None) -> None:
     """Refuse a model whose lock recorded a tokenizer of the checkpoint's own code while the recipe
-    does not trust remote code: the engine would fail to load its tokenizer."""
+    does not trust remote code: the engine would fail to load its tokenizer. ``lock``: the model's
+    lock, already read."""
     model = recipe.model
-    path = lock_path(model, base)
-    if model.trust_remote_code or not path.is_file() or not read_lock(model, base).tokenizer_remote_code:
+    lock = lock or _recorded(model, base)
+    if model.trust_remote_code or lock is None or not lock.tokenizer_remote_code:
         return
     raise ConfigError(
         recipe_file,
         "model.trust_remote_code",
         f"{model.repo}@{model.revision[:12]}'s tokenizer is code of its own (auto_map AutoTokenizer, "
-        f"{path}): set trust_remote_code: true, the revision pinned, or serve another checkpoint",
+        f"{lock_path(model, base)}): set trust_remote_code: true, the revision pinned, or serve another checkpoint",
     )
 
 
@@ -149,14 +156,16 @@ def refusals(
     its checkpoints (the model, then its draft), with its one line; each architecture read once
     (``ConfigError`` when recipe and lock disagree, or when the model's tokenizer needs remote code
     the recipe does not trust)."""
-    check_remote_code(recipe, recipe_file, base)
+    model_lock = _recorded(recipe.model, base)
+    check_remote_code(recipe, recipe_file, base, model_lock)
     known: dict[tuple[str, str], str | None] = {}
     out: dict[str, ConfigError] = {}
     for name in dict.fromkeys(topologies):
         for field, checkpoint in recipe.checkpoints(name):
             key = (checkpoint.repo, checkpoint.revision)
             if key not in known:
-                known[key] = checkpoint_architecture(checkpoint, field, recipe_file, base)
+                lock = model_lock if checkpoint is recipe.model else None
+                known[key] = checkpoint_architecture(checkpoint, field, recipe_file, base, lock)
             architecture = known[key]
             refused = _refusal(recipe, recipe_file, name, architecture, field) if architecture else None
             if refused is not None:

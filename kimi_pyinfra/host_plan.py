@@ -11,7 +11,7 @@ from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DEFAULT_RECIPE, DeployPlan, part_of
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import load_recipe
-from kimi_deploy.servability import check_servable
+from kimi_deploy.servability import refusals
 from kimi_pyinfra.inventory_file import from_pyinfra
 from kimi_pyinfra.run_context import run_context
 
@@ -43,7 +43,12 @@ def plan_for(inventory: Any, host: Any, label: str | None = None) -> DeployPlan:
     recipe, ours, whole = plans[(recipe_file, label)]
     part = part_of(recipe, recipe_file, ours.host(host.name), whole)
     # as validate refuses it: a topology whose engine release does not load the model
-    check_servable(recipe, recipe_file, part.spec.topology)
+    topology = part.spec.topology
+    refused = run_context().refused
+    if (recipe_file, topology) not in refused:
+        refused[(recipe_file, topology)] = refusals(recipe, recipe_file, [topology]).get(topology)
+    if (why := refused[(recipe_file, topology)]) is not None:
+        raise why
     return part
 
 

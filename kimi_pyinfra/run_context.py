@@ -21,6 +21,7 @@ from pyinfra.context import ctx_state
 
 from kimi_deploy.converge import Converge
 from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Plan
@@ -60,6 +61,9 @@ class RunContext:
     comm_check_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     # (recipe file, inventory label) -> the whole inventory's plan, planned once per run and recipe
     plans: dict[tuple[str, str], tuple[Recipe, Inventory, Plan]] = field(default_factory=dict)
+    # (recipe file, topology) -> why its engine release cannot load its checkpoints, None: it can
+    # (``kimi_deploy.servability``: each lock read once per run, not once per host)
+    refused: dict[tuple[str, str], ConfigError | None] = field(default_factory=dict)
     # host name -> its part of the plan and its converge
     todos: dict[str, tuple[DeployPlan, Converge]] = field(default_factory=dict)
     # each checkpoint slot's fan-out (``converge_steps.plan_fan_outs``): the model's, then the drafts'

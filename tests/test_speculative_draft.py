@@ -21,6 +21,7 @@ from kimi_deploy.inventory import Inventory
 from kimi_deploy.lockfile import Lock, LockedFile, lock_path, read_lock
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Draft, Recipe, load_recipe
+from kimi_deploy.rollback_plan import RollbackError, plan_rollback
 from kimi_deploy.servability import check_remote_code, refusals
 from tests.conftest import RECIPE, ROOT
 from tests.host_converge import LOCK, host_converge, lock_stands_in
@@ -47,6 +48,13 @@ def _edited(tmp_path: Path, edit: Any) -> Path:
     return path
 
 
+@pytest.fixture
+def stood_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example recipe's converge: its model's lock played by ``LOCK``, its API key set."""
+    lock_stands_in(monkeypatch, LOCK)
+    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
+
+
 def _one_line(exc: pytest.ExceptionInfo[ConfigError]) -> str:
     line = str(exc.value)
     assert "\n" not in line
@@ -64,11 +72,10 @@ def test_the_production_draft_is_kimi_k3s_dspark_pin(recipe: Recipe) -> None:
     assert recipe.checkpoints("single-node") == (("model", recipe.model),)
 
 
+@pytest.mark.usefixtures("stood_in")
 def test_engine_hosts_sync_and_verify_both_checkpoints_before_the_engine_starts(
-    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
+    recipe: Recipe, prod: Inventory
 ) -> None:
-    lock_stands_in(monkeypatch, LOCK)
-    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
     folders = [model_dir(recipe), checkpoint_dir(recipe, _draft(recipe))]
     assert folders[1] == f"/srv/models/Inferact--Kimi-K3-DSpark/{DRAFT_REVISION}"
     plans = _plans(recipe, prod)
@@ -98,11 +105,8 @@ def test_engine_hosts_sync_and_verify_both_checkpoints_before_the_engine_starts(
     assert plans["gb300-rt01"][1].checkpoints == ()
 
 
-def test_the_drafts_revision_is_a_pin_of_the_release_and_is_linked_in_it(
-    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lock_stands_in(monkeypatch, LOCK)
-    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
+@pytest.mark.usefixtures("stood_in")
+def test_the_drafts_revision_is_a_pin_of_the_release_and_is_linked_in_it(recipe: Recipe, prod: Inventory) -> None:
     todo = host_converge(recipe, prod, "gb300-p01")
     record = todo.release.record
     assert record["pins"]["model.revision"] == recipe.model.revision
@@ -119,11 +123,8 @@ def test_the_drafts_revision_is_a_pin_of_the_release_and_is_linked_in_it(
     assert again.release.record["pins"][f"{DRAFT_FIELD}.revision"] == "2" * 40
 
 
-def test_collection_keeps_the_drafts_served_and_rollback_revisions(
-    recipe: Recipe, prod: Inventory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lock_stands_in(monkeypatch, LOCK)
-    monkeypatch.setenv("KIMI_API_KEY", "sk-kimi-d41c9a0e77b2")
+@pytest.mark.usefixtures("stood_in")
+def test_collection_keeps_the_drafts_served_and_rollback_revisions(recipe: Recipe, prod: Inventory) -> None:
     plans = _plans(recipe, prod)
     probed = {h: probe(todo) for h, (_, todo) in plans.items()}
     parent = checkpoint_dir(recipe, _draft(recipe)).rsplit("/", 1)[0]
@@ -152,6 +153,61 @@ def test_the_probe_reads_each_checkpoints_history_from_the_release_records(tmp_p
         log.append([f"t{n}", str(folder), "serving", f"run-{n}"])
     assert state_probe._revisions(str(tmp_path / "org--model"), log)["history"] == ["a" * 40, "a" * 40, "b" * 40]
     assert state_probe._revisions(str(tmp_path / "org--draft"), log)["history"] == ["1" * 40, "2" * 40]
+
+
+def test_a_rollback_target_whose_draft_revision_is_gone_is_refused_naming_it(tmp_path: Path) -> None:
+    """The bad day after a collection or a disk loss: the release to go back to links a model that
+    is whole and a draft whose folder lost its verification; the probe says the release is not
+    whole and the rollback refuses it in one line naming the draft, before anything changes."""
+    old, new = tmp_path / "releases/old", tmp_path / "releases/new"
+    model, draft = tmp_path / "models/org--model/" / ("a" * 40), tmp_path / "models/org--draft" / ("1" * 40)
+    (model / ".kimi").mkdir(parents=True)
+    (model / ".kimi/verify-cache.json").write_text("{}")
+    draft.mkdir(parents=True)  # its files and verification gone
+    served = {
+        "model": {"repo": "org/model", "revision": "a" * 40},
+        "draft": {"repo": "org/draft", "revision": "1" * 40},
+    }
+    record = {"engine": "vllm", "engine_version": "0.33.0", "model": "org/model", "revision": "a" * 40,
+              "checkpoints": served, "files": []}  # fmt: skip
+    for folder in (old, new):
+        folder.mkdir(parents=True)
+        (folder / "release.json").write_text(json.dumps(record))
+    (old / "model").symlink_to(model)
+    (old / "draft").symlink_to(draft)
+    log = [["t1", str(old), "switched", "r1"], ["t2", str(old), "serving", "r1"], ["t3", str(new), "switched", "r2"]]
+    found = state_probe._releases(log)["records"][str(old)]
+    assert found is not None
+    assert found["model"] is False
+    with pytest.raises(RollbackError) as caught:
+        plan_rollback("gb300-d01", str(new), log, {str(old): found}, "r2")
+    assert f"or org/draft@{'1' * 12} is gone" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    # with the draft verified again, the same target is whole
+    (draft / ".kimi").mkdir()
+    (draft / ".kimi/verify-cache.json").write_text("{}")
+    assert state_probe._releases(log)["records"][str(old)]["model"] is True  # type: ignore[index]
+
+
+@pytest.mark.usefixtures("stood_in")
+def test_a_peer_that_did_not_answer_is_left_out_of_each_checkpoints_fan_out(recipe: Recipe, prod: Inventory) -> None:
+    """A host of the topology unreachable when the run probed (its probe raised): neither the model's
+    nor the draft's chain counts on it, and every other host still fetches and verifies both."""
+    plans = _plans(recipe, prod)
+    probed: dict[str, Any] = {h: probe(todo, installed=False, running=False) for h, (_, todo) in plans.items()}
+    probed["gb300-p02"] = OSError("gb300-p02: Could not connect (timed out)")
+    chained = set()
+    for host in plans:
+        if host == "gb300-p02" or not plans[host][1].checkpoints:
+            continue
+        steps = steps_of(host, plans, probed)
+        assert [w.sync["repo"] for w in steps.weights] == [recipe.model.repo, DRAFT_REPO]
+        for w in steps.weights:
+            assert "gb300-p02" not in {p["host"] for p in w.peers}
+            assert "gb300-p02" not in (w.serves or ())
+            chained |= {w.sync["repo"]} if w.peers else set()
+    # the others still fetch both checkpoints from one another
+    assert chained == {recipe.model.repo, DRAFT_REPO}
 
 
 def test_vllm_gets_the_drafts_verified_folder_and_the_catalog_takes_it(recipe: Recipe, prod: Inventory) -> None:
