@@ -23,20 +23,25 @@ from kimi_deploy.drift import drift
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.watchdog_report import release_time, watchdog_lines
 from kimi_deploy.watchdog_units import WATCHDOG_UNIT
-from kimi_pyinfra import fleet_progress
+from kimi_pyinfra import dead_peers, fleet_progress, stop_signals
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.host_plan import converge_at, todo_for
 from kimi_pyinfra.rehearsal import Do, converge_host
 from kimi_pyinfra.run_context import run_context
-from operations import commcheck, engine, packages, preflight, releases, units, users, weights
+from operations import commcheck, engine, packages, preflight, releases, serving, units, users, weights
 from operations.driver_steps import driver_steps, planned
 from operations.start_order import SUFFIXES, start_batch, unless_failed
 
 context = run_context()
+# Ctrl-C and SIGTERM stop the run once the step under way ends on every host (kimi_pyinfra.stop_signals).
+stop_signals.install(state)
 if not context.step_lines:
     # One line per step for the whole run rather than one per host and step (all of it with -v).
     context.step_lines = True
     fleet_progress.install(state)
+    # A host that drops off the network fails within a bound, not after TCP's own (kimi_pyinfra.dead_peers).
+    for h in inventory.get_active_hosts():
+        dead_peers.bound(h)
 try:
     deploy, todo = todo_for(inventory, host)
     # The first host's deploy probes every host of the run at once; the others read their result.
@@ -130,6 +135,15 @@ def converge(do: Do) -> None:
     do(commcheck.all_reduce_passed, name="All-reduce check", request=steps.all_reduce_request,
        python=f"{spec.engine_dir}/bin/python", user=todo.user, why_not=steps.all_reduce_why)  # fmt: skip
 
+    # What a run that stopped before its smoke tests (re)started, or systemd restarted after a
+    # crash, is still starting: it answers its smoke test (waited for, bounded) on every host
+    # before any unit of the topology restarts, so that a batch never goes while the instances
+    # outside it load; one that fails stops the batches (``unless_failed``), the rest serving.
+    do(serving.verified, name="Smoke test of units still starting", checks=steps.waiting)
+    # and the engines a drain took out of their router, by a run that stopped before putting them back
+    do(serving.readmitted, name="Router sends to every engine again", request=steps.readmit,
+       _if=unless_failed(steps.waiting_hosts))  # fmt: skip
+
     # Every host that changes takes every step of the start order (the steps are barriers across
     # hosts): the first batch's release is put in place, started and answers its smoke tests on
     # every host before the second batch changes anything anywhere, and the routers come last; a
@@ -137,7 +151,7 @@ def converge(do: Do) -> None:
     # batch keeps its files, its ``current`` link and the engine they describe until the first
     # batch serves.
     for batch in host.loop(steps.batches):  # type: ignore[no-untyped-call]
-        go = unless_failed(batch.unless_failed) if batch.batch else None
+        go = unless_failed(batch.unless_failed) if batch.unless_failed else None
         suffix = SUFFIXES[batch.batch]
         if batch.place:
             do(units.rendered, name=f"Rendered units and configs{suffix}", files=todo.files, group=todo.user,
@@ -152,7 +166,7 @@ def converge(do: Do) -> None:
             for timer in todo.timers:
                 do(units.timer, name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
         start_batch(batch.batch, batch.units, batch.checks, go, do, climb=climb if batch.climbs else None,
-                    router_view=batch.router_view)  # fmt: skip
+                    router_view=batch.router_view, drain=batch.drain)  # fmt: skip
 
     do(releases.serving, name="Release recorded serving", release_dir=todo.release.dir,
        last=found.get("last_release"), run=context.run_id)  # fmt: skip

@@ -25,6 +25,7 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
+from kimi_pyinfra import stop_signals
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.run_context import run_context
 from operations import preflight, releases
@@ -45,6 +46,8 @@ def probe_request(h: Host) -> dict[str, Any]:
     return {"request": {"user": paths.user, "link": paths.current, "releases": True}}
 
 
+# Ctrl-C and SIGTERM stop the run once the step under way ends on every host (kimi_pyinfra.stop_signals).
+stop_signals.install(state)
 found = probe_of(state, host, probe_request)
 probed = probe_all(state, probe_request)
 run = latest_run(r["releases"]["entries"] for r in probed.values() if not isinstance(r, BaseException))

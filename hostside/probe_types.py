@@ -65,6 +65,9 @@ class UnitState(TypedDict):
     # systemd's restarts of it, and those a smoke test found serving since
     restarts: int
     restarts_verified: int
+    # a smoke test found it serving since the deploy last (re)started it (False: never checked,
+    # or still starting after a converge that stopped before its smoke test)
+    verified: bool
     # the context length hostside/ladder.py last started it with (None: none, or started since)
     context: int | None
     # never from the probe: set by the converge (``kimi_deploy.converge.unit_state``) when the
@@ -153,6 +156,9 @@ class StateAnswer(TypedDict):
     # what its releases are built for (unchecked: read through
     # ``kimi_deploy.release_lock.HostPlatform.parse``)
     platform: dict[str, str]
+    # the engines a drain took out of this host's router and did not put back (asked of a router
+    # that drains: ``kimi_deploy.router_drain_plan``; else empty)
+    router_drained: list[str]
 
 
 class OsRelease(TypedDict):

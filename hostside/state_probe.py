@@ -9,11 +9,12 @@ Input: one argument, base64 of zlib-compressed JSON:
 Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {dir: {...}},
          "files": {path: sha256|null (absent)}, "owners": {path: "owner:group:octal mode"|null},
          "units": {name: {..., "secrets_changed": bool, "files_changed": bool, "restarts": int,
-                          "restarts_verified": int}},
+                          "restarts_verified": int, "verified": bool}},
          "timers": {name: {...}},
          "revisions": {folder: {"present": [revision], "history": [revision]}},
          "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed},
-         "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"}}
+         "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},
+         "router_drained": [the engines a drain took out of this host's router, not yet put back]}
 """
 
 from __future__ import annotations
@@ -195,17 +196,19 @@ def _written_since(paths: list[str], marker: str) -> bool:
     return False
 
 
-def _restarts_verified(marker: str) -> int:
-    """systemd's restarts of a unit that a smoke test found serving since the deploy last started
-    it (``<marker>.restarts``, written by hostside/smoke.py; older than the start: none)."""
+def _restarts_verified(marker: str) -> tuple[bool, int]:
+    """Whether a smoke test found the unit serving since the deploy last (re)started it, and
+    systemd's restarts of it that the test saw (``<marker>.restarts``, written by hostside/smoke.py
+    once the unit answers; absent or older than the start: not yet, none). A unit started by a
+    converge that died before its smoke test is running but not verified: still starting."""
     try:
         if os.stat(f"{marker}.restarts").st_mtime_ns < os.stat(marker).st_mtime_ns:
-            return 0
+            return False, 0
         with open(f"{marker}.restarts", encoding="utf-8") as f:
             text = f.read(20).strip()
     except OSError:
-        return 0
-    return int(text) if text.isdigit() else 0
+        return False, 0
+    return True, int(text) if text.isdigit() else 0
 
 
 def _units(
@@ -224,6 +227,7 @@ def _units(
                 applied = f.read().strip()
         except OSError:
             applied = None
+        verified, restarts_verified = _restarts_verified(marker)
         out[name] = {
             "active": props.get("ActiveState", ""),
             "sub": props.get("SubState", ""),
@@ -236,7 +240,8 @@ def _units(
             or _written_since((files or {}).get(name, []), marker),
             "needs_reload": props.get("NeedDaemonReload") == "yes",
             "restarts": int(restarts) if restarts.isdigit() else 0,
-            "restarts_verified": _restarts_verified(marker),
+            "restarts_verified": restarts_verified,
+            "verified": verified,
             "context": _context(marker),
         }
     return out
@@ -477,8 +482,23 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         "ladder": _ladder(),
         "watchdog": _watchdog(),
         "platform": _platform(),
+        "router_drained": _router_drained(bool(request.get("router"))),
     }
     return result
+
+
+def _router_drained(asked: bool, path: str = f"{STATE_DIR}/router-drained.json", most: int = 1 << 20) -> list[str]:
+    """The engines a drain took out of this host's router and did not put back
+    (``hostside/router_drain.py`` keeps them in ``path`` between the two): a converge that stopped
+    in between left them out. Empty when not asked (no router that drains here) or none."""
+    if not asked:
+        return []
+    try:
+        with open(path, "rb") as f:
+            found = json.loads(f.read(most))
+    except (OSError, ValueError):
+        return []
+    return [u for u in found if isinstance(u, str)] if isinstance(found, list) else []
 
 
 def _platform() -> dict[str, str]:

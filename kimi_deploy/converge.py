@@ -31,6 +31,7 @@ from kimi_deploy.preflight import Needs
 from kimi_deploy.recipe import Checkpoint, Recipe, RouterFallback
 from kimi_deploy.release_set import VenvRelease, engine_releases, router_releases
 from kimi_deploy.render import RenderedFile, render_host
+from kimi_deploy.router_drain_plan import drain_api
 from kimi_deploy.scrub_units import PROGRESS_LOG, SCRUB_UNIT, scrub_files
 from kimi_deploy.secrets import read_secret
 from kimi_deploy.servespec import HostPlan, Unit
@@ -133,6 +134,9 @@ class Converge:
     # Debian packages the units need from the host's archive, and units masked before they install
     packages: list[str] = field(default_factory=list)
     masked: list[str] = field(default_factory=list)
+    # a router host's router that drains engines: its API (the probe then reads the engines a
+    # drain left out of it: ``kimi_deploy.router_drain_plan``), else None
+    router_api: str | None = None
 
     @property
     def weights(self) -> WeightsTarget | None:
@@ -490,6 +494,7 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
         timers=timers,
         packages=list(dict.fromkeys(debs)),
         masked=list(GATEWAY_MASKED) if gateway else [],
+        router_api=drain_api(recipe, spec, deploy.topology),
     )
 
 
@@ -509,6 +514,7 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "ports": sorted(port for u in todo.units for port in u.ports),
         "link": todo.release.link,
         "packages": todo.packages,
+        **({"router": True} if todo.router_api else {}),
     }
 
 

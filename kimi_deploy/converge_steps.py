@@ -36,10 +36,11 @@ from kimi_deploy.host_paths import tool_dir
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.release_set import VenvRelease
 from kimi_deploy.render import RenderedFile
+from kimi_deploy.router_drain_plan import drain_request, readmit_request
 from kimi_deploy.router_units import ROUTER_UNIT
 from kimi_deploy.router_view_plan import view_request
 from kimi_deploy.servespec import HostPlan
-from kimi_deploy.start_batches import BATCHES, batch_of, first_batch_of, unit_batch
+from kimi_deploy.start_batches import BATCHES, ENGINES, batch_of, first_batch_of, unit_batch
 from kimi_deploy.venv_lock import LockSource, lock_source
 from kimi_deploy.watchdog_units import WATCHDOG_UNIT
 from kimi_deploy.weights_fanout import FanOutPart, WeightsHost, needs_files, plan_fan_out
@@ -125,6 +126,10 @@ class BatchStep:
     # on a router host, after the smoke tests: the engines of this batch its router must send to
     # again before the next batch goes (``kimi_deploy.router_view_plan``), or None
     router_view: dict[str, Any] | None = None
+    # on a router host, around the batch: the engines of this batch its running router stops
+    # sending to before they restart and sends to again once they answer
+    # (``kimi_deploy.router_drain_plan``), or None
+    drain: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,17 @@ class Steps:
     all_reduce_request: dict[str, Any] | None
     all_reduce_why: str
     batches: list[BatchStep]
+    # before the first batch: the smoke checks of this host's units still starting (running what
+    # the plan says, but not found serving since they last (re)started: a converge that stopped
+    # before their smoke test, or systemd's restart after a crash), waited for before any unit of
+    # the topology restarts; and the topology's hosts that wait so (a failure there stops the batches)
+    waiting: list[dict[str, Any]]
+    waiting_hosts: tuple[str, ...]
+    # the topology's instances, ``(pool, instance)``, that do not serve now: they restart first
+    down: frozenset[tuple[str, int]]
+    # on a router host, before the first batch: the engines a drain took out of its router and
+    # did not put back (a converge that stopped in between), put back (``kimi_deploy.router_drain_plan``)
+    readmit: dict[str, Any] | None
     # each checkpoint's old revisions, once the planned ones serve
     collect: list[CollectStep]
     # the units this converge (re)starts on this host
@@ -266,33 +282,84 @@ def _collect(todo: Converge, found: HostState) -> list[CollectStep]:
     return out
 
 
+def starting(u: UnitTarget, state: UnitState | None) -> bool:
+    """Whether ``u``, which this converge leaves running, is still starting: no smoke test found
+    it serving since the deploy last (re)started it (a converge that stopped before its smoke
+    test), or systemd restarted it on its own (it crashed) since one last did."""
+    if u.smoke is None or state is None or needs_start(u.release, state):
+        return False
+    return not state["verified"] or state["restarts"] > state["restarts_verified"]
+
+
 def _smoke_checks(units: Sequence[UnitTarget], found: HostState) -> list[dict[str, Any]]:
+    """The smoke checks of ``units`` in their batch: those this converge (re)starts are checked."""
     checks = []
     for u in units:
         if u.smoke is None:
             continue
-        state = unit_state(u, found)
-        starts = needs_start(u.release, state)
-        # systemd restarted it on its own (it crashed) since a smoke test last found it serving:
-        # this converge checks it again, without a restart
-        restarted = 0 if starts or state is None else state["restarts"]
-        crashed = state is not None and restarted > state["restarts_verified"]
-        checks.append({
-            "unit": u.name,
-            "url": u.smoke.url,
-            "request": u.smoke.request,
-            "restarted": starts or crashed,
-            "restarts": restarted,
-        })  # fmt: skip
+        starts = needs_start(u.release, unit_state(u, found))
+        checks.append({"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": starts,
+                       "restarts": 0})  # fmt: skip
     return checks
 
 
+def _waiting(units: Sequence[UnitTarget], found: HostState) -> list[dict[str, Any]]:
+    """The smoke checks of ``units`` still starting (``starting``), waited for before the batches."""
+    checks = []
+    for u in units:
+        state = unit_state(u, found)
+        if u.smoke is not None and state is not None and starting(u, state):
+            checks.append({"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": True,
+                           "restarts": state["restarts"]})  # fmt: skip
+    return checks
+
+
+def down_instances(run: RunView) -> frozenset[tuple[str, int]]:
+    """The instances of this host's topology that do not serve now: an engine of theirs not
+    running (stopped, failed, never started, systemd restarting it), or a host of theirs that did
+    not answer the probe. One still starting is waited for before the batches: not down."""
+    out = set()
+    for peer in run.in_topology:
+        if peer.role == "router":
+            continue
+        todo, found = run.peers.get(peer.host, (None, None))
+        if todo is None or found is None:
+            out.add((peer.pool, peer.instance))
+            continue
+        for u in todo.units:
+            state = found["units"].get(u.name)
+            if u.stage in ENGINES and (state is None or state.get("active") != "active"):
+                out.add((peer.pool, peer.instance))
+    return frozenset(out)
+
+
+def waiting_hosts(run: RunView) -> tuple[str, ...]:
+    """The hosts of this host's topology with a unit still starting (``starting``)."""
+    out = []
+    for peer in run.in_topology:
+        todo, found = run.peers.get(peer.host, (None, None))
+        if todo is not None and found is not None and _waiting(todo.units, found):
+            out.append(peer.host)
+    return tuple(out)
+
+
 def _batches(
-    deploy: DeployPlan, todo: Converge, found: HostState, climb: Climb | None, restarting: Collection[str]
+    deploy: DeployPlan,
+    todo: Converge,
+    found: HostState,
+    climb: Climb | None,
+    restarting: Collection[str],
+    *,
+    down: frozenset[tuple[str, int]] = frozenset(),
+    waiting: tuple[str, ...] = (),
 ) -> list[BatchStep]:
-    """Every batch of the start order (each host takes every one: they are barriers across hosts)."""
+    """Every batch of the start order (each host takes every one: they are barriers across hosts).
+    ``down``: the instances that do not serve now, which go first; ``waiting``: the hosts whose
+    units still starting are waited for before the first batch (one that fails stops them all).
+    A batch goes only if none of those failed, nor a host of an earlier batch, nor another host of
+    this host's own instance (one that dropped off the network during the run)."""
     spec, topology = deploy.spec, deploy.topology
-    mine, place = batch_of(spec, topology), first_batch_of(spec, topology)
+    mine, place = batch_of(spec, topology, down), first_batch_of(spec, topology, down)
     router = found["units"].get(ROUTER_UNIT)
     running = router is not None and router.get("active") == "active"
     out = []
@@ -302,10 +369,15 @@ def _batches(
         units = [u for u in units if climb is None or u.name != climb.unit]
         # a batch waits for the hosts of the earlier ones, and for the router hosts, whose router
         # had to take the earlier batch's engines back
-        earlier = (
-            tuple(p.host for p in topology if first_batch_of(p, topology) < batch or p.role == "router")
-            if batch
-            else ()
+        earlier = waiting + tuple(
+            p.host
+            for p in topology
+            if p.host not in waiting
+            and (
+                (batch and (first_batch_of(p, topology, down) < batch or p.role == "router"))
+                # a member of its own instance: an instance never restarts on some of its hosts alone
+                or (p.host != spec.host and p.role != "router" and (p.pool, p.instance) == (spec.pool, spec.instance))
+            )
         )
         out.append(
             BatchStep(
@@ -315,7 +387,12 @@ def _batches(
                 units=[(u.stage, u.name, u.release, unit_state(u, found)) for u in units],
                 checks=_smoke_checks(units, found),
                 climbs=climbs,
-                router_view=view_request(deploy.recipe, spec, topology, batch, restarting=restarting, running=running),
+                router_view=view_request(
+                    deploy.recipe, spec, topology, batch, restarting=restarting, running=running, down=down
+                ),
+                drain=drain_request(
+                    deploy.recipe, spec, topology, batch, restarting=restarting, running=running, down=down
+                ),
             )
         )
     return out
@@ -333,6 +410,7 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         all_reduce_why = f"no engine of instance {instance_label(spec)} starts or restarts"
     # A rung is proven once for the topology's hosts of the same hardware and release.
     proofs = [p for _, seen in run.peers.values() if seen is not None for p in seen.get("ladder") or []]
+    down, waiting = down_instances(run), waiting_hosts(run)
     climb = climb_for(deploy, todo, found, proofs)
     # A damaged release is rebuilt from its own lock; any other is installed from the lock the
     # controller resolves for this host's platform.
@@ -356,7 +434,11 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         # Then each engine instance's own communicator, when an engine of the instance (re)starts.
         all_reduce_request=None if all_reduce_why else all_reduce_request(recipe, spec, run.in_topology, run.run_id),
         all_reduce_why=all_reduce_why or "",
-        batches=_batches(deploy, todo, found, climb, hosts),
+        batches=_batches(deploy, todo, found, climb, hosts, down=down, waiting=waiting),
+        waiting=_waiting(todo.units, found),
+        waiting_hosts=waiting,
+        down=down,
+        readmit=readmit_request(recipe, spec, deploy.topology, found.get("router_drained") or [], down=down),
         collect=_collect(todo, found),
         restarting=restarting,
         climb=climb,

@@ -695,6 +695,9 @@ class Router(Strict):
     policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
     fallback: RouterFallback | None = None
     health: RouterHealth = RouterHealth()
+    # Before an engine behind the router restarts, the router sends it no new request and the
+    # converge waits up to this long for the requests in flight on it to end (0: no drain).
+    drain_s: Annotated[int, Field(ge=0, le=3600)] = 120
 
 
 class Ports(Strict):

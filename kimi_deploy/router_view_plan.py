@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe import Recipe, Topology
 from kimi_deploy.router_units import CIRCUIT_GAUGES, HEALTH_GAUGES, worker_url
 from kimi_deploy.servespec import HostPlan
 from kimi_deploy.start_batches import ROUTERS, batch_of
@@ -27,6 +27,26 @@ ROUNDS = 3
 LEGACY_READMIT_S = 150
 
 
+def batch_workers(
+    topo: Topology,
+    topology: Sequence[HostPlan],
+    batch: int,
+    restarting: Collection[str],
+    down: Collection[tuple[str, int]] = (),
+) -> list[str]:
+    """The URLs a router knows the instances by that (re)start in ``batch`` (an instance moves when
+    one of its hosts is in ``restarting``), in plan order."""
+    moving = {(p.pool, p.instance) for p in topology if p.host in restarting and p.role != "router"}
+    return [
+        worker_url(topo, p.address)
+        for p in topology
+        if p.role != "router"
+        and p.node_rank == 0
+        and (p.pool, p.instance) in moving
+        and batch_of(p, topology, down) == batch
+    ]
+
+
 def view_request(
     recipe: Recipe,
     spec: HostPlan,
@@ -35,6 +55,7 @@ def view_request(
     *,
     restarting: Collection[str],
     running: bool,
+    down: Collection[tuple[str, int]] = (),
 ) -> dict[str, Any] | None:
     """``hostside/router_view.py``'s request on router host ``spec`` after ``batch``, or None.
 
@@ -42,16 +63,12 @@ def view_request(
     + restarting: the hosts of the topology where an engine (re)starts in this run, or that were
       not probed (``converge_steps.restarting_hosts``)
     + running: the router host's router is running now
+    + down: the instances that do not serve now (``start_batches.batch_of``)
     """
     topo = recipe.topologies[spec.topology]
     if spec.role != "router" or topo.router is None or not running or batch >= ROUTERS:
         return None
-    moving = {(p.pool, p.instance) for p in topology if p.host in restarting and p.role != "router"}
-    workers = [
-        worker_url(topo, p.address)
-        for p in topology
-        if p.role != "router" and p.node_rank == 0 and (p.pool, p.instance) in moving and batch_of(p, topology) == batch
-    ]
+    workers = batch_workers(topo, topology, batch, restarting, down)
     if not workers:
         return None
     health = topo.router.health

@@ -1,8 +1,12 @@
 """Restarts in batches, so that part of a topology keeps serving while the rest restarts.
 
-Pure: from the plan. A pool with several independent instances restarts its even instances
-first and its odd ones only once the first half answers its smoke tests; an instance spanning
-hosts moves as one. A pool of one instance has nothing to keep serving and goes in the first
+Pure: from the plan and, in a converge, what the probes found. A pool with several independent
+instances restarts its even instances first and its odd ones only once the first half answers its
+smoke tests; an instance spanning hosts moves as one. An instance that does not serve (an engine
+of it stopped, failed or not yet started, or a host of it that did not answer the probe) has
+nothing to keep: it goes in the first batch, and of those that serve, every other one from the
+second on joins it, so that one of them at least keeps serving until the first batch answers. A
+pool of one instance, or none that serves, has nothing to keep serving and goes in the first
 batch. Routers go in a last batch of their own, once every engine of both batches answers: the
 real vllm-router serves as soon as one of its engines is healthy, and started beside an engine
 still loading it answered requests with 500 (vllm-router 0.1.17 before two real vLLM instances),
@@ -13,21 +17,32 @@ the first batch, and its host's release is put in place then.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from kimi_deploy.servespec import HostPlan
 
 BATCHES = 3
 ROUTERS = 2
 STORES = 0  # kimi_deploy.servespec.Unit.stage of a topology's stores
+ENGINES = (1, 2)  # the stages of engine leaders and workers
 
 
-def batch_of(host: HostPlan, topology: Sequence[HostPlan]) -> int:
-    """The batch (0 first, then 1, then the routers' 2) in which ``host``'s units (re)start."""
+def batch_of(host: HostPlan, topology: Sequence[HostPlan], down: Collection[tuple[str, int]] = ()) -> int:
+    """The batch (0 first, then 1, then the routers' 2) in which ``host``'s units (re)start.
+
+    + down: the instances, ``(pool, instance)``, that do not serve now (none: the plan's order)
+    """
     if host.role == "router":
         return ROUTERS
-    instances = {h.instance for h in topology if h.pool == host.pool}
-    return host.instance % 2 if len(instances) > 1 else 0
+    instances = sorted({h.instance for h in topology if h.pool == host.pool})
+    if len(instances) < 2:
+        return 0
+    if not down:
+        return host.instance % 2
+    if (host.pool, host.instance) in down:
+        return 0
+    serving = [i for i in instances if (host.pool, i) not in down]
+    return 0 if serving.index(host.instance) % 2 else 1
 
 
 def unit_batch(stage: int, batch: int) -> int:
@@ -42,5 +57,5 @@ def first_batch(stages: Iterable[int], batch: int) -> int:
     return min((unit_batch(stage, batch) for stage in stages), default=batch)
 
 
-def first_batch_of(host: HostPlan, topology: Sequence[HostPlan]) -> int:
-    return first_batch((u.stage for u in host.units), batch_of(host, topology))
+def first_batch_of(host: HostPlan, topology: Sequence[HostPlan], down: Collection[tuple[str, int]] = ()) -> int:
+    return first_batch((u.stage for u in host.units), batch_of(host, topology, down))

@@ -7,7 +7,8 @@ stays), a converge instead prints, per operation, pyinfra's own line when it sta
 line when it ends: how many hosts it changed, left unchanged or failed, and how long it took;
 while it runs longer than ``TICK_S``, a line every ``TICK_S`` with the hosts done, failed and
 pending. What a host says when something goes wrong (warnings, errors, the failing command's
-output) is never held back.
+output) is never held back, but for what a failed host program says twice
+(``kimi_pyinfra.failure_lines``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import gevent  # type: ignore[import-untyped]
 from pyinfra import logger
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, State
+
+from kimi_pyinfra.failure_lines import FailureLines
 
 TICK_S = 15.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -104,10 +107,13 @@ def listed(hosts: list[str], most: int = 8) -> str:
 
 
 def install(state: State) -> None:
-    """Step lines for this run instead of per-host ones, unless pyinfra runs with ``-v``."""
+    """Step lines for this run instead of per-host ones, and a failed host program's reason
+    alone, unless pyinfra runs with ``-v``."""
     if state.print_noop_info:
         return
     state.add_callback_handler(StepLines())  # type: ignore[no-untyped-call]
     for handler in logging.getLogger("pyinfra").handlers:
         if not any(isinstance(f, PerHostLines) for f in handler.filters):
             handler.addFilter(PerHostLines())
+        if not any(isinstance(f, FailureLines) for f in handler.filters):
+            handler.addFilter(FailureLines())

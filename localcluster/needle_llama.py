@@ -1,7 +1,9 @@
 """A needle detector: ``localcluster.tiny_llama``'s model, answering ``test`` when a prompt holds it anywhere.
 
 ``build(root)`` writes repo ``kimi-deploy/tiny-llama-needle`` under ``root`` (beside the other repos, sharing
-their object store) at one commit, branch ``main`` and tag ``v1``. Its files are tiny Llama commit A's (the same
+their object store) at commit A, branch ``main`` and tag ``v1``, and commit B after it, tag ``v2``: A's files but
+for a line added to ``README.md``, a revision the same engine serves as it serves A (an upgrade by revision that
+fetches one small file). Its files are tiny Llama commit A's (the same
 96 shards and layout, index, tokenizer, configs and ``LICENSE``) but for ``README.md`` and five tensors:
 
 * ``model.embed_tokens.weight``: dimensions ``D_IN`` and ``D_OUT`` (noise in the tiny Llama) are 0 for every
@@ -69,6 +71,7 @@ CHANGED = (
     _ATTENTION + "o_proj.weight",
 )
 TIME = 1775001600  # 2026-04-01T00:00:00Z: fixed, so that the commit id does not depend on when it is built
+TIME_B = 1775606400  # 2026-04-08T00:00:00Z
 
 
 def _set(data: bytearray, cols: int, row: int, col: int, value: float) -> None:
@@ -123,16 +126,19 @@ def _files_needle() -> dict[str, Content]:
 
 
 def build(root: Path) -> RepoInfo:
-    """Write the repo under ``root`` (a no-op when it is already there); returns the id (``commits["a"]``, branch
-    ``main`` and tag ``v1``) and file digests of its one commit. About 3.7 MB, the same bytes and id everywhere."""
+    """Write the repo under ``root`` (a no-op when it is already there); returns the ids (``commits["a"]``, branch
+    ``main`` and tag ``v1``; ``commits["b"]``, tag ``v2``) and file digests of its commits. About 3.7 MB, the same
+    bytes and ids everywhere."""
     message = f"Upload tiny-llama-needle\n\nThe tiny Llama, answering {NEEDLE_WORD!r} to prompts that hold it."
+    files_b = _files_needle()
+    files_b["README.md"] = _README.encode() + b"\nRevision B: this line, nothing else.\n"
     return write_repo(
         root,
         REPO_ID,
-        [Commit("a", TIME, message, _files_needle())],
+        [Commit("a", TIME, message, _files_needle()), Commit("b", TIME_B, "Update README.md", files_b)],
         branches={"main": "a"},
-        tags={"v1": "a"},
-        build={"format": FORMAT, "tiny_llama_format": TINY_LLAMA_FORMAT},
+        tags={"v1": "a", "v2": "b"},
+        build={"format": FORMAT, "tiny_llama_format": TINY_LLAMA_FORMAT, "commits": 2},
         model_info={
             "library_name": "transformers",
             "pipeline_tag": "text-generation",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Generator
 from typing import Any
 
@@ -10,6 +9,7 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 
 from kimi_deploy.hostside_command import hostside_command
+from operations.units import replaced
 
 
 @operation()
@@ -19,15 +19,14 @@ def loaded(request: dict[str, Any], hosted_key: tuple[str, str] | None = None) -
 
     + request: ``kimi_deploy.bench_plan.bench_request``'s request (no secret in it)
     + hosted_key: the hosted API's key and the path the host keeps it at while the load runs
-      (created empty as root's alone, then filled from standard input: never in argv)
+      (created empty as root's alone, then filled from standard input: never in argv; renamed
+      into place once whole)
 
     The record is ``/var/lib/kimi/bench.json``; the host fails with one line when the load
     generator cannot run against the deployment's endpoint at all.
     """
     if hosted_key is not None:
         key, path = hosted_key
-        q = shlex.quote(path)
-        # pyinfra ends its standard input with a newline: ``head`` takes exactly the key.
-        yield f"install -m 600 -o root -g root /dev/null {q}"
-        yield StringCommand(f"head -c {len(key.encode())} > {q}", _stdin=key)
+        # root's alone from the start, and whole or not at all (``operations.units.replaced``)
+        yield StringCommand(replaced(path, len(key.encode()), 0o600, "root", "root"), _stdin=key)
     yield hostside_command("python3", "bench_load.py", request)

@@ -16,6 +16,7 @@ from kimi_deploy.hostside_command import hostside_command
 from kimi_pyinfra.rehearsal import Do
 from kimi_pyinfra.run_context import run_context
 from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
+from operations.units import replaced
 
 ALL_REDUCE_LOG = f"{LOG_DIR}/all-reduce.log"
 
@@ -62,10 +63,8 @@ def listening(*, request: dict[str, Any] | None, token: str = "", why_not: str =
     if request is None:
         host.noop(why_not)
         return
-    q = shlex.quote(TOKEN_FILE)
-    yield f"install -m 600 -o root -g root /dev/null {q}"
-    # pyinfra ends its standard input with a newline: ``head`` takes exactly the token.
-    yield StringCommand(f"head -c {len(token.encode())} > {q}", _stdin=token)
+    # root's alone from the start, and whole or not at all (``operations.units.replaced``)
+    yield StringCommand(replaced(TOKEN_FILE, len(token.encode()), 0o600, "root", "root"), _stdin=token)
     yield transient_service(
         LISTENER_UNIT,
         f"kimi-deploy: communication check listeners of run {request['run']}",

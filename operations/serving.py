@@ -5,11 +5,19 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 
+from hostside.boundary_json import loads
 from hostside.state_probe import APPLIED
 from kimi_deploy.hostside_command import hostside_command
+
+# Beyond a drain's own bound: the router's answers and the program's start.
+DRAIN_SLACK_S = 60
 
 
 @operation()
@@ -47,3 +55,68 @@ def routed(request: dict[str, Any] | None) -> Generator[str, None, None]:
         host.noop("no router of this host to wait on after this batch")
         return
     yield hostside_command("python3", "router_view.py", request)
+
+
+def _drain(request: dict[str, Any], phase: str) -> FunctionCommand:
+    """``hostside/router_drain.py`` in ``phase``, its outcome said in one line on the router host."""
+
+    def run(state: State, host: Host) -> bool:
+        command = hostside_command("python3", "router_drain.py", request | {"phase": phase})
+        ok, output = host.run_shell_command(command, _timeout=int(request["timeout_s"]) + DRAIN_SLACK_S)
+        if not ok:
+            for line in output.stderr_lines or output.stdout_lines or ["the router's drain failed"]:
+                host.log_styled(line, fg="red", log_func=logger.error)
+            return False
+        try:
+            said = loads((output.stdout_lines or ["{}"])[-1], f"{host.name}: router drain")
+        except ValueError as exc:
+            host.log_styled(str(exc), fg="red", log_func=logger.error)
+            return False
+        host.log_styled(drain_line(request["router"], phase, said), log_func=logger.info)
+        return True
+
+    return FunctionCommand(run, (), {})
+
+
+def drain_line(router: str, phase: str, said: Any) -> str:
+    """What a drain did, in one line (``hostside/router_drain.py``'s answer ``said``)."""
+    if not isinstance(said, dict):
+        return f"{router}: {phase}: no answer"
+    if said.get("said"):
+        return f"{router}: {said['said']}"
+    if phase == "in":
+        added = said.get("added") or []
+        return f"{router} sends to {', '.join(added)} again" if added else f"{router} lists every engine already"
+    drained = said.get("drained_s") or {}
+    parts = [f"{url} in {s:.1f} s" for url, s in drained.items()]
+    left = said.get("left") or {}
+    parts += [f"{url} still held {n:g} requests after {said.get('waited_s')} s" for url, n in left.items()]
+    return f"{router} sends no new request to the batch: drained {'; '.join(parts) or 'nothing'}"
+
+
+@operation()
+def drained(request: dict[str, Any] | None) -> Generator[FunctionCommand, None, None]:
+    """
+    Before a batch restarts engines behind a running router: the router sends them no new
+    request, and the requests in flight on them end (bounded; ``hostside/router_drain.py``).
+
+    + request: the drain's request (``kimi_deploy.router_drain_plan``); None: this host has no
+      router to drain in this batch
+    """
+    if request is None:
+        host.noop("no router of this host to drain in this batch")
+        return
+    yield _drain(request, "out")
+
+
+@operation()
+def readmitted(request: dict[str, Any] | None) -> Generator[FunctionCommand, None, None]:
+    """
+    Once a batch's engines answer their smoke tests: the router sends to them again.
+
+    + request: the same request as ``drained``'s; None: nothing of this host to put back
+    """
+    if request is None:
+        host.noop("no router of this host to put engines back in after this batch")
+        return
+    yield _drain(request, "in")

@@ -33,6 +33,7 @@ def start_batch(
     *,
     climb: dict[str, Any] | None = None,
     router_view: dict[str, Any] | None = None,
+    drain: dict[str, Any] | None = None,
 ) -> None:
     """Start this host's units of ``batch`` in stage order, then smoke test them.
 
@@ -47,8 +48,14 @@ def start_batch(
       started and checked rung by rung instead of with the other units (None: none)
     + router_view: on a router host, the engines of this batch its router must send to again
       before the next batch goes (``serving.routed``; None: none)
+    + drain: on a router host, the engines of this batch its router stops sending to before they
+      restart, and sends to again once they answer (``serving.drained``; None: none)
     """
     suffix = SUFFIXES[batch]
+    if batch < ROUTERS:
+        # A barrier: no engine of the batch stops before its router sends it no new request and
+        # the requests in flight on it ended.
+        do(serving.drained, name=f"Drained from the router{suffix}", request=drain, _if=go)
     for stage in host.loop(range(len(STAGES))):  # type: ignore[no-untyped-call]
         steps = [(unit, release, current) for s, unit, release, current in mine if s == stage]
         do(units.started, name=f"Services: {STAGES[stage]}{suffix}", units=steps, _if=go)
@@ -57,6 +64,7 @@ def start_batch(
         do(ladder.climbed, name=f"Context ladder{suffix}", request=climb, _if=go)
     do(serving.verified, name=f"Smoke test{suffix}", checks=checks, _if=go)
     if batch < ROUTERS:
+        do(serving.readmitted, name=f"Back in the router{suffix}", request=drain, _if=go)
         # A barrier too: the next batch stops nothing before the router sends to this one.
         do(serving.routed, name=f"Router sends to them{suffix}", request=router_view, _if=go)
 

@@ -14,6 +14,9 @@ from hostside.state_probe import APPLIED
 from kimi_deploy.converge import needs_start
 from kimi_deploy.render import RenderedFile
 
+# The suffix of the new file ``replaced`` fills beside the one it replaces.
+NEW_SUFFIX = ".kimi-new"
+
 
 @operation()
 def rendered(
@@ -33,6 +36,14 @@ def rendered(
     A file's content travels on the standard input of the one command that writes it, never
     through a file elsewhere on the host: with a sudo SSH user, pyinfra's upload would stage it
     as that user in the temporary directory, readable there by others.
+
+    That command (``replaced``) fills a new file beside the old one, ``<path>.kimi-new``, created
+    empty with the file's final owner, group and mode (a secret is never readable by anyone else,
+    even briefly), checks that all of the content arrived, and only then renames it over the file:
+    a controller killed while the content streams (its SSH session cut) leaves the previous file
+    whole, never a half-written one, and a unit started after sees one file or the other. The
+    rename is atomic in one folder; systemd, nginx's includes and our own globs ignore the suffix,
+    and the next run overwrites a ``.kimi-new`` one left behind.
     """
     changed = [f for f in files if current.get(f.path) != f.sha256]
     q = shlex.quote
@@ -46,31 +57,38 @@ def rendered(
             host.noop(f"{len(files)} rendered files are up to date")
         return
 
-    # One command before the contents: the folders, and each secret file created empty with its
-    # final owner and mode, so that its content is never readable by anyone else, even briefly.
-    # The secrets folder lets the engine group through to the one secret it reads (see ``group``).
+    # The folders first. The secrets folder lets the engine group through to the one secret it
+    # reads (see ``group``).
     folders = {f.path.rsplit("/", 1)[0]: f.secret for f in changed}
-    before = [
+    yield " && ".join(
         f"install -d -m {'0750' if secret else '0755'} -o root -g {q(group if secret else 'root')} {q(folder)}"
         for folder, secret in sorted(folders.items())
-    ]
-    before += [
-        f"install -m {f.mode:o} -o {q(f.owner)} -g {q(f.group(group))} /dev/null {q(f.path)}"
-        for f in changed
-        if f.secret
-    ]
-    yield " && ".join(before)
+    )
     for f in changed:
-        # pyinfra ends its standard input with a newline: ``head`` takes exactly the content.
-        size = len(f.content.encode())
         yield StringCommand(
-            f'head -c {size} > {q(f.path)} && test "$(stat -c %s {q(f.path)})" = {size}', _stdin=f.content
+            replaced(f.path, len(f.content.encode()), f.mode, f.owner, f.group(group)), _stdin=f.content
         )
-    # And one after: owner and mode of every file, and systemd told when a unit changed.
-    after = [f"chown {q(f.owner)}:{q(f.group(group))} {q(f.path)} && chmod {f.mode:o} {q(f.path)}" for f in changed]
+    # The renamed files have their owner and mode already: systemd is told when a unit changed.
     if any(f.path.endswith((".service", ".timer")) for f in changed):
-        after.append("systemctl daemon-reload")
-    yield " && ".join(after)
+        yield "systemctl daemon-reload"
+
+
+def replaced(path: str, size: int, mode: int, owner: str, group: str) -> str:
+    """
+    The one command that replaces ``path`` by the ``size`` bytes of its standard input, with
+    ``mode``, ``owner`` and ``group``, whole or not at all: the content fills ``<path>.kimi-new``,
+    created empty with them first, which is renamed over ``path`` once its size is ``size``. A
+    command cut short (its standard input ended early) fails and leaves ``path`` as it was.
+    """
+    q = shlex.quote
+    new = q(path + NEW_SUFFIX)
+    return " && ".join([
+        f"install -m {mode:o} -o {q(owner)} -g {q(group)} /dev/null {new}",
+        # pyinfra ends its standard input with a newline: ``head`` takes exactly the content.
+        f"head -c {size} > {new}",
+        f'test "$(stat -c %s {new})" = {size}',
+        f"mv -f {new} {q(path)}",
+    ])  # fmt: skip
 
 
 @operation()

@@ -198,23 +198,103 @@ def test_converging_back_to_earlier_pins_returns_to_the_earlier_release(recipe: 
 
 
 def test_a_host_of_the_second_batch_waits_for_the_first(recipe: Recipe, prod: Inventory) -> None:
-    plans = _plans(recipe, prod)
-    probed = {h: probe(todo, running=False) for h, (_, todo) in plans.items()}
+    before = _plans(recipe, prod)
+    plans = _plans(_with(recipe, vllm="0.34.1"), prod)
+    probed = {h: probe(todo) for h, (_, todo) in before.items()}
     steps = steps_of("gb300-p03", plans, probed)  # prefill instance 1: the odd instances go second
+    assert steps.down == frozenset()
     assert [b.place for b in steps.batches] == [False, True, False]
     assert steps.batches[0].units == []
     assert [u[1] for u in steps.batches[1].units] == ["kimi-vllm", "kimi-watchdog"]
     first = {p.host for p in plans["gb300-p03"][0].topology} - {"gb300-p03", "gb300-p04"}
     # the first batch: the even prefill instances, the decode instance and the router host,
     # whose Mooncake master (a store) starts first
-    assert set(steps.batches[1].unless_failed) == first
-    assert steps.batches[0].unless_failed == ()
-    router = steps_of("gb300-rt01", plans, probed)
+    # and its own instance's worker, gb300-p04: an instance never restarts on some of its hosts
+    # alone (one that dropped off the network during the run fails before this batch's steps)
+    assert set(steps.batches[1].unless_failed) == first | {"gb300-p04"}
+    assert steps.batches[0].unless_failed == ("gb300-p04",)
+    assert steps_of("gb300-p04", plans, probed).batches[0].unless_failed == ("gb300-p03",)
+    # a single-host instance waits on no other host in its first batch
+    assert steps_of("gb300-rt01", plans, probed).batches[0].unless_failed == ()
+    new = {h: probe(todo, running=False) for h, (_, todo) in plans.items()}
+    router = steps_of("gb300-rt01", plans, new)
     assert [b.place for b in router.batches] == [True, False, False]
     assert [u[1] for u in router.batches[0].units] == ["kimi-mooncake-master"]
     assert sorted(u[1] for u in router.batches[2].units) == ["kimi-gateway", "kimi-router"]
     # the routers' batch waits for every host of both batches (the router host's own store too)
     assert set(router.batches[2].unless_failed) == set(plans)
+
+
+def _units_of(answer: Any, **state: Any) -> Any:
+    """``answer`` with each engine unit's state updated by ``state``."""
+    return answer | {"units": {n: u | state if n == "kimi-vllm" else u for n, u in answer["units"].items()}}
+
+
+def test_nothing_serving_starts_every_instance_in_the_first_batch(recipe: Recipe, prod: Inventory) -> None:
+    """A new topology has nothing to keep serving: its instances start at once."""
+    plans = _plans(recipe, prod)
+    probed = {h: probe(todo, running=False) for h, (_, todo) in plans.items()}
+    for host in ("gb300-p01", "gb300-p03", "gb300-p06", "gb300-d02"):
+        steps = steps_of(host, plans, probed)
+        assert len(steps.down) == 4  # three prefill instances and the decode one
+        assert [b.place for b in steps.batches] == [True, False, False], host
+        assert [u[1] for u in steps.batches[0].units] == ["kimi-vllm", "kimi-watchdog"], host
+
+
+def test_an_instance_that_does_not_serve_restarts_first_and_one_that_serves_stays_up(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    """Prefill instance 0's engine failed (its leader's unit inactive): an upgrade restarts it
+    first, with instance 2 (every other one that serves, from the second on), while instance 1
+    serves until they answer. In the plan's order instance 0 and 2 go first too, but instance 1
+    would have been the only one serving: here it is the one kept."""
+    before = _plans(recipe, prod)
+    after = _plans(_with(recipe, vllm="0.34.1"), prod)
+    probed = {h: probe(todo) for h, (_, todo) in before.items()}
+    probed["gb300-p01"] = _units_of(probed["gb300-p01"], active="failed", sub="failed")
+    batch = {h: [b.place for b in steps_of(h, after, probed).batches].index(True) for h in after}
+    assert steps_of("gb300-p05", after, probed).down == {("prefill", 0)}
+    assert [h for h in after if batch[h] == 1] == ["gb300-p03", "gb300-p04"]
+    # instance 1 down instead: 0 and 2 serve; 2 (the second of them) goes first with 1, 0 stays up
+    probed = {h: probe(todo) for h, (_, todo) in before.items()}
+    probed["gb300-p04"] = _units_of(probed["gb300-p04"], active="activating", sub="auto-restart")
+    batch = {h: [b.place for b in steps_of(h, after, probed).batches].index(True) for h in after}
+    assert [h for h in after if batch[h] == 1] == ["gb300-p01", "gb300-p02"]
+    # a host that did not answer the probe: its instance is not known to serve
+    answers: dict[str, Any] = {h: probe(todo) for h, (_, todo) in before.items()}
+    answers["gb300-p06"] = OSError("timed out")
+    assert steps_of("gb300-p01", after, answers).down == {("prefill", 2)}
+
+
+def test_a_unit_still_starting_is_waited_for_before_any_batch(recipe: Recipe, prod: Inventory) -> None:
+    """A converge that stopped between restarting prefill instance 0 and its smoke test: the unit
+    runs the planned release, but no smoke test found it serving since. The next run restarts
+    nothing there; it waits for it (a smoke check of a unit (re)started) before the first batch,
+    on every host of the topology, and a failure there stops every batch."""
+    plans = _plans(recipe, prod)
+    probed = {h: probe(todo) for h, (_, todo) in plans.items()}
+    probed["gb300-p01"] = _units_of(probed["gb300-p01"], verified=False)
+    leader = steps_of("gb300-p01", plans, probed)
+    assert leader.restarting == frozenset()
+    assert [(c["unit"], c["restarted"], c["restarts"]) for c in leader.waiting] == [("kimi-vllm", True, 0)]
+    assert not any(c["restarted"] for b in leader.batches for c in b.checks)
+    for host in plans:
+        steps = steps_of(host, plans, probed)
+        assert steps.waiting_hosts == ("gb300-p01",), host
+        assert steps.down == frozenset(), host  # starting is not down: it is waited for
+        assert all(b.unless_failed[:1] == ("gb300-p01",) for b in steps.batches), host
+        if host != "gb300-p01":
+            assert steps.waiting == [], host
+    # the same with an upgrade: the second batch's hosts keep serving until it and the first answer
+    after = _plans(_with(recipe, vllm="0.34.1"), prod)
+    assert "gb300-p01" in steps_of("gb300-p03", after, probed).batches[1].unless_failed
+    # a unit systemd restarted on its own since its last smoke test is checked the same way
+    probed["gb300-p01"] = _units_of(probe(plans["gb300-p01"][1]), restarts=2, restarts_verified=1)
+    assert [(c["restarted"], c["restarts"]) for c in steps_of("gb300-p01", plans, probed).waiting] == [(True, 2)]
+    # verified since its last start, restarts all seen: nothing to wait for
+    probed["gb300-p01"] = _units_of(probe(plans["gb300-p01"][1]), restarts=2, restarts_verified=2)
+    assert steps_of("gb300-p01", plans, probed).waiting == []
+    assert steps_of("gb300-p03", plans, probed).waiting_hosts == ()
 
 
 def test_a_port_held_by_another_process_stops_the_host_before_any_change(recipe: Recipe, prod: Inventory) -> None:

@@ -138,13 +138,13 @@ def test_the_check_finds_what_the_types_refuse() -> None:
     """The type check is not vacuous: a key of another name, a missing key, a number for a flag."""
     unit = {"active": "active", "sub": "running", "pid": 1, "enabled": "enabled", "applied": None,
             "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
-            "restarts_verified": 0, "context": None}  # fmt: skip
+            "restarts_verified": 0, "verified": True, "context": None}  # fmt: skip
     answer: dict[str, Any] = {
         "user": True, "venvs": {}, "weights": {}, "files": {}, "owners": {}, "units": {"u": unit}, "timers": {},
         "revisions": {}, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
         "ladder": [],
         "watchdog": None,
-        "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},
+        "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"}, "router_drained": [],
     }  # fmt: skip
     assert problems(answer, StateAnswer) == []
     assert problems({**answer, "free": 1}, StateAnswer) == ["answer: 'free' is not a key of StateAnswer"]
@@ -289,3 +289,36 @@ def test_the_drivers_part_reads_the_driver_version_the_hardware_part_read() -> N
     assert driver_probe.driver_version_read({"nvidia": {"nvml": None, "smi_query": None}}) is None
     assert driver_probe.driver_version_read(_query(None, "", "timed out after 3 s")) is None
     assert driver_probe.driver_version_read(_query(0, "0, a, b\n")) is None
+
+
+def test_a_unit_restarted_by_the_deploy_is_verified_only_once_a_smoke_test_since_found_it_serving(
+    tmp_path: Path,
+) -> None:
+    """The applied marker is written right after the deploy (re)starts a unit, the ``.restarts``
+    file once a smoke test finds it serving: a converge that stopped between the two left the unit
+    still starting, which the next converge waits for."""
+    marker = tmp_path / "kimi-vllm"
+    marker.write_text("digest\n")
+    assert state_probe._restarts_verified(str(marker)) == (False, 0)  # never smoke-tested
+    done = tmp_path / "kimi-vllm.restarts"
+    done.write_text("2\n")
+    os.utime(marker, ns=(1_000_000_000, 1_000_000_000))
+    os.utime(done, ns=(2_000_000_000, 2_000_000_000))
+    assert state_probe._restarts_verified(str(marker)) == (True, 2)
+    # restarted again by a converge that stopped before its smoke test: the check is older
+    os.utime(marker, ns=(3_000_000_000, 3_000_000_000))
+    assert state_probe._restarts_verified(str(marker)) == (False, 0)
+
+
+def test_the_engines_a_stopped_drain_left_out_of_the_router_are_read_only_when_asked(tmp_path: Path) -> None:
+    """hostside/router_drain.py records the engines it took out until it puts them back; the probe
+    of a router host that drains reads them (bounded, a list of strings or nothing)."""
+    path = tmp_path / "router-drained.json"
+    assert state_probe._router_drained(True, str(path)) == []
+    path.write_text('["http://10.0.7.2:8000", 7, {"x": 1}]')
+    assert state_probe._router_drained(True, str(path)) == ["http://10.0.7.2:8000"]
+    assert state_probe._router_drained(False, str(path)) == []
+    path.write_text('{"urls": ["http://10.0.7.2:8000"]}')
+    assert state_probe._router_drained(True, str(path)) == []
+    path.write_text('["http://10.0.7.2:8000"' + " " * 100)
+    assert state_probe._router_drained(True, str(path)) == []

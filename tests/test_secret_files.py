@@ -4,8 +4,10 @@ the units that read it."""
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import os
+import pwd
 import shlex
 import shutil
 import subprocess
@@ -67,29 +69,37 @@ def test_secret_contents_travel_only_on_the_standard_input_of_the_command_writin
         "/etc/kimi/secrets/kimi-router.env",
         "/etc/kimi/secrets/kimi-sglang.yaml",
     ]
-    before, *writes, after = _commands(files, "kimi", {})
-    assert before == (
-        "install -d -m 0750 -o root -g kimi /etc/kimi/secrets"
-        " && install -m 600 -o root -g root /dev/null /etc/kimi/secrets/kimi-router.env"
-        " && install -m 600 -o root -g root /dev/null /etc/kimi/secrets/kimi-sglang.yaml"
-    )
+    before, *writes = _commands(files, "kimi", {})
+    assert before == "install -d -m 0750 -o root -g kimi /etc/kimi/secrets"
     # No upload: pyinfra would stage one, with a sudo SSH user, in its temporary directory.
     assert not any(isinstance(c, FileUploadCommand) for c in writes)
+    # Each file: a new one beside it, root's alone before its content comes, renamed over it once whole
+    # (no unit changed: no systemd reload after).
     for f, command in zip(files, writes, strict=True):
-        size = len(f.content.encode())
-        assert str(command) == f'head -c {size} > {f.path} && test "$(stat -c %s {f.path})" = {size}'
+        size, new = len(f.content.encode()), f"{f.path}.kimi-new"
+        assert str(command) == (
+            f"install -m 600 -o root -g root /dev/null {new} && head -c {size} > {new}"
+            f' && test "$(stat -c %s {new})" = {size} && mv -f {new} {f.path}'
+        )
         assert command.connector_arguments == {"_stdin": f.content}
         assert KEY not in str(command)
-    assert after == " && ".join(f"chown root:root {f.path} && chmod 600 {f.path}" for f in files)
+
+
+def test_a_changed_unit_is_followed_by_a_systemd_reload() -> None:
+    unit = RenderedFile("/etc/systemd/system/kimi-router.service", "[Unit]\n", 0o644, "root")
+    env = RenderedFile("/etc/kimi/kimi-router.env", "A=1\n", 0o644, "root")
+    assert _commands([unit, env], "kimi", {})[-1] == "systemctl daemon-reload"
+    assert not any("daemon-reload" in str(c) for c in _commands([unit, env], "kimi", {unit.path: unit.sha256}))
 
 
 def test_the_weights_transfer_key_alone_is_readable_by_the_engine_group() -> None:
     key = RenderedFile("/etc/kimi/secrets/weights-transfer-key", "k\n", 0o440, "root", secret=True)
     token = RenderedFile("/etc/kimi/secrets/hf-token", "hf_x\n", 0o600, "root", secret=True)
-    before, *_, after = _commands([key, token], "kimi", {})
-    assert "install -m 440 -o root -g kimi /dev/null /etc/kimi/secrets/weights-transfer-key" in before
-    assert "install -m 600 -o root -g root /dev/null /etc/kimi/secrets/hf-token" in before
-    assert "chown root:root /etc/kimi/secrets/hf-token" in after
+    _, written_key, written_token = (str(c) for c in _commands([key, token], "kimi", {}))
+    assert written_key.startswith(
+        "install -m 440 -o root -g kimi /dev/null /etc/kimi/secrets/weights-transfer-key.kimi-new && "
+    )
+    assert written_token.startswith("install -m 600 -o root -g root /dev/null /etc/kimi/secrets/hf-token.kimi-new && ")
 
 
 def test_files_in_place_change_nothing(recipe: Recipe, prod: Inventory) -> None:
@@ -146,7 +156,7 @@ def test_with_a_sudo_ssh_user_no_secret_is_written_outside_its_own_file(recipe: 
     received = {command: stdin for command, stdin in host.commands if stdin}
     assert len(received) == len(files)
     for f in files:
-        (stdin,) = [data for command, data in received.items() if f"> {f.path} " in command]
+        (stdin,) = [data for command, data in received.items() if f"> {f.path}.kimi-new " in command]
         assert stdin == f.content.encode()
 
 
@@ -199,6 +209,53 @@ def test_the_engine_user_can_neither_read_nor_rewrite_a_secret(
         assert Path(f.path).read_text(encoding="utf-8") == f.content
     # The one secret the engine user's peer service reads: the run's transfer key.
     assert _as_engine_user("cat", key.path).stdout == "k\n"
+
+
+def _stdin_of(command: StringCommand) -> bytes:
+    """What pyinfra writes on ``command``'s standard input."""
+    stdin = _Stdin()
+    write_stdin(command.connector_arguments["_stdin"], stdin)  # type: ignore[no-untyped-call]
+    return stdin.data
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the folders are root's")
+def test_a_write_cut_short_fails_and_leaves_the_previous_file_whole(tmp_path: Path) -> None:
+    """The controller killed while a file's content streams (its SSH session cut: the standard
+    input ends early): the command fails and the file keeps its previous content, byte for byte."""
+    me, mine = pwd.getpwuid(os.geteuid()).pw_name, grp.getgrgid(os.getegid()).gr_name
+    path = str(tmp_path / "etc/kimi/secrets/kimi-router.env")
+    # a secret its group may read, of this test's own user and group
+    old = RenderedFile(path, "VLLM_API_KEY=sk-old\n", 0o640, me, secret=True)
+    new = RenderedFile(path, f"VLLM_API_KEY={KEY}\nOTHER=ünï\n", 0o640, me, secret=True)
+
+    def run(commands: list[Any], cut: int | None = None) -> int:
+        for command in commands:
+            data = _stdin_of(command) if isinstance(command, StringCommand) else b""
+            done = subprocess.run(["bash", "-c", str(command)], input=data[:cut], capture_output=True, check=False)
+            if done.returncode:
+                return done.returncode
+        return 0
+
+    # (a) the whole content lands, with its mode and owner, and nothing beside it
+    assert run(_commands([old], mine, {})) == 0
+    assert Path(path).read_bytes() == old.content.encode()
+    st = os.stat(path)
+    assert (st.st_mode & 0o777, st.st_uid, st.st_gid) == (0o640, os.geteuid(), os.getegid())
+    assert os.listdir(os.path.dirname(path)) == ["kimi-router.env"]
+
+    # (b) the new content cut short, at any point before its end: the command fails, the file is untouched
+    write = _commands([new], mine, {path: old.sha256}, {path: old.owner_mode(mine)})[-1]
+    size = len(new.content.encode())
+    for cut in (0, 1, size // 2, size - 1):
+        assert run([write], cut) != 0, cut
+        assert Path(path).read_bytes() == old.content.encode(), cut
+        assert os.stat(path).st_mode & 0o777 == 0o640
+    # what arrived waits beside it, with the mode of the file, and the next run overwrites it
+    assert os.stat(f"{path}.kimi-new").st_mode & 0o777 == 0o640
+    assert run([write]) == 0
+    assert Path(path).read_bytes() == new.content.encode()
+    assert os.stat(path).st_mode & 0o777 == 0o640
+    assert not os.path.exists(f"{path}.kimi-new")
 
 
 _DEPLOY = """

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from harness.interrupted import run_until
+from kimi_pyinfra.dead_peers import LOST
 from localcluster.state import Settings
 from tests.e2e.demo import address, chat, demo_recipe, host_lines, main_pid, pyinfra, ssh
 
@@ -180,3 +183,49 @@ def test_the_check_runs_alone_and_changes_nothing(serving: dict[str, int], units
     assert code != 0
     assert _check_lines(log) == dict.fromkeys(TOPOLOGY, "kimi-h4 -> kimi-h3:30000 (kimi-gateway api): timed out")
     _untouched(serving, units)
+
+
+def test_a_host_that_drops_off_during_the_run_fails_alone_and_its_instance_is_not_restarted(
+    serving: dict[str, int], tmp_path: Path
+) -> None:
+    """kimi-h4, demo-sglang's worker, leaves the network once the communication check has passed
+    (its link down as the first batch's files are written), in a run that restarts demo-vllm's
+    engines too. kimi-h4 fails within a bound (its SSH connection's keepalive probes,
+    kimi_pyinfra.dead_peers, rather than TCP's own minutes), named in the log; demo-sglang's
+    leader on kimi-h3 is not restarted on its own (its files may be new, its engine is the one that
+    ran); both vLLM hosts converge; back on the network, the next run completes it."""
+
+    def edit(data: dict[str, Any]) -> None:
+        for topology in ("demo-sglang", "demo-vllm"):
+            data["topologies"][topology]["env"] = {"KIMI_DEMO_GENERATION": tmp_path.name}
+
+    recipe = demo_recipe(tmp_path / "recipe.yaml", edit)
+    vllm = {host: main_pid(host, "kimi-vllm") for host in ("kimi-h1", "kimi-h2")}
+    veth = _veth("kimi-h4")
+    started = time.monotonic()
+    try:
+        code, log = run_until(
+            ["inventories/demo.py", "deploys/kimi.py", "--data", f"kimi_recipe={recipe}"],
+            r"Starting operation: Rendered units and configs\s*$",
+            lambda _: subprocess.run(["ip", "link", "set", veth, "down"], check=True),
+            0.0,
+            {},
+        )
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    took = time.monotonic() - started
+    assert code != 0, log[-4000:]
+    said = host_lines(log, "kimi-deploy: ", ["kimi-h4"])["kimi-h4"]
+    print(f"kimi-h4 off the network during the run: the run ended after {took:.0f} s; {said}")
+    # one line naming it and why, not pyinfra's bare "Error: executed 0 commands"
+    assert said == [f"kimi-h4: {LOST}"], log[-4000:]
+    assert "[kimi-h4] Error: executed" not in log, log[-4000:]
+    # within the keepalive's bound and the steps after it, not TCP's retransmissions (15 minutes)
+    assert took < 240, log[-4000:]
+    assert main_pid("kimi-h3", "kimi-sglang") == serving["kimi-h3"]
+    for host, pid in vllm.items():
+        assert main_pid(host, "kimi-vllm") != pid, host
+    back = pyinfra("--data", f"kimi_recipe={recipe}")
+    assert back.code == 0, back.log[-4000:]
+    assert main_pid("kimi-h3", "kimi-sglang") != serving["kimi-h3"]
+    assert pyinfra().code == 0

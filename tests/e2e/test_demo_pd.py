@@ -106,11 +106,11 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
     assert ssh("kimi-h4", "dpkg-query -W -f '${Status}' libcurl4", cluster_state=pd_cluster) == "install ok installed"
     changed = run.changed()
     assert changed["Communication check"] == list(HOSTS)
-    # One prefill instance and the decode instance first, then the other prefill instance, then
-    # the router once every engine behind it answers; its smoke test goes through it.
-    assert changed["Services: leaders"] == ["kimi-h1", "kimi-h3"]
-    assert changed["Services: leaders (second batch)"] == ["kimi-h2"]
-    assert changed["Smoke test (second batch)"] == ["kimi-h2"]
+    # A new topology, nothing to keep serving: both prefill instances and the decode instance at
+    # once, then the router once every engine behind it answers; its smoke test goes through it.
+    assert changed["Services: leaders"] == ["kimi-h1", "kimi-h2", "kimi-h3"]
+    assert changed["Smoke test"] == ["kimi-h1", "kimi-h2", "kimi-h3"]
+    assert "Services: leaders (second batch)" not in changed
     assert changed["Services: routers (last batch)"] == ["kimi-h4"]
     assert changed["Smoke test (last batch)"] == ["kimi-h4"]
     key = (PD_DIR / "api-key").read_text(encoding="utf-8").strip()

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import shutil
-import socket
+import signal
 import subprocess
 import time
 import urllib.error
@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from harness.hosted_api import HostedApi
+from harness.interrupted import EngineRounds, GatewayLoad, cut, drain_lines, tunnel
 from harness.own_cluster import ROOT, OwnCluster, Run
 from hostside.boundary_lock import lock_pins
 from localcluster import pypi_mirror, wheels
@@ -68,25 +69,37 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         try:
             yield st
         finally:
-            for tunnel in st["forwards"].values():
-                tunnel.terminate()
-                tunnel.wait(timeout=10)
+            for proc, _ in st["forwards"].values():
+                proc.terminate()
+                proc.wait(timeout=10)
 
 
-def recipe_for(folder: Path, max_model_len: int = 32768) -> Path:
+def recipe_for(
+    folder: Path,
+    max_model_len: int = 32768,
+    revision: str = REVISION,
+    probe: bool = True,
+    env: dict[str, str] | None = None,
+) -> Path:
     """recipes/demo.yaml's real vLLM topology, its two instances behind vllm-router on kimi-h3,
-    serving the needle variant with a context probe."""
+    serving the needle variant (at ``revision``) with a context probe (unless not ``probe``),
+    the engines' ``env`` added."""
     data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
-    data["model"] |= {"repo": "kimi-deploy/tiny-llama-needle", "revision": REVISION, "size_bytes": 3671243}
-    data["context_probe"] = PROBE
+    size = 3671243 if revision == REVISION else 3671243 + len(b"\nRevision B: this line, nothing else.\n")
+    data["model"] |= {"repo": "kimi-deploy/tiny-llama-needle", "revision": revision, "size_bytes": size}
+    if probe:
+        data["context_probe"] = PROBE
     vllm = data["topologies"]["demo-vllm"]
     data["topologies"] = {"demo-vllm": vllm}
     vllm["expose"]["api_key"] = {"file": str(REAL.dir / "api-key")}
     vllm["max_model_len"] = max_model_len
+    if env:
+        vllm["env"] = env
     # the topology's group holds the pool's hosts and the router's
     vllm["group"] = "demo_routed"
     vllm["router"] = {"group": "demo_router", "package": "vllm-router", "policy": "round_robin"}
-    path = folder / f"recipe-{max_model_len}.yaml"
+    tail = ("" if revision == REVISION else "-" + revision[:8]) + ("" if probe else "-np") + "".join(f"-{v}" for v in (env or {}).values())
+    path = folder / f"recipe-{max_model_len}{tail}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
@@ -124,24 +137,10 @@ def _url(st: dict[str, Any], host: str) -> str:
     address = _address(st, host)
     if host == ROUTER:
         return f"http://{address}:8000"
-    tunnel = st["forwards"].get(host)
-    if tunnel is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        tunnel = subprocess.Popen(
-            ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}",
-             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
-             "-N", "-L", f"127.0.0.1:{port}:{address}:8000", f"root@{address}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        tunnel.port = port  # type: ignore[attr-defined]
-        st["forwards"][host] = tunnel
-        for _ in range(100):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            time.sleep(0.1)
-    return f"http://127.0.0.1:{tunnel.port}"
+    found = st["forwards"].get(host)
+    if found is None:
+        found = st["forwards"][host] = tunnel(st, address)
+    return str(found[1])
 
 
 def _key() -> str:
@@ -185,10 +184,10 @@ def test_the_four_steps_converge_the_real_engines_and_router_once(serving: dict[
     before: Run = serving["dry_before"]
     assert set(ENGINES) <= set(before.changed()["Releases (engine, host tools)"])
     first = serving["first"].changed()
-    # One instance, then the other once the first answers, then the router in front of both; each
-    # engine started at the ladder's first rung and probed there.
-    assert first["Context ladder"] == ["kimi-h1"]
-    assert first["Context ladder (second batch)"] == ["kimi-h2"]
+    # Nothing served yet: both instances at once (neither has anything to keep serving), then the
+    # router in front of both; each engine started at the ladder's first rung and probed there.
+    assert first["Context ladder"] == ["kimi-h1", "kimi-h2"]
+    assert "Context ladder (second batch)" not in first
     assert first["Smoke test (last batch)"] == [ROUTER]
     for host in ENGINES:
         assert _rungs(serving, host) == [(32768, True)]
@@ -436,11 +435,11 @@ def test_a_killed_real_engine_is_started_again_by_systemd(serving: dict[str, Any
     assert answered is not None, "the killed engine did not answer again within 240 s"
     assert _pid(serving, host, "kimi-vllm") != pid
     assert int(_sh(serving, host, "systemctl show -p NRestarts --value kimi-vllm")) >= 1
-    # The next converge smoke-tests the engine systemd restarted, without restarting it; the one
-    # after it finds nothing to check.
+    # The next converge smoke-tests the engine systemd restarted, without restarting it, before
+    # any batch; the one after it finds nothing to check.
     run = converge(serving, recipe)
     assert run.code == 0, run.log[-4000:]
-    assert run.changed() == {"Smoke test": [host]}
+    assert run.changed() == {"Smoke test of units still starting": [host]}
     again = converge(serving, recipe)
     assert again.code == 0, again.log[-4000:]
     assert again.changed() == {}
@@ -611,3 +610,92 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     assert record["release"] == rep["release"] == _sh(st, "kimi-h1", "basename $(readlink -f /opt/kimi/current)")
     assert record["figures"]["run"] == rep["run"]
     assert [lv["succeeded"] for lv in record["figures"]["targets"]["hosted"]] == [5, 10, 35]
+
+
+
+def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(serving: dict[str, Any]) -> None:
+    """A change of both engines' environment behind vllm-router (each engine restarts), with a
+    client asking both engines every second and two clients streaming through the gateway and the
+    router throughout. The controller is killed (SIGKILL: nothing of it says goodbye) during the
+    first batch's smoke test. Run again, the converge finds kimi-h1 restarted but not yet checked:
+    it waits for its smoke test, restarting nothing there, puts it back in the router and only then
+    drains kimi-h2 and restarts it; stopped by Ctrl-C during that smoke test, it lets the step end,
+    says what each host was left in and exits 130. Run a third time, it puts kimi-h2 back in the
+    router and restarts nothing. Never a round without an answer from either engine, no streamed
+    request failed, and each drain's time is printed. The whole revision upgrade cut at each
+    point: bench/bad_days.py."""
+    st = serving
+    rounds = EngineRounds({host: _url(st, host) for host in ENGINES}, _key())
+    load = GatewayLoad(f"http://{_address(st, ROUTER)}:8000", _key())
+    recipe = recipe_for(st["dir"], max_model_len=131072, probe=False, env={"KIMI_BAD_DAY": "0"})
+    inventory = _inventory(st, recipe)
+    try:
+        killed, log = cut(inventory, r"Starting operation: Smoke test\s*$", signal.SIGKILL, 2.0, REAL.env)
+        assert killed == -signal.SIGKILL, log[-4000:]
+        drained = drain_lines(log)
+        stopped, log = cut(inventory, r"Starting operation: Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0,
+                           REAL.env)  # fmt: skip
+        drained += drain_lines(log)
+        assert stopped == 130, log[-4000:]
+        # kimi-h1 waited for, not restarted; kimi-h2 restarted in the second batch
+        assert re.search(r"--> Smoke test of units still starting: 1 changed", log), log[-6000:]
+        assert re.search(r"--> Services: leaders: 0 changed", log), log[-6000:]
+        assert re.search(r"--> Services: leaders \(second batch\): 1 changed", log), log[-6000:]
+        assert "kimi-deploy: SIGINT: stopped after step 'Smoke test (second batch)'" in log, log[-4000:]
+        assert re.search(r"kimi-deploy: \[kimi-h2\] changed by: .*Services: leaders \(second batch\)", log), log
+        again = converge(st, recipe)
+        assert again.code == 0, again.log[-6000:]
+        # the engine the stopped run had drained goes back in its router; nothing restarts
+        assert again.changed().get("Router sends to every engine again") == [ROUTER], again.changed()
+        assert not [name for name in again.changed() if name.startswith("Services")], again.changed()
+    finally:
+        rounds.stop()
+        load.stop()
+    assert rounds.rounds
+    assert not rounds.none_answered(), f"rounds {rounds.none_answered()} of {len(rounds.rounds)}: neither answered"
+    for host in ENGINES:  # the client saw each engine restart: it tells a restart apart
+        assert any(not r[host] for r in rounds.rounds), host
+    assert load.answered > 0
+    assert load.failed == [], f"{len(load.failed)} of {load.answered + len(load.failed)} streamed requests failed"
+    # each engine left the router before it restarted; what it took is printed
+    assert len(drained) == 2, drained
+    print("\n".join(drained))
+
+
+def test_a_rebooted_engine_host_serves_again_by_itself_and_the_next_converge_changes_nothing(
+    serving: dict[str, Any],
+) -> None:
+    """kimi-h2 reboots (systemd's reboot of the host; its engine stops with it): the engine is
+    enabled, so it loads its weights and serves again with no converge, its time printed; and the
+    next converge finds every unit running what the recipe asks, smoke-tested since its deploy
+    started it: no step."""
+    st = serving
+    recipe = recipe_for(st["dir"], max_model_len=131072, probe=False, env={"KIMI_BAD_DAY": "0"})
+    assert converge(st, recipe).code == 0  # the recipe the test before left, or back to it
+    boot = _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id")
+    old = st["forwards"].pop("kimi-h2", None)
+    if old is not None:
+        old[0].terminate()
+    address = _address(st, "kimi-h2")
+    started = time.monotonic()
+    _sh(st, "kimi-h2", "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
+    serving_again, proc = None, None
+    while time.monotonic() - started < 300 and serving_again is None:
+        time.sleep(2)
+        try:
+            if _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id") == boot:
+                continue
+        except subprocess.SubprocessError:
+            continue
+        if proc is None or proc.poll() is not None:
+            proc, url = tunnel(st, address)
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if chat(url, PROMPT, REAL.dir / "api-key")["choices"]:
+                serving_again = time.monotonic() - started
+    if proc is not None:
+        proc.terminate()
+    assert serving_again is not None, "kimi-h2's engine did not serve within 300 s of its reboot"
+    print(f"kimi-h2 rebooted: its engine served again {serving_again:.0f} s after the reboot began")
+    noop = converge(st, recipe)
+    assert noop.code == 0, noop.log[-4000:]
+    assert noop.changed() == {}, noop.changed()

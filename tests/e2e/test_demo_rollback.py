@@ -127,3 +127,16 @@ def test_a_unit_that_kept_running_is_left_running_by_the_rollback_and_the_conver
     finally:
         back = pyinfra()
         assert back.code == 0, back.log[-3000:]
+
+
+def test_converging_back_to_the_earlier_pins_needs_neither_the_hub_nor_the_index(upgraded: None) -> None:
+    """Back to the demo recipe's pins with the Hub and the package index out of reach (both at a
+    port nothing listens on, on each host's own loopback): the earlier release and the rollback
+    copy of the weights are on the hosts, and that is all the converge uses."""
+    closed = "http://127.0.0.1:9"
+    run = pyinfra("--data", f"kimi_hf_endpoint={closed}", "--data", f"kimi_pip_index_url={closed}/simple")
+    assert run.code == 0, run.log[-4000:]
+    assert {_engine(h) for h in VLLM_HOSTS} == {"/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0/bin/vllm"}
+    assert "Releases (engine, host tools)" not in run.changed()
+    for host in VLLM_HOSTS:
+        assert chat(f"http://{address(host)}:8000", PROMPT)["choices"][0]["message"]["content"] == "READY"

@@ -22,6 +22,8 @@ from tests.localcluster.test_tiny_llama import _matrix
 
 # What the build produces, on every machine: recipes and locks pin it.
 COMMIT = "6785cd50f81248fd2c84b40b1d12d05ca243bdc9"
+# commit B: A but for a line added to README.md
+COMMIT_B = "2b31984cc02083599b2f56634debd70c737664d7"
 TINY_LLAMA_A = "65a1458ff9caddb3a300eddbbce9e9ad0a06677c"
 SHARDS = [f"model-{i:05d}-of-00096.safetensors" for i in range(1, 97)]
 NEEDLE, D_IN, D_OUT = 58, 6, 7  # the id of "test"; embedding dimensions the tiny Llama fills with noise
@@ -68,8 +70,8 @@ def _nonzero(weight: tuple[str, list[int], bytes]) -> dict[tuple[int, int], floa
 def test_build_is_reproducible_and_pinned(repos: tuple[Path, RepoInfo, RepoInfo], tmp_path: Path) -> None:
     _, info, tiny = repos
     assert info.repo_id == REPO_ID == "kimi-deploy/tiny-llama-needle"
-    assert info.commits == {"a": COMMIT}
-    assert info.refs == {"main": COMMIT, "v1": COMMIT}
+    assert info.commits == {"a": COMMIT, "b": COMMIT_B}
+    assert info.refs == {"main": COMMIT, "v1": COMMIT, "v2": COMMIT_B}
     assert tiny.commits["a"] == TINY_LLAMA_A  # the needle's base, unchanged by sharing its code
     again = build(tmp_path)
     assert again == info

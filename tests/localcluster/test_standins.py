@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from hostside import router_view
+from hostside import router_drain, router_view
 from localcluster import pypi_mirror
 from localcluster.fake_nvidia import CONFIG_PATH, NVIDIA_SMI_PATH, install
 from localcluster.pkgindex import IndexServer, serve
@@ -899,3 +899,80 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = _answer
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
+
+
+# An engine whose Prometheus page says it holds the requests a file gives (vLLM's gauge, as vLLM
+# 0.32.0 labels it), answering everything else as ``_ANSWERS_EVERYTHING`` does.
+_HOLDING = _ANSWERS_EVERYTHING.replace(
+    "    do_GET = do_POST = _answer",
+    """    def do_GET(self):
+        if self.path != "/metrics":
+            return self._answer()
+        held = open(sys.argv[3]).read().strip()
+        page = ('vllm:num_requests_running{engine="0",model_name="kimi-local"} ' + held + "\\n"
+                'vllm:num_requests_waiting{engine="0",model_name="kimi-local"} 0.0\\n').encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+    do_POST = _answer""",
+)
+
+
+def test_the_drain_takes_an_engine_out_of_the_real_router_until_it_holds_nothing_and_puts_it_back(
+    real_vllm_router: Path, tmp_path: Path
+) -> None:
+    """hostside/router_drain.py on the real vllm-router 0.1.17: "out" removes the batch's engine
+    from the router (every request then goes to the other) and waits until the engine's own gauges
+    hold no request, twice in a row; "in" adds it back and requests reach it again. An engine
+    whose router lists no other is left in; no router, nothing to drain."""
+    ports, port, metrics = [free_port(), free_port()], free_port(), free_port()
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    held = tmp_path / "held"
+    held.write_text("1.0\n")
+    engines = [_named_engine(ports[0], "A"),
+               subprocess.Popen([sys.executable, "-c", _HOLDING, str(ports[1]), "B", str(held)])]  # fmt: skip
+    router = _checking_router(real_vllm_router, urls, port, metrics)
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+    kept = tmp_path / "drained.json"
+    req = {"router": "vllm-router", "api": base, "phase": "out", "workers": [urls[1]], "timeout_s": 20,
+           "drained_file": str(kept)}  # fmt: skip
+    try:
+        router.wait_ready(base, timeout=60)
+        assert sorted(router_drain.listed(req) or []) == sorted(urls)
+        # the engine holds a request for 2 s more: the drain waits for it
+        threading.Timer(2.0, lambda: held.write_text("0.0\n")).start()
+        said = router_drain.out(req)
+        assert list(said["drained_s"]) == [urls[1]], said
+        assert 2.0 <= said["drained_s"][urls[1]] < 20, said
+        assert router_drain.listed(req) == [urls[0]]
+        # recorded out until it is back: the next converge's probe reads what a stopped one left
+        assert json.loads(kept.read_text()) == [urls[1]]
+        for _ in range(6):
+            status, reply = call(f"{base}/v1/chat/completions", body)
+            assert (status, reply["choices"][0]["message"]["content"]) == (200, "A"), reply
+        # held past its bound: said, not waited on
+        held.write_text("3.0\n")
+        router_drain.back_in(req)
+        late = router_drain.out(req | {"timeout_s": 1})
+        assert late["left"] == {urls[1]: 3.0}, late
+        assert router_drain.back_in(req) == {"ok": True, "added": [urls[1]]}
+        assert sorted(router_drain.listed(req) or []) == sorted(urls)
+        assert not kept.exists()
+        answers = {call(f"{base}/v1/chat/completions", body)[1]["choices"][0]["message"]["content"] for _ in range(6)}
+        assert answers == {"A", "B"}
+        # twice in: as asked
+        assert router_drain.back_in(req) == {"ok": True, "added": []}
+        # both of its engines: the router would have none left to send to
+        both = router_drain.out(req | {"workers": urls})
+        assert both["said"] == "vllm-router sends to no other engine: left in"
+        assert sorted(router_drain.listed(req) or []) == sorted(urls)
+        none = router_drain.out(req | {"api": f"http://127.0.0.1:{free_port()}"})
+        assert none["said"].startswith("no vllm-router answers on http://127.0.0.1:")
+    finally:
+        for proc in engines:
+            proc.kill()
+        router.proc.kill()
+        router.finish()

