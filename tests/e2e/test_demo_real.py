@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +36,7 @@ import pytest
 import yaml
 
 from harness.hosted_api import HostedApi
-from harness.interrupted import EngineRounds, GatewayLoad, cut, drain_lines, tunnel
+from harness.interrupted import tunnel
 from harness.own_cluster import ROOT, OwnCluster, Run
 from hostside.boundary_lock import lock_pins
 from localcluster import pypi_mirror, wheels
@@ -610,68 +609,4 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     assert record["figures"]["run"] == rep["run"]
     assert [lv["succeeded"] for lv in record["figures"]["targets"]["hosted"]] == [5, 10, 35]
 
-
-
-def _said(log: str) -> str:
-    """What a failed run's hosts said (their ``kimi-deploy:`` lines and what follows them), and the
-    log's end."""
-    said = [line for line in log.splitlines() if "kimi-deploy:" in line or re.match(r"\s*\[[^\]]+\]     ", line)]
-    return "\n".join(said[-60:]) + "\n...\n" + log[-3000:]
-
-
-def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(serving: dict[str, Any]) -> None:
-    """A change of both engines' environment behind vllm-router (each engine restarts), with a
-    client asking both engines every second and two clients streaming through the gateway and the
-    router throughout. The controller is killed (SIGKILL: nothing of it says goodbye) during the
-    first batch's smoke test. Run again (once kimi-h1's engine answers), the converge finds kimi-h1
-    restarted but not yet checked:
-    it waits for its smoke test, restarting nothing there, puts it back in the router and only then
-    drains kimi-h2 and restarts it; stopped by Ctrl-C during that smoke test, it lets the step end,
-    says what each host was left in and exits 130. Run a third time, it puts kimi-h2 back in the
-    router and restarts nothing. Never a round without an answer from either engine, no streamed
-    request failed, and each drain's time is printed. The whole revision upgrade cut at each
-    point: bench/bad_days.py."""
-    st = serving
-    rounds = EngineRounds({host: _url(st, host) for host in ENGINES}, _key())
-    load = GatewayLoad(f"http://{_address(st, ROUTER)}:8000", _key())
-    recipe = recipe_for(st["dir"], max_model_len=131072, probe=False, env={"KIMI_BAD_DAY": "0"})
-    inventory = _inventory(st, recipe)
-    try:
-        killed, log = cut(inventory, r"Starting operation: Smoke test\s*$", signal.SIGKILL, 2.0, REAL.env)
-        assert killed == -signal.SIGKILL, _said(log)
-        drained = drain_lines(log)
-        # kimi-h1's engine loads (compiling, minutes on two cores shared with the suite): the next
-        # run is started once it answers, as its smoke test was cut short; the run still finds it
-        # not smoke-tested since its restart. (Started during the load, the run's communication
-        # check competes with the compiler for the cores.)
-        deadline = time.monotonic() + 600
-        while not (rounds.rounds and rounds.rounds[-1]["kimi-h1"]) and time.monotonic() < deadline:
-            time.sleep(1)
-        stopped, log = cut(inventory, r"Starting operation: Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0,
-                           REAL.env)  # fmt: skip
-        drained += drain_lines(log)
-        assert stopped == 130, _said(log)
-        # kimi-h1 waited for, not restarted; kimi-h2 restarted in the second batch
-        assert re.search(r"--> Smoke test of units still starting: 1 changed", log), log[-6000:]
-        assert re.search(r"--> Services: leaders: 0 changed", log), log[-6000:]
-        assert re.search(r"--> Services: leaders \(second batch\): 1 changed", log), log[-6000:]
-        assert "kimi-deploy: SIGINT: stopped after step 'Smoke test (second batch)'" in log, log[-4000:]
-        assert re.search(r"kimi-deploy: \[kimi-h2\] changed by: .*Services: leaders \(second batch\)", log), log
-        again = converge(st, recipe)
-        assert again.code == 0, again.log[-6000:]
-        # the engine the stopped run had drained goes back in its router; nothing restarts
-        assert again.changed().get("Router sends to every engine again") == [ROUTER], again.changed()
-        assert not [name for name in again.changed() if name.startswith("Services")], again.changed()
-    finally:
-        rounds.stop()
-        load.stop()
-    assert rounds.rounds
-    assert not rounds.none_answered(), f"rounds {rounds.none_answered()} of {len(rounds.rounds)}: neither answered"
-    for host in ENGINES:  # the client saw each engine restart: it tells a restart apart
-        assert any(not r[host] for r in rounds.rounds), host
-    assert load.answered > 0
-    assert load.failed == [], f"{len(load.failed)} of {load.answered + len(load.failed)} streamed requests failed"
-    # each engine left the router before it restarted; what it took is printed
-    assert len(drained) == 2, drained
-    print("\n".join(drained))
 
