@@ -4,7 +4,7 @@ Input: one argument, base64 of zlib-compressed JSON: {"router" (its package, nam
 printed), "api" (the router's own API on loopback, ``http://127.0.0.1:PORT``), "phase" ("out" or
 "in"), "workers" (the URLs the router knows the engines by), "timeout_s" (the most a drain
 waits for the requests in flight), "drained_file" (where the engines taken out are recorded,
-``DRAINED`` when absent)}.
+``ROUTER_DRAINED`` when absent)}.
 
 "out": each listed engine the router lists is removed from it (vllm-router's ``POST
 /remove_worker?url=``: the router sends it no new request, and the requests it already sent run to
@@ -15,7 +15,7 @@ later), at most ``timeout_s``. An engine whose router lists no other engine is l
 its clients would get the router's 503 rather than a wait. Exit 0 with the time each engine took to
 drain (what it still held after ``timeout_s``, said, is cut by its restart).
 
-Before it removes any, "out" records them in ``DRAINED``; "in" drops them from it once the router
+Before it removes any, "out" records them in ``ROUTER_DRAINED``; "in" drops them from it once the router
 lists them again: a converge that stopped in between leaves the next one (its probe reads the file)
 the engines to put back.
 
@@ -43,7 +43,7 @@ from typing import Any
 
 from hostside.boundary_http import Unanswered, ask
 from hostside.boundary_json import loads
-from hostside.host_dirs import STATE_DIR
+from hostside.host_dirs import ROUTER_DRAINED
 
 MAX_BYTES = 4 << 20
 REQUEST_S = 5.0
@@ -52,13 +52,11 @@ ADD_S = 60.0
 POLL_S = 0.5
 # the engine's gauges of the requests it holds
 IN_FLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-# the engines taken out and not yet put back (hostside/state_probe.py reads it)
-DRAINED = f"{STATE_DIR}/router-drained.json"
 
 
 def _kept(req: dict[str, Any]) -> list[str]:
     try:
-        with open(req.get("drained_file") or DRAINED, "rb") as f:
+        with open(req.get("drained_file") or ROUTER_DRAINED, "rb") as f:
             found = loads(f.read(MAX_BYTES), "the drained engines' file")
     except (OSError, ValueError):
         return []
@@ -67,7 +65,7 @@ def _kept(req: dict[str, Any]) -> list[str]:
 
 def _keep(req: dict[str, Any], urls: list[str]) -> None:
     """Record ``urls`` as out of the router (none: remove the record), replacing the file whole."""
-    path = req.get("drained_file") or DRAINED
+    path = req.get("drained_file") or ROUTER_DRAINED
     if not urls:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import zlib
 
-from hostside.host_dirs import STATE_DIR
+from hostside.host_dirs import ROUTER_DRAINED, STATE_DIR
 from hostside.shared_queries import blocks, file_sha256, owner_mode
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
@@ -487,7 +487,7 @@ def probe(request: dict[str, Any]) -> StateAnswer:
     return result
 
 
-def _router_drained(asked: bool, path: str = f"{STATE_DIR}/router-drained.json", most: int = 1 << 20) -> list[str]:
+def _router_drained(asked: bool, path: str = ROUTER_DRAINED, most: int = 1 << 20) -> list[str]:
     """The engines a drain took out of this host's router and did not put back
     (``hostside/router_drain.py`` keeps them in ``path`` between the two): a converge that stopped
     in between left them out. Empty when not asked (no router that drains here) or none."""

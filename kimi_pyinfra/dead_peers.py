@@ -46,9 +46,7 @@ def limit(sock: socket.socket) -> None:
 def bound(host: Any) -> bool:
     """``limit`` the socket of ``host``'s SSH connection; False when it has none (not connected,
     or not over TCP: the local connector, a proxy command)."""
-    client = getattr(getattr(host, "connector", None), "client", None)
-    transport = client.get_transport() if client is not None else None
-    sock = getattr(transport, "sock", None)
+    sock = getattr(_transport(host), "sock", None)
     if not isinstance(sock, socket.socket) or sock.type != socket.SOCK_STREAM or sock.family == socket.AF_UNIX:
         return False
     limit(sock)
@@ -70,8 +68,13 @@ def bound(host: Any) -> bool:
     return True
 
 
+def _transport(host: Any) -> Any:
+    """paramiko's transport of ``host``'s SSH connection, None when it has none."""
+    client = getattr(getattr(host, "connector", None), "client", None)
+    return client.get_transport() if client is not None else None
+
+
 def lost(host: Any) -> bool:
     """Whether ``host``'s SSH connection was made and is closed now."""
-    client = getattr(getattr(host, "connector", None), "client", None)
-    transport = client.get_transport() if client is not None else None
+    transport = _transport(host)
     return transport is not None and not transport.is_active()
