@@ -61,6 +61,9 @@ if steps.refusal is not None:
 # What changed on the host since the deploy left it, named before it is repaired.
 for line in drift(todo, found, [*todo.files, *todo.release.files, *([steps.hub_token] if steps.hub_token else [])]):
     host.log(f"repairs: {line}")
+# The gap a restart of the only instance of a pool leaves its clients, said before anything changes.
+if steps.only_restart is not None:
+    host.log(steps.only_restart)
 # What the host's watchdog found and did between converges (on a host converged before).
 watchdog = deploy.recipe.watchdog
 if watchdog is not None and found["current"] is not None and any(u.name == WATCHDOG_UNIT for u in todo.units):

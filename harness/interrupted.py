@@ -176,3 +176,8 @@ class GatewayLoad:
 def drain_lines(log: str) -> list[str]:
     """What the converge said of each drain (``operations.serving.drain_line``)."""
     return [_ANSI.sub("", line).strip() for line in log.splitlines() if "drained" in line and "sends no new" in line]
+
+
+def gap_lines(log: str) -> list[str]:
+    """What the converge said of each engine's time without service (``operations.serving.smoke_line``)."""
+    return [_ANSI.sub("", line).strip() for line in log.splitlines() if "answers again" in line and " s " in line]

@@ -68,6 +68,9 @@ class UnitState(TypedDict):
     # a smoke test found it serving since the deploy last (re)started it (False: never checked,
     # or still starting after a converge that stopped before its smoke test)
     verified: bool
+    # how long it was without service before that smoke test found it answering (its last stop or
+    # restart to the answer), None: unknown (a first start, or not verified)
+    down_s: float | None
     # the context length hostside/ladder.py last started it with (None: none, or started since)
     context: int | None
     # never from the probe: set by the converge (``kimi_deploy.converge.unit_state``) when the

@@ -81,9 +81,22 @@ def _call(url: str, key: str | None, body: Any = None, *, what: str = "API",
         return answer.status, None, str(exc)
 
 
+# When the unit last left the active state (systemd's CLOCK_MONOTONIC, microseconds; 0: not since boot)
+_LEFT = "ActiveExitTimestampMonotonic"
+
+
+def _down_s(state: dict[str, str]) -> float | None:
+    """Seconds since the unit last left the active state (a stop or a restart began): how long it
+    was without service, now that it answers; None when it did not since boot (a first start)."""
+    left = state.get(_LEFT, "")
+    if not left.isdigit() or int(left) == 0:
+        return None
+    return round(max(0.0, time.monotonic() - int(left) / 1e6), 1)
+
+
 def _state(unit: str) -> dict[str, str]:
     show = subprocess.run(
-        ["systemctl", "show", f"{unit}.service", "-p", "ActiveState,SubState,NRestarts,ExecMainStatus"],
+        ["systemctl", "show", f"{unit}.service", "-p", f"ActiveState,SubState,NRestarts,ExecMainStatus,{_LEFT}"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     return dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
@@ -280,12 +293,15 @@ def serves(req: dict[str, Any]) -> dict[str, Any]:
     tool = req.get("tool")
     if tool:
         _round_trip(req, key, body, tool)
+    state = _state(req["unit"])
+    down_s = _down_s(state)
     if req.get("restarts_file"):
         # The restarts of systemd's own this answer vouches for: the next converge checks the unit
-        # again only when it restarted once more (hostside/state_probe.py reads this file).
+        # again only when it restarted once more; and how long it was without service, which the
+        # next converge names before it restarts the only instance (hostside/state_probe.py).
         with open(req["restarts_file"], "w", encoding="utf-8") as f:
-            f.write(f"{int(_state(req['unit']).get('NRestarts') or 0)}\n")
-    done = {"ok": True, "ready_s": round(ready, 3), "content": content[:80], "finish_reason": finish}
+            f.write(f"{int(state.get('NRestarts') or 0)}{'' if down_s is None else f' {down_s}'}\n")
+    done = {"ok": True, "ready_s": round(ready, 3), "down_s": down_s, "content": content[:80], "finish_reason": finish}
     return {**done, **({"tool_call": tool["name"]} if tool else {})}
 
 

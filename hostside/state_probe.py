@@ -196,19 +196,25 @@ def _written_since(paths: list[str], marker: str) -> bool:
     return False
 
 
-def _restarts_verified(marker: str) -> tuple[bool, int]:
-    """Whether a smoke test found the unit serving since the deploy last (re)started it, and
-    systemd's restarts of it that the test saw (``<marker>.restarts``, written by hostside/smoke.py
-    once the unit answers; absent or older than the start: not yet, none). A unit started by a
-    converge that died before its smoke test is running but not verified: still starting."""
+def _restarts_verified(marker: str) -> tuple[bool, int, float | None]:
+    """Whether a smoke test found the unit serving since the deploy last (re)started it, the
+    restarts of systemd's that the test saw, and how long the unit was without service before it
+    answered (``<marker>.restarts``, "RESTARTS [DOWN_S]", written by hostside/smoke.py once the unit
+    answers; absent or older than the start: not yet, none). A unit started by a converge that died
+    before its smoke test is running but not verified: still starting."""
     try:
         if os.stat(f"{marker}.restarts").st_mtime_ns < os.stat(marker).st_mtime_ns:
-            return False, 0
+            return False, 0, None
         with open(f"{marker}.restarts", encoding="utf-8") as f:
-            text = f.read(20).strip()
+            words = f.read(40).split()
     except OSError:
-        return False, 0
-    return True, int(text) if text.isdigit() else 0
+        return False, 0, None
+    restarts = int(words[0]) if words and words[0].isdigit() else 0
+    try:
+        down_s = float(words[1]) if len(words) > 1 else None
+    except ValueError:
+        down_s = None
+    return True, restarts, down_s
 
 
 def _units(
@@ -227,7 +233,7 @@ def _units(
                 applied = f.read().strip()
         except OSError:
             applied = None
-        verified, restarts_verified = _restarts_verified(marker)
+        verified, restarts_verified, down_s = _restarts_verified(marker)
         out[name] = {
             "active": props.get("ActiveState", ""),
             "sub": props.get("SubState", ""),
@@ -242,6 +248,7 @@ def _units(
             "restarts": int(restarts) if restarts.isdigit() else 0,
             "restarts_verified": restarts_verified,
             "verified": verified,
+            "down_s": down_s,
             "context": _context(marker),
         }
     return out
@@ -288,14 +295,18 @@ def _watchdog(path: str = f"{STATE_DIR}/watchdog.json", most: int = 1 << 20) -> 
     return found if isinstance(found, dict) else None
 
 
-def _release_log(path: str = f"{STATE_DIR}/releases.log", last: int = 200) -> list[list[str]]:
+def _release_log(path: str = f"{STATE_DIR}/releases.log", last: int = 200, most: int = 1 << 20) -> list[list[str]]:
     """The release log's last entries, oldest first: [time, release dir, outcome, run id] (outcome
-    and run id "" in entries written before they were recorded)."""
+    and run id "" in entries written before they were recorded); its last ``most`` bytes read."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()[-last:]
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - most))
+            text = f.read(most).decode("utf-8", errors="replace")
     except OSError:
         return []
+    # a read that began inside the log begins inside a line: that one goes
+    lines = text.splitlines()[1 if size > most else 0 :][-last:]
     return [[*parts, "", ""][:4] for parts in (line.split() for line in lines) if len(parts) >= 2]
 
 

@@ -40,7 +40,7 @@ from kimi_deploy.router_drain_plan import drain_request, readmit_request
 from kimi_deploy.router_units import ROUTER_UNIT
 from kimi_deploy.router_view_plan import view_request
 from kimi_deploy.servespec import HostPlan
-from kimi_deploy.start_batches import BATCHES, ENGINES, batch_of, first_batch_of, unit_batch
+from kimi_deploy.start_batches import BATCHES, ENGINES, batch_of, first_batch_of, only_instance, unit_batch
 from kimi_deploy.venv_lock import LockSource, lock_source
 from kimi_deploy.watchdog_units import WATCHDOG_UNIT
 from kimi_deploy.weights_fanout import FanOutPart, WeightsHost, needs_files, plan_fan_out
@@ -172,6 +172,9 @@ class Steps:
     restarting: frozenset[str]
     # the context ladder this host's engine climbs (``kimi_deploy.context_ladder``), or None
     climb: Climb | None = None
+    # before anything changes: this host restarts the serving engine of its pool's only instance,
+    # which leaves the pool without service until it answers again (its last restart's gap said)
+    only_restart: str | None = None
 
 
 def weights_host(deploy: DeployPlan, todo: Converge, probed: Any, slot: int = 0) -> WeightsHost:
@@ -291,27 +294,44 @@ def starting(u: UnitTarget, state: UnitState | None) -> bool:
     return not state["verified"] or state["restarts"] > state["restarts_verified"]
 
 
-def _smoke_checks(units: Sequence[UnitTarget], found: HostState) -> list[dict[str, Any]]:
-    """The smoke checks of ``units`` in their batch: those this converge (re)starts are checked."""
+def _smoke_checks(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[dict[str, Any]]:
+    """The smoke checks of ``units`` in their batch: those this converge (re)starts are checked.
+    ``only``: the pool (``TOPOLOGY/POOL``) of which they are the only instance, else None."""
     checks = []
     for u in units:
         if u.smoke is None:
             continue
         starts = needs_start(u.release, unit_state(u, found))
         checks.append({"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": starts,
-                       "restarts": 0})  # fmt: skip
+                       "restarts": 0, "only": only if u.stage in ENGINES else None})  # fmt: skip
     return checks
 
 
-def _waiting(units: Sequence[UnitTarget], found: HostState) -> list[dict[str, Any]]:
+def _waiting(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[dict[str, Any]]:
     """The smoke checks of ``units`` still starting (``starting``), waited for before the batches."""
     checks = []
     for u in units:
         state = unit_state(u, found)
         if u.smoke is not None and state is not None and starting(u, state):
             checks.append({"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": True,
-                           "restarts": state["restarts"]})  # fmt: skip
+                           "restarts": state["restarts"], "only": only if u.stage in ENGINES else None})  # fmt: skip
     return checks
+
+
+def only_restart(deploy: DeployPlan, todo: Converge, found: HostState, restarting: Collection[str]) -> str | None:
+    """What restarting the only instance of this host's pool costs its clients, in one line, when
+    this host restarts an engine of it that serves now; None otherwise (several instances, a
+    first start, nothing restarting)."""
+    only = only_instance(deploy.spec, deploy.topology)
+    if only is None:
+        return None
+    for u in todo.units:
+        state = found["units"].get(u.name)
+        if u.stage in ENGINES and u.name in restarting and state is not None and state.get("active") == "active":
+            last = state.get("down_s")
+            said = f"; its last restart: {last:.0f} s" if isinstance(last, (int, float)) else ""
+            return f"{only}: restarting the only instance ({u.name}): no service until it answers again{said}"
+    return None
 
 
 def down_instances(run: RunView) -> frozenset[tuple[str, int]]:
@@ -385,7 +405,7 @@ def _batches(
                 place=batch == place,
                 unless_failed=earlier,
                 units=[(u.stage, u.name, u.release, unit_state(u, found)) for u in units],
-                checks=_smoke_checks(units, found),
+                checks=_smoke_checks(units, found, only_instance(spec, topology)),
                 climbs=climbs,
                 router_view=view_request(
                     deploy.recipe, spec, topology, batch, restarting=restarting, running=running, down=down
@@ -435,11 +455,12 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         all_reduce_request=None if all_reduce_why else all_reduce_request(recipe, spec, run.in_topology, run.run_id),
         all_reduce_why=all_reduce_why or "",
         batches=_batches(deploy, todo, found, climb, hosts, down=down, waiting=waiting),
-        waiting=_waiting(todo.units, found),
+        waiting=_waiting(todo.units, found, only_instance(spec, deploy.topology)),
         waiting_hosts=waiting,
         down=down,
         readmit=readmit_request(recipe, spec, deploy.topology, found.get("router_drained") or [], down=down),
         collect=_collect(todo, found),
         restarting=restarting,
         climb=climb,
+        only_restart=only_restart(deploy, todo, found, restarting),
     )

@@ -11,6 +11,7 @@ from kimi_deploy.driver_plan import host_kind_lines
 from kimi_deploy.parsers.nccl_tests import format_bytes
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan, Plan
+from kimi_deploy.start_batches import restart_line
 
 
 def _ports(host: HostPlan) -> str:
@@ -85,6 +86,9 @@ def format_plan(plan: Plan, recipe: Recipe | None = None) -> str:
         checks = _checks(recipe, hosts) if recipe is not None else None
         if checks:
             lines.append(f"  {checks}")
+        restarts = restart_line(hosts)
+        if restarts:
+            lines.append(f"  {restarts}")
         if recipe is not None:
             lines += [f"  {line}" for line in host_kind_lines(recipe, hosts)]
         lines.append("")

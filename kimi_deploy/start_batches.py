@@ -45,6 +45,26 @@ def batch_of(host: HostPlan, topology: Sequence[HostPlan], down: Collection[tupl
     return 0 if serving.index(host.instance) % 2 else 1
 
 
+def only_instance(host: HostPlan, topology: Sequence[HostPlan]) -> str | None:
+    """``TOPOLOGY/POOL`` when ``host`` serves in a pool of a single instance, whose restart leaves
+    the pool without service until it answers again; None otherwise (a router, or several)."""
+    if host.role == "router" or len({h.instance for h in topology if h.pool == host.pool}) > 1:
+        return None
+    return f"{host.topology}/{host.pool}"
+
+
+def restart_line(topology: Sequence[HostPlan]) -> str | None:
+    """How a restarting change moves ``topology``'s pools, in one line of the plan."""
+    parts = []
+    for pool in dict.fromkeys(h.pool for h in topology if h.role != "router"):
+        instances = len({h.instance for h in topology if h.pool == pool})
+        if instances > 1:
+            parts.append(f"pool {pool}: {instances} instances in two batches, the second once the first answers")
+        else:
+            parts.append(f"pool {pool}: the only instance, without service until it answers again")
+    return "restarts: " + "; ".join(parts) if parts else None
+
+
 def unit_batch(stage: int, batch: int) -> int:
     """The batch a unit of ``stage`` (re)starts in on a host of ``batch``: a store in the first,
     every other unit in its host's."""

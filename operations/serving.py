@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from pyinfra import logger
@@ -20,8 +20,50 @@ from kimi_deploy.hostside_command import hostside_command
 DRAIN_SLACK_S = 60
 
 
+def _said(command: str, what: str, line: Callable[[Any], str], timeout_s: int | None = None) -> FunctionCommand:
+    """A host program as one command: when it fails, its own lines (its one ``kimi-deploy:`` line
+    and what follows it); when it passes, its JSON answer said in one line by ``line``."""
+
+    def run(state: State, host: Host) -> bool:
+        ok, output = host.run_shell_command(command, **({} if timeout_s is None else {"_timeout": timeout_s}))
+        if not ok:
+            for text in output.stderr_lines or output.stdout_lines or [f"{what} failed"]:
+                host.log_styled(text, fg="red", log_func=logger.error)
+            return False
+        try:
+            said = loads((output.stdout_lines or ["{}"])[-1], f"{host.name}: {what}")
+        except ValueError as exc:
+            host.log_styled(str(exc), fg="red", log_func=logger.error)
+            return False
+        host.log_styled(line(said), log_func=logger.info)
+        return True
+
+    return FunctionCommand(run, (), {})
+
+
+def _smoke(check: dict[str, Any]) -> FunctionCommand:
+    """``hostside/smoke.py`` for ``check``, its success said with how long the unit was without
+    service (for the only instance of a pool: the gap the converge caused its clients)."""
+    # Where the smoke test records the restarts of systemd's own it found serving.
+    record = {"restarts": check.get("restarts", 0), "restarts_file": f"{APPLIED}/{check['unit']}.restarts"}
+    request = {"unit": check["unit"], "url": check["url"], **check["request"], **record}
+    return _said(hostside_command("python3", "smoke.py", request), "smoke test",
+                 lambda said: smoke_line(check["unit"], check.get("only"), said))  # fmt: skip
+
+
+def smoke_line(unit: str, only: str | None, said: Any) -> str:
+    """What a passed smoke test found, in one line (``hostside/smoke.py``'s answer ``said``);
+    ``only``: the pool (``TOPOLOGY/POOL``) of which ``unit`` is the only instance's API."""
+    down = said.get("down_s") if isinstance(said, dict) else None
+    if not isinstance(down, (int, float)):
+        return f"{unit} answers its smoke test"
+    if only:
+        return f"{only}: the only instance was without service for {down:.0f} s ({unit} answers again)"
+    return f"{unit} answers again, {down:.0f} s after it stopped (the other instances served)"
+
+
 @operation()
-def verified(checks: list[dict[str, Any]]) -> Generator[str, None, None]:
+def verified(checks: list[dict[str, Any]]) -> Generator[FunctionCommand, None, None]:
     """
     Wait (bounded) until each (re)started unit is ready, then check /v1/models and a chat completion.
 
@@ -29,7 +71,8 @@ def verified(checks: list[dict[str, Any]]) -> Generator[str, None, None]:
       on the host, ``http://127.0.0.1:8000``), ``request`` (served name, prompt, expected content,
       timeout, API key file and variable), ``restarted`` (whether this run (re)starts it, or
       systemd restarted it on its own since it was last checked: a unit left running is not
-      re-checked) and ``restarts`` (systemd's restarts of it already seen); may be empty
+      re-checked), ``restarts`` (systemd's restarts of it already seen) and ``only`` (its pool,
+      ``TOPOLOGY/POOL``, when it is the API of that pool's only instance; else None); may be empty
     """
     todo = [c for c in checks if c["restarted"]]
     if not todo:
@@ -37,9 +80,7 @@ def verified(checks: list[dict[str, Any]]) -> Generator[str, None, None]:
                   else "no unit of this host to check in this step")  # fmt: skip
         return
     for c in todo:
-        # Where the smoke test records the restarts of systemd's own it found serving.
-        record = {"restarts": c.get("restarts", 0), "restarts_file": f"{APPLIED}/{c['unit']}.restarts"}
-        yield hostside_command("python3", "smoke.py", {"unit": c["unit"], "url": c["url"], **c["request"], **record})
+        yield _smoke(c)
 
 
 @operation()
@@ -59,23 +100,9 @@ def routed(request: dict[str, Any] | None) -> Generator[str, None, None]:
 
 def _drain(request: dict[str, Any], phase: str) -> FunctionCommand:
     """``hostside/router_drain.py`` in ``phase``, its outcome said in one line on the router host."""
-
-    def run(state: State, host: Host) -> bool:
-        command = hostside_command("python3", "router_drain.py", request | {"phase": phase})
-        ok, output = host.run_shell_command(command, _timeout=int(request["timeout_s"]) + DRAIN_SLACK_S)
-        if not ok:
-            for line in output.stderr_lines or output.stdout_lines or ["the router's drain failed"]:
-                host.log_styled(line, fg="red", log_func=logger.error)
-            return False
-        try:
-            said = loads((output.stdout_lines or ["{}"])[-1], f"{host.name}: router drain")
-        except ValueError as exc:
-            host.log_styled(str(exc), fg="red", log_func=logger.error)
-            return False
-        host.log_styled(drain_line(request["router"], phase, said), log_func=logger.info)
-        return True
-
-    return FunctionCommand(run, (), {})
+    command = hostside_command("python3", "router_drain.py", request | {"phase": phase})
+    return _said(command, "router drain", lambda said: drain_line(request["router"], phase, said),
+                 int(request["timeout_s"]) + DRAIN_SLACK_S)  # fmt: skip
 
 
 def drain_line(router: str, phase: str, said: Any) -> str:

@@ -59,10 +59,10 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
         if not running:
             return {"active": "inactive", "sub": "dead", "pid": 0, "enabled": "", "applied": None,
                     "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
-                    "restarts_verified": 0, "verified": False, "context": None}  # fmt: skip
+                    "restarts_verified": 0, "verified": False, "down_s": None, "context": None}  # fmt: skip
         return {"active": "active", "sub": "running", "pid": 4100, "enabled": "enabled", "applied": release,
                 "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
-                "restarts_verified": 0, "verified": True, "context": None}  # fmt: skip
+                "restarts_verified": 0, "verified": True, "down_s": None, "context": None}  # fmt: skip
 
     timer: TimerState = {"active": "active", "enabled": "enabled"} if running else {"active": "inactive", "enabled": ""}
     return {

@@ -150,6 +150,35 @@ def test_an_engine_change_installs_the_release_and_restarts_every_engine_in_its_
     assert _started(router) == {}
 
 
+def test_restarting_the_only_instance_of_a_pool_is_said_before_with_its_last_gap(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    """An engine upgrade restarts the decode pool's only instance: its leader says so before any
+    change, with how long its last restart left the pool without service (the smoke test's record);
+    a prefill instance, one of three, says nothing; its smoke check names the pool for the gap line."""
+    before = _plans(recipe, prod)
+    after = _plans(_with(recipe, vllm="0.34.1"), prod)
+    probed = {h: probe(todo) for h, (_, todo) in before.items()}
+    assert steps_of("gb300-d01", after, probed).only_restart == (
+        "gb300-pd/decode: restarting the only instance (kimi-vllm): no service until it answers again"
+    )
+    probed["gb300-d01"] = _units_of(probed["gb300-d01"], down_s=412.6)
+    decode = steps_of("gb300-d01", after, probed)
+    assert decode.only_restart == (
+        "gb300-pd/decode: restarting the only instance (kimi-vllm): no service until it answers again; "
+        "its last restart: 413 s"
+    )
+    assert [(c["unit"], c["only"]) for b in decode.batches for c in b.checks if c["restarted"]] == [
+        ("kimi-vllm", "gb300-pd/decode")
+    ]
+    prefill = steps_of("gb300-p01", after, probed)
+    assert prefill.only_restart is None
+    assert {c["only"] for b in prefill.batches for c in b.checks} == {None}
+    # a first start takes no service away; nor does a converge that restarts nothing
+    assert steps_of("gb300-d01", after, {**probed, "gb300-d01": probe(before["gb300-d01"][1], running=False)}).only_restart is None
+    assert steps_of("gb300-d01", before, probed).only_restart is None
+
+
 def test_a_revision_change_fetches_it_restarts_the_engines_and_keeps_the_old_one_for_a_rollback(
     recipe: Recipe, prod: Inventory
 ) -> None:

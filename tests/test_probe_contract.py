@@ -116,9 +116,13 @@ def test_the_release_log_and_its_records_answer_in_their_types(
     release = tmp_path / "releases/r1"
     (release / "files").mkdir(parents=True)
     (release / "engine").symlink_to(_release(tmp_path / "engines/vllm-0.34.0"))
-    (release / "release.json").write_text(json.dumps({"units": {"kimi-vllm": "d" * 64}, "files": [], "revision": "a" * 40}))
+    (release / "release.json").write_text(
+        json.dumps({"units": {"kimi-vllm": "d" * 64}, "files": [], "revision": "a" * 40})
+    )
     log = tmp_path / "releases.log"
-    log.write_text(f"2026-12-02T00:00:00Z {release} serving run-1\n2026-12-02T00:01:00Z {tmp_path}/releases/gone switched\n")
+    log.write_text(
+        f"2026-12-02T00:00:00Z {release} serving run-1\n2026-12-02T00:01:00Z {tmp_path}/releases/gone switched\n"
+    )
     real_log = state_probe._release_log
     monkeypatch.setattr(state_probe, "_release_log", lambda: real_log(str(log)))
     (tmp_path / "req").mkdir()
@@ -138,7 +142,7 @@ def test_the_check_finds_what_the_types_refuse() -> None:
     """The type check is not vacuous: a key of another name, a missing key, a number for a flag."""
     unit = {"active": "active", "sub": "running", "pid": 1, "enabled": "enabled", "applied": None,
             "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
-            "restarts_verified": 0, "verified": True, "context": None}  # fmt: skip
+            "restarts_verified": 0, "verified": True, "down_s": None, "context": None}  # fmt: skip
     answer: dict[str, Any] = {
         "user": True, "venvs": {}, "weights": {}, "files": {}, "owners": {}, "units": {"u": unit}, "timers": {},
         "revisions": {}, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
@@ -239,7 +243,11 @@ def test_the_host_probe_answers_every_part_in_one_process_as_each_alone(tmp_path
             by_itself = subprocess.run(["bash", "-c", alone[tag]], capture_output=True, text=True, check=True)
             together, apart = json.loads(text), json.loads(by_itself.stdout.splitlines()[-1])
             if tag == "drivers":  # read a moment apart: the same keys, the same files, OS and packages
-                assert (together.keys(), together["os"], together["packages"]) == (apart.keys(), apart["os"], apart["packages"])
+                assert (together.keys(), together["os"], together["packages"]) == (
+                    apart.keys(),
+                    apart["os"],
+                    apart["packages"],
+                )
             else:
                 assert together == apart
     found = KimiHostState().process(lines)
@@ -252,7 +260,9 @@ def test_the_host_probe_answers_every_part_in_one_process_as_each_alone(tmp_path
 def test_a_part_that_raises_leaves_the_others_answering() -> None:
     # a state request with a port that is no number: that part raises, the drivers part answers
     drivers = {"nvidia": False, "services": []}
-    command = hostside_command("python3", "host_probe.py", {"state": {"user": "root", "ports": ["x"]}, "drivers": drivers})
+    command = hostside_command(
+        "python3", "host_probe.py", {"state": {"user": "root", "ports": ["x"]}, "drivers": drivers}
+    )
     run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False, timeout=60)
     assert run.returncode == 1
     assert [line.split(" ", 1)[0] for line in run.stdout.splitlines()] == ["drivers"]
@@ -299,15 +309,21 @@ def test_a_unit_restarted_by_the_deploy_is_verified_only_once_a_smoke_test_since
     still starting, which the next converge waits for."""
     marker = tmp_path / "kimi-vllm"
     marker.write_text("digest\n")
-    assert state_probe._restarts_verified(str(marker)) == (False, 0)  # never smoke-tested
+    assert state_probe._restarts_verified(str(marker)) == (False, 0, None)  # never smoke-tested
     done = tmp_path / "kimi-vllm.restarts"
-    done.write_text("2\n")
+    done.write_text("2\n")  # a first start: no time without service
     os.utime(marker, ns=(1_000_000_000, 1_000_000_000))
     os.utime(done, ns=(2_000_000_000, 2_000_000_000))
-    assert state_probe._restarts_verified(str(marker)) == (True, 2)
+    assert state_probe._restarts_verified(str(marker)) == (True, 2, None)
+    done.write_text("2 41.5\n")  # a restart: 41.5 s from its stop to the smoke test's answer
+    os.utime(done, ns=(2_000_000_000, 2_000_000_000))
+    assert state_probe._restarts_verified(str(marker)) == (True, 2, 41.5)
+    done.write_text("2 lots\n")
+    os.utime(done, ns=(2_000_000_000, 2_000_000_000))
+    assert state_probe._restarts_verified(str(marker)) == (True, 2, None)
     # restarted again by a converge that stopped before its smoke test: the check is older
     os.utime(marker, ns=(3_000_000_000, 3_000_000_000))
-    assert state_probe._restarts_verified(str(marker)) == (False, 0)
+    assert state_probe._restarts_verified(str(marker)) == (False, 0, None)
 
 
 def test_the_engines_a_stopped_drain_left_out_of_the_router_are_read_only_when_asked(tmp_path: Path) -> None:
@@ -322,3 +338,16 @@ def test_the_engines_a_stopped_drain_left_out_of_the_router_are_read_only_when_a
     assert state_probe._router_drained(True, str(path)) == []
     path.write_text('["http://10.0.7.2:8000"' + " " * 100)
     assert state_probe._router_drained(True, str(path)) == []
+
+
+def test_the_release_log_is_read_from_its_end_within_a_bound(tmp_path: Path) -> None:
+    """A release log grown past the probe's bound: its last entries are read whole, the line the
+    bounded read began inside of left out."""
+    log = tmp_path / "releases.log"
+    log.write_text(
+        "".join(f"2026-12-06T00:00:{i % 60:02d}Z /opt/kimi/releases/r{i} serving run{i}\n" for i in range(5000))
+    )
+    entries = state_probe._release_log(str(log), most=4096)
+    assert entries[-1] == ["2026-12-06T00:00:19Z", "/opt/kimi/releases/r4999", "serving", "run4999"]
+    assert all(e[1].startswith("/opt/kimi/releases/r") and e[2] == "serving" for e in entries)
+    assert 0 < len(entries) < 4096 // 50

@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hostside.smoke import _first_exception
+from hostside.smoke import _down_s, _first_exception
 from kimi_deploy.converge import SMOKE_PROMPT_ROOM, smoke_budget
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
@@ -154,6 +155,15 @@ def test_an_answer_from_another_model_fails(engine: Engine, tmp_path: Path) -> N
 )
 def test_the_smoke_budget_fits_the_topologys_context(max_tokens: int, max_model_len: int, budget: int) -> None:
     assert smoke_budget(max_tokens, max_model_len) == budget
+
+
+def test_the_time_without_service_runs_from_systemds_last_stop_of_the_unit() -> None:
+    """systemd's ActiveExitTimestampMonotonic (the restart's stop) to the answer: the gap clients
+    saw; none for a unit that never left the active state since boot (a first start)."""
+    left = int((time.monotonic() - 41.0) * 1e6)
+    assert 41.0 <= (_down_s({"ActiveExitTimestampMonotonic": str(left)}) or 0) < 51.0
+    assert _down_s({"ActiveExitTimestampMonotonic": "0"}) is None
+    assert _down_s({}) is None
 
 
 def test_an_engine_that_exited_is_named_by_its_first_exception_not_the_tail() -> None:

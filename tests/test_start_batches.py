@@ -5,7 +5,7 @@ from __future__ import annotations
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.start_batches import batch_of, first_batch_of, unit_batch
+from kimi_deploy.start_batches import batch_of, first_batch_of, only_instance, restart_line, unit_batch
 
 
 def test_instances_alternate_and_a_spanning_instance_moves_as_one(recipe: Recipe, prod: Inventory) -> None:
@@ -36,3 +36,17 @@ def test_the_mooncake_master_starts_before_the_engines_that_connect_to_it(recipe
     # Its host's new release is in place from the first batch on; every engine host's in its own.
     assert first_batch_of(router, pd) == 0
     assert all(first_batch_of(h, pd) == batch_of(h, pd) for h in pd if h.role != "router")
+
+
+def test_the_plan_says_which_pools_keep_serving_and_which_restart_their_only_instance(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    full = plan(recipe, "recipes/kimi-k3.1-pro.yaml", prod)
+    pd = full.topology("gb300-pd")
+    assert restart_line(pd) == (
+        "restarts: pool prefill: 3 instances in two batches, the second once the first answers; "
+        "pool decode: the only instance, without service until it answers again"
+    )
+    assert {h.host: only_instance(h, pd) for h in pd if h.host in ("gb300-p01", "gb300-d02", "gb300-rt01")} == {
+        "gb300-p01": None, "gb300-d02": "gb300-pd/decode", "gb300-rt01": None,
+    }  # fmt: skip

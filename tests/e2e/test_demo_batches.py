@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +48,10 @@ def test_the_second_instance_restarts_only_after_the_first_answers(upgrade: Path
     # The hosts share one kernel, so one monotonic clock: kimi-h2 went down after kimi-h1 was back.
     answered = _started("kimi-h1")
     assert answered < _started("kimi-h2")
+    # each engine's time without service, from systemd's stop to its smoke test's answer
+    gaps = dict(re.findall(r"\[(kimi-h[12])\] kimi-vllm answers again, (\d+) s after it stopped \(the other", run.log))
+    assert set(gaps) == {"kimi-h1", "kimi-h2"}, run.log[-3000:]
+    assert all(0 <= int(s) < 600 for s in gaps.values()), gaps
 
 
 def test_a_failed_first_batch_leaves_the_second_serving_its_release(upgrade: Path) -> None:

@@ -83,6 +83,17 @@ def test_a_restart_passes_the_check_on_both_hosts_first(serving: dict[str, int],
         for host in TOPOLOGY
     }
     assert 0 < started["kimi-h3"] < started["kimi-h4"]
+    # The pool's only instance: said before anything changed, and the gap it caused after its smoke test.
+    assert (
+        "[kimi-h3] demo-sglang/serve: restarting the only instance (kimi-sglang): no service until it answers again"
+        in run.log
+    ), run.log[-3000:]
+    gap = re.search(
+        r"\[kimi-h3\] demo-sglang/serve: the only instance was without service for (\d+) s \(kimi-sglang answers again\)",
+        run.log,
+    )
+    assert gap is not None, run.log[-3000:]
+    assert int(gap[1]) < 600
     # Back to the demo recipe (another restart, checked again); then nothing to check.
     assert pyinfra().changed()["Communication check"] == list(TOPOLOGY)
     assert "Communication check" not in pyinfra().changed()

@@ -25,6 +25,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -36,7 +38,7 @@ import pytest
 import yaml
 
 from harness.hosted_api import HostedApi
-from harness.interrupted import tunnel
+from harness.interrupted import EngineRounds, GatewayLoad, cut, drain_lines, tunnel
 from harness.own_cluster import ROOT, OwnCluster, Run
 from hostside.boundary_lock import lock_pins
 from localcluster import pypi_mirror, wheels
@@ -96,7 +98,14 @@ def recipe_for(
     # the topology's group holds the pool's hosts and the router's
     vllm["group"] = "demo_routed"
     vllm["router"] = {"group": "demo_router", "package": "vllm-router", "policy": "round_robin"}
-    tail = ("" if revision == REVISION else "-" + revision[:8]) + ("" if probe else "-np") + "".join(f"-{v}" for v in (env or {}).values())
+    # as recipes/demo.yaml's demo-sglang: the links are virtual, and the cores are shared with the
+    # engines serving a client's load (which took a check at 1000 Mbit/s down to 792)
+    vllm["comm_check"] = {"min_mbit_s": 200}
+    tail = (
+        ("" if revision == REVISION else "-" + revision[:8])
+        + ("" if probe else "-np")
+        + "".join(f"-{v}" for v in (env or {}).values())
+    )
     path = folder / f"recipe-{max_model_len}{tail}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -610,3 +619,103 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     assert [lv["succeeded"] for lv in record["figures"]["targets"]["hosted"]] == [5, 10, 35]
 
 
+def _said(log: str) -> str:
+    """What a failed run's hosts said (their ``kimi-deploy:`` lines and what follows them), and the
+    log's end."""
+    said = [line for line in log.splitlines() if "kimi-deploy:" in line or re.match(r"\s*\[[^\]]+\]     ", line)]
+    return "\n".join(said[-60:]) + "\n...\n" + log[-3000:]
+
+
+def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(serving: dict[str, Any]) -> None:
+    """Back at the demo's context with a change of both engines' environment behind vllm-router
+    (each engine restarts), a client asking both engines every second and two clients streaming
+    through the gateway and the router throughout. The controller is killed (SIGKILL: nothing of it
+    says goodbye) during the first batch's smoke test. Run again at once, the converge finds
+    kimi-h1 restarted but not yet checked: it waits for its smoke test, restarting nothing there,
+    puts it back in the router and only then drains kimi-h2 and restarts it; stopped by Ctrl-C
+    during that smoke test, it lets the step end, says what each host was left in and exits 130.
+    Run a third time, it puts kimi-h2 back in the router and restarts nothing. Never a round
+    without an answer from either engine, no streamed request failed, and each drain's time and
+    each engine's time without service are printed. The whole revision upgrade cut at each point:
+    bench/bad_days.py."""
+    st = serving
+    rounds = EngineRounds({host: _url(st, host) for host in ENGINES}, _key())
+    load = GatewayLoad(f"http://{_address(st, ROUTER)}:8000", _key())
+    recipe = recipe_for(st["dir"], probe=False, env={"KIMI_BAD_DAY": "0"})
+    inventory = _inventory(st, recipe)
+    try:
+        killed, log = cut(inventory, r"Starting operation: Smoke test\s*$", signal.SIGKILL, 2.0, REAL.env)
+        assert killed == -signal.SIGKILL, _said(log)
+        drained = drain_lines(log)
+        # Run again at once: kimi-h1's engine is still loading (the killed run's smoke test, left
+        # running on the host, will record it once it answers, tens of seconds later).
+        stopped, log = cut(inventory, r"Starting operation: Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0,
+                           REAL.env)  # fmt: skip
+        drained += drain_lines(log)
+        assert stopped == 130, _said(log)
+        # kimi-h1 waited for, not restarted; kimi-h2 restarted in the second batch
+        assert re.search(r"--> Smoke test of units still starting: 1 changed", log), log[-6000:]
+        assert re.search(r"--> Services: leaders: 0 changed", log), log[-6000:]
+        assert re.search(r"--> Services: leaders \(second batch\): 1 changed", log), log[-6000:]
+        assert "kimi-deploy: SIGINT: stopped after step 'Smoke test (second batch)'" in log, log[-4000:]
+        assert re.search(r"kimi-deploy: \[kimi-h2\] changed by: .*Services: leaders \(second batch\)", log), log
+        # how long each engine was without service, from its stop to its smoke test's answer (kimi-h1's
+        # across the killed run)
+        gaps = dict(re.findall(r"\[(kimi-h[12])\] kimi-vllm answers again, (\d+) s after it stopped", log))
+        assert set(gaps) == {"kimi-h1", "kimi-h2"}, _said(log)
+        again = converge(st, recipe)
+        assert again.code == 0, again.log[-6000:]
+        # the engine the stopped run had drained goes back in its router; nothing restarts
+        assert again.changed().get("Router sends to every engine again") == [ROUTER], again.changed()
+        assert not [name for name in again.changed() if name.startswith("Services")], again.changed()
+    finally:
+        rounds.stop()
+        load.stop()
+    assert rounds.rounds
+    assert not rounds.none_answered(), f"rounds {rounds.none_answered()} of {len(rounds.rounds)}: neither answered"
+    for host in ENGINES:  # the client saw each engine restart: it tells a restart apart
+        assert any(not r[host] for r in rounds.rounds), host
+    assert load.answered > 0
+    assert load.failed == [], f"{len(load.failed)} of {load.answered + len(load.failed)} streamed requests failed"
+    # each engine left the router before it restarted; what it took is printed
+    assert len(drained) == 2, drained
+    print("\n".join(drained))
+
+
+def test_a_rebooted_engine_host_serves_again_by_itself_and_the_next_converge_changes_nothing(
+    serving: dict[str, Any],
+) -> None:
+    """kimi-h2 reboots (systemd's reboot of the host; its engine stops with it): the engine is
+    enabled, so it loads its weights and serves again with no converge, its time printed; and the
+    next converge finds every unit running what the recipe asks, smoke-tested since its deploy
+    started it: no step."""
+    st = serving
+    recipe = recipe_for(st["dir"], probe=False, env={"KIMI_BAD_DAY": "0"})
+    assert converge(st, recipe).code == 0  # the recipe the test before left, or back to it
+    boot = _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id")
+    old = st["forwards"].pop("kimi-h2", None)
+    if old is not None:
+        old[0].terminate()
+    address = _address(st, "kimi-h2")
+    started = time.monotonic()
+    _sh(st, "kimi-h2", "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
+    serving_again, proc, url = None, None, ""
+    while time.monotonic() - started < 300 and serving_again is None:
+        time.sleep(2)
+        try:
+            if _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id") == boot:
+                continue
+        except subprocess.SubprocessError:  # down while it reboots
+            continue
+        if proc is None or proc.poll() is not None:
+            proc, url = tunnel(st, address)
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if chat(url, PROMPT, REAL.dir / "api-key")["choices"]:
+                serving_again = time.monotonic() - started
+    if proc is not None:
+        proc.terminate()
+    assert serving_again is not None, "kimi-h2's engine did not serve within 300 s of its reboot"
+    print(f"kimi-h2 rebooted: its engine served again {serving_again:.0f} s after the reboot began")
+    noop = converge(st, recipe)
+    assert noop.code == 0, noop.log[-4000:]
+    assert noop.changed() == {}, noop.changed()
