@@ -42,7 +42,7 @@ from harness.interrupted import EngineRounds, GatewayLoad, cut, drain_lines, tun
 from harness.own_cluster import ROOT, OwnCluster, Run
 from hostside.boundary_lock import lock_pins
 from localcluster import pypi_mirror, wheels
-from tests.e2e.demo import chat, chat_request, ssh
+from tests.e2e.demo import chat, chat_request, rebooted, ssh
 from tests.tool_module import load_tool
 from tests.vllm_contract import check_vllm_api
 
@@ -692,28 +692,24 @@ def test_a_rebooted_engine_host_serves_again_by_itself_and_the_next_converge_cha
     st = serving
     recipe = recipe_for(st["dir"], probe=False, env={"KIMI_BAD_DAY": "0"})
     assert converge(st, recipe).code == 0  # the recipe the test before left, or back to it
-    boot = _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id")
     old = st["forwards"].pop("kimi-h2", None)
     if old is not None:
         old[0].terminate()
-    address = _address(st, "kimi-h2")
-    started = time.monotonic()
-    _sh(st, "kimi-h2", "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
-    serving_again, proc, url = None, None, ""
-    while time.monotonic() - started < 300 and serving_again is None:
-        time.sleep(2)
-        try:
-            if _sh(st, "kimi-h2", "cat /proc/sys/kernel/random/boot_id") == boot:
-                continue
-        except subprocess.SubprocessError:  # down while it reboots
-            continue
-        if proc is None or proc.poll() is not None:
-            proc, url = tunnel(st, address)
+    tunnels: list[tuple[subprocess.Popen[bytes], str]] = []
+
+    def answers() -> bool:
+        # a tunnel through the host, made again on each of its boots
+        if not tunnels or tunnels[-1][0].poll() is not None:
+            tunnels.append(tunnel(st, _address(st, "kimi-h2")))
         with contextlib.suppress(OSError, ValueError, KeyError):
-            if chat(url, PROMPT, REAL.dir / "api-key")["choices"]:
-                serving_again = time.monotonic() - started
-    if proc is not None:
-        proc.terminate()
+            return bool(chat(tunnels[-1][1], PROMPT, REAL.dir / "api-key")["choices"])
+        return False
+
+    try:
+        serving_again = rebooted("kimi-h2", answers, cluster_state=st)
+    finally:
+        for proc, _ in tunnels:
+            proc.terminate()
     assert serving_again is not None, "kimi-h2's engine did not serve within 300 s of its reboot"
     print(f"kimi-h2 rebooted: its engine served again {serving_again:.0f} s after the reboot began")
     noop = converge(st, recipe)
