@@ -4,9 +4,9 @@ rebooted host starts its engine by itself: a worker waits for its leader's rende
 leader serves once its workers meet it. The instance answers again with no converge, and the next
 converge finds each unit running the release it was verified with: no step.
 
-The stand-in engine models the rendezvous, not the loss of a collective: a real engine whose peer
-rebooted under it exits and is started again by systemd (the units' ``Restart=``), which the real
-vLLM's reboot on two hosts (tests/e2e/test_demo_real.py) and its kill (the watchdog's tests) hold.
+The stand-in engine models the rendezvous, not the loss of a collective: whether a real engine
+exits when a peer reboots under it (and is then started again by the units' ``Restart=on-failure``)
+is not held here. A real engine's own reboot is: tests/e2e/test_demo_real.py.
 """
 
 from __future__ import annotations
