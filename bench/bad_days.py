@@ -32,7 +32,16 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.interrupted import EngineRounds, GatewayLoad, cut, drain_lines, gap_lines, tunnel  # noqa: E402
+from harness.interrupted import (  # noqa: E402
+    EngineRounds,
+    GatewayLoad,
+    Tunnelled,
+    cut,
+    drain_lines,
+    gap_lines,
+    rebooted,
+    tunnel,
+)
 from harness.own_cluster import OwnCluster, Run  # noqa: E402
 
 CLUSTER = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-bad-days", "KIMI_CLUSTER_SUBNET": "10.213.22.0/24"})
@@ -147,21 +156,12 @@ def _reboot(st: dict[str, Any], folder: Path, address: dict[str, str]) -> None:
     key = (CLUSTER.dir / "api-key").read_text(encoding="utf-8").strip()
     inventory = _inventory(folder, _recipe(folder, A))
     _must(CLUSTER.pyinfra(inventory), "the converge before the reboot")
-    boot = _ssh(st, address["kimi-h2"], "cat /proc/sys/kernel/random/boot_id")
     logged = _ssh(st, address["kimi-h2"], "tail -n 2 /var/lib/kimi/releases.log")
-    started = time.monotonic()
-    _ssh(st, address["kimi-h2"], "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
-    back, proc = None, None
-    while back is None and time.monotonic() - started < 600:
-        time.sleep(2)
-        if _ssh(st, address["kimi-h2"], "cat /proc/sys/kernel/random/boot_id") in ("", boot):
-            continue
-        if proc is None or proc.poll() is not None:
-            proc, url = tunnel(st, address["kimi-h2"])
-        if EngineRounds.answers(url, key):
-            back = time.monotonic() - started
-    if proc is not None:
-        proc.terminate()
+    engine = Tunnelled(st, address["kimi-h2"], key)
+    try:
+        back = rebooted(lambda command: _ssh(st, address["kimi-h2"], command), engine.answers, within_s=600)
+    finally:
+        engine.close()
     print(f"\nkimi-h2 rebooted: its engine answered again {back:.0f} s after the reboot began, with no converge"
           if back is not None else "\nkimi-h2 rebooted: its engine did not answer within 600 s")  # fmt: skip
     after = _must(CLUSTER.pyinfra(inventory), "the converge after the reboot")

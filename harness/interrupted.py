@@ -173,6 +173,48 @@ class GatewayLoad:
             t.join(timeout=70)
 
 
+@dataclass
+class Tunnelled:
+    """An engine asked through an SSH tunnel to its host (``tunnel``), the tunnel made again once
+    the host dropped it (a reboot)."""
+
+    state: dict[str, Any]
+    address: str
+    key: str
+    tunnels: list[tuple[subprocess.Popen[bytes], str]] = field(default_factory=list)
+
+    def answers(self) -> bool:
+        """Whether the engine answers a short chat completion within 5 s."""
+        if not self.tunnels or self.tunnels[-1][0].poll() is not None:
+            self.tunnels.append(tunnel(self.state, self.address))
+        return EngineRounds.answers(self.tunnels[-1][1], self.key)
+
+    def close(self) -> None:
+        for proc, _ in self.tunnels:
+            proc.terminate()
+
+
+_BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+
+
+def rebooted(run: Callable[[str], str], serving: Callable[[], bool], within_s: float = 300) -> float | None:
+    """A host rebooted by systemd, as an operator's ``systemctl reboot`` (``run``: a command on it
+    over SSH, its stdout; it may fail while the host is down): the seconds from the reboot until
+    ``serving()`` holds on its new boot, None when it did not within ``within_s``."""
+    boot = run(_BOOT_ID)
+    started = time.monotonic()
+    run("( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &")
+    while time.monotonic() - started < within_s:
+        time.sleep(2)
+        try:
+            now = run(_BOOT_ID)
+        except (subprocess.SubprocessError, OSError):  # down while it reboots
+            continue
+        if now not in ("", boot) and serving():
+            return time.monotonic() - started
+    return None
+
+
 def drain_lines(log: str) -> list[str]:
     """What the converge said of each drain (``operations.serving.drain_line``)."""
     return [_ANSI.sub("", line).strip() for line in log.splitlines() if "drained" in line and "sends no new" in line]

@@ -294,17 +294,17 @@ def starting(u: UnitTarget, state: UnitState | None) -> bool:
     return not state["verified"] or state["restarts"] > state["restarts_verified"]
 
 
+def _check(u: UnitTarget, restarted: bool, restarts: int, only: str | None) -> dict[str, Any]:
+    """The smoke check of ``u`` (``operations.serving.verified``); ``only`` kept for an engine."""
+    assert u.smoke is not None
+    return {"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": restarted,
+            "restarts": restarts, "only": only if u.stage in ENGINES else None}  # fmt: skip
+
+
 def _smoke_checks(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[dict[str, Any]]:
     """The smoke checks of ``units`` in their batch: those this converge (re)starts are checked.
     ``only``: the pool (``TOPOLOGY/POOL``) of which they are the only instance, else None."""
-    checks = []
-    for u in units:
-        if u.smoke is None:
-            continue
-        starts = needs_start(u.release, unit_state(u, found))
-        checks.append({"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": starts,
-                       "restarts": 0, "only": only if u.stage in ENGINES else None})  # fmt: skip
-    return checks
+    return [_check(u, needs_start(u.release, unit_state(u, found)), 0, only) for u in units if u.smoke is not None]
 
 
 def _waiting(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[dict[str, Any]]:
@@ -313,16 +313,14 @@ def _waiting(units: Sequence[UnitTarget], found: HostState, only: str | None = N
     for u in units:
         state = unit_state(u, found)
         if u.smoke is not None and state is not None and starting(u, state):
-            checks.append({"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": True,
-                           "restarts": state["restarts"], "only": only if u.stage in ENGINES else None})  # fmt: skip
+            checks.append(_check(u, True, state["restarts"], only))
     return checks
 
 
-def only_restart(deploy: DeployPlan, todo: Converge, found: HostState, restarting: Collection[str]) -> str | None:
-    """What restarting the only instance of this host's pool costs its clients, in one line, when
-    this host restarts an engine of it that serves now; None otherwise (several instances, a
-    first start, nothing restarting)."""
-    only = only_instance(deploy.spec, deploy.topology)
+def only_restart(only: str | None, todo: Converge, found: HostState, restarting: Collection[str]) -> str | None:
+    """What restarting the only instance of this host's pool (``only``: ``only_instance``) costs
+    its clients, in one line, when this host restarts an engine of it that serves now; None
+    otherwise (several instances, a first start, nothing restarting)."""
     if only is None:
         return None
     for u in todo.units:
@@ -372,10 +370,12 @@ def _batches(
     *,
     down: frozenset[tuple[str, int]] = frozenset(),
     waiting: tuple[str, ...] = (),
+    only: str | None = None,
 ) -> list[BatchStep]:
     """Every batch of the start order (each host takes every one: they are barriers across hosts).
     ``down``: the instances that do not serve now, which go first; ``waiting``: the hosts whose
-    units still starting are waited for before the first batch (one that fails stops them all).
+    units still starting are waited for before the first batch (one that fails stops them all);
+    ``only``: this host's pool when it has a single instance (``only_instance``).
     A batch goes only if none of those failed, nor a host of an earlier batch, nor another host of
     this host's own instance (one that dropped off the network during the run)."""
     spec, topology = deploy.spec, deploy.topology
@@ -405,7 +405,7 @@ def _batches(
                 place=batch == place,
                 unless_failed=earlier,
                 units=[(u.stage, u.name, u.release, unit_state(u, found)) for u in units],
-                checks=_smoke_checks(units, found, only_instance(spec, topology)),
+                checks=_smoke_checks(units, found, only),
                 climbs=climbs,
                 router_view=view_request(
                     deploy.recipe, spec, topology, batch, restarting=restarting, running=running, down=down
@@ -431,6 +431,7 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
     # A rung is proven once for the topology's hosts of the same hardware and release.
     proofs = [p for _, seen in run.peers.values() if seen is not None for p in seen.get("ladder") or []]
     down, waiting = down_instances(run), waiting_hosts(run)
+    only = only_instance(spec, deploy.topology)
     climb = climb_for(deploy, todo, found, proofs)
     # A damaged release is rebuilt from its own lock; any other is installed from the lock the
     # controller resolves for this host's platform.
@@ -454,13 +455,13 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         # Then each engine instance's own communicator, when an engine of the instance (re)starts.
         all_reduce_request=None if all_reduce_why else all_reduce_request(recipe, spec, run.in_topology, run.run_id),
         all_reduce_why=all_reduce_why or "",
-        batches=_batches(deploy, todo, found, climb, hosts, down=down, waiting=waiting),
-        waiting=_waiting(todo.units, found, only_instance(spec, deploy.topology)),
+        batches=_batches(deploy, todo, found, climb, hosts, down=down, waiting=waiting, only=only),
+        waiting=_waiting(todo.units, found, only),
         waiting_hosts=waiting,
         down=down,
         readmit=readmit_request(recipe, spec, deploy.topology, found.get("router_drained") or [], down=down),
         collect=_collect(todo, found),
         restarting=restarting,
         climb=climb,
-        only_restart=only_restart(deploy, todo, found, restarting),
+        only_restart=only_restart(only, todo, found, restarting),
     )

@@ -34,7 +34,7 @@ def batch_of(host: HostPlan, topology: Sequence[HostPlan], down: Collection[tupl
     """
     if host.role == "router":
         return ROUTERS
-    instances = sorted({h.instance for h in topology if h.pool == host.pool})
+    instances = _instances(topology, host.pool)
     if len(instances) < 2:
         return 0
     if not down:
@@ -45,10 +45,15 @@ def batch_of(host: HostPlan, topology: Sequence[HostPlan], down: Collection[tupl
     return 0 if serving.index(host.instance) % 2 else 1
 
 
+def _instances(topology: Sequence[HostPlan], pool: str) -> list[int]:
+    """The instances of ``pool`` in ``topology``, in order."""
+    return sorted({h.instance for h in topology if h.pool == pool})
+
+
 def only_instance(host: HostPlan, topology: Sequence[HostPlan]) -> str | None:
     """``TOPOLOGY/POOL`` when ``host`` serves in a pool of a single instance, whose restart leaves
     the pool without service until it answers again; None otherwise (a router, or several)."""
-    if host.role == "router" or len({h.instance for h in topology if h.pool == host.pool}) > 1:
+    if host.role == "router" or len(_instances(topology, host.pool)) > 1:
         return None
     return f"{host.topology}/{host.pool}"
 
@@ -57,7 +62,7 @@ def restart_line(topology: Sequence[HostPlan]) -> str | None:
     """How a restarting change moves ``topology``'s pools, in one line of the plan."""
     parts = []
     for pool in dict.fromkeys(h.pool for h in topology if h.role != "router"):
-        instances = len({h.instance for h in topology if h.pool == pool})
+        instances = len(_instances(topology, pool))
         if instances > 1:
             parts.append(f"pool {pool}: {instances} instances in two batches, the second once the first answers")
         else:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from pyinfra import logger
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
@@ -22,12 +23,19 @@ DRAIN_SLACK_S = 60
 
 def _said(command: str, what: str, line: Callable[[Any], str], timeout_s: int | None = None) -> FunctionCommand:
     """A host program as one command: when it fails, its own lines (its one ``kimi-deploy:`` line
-    and what follows it); when it passes, its JSON answer said in one line by ``line``."""
+    and what follows it); when it passes, its JSON answer said in one line by ``line``. Made while
+    an operation yields its commands: the program runs with that operation's connector arguments
+    (``_sudo``, ``_su_user``, ...), as pyinfra runs a shell command it yields."""
+    given: dict[str, Any] = dict(host.current_op_global_arguments or {})
+    arguments = {key: given[key] for key in CONNECTOR_ARGUMENT_KEYS if key in given}
+    if timeout_s is not None:
+        arguments["_timeout"] = timeout_s
 
     def run(state: State, host: Host) -> bool:
-        ok, output = host.run_shell_command(command, **({} if timeout_s is None else {"_timeout": timeout_s}))
+        ok, output = host.run_shell_command(command, print_output=state.print_output, **arguments)
         if not ok:
-            for text in output.stderr_lines or output.stdout_lines or [f"{what} failed"]:
+            # (with -v, pyinfra printed them as they came)
+            for text in [] if state.print_output else output.stderr_lines or output.stdout_lines or [f"{what} failed"]:
                 host.log_styled(text, fg="red", log_func=logger.error)
             return False
         try:

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -103,26 +102,6 @@ def ssh(host: str, *command: str, cluster_state: dict[str, Any] | None = None, s
 
 def main_pid(host: str, unit: str) -> int:
     return int(ssh(host, "systemctl", "show", "-p", "MainPID", "--value", f"{unit}.service"))
-
-
-def rebooted(
-    host: str, serving: Callable[[], bool], cluster_state: dict[str, Any] | None = None, within_s: float = 300
-) -> float | None:
-    """``host`` rebooted (systemd's reboot, as an operator's ``systemctl reboot``): the seconds from
-    the reboot until ``serving()`` holds on its new boot, None when it did not within ``within_s``."""
-    boot = ssh(host, "cat /proc/sys/kernel/random/boot_id", cluster_state=cluster_state)
-    started = time.monotonic()
-    ssh(host, "( sleep 1 && systemctl reboot ) </dev/null >/dev/null 2>&1 &", cluster_state=cluster_state)
-    while time.monotonic() - started < within_s:
-        time.sleep(2)
-        try:
-            if ssh(host, "cat /proc/sys/kernel/random/boot_id", cluster_state=cluster_state) == boot:
-                continue
-        except subprocess.SubprocessError:  # down while it reboots
-            continue
-        if serving():
-            return time.monotonic() - started
-    return None
 
 
 def address(host: str) -> str:

@@ -95,7 +95,13 @@ def test_a_restart_passes_the_check_on_both_hosts_first(serving: dict[str, int],
     assert gap is not None, run.log[-3000:]
     assert int(gap[1]) < 600
     # Back to the demo recipe (another restart, checked again); then nothing to check.
-    assert pyinfra().changed()["Communication check"] == list(TOPOLOGY)
+    back = pyinfra()
+    assert back.changed()["Communication check"] == list(TOPOLOGY)
+    # the gap the smoke test recorded on the host, read back by the probe, said before this restart
+    assert (
+        f"restarting the only instance (kimi-sglang): no service until it answers again; its last restart: {gap[1]} s"
+        in back.log
+    ), back.log[-3000:]
     assert "Communication check" not in pyinfra().changed()
 
 

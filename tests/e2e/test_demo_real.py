@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -38,11 +37,11 @@ import pytest
 import yaml
 
 from harness.hosted_api import HostedApi
-from harness.interrupted import EngineRounds, GatewayLoad, cut, drain_lines, tunnel
+from harness.interrupted import EngineRounds, GatewayLoad, Tunnelled, cut, drain_lines, rebooted, tunnel
 from harness.own_cluster import ROOT, OwnCluster, Run
 from hostside.boundary_lock import lock_pins
 from localcluster import pypi_mirror, wheels
-from tests.e2e.demo import chat, chat_request, rebooted, ssh
+from tests.e2e.demo import chat, chat_request, ssh
 from tests.tool_module import load_tool
 from tests.vllm_contract import check_vllm_api
 
@@ -695,21 +694,11 @@ def test_a_rebooted_engine_host_serves_again_by_itself_and_the_next_converge_cha
     old = st["forwards"].pop("kimi-h2", None)
     if old is not None:
         old[0].terminate()
-    tunnels: list[tuple[subprocess.Popen[bytes], str]] = []
-
-    def answers() -> bool:
-        # a tunnel through the host, made again on each of its boots
-        if not tunnels or tunnels[-1][0].poll() is not None:
-            tunnels.append(tunnel(st, _address(st, "kimi-h2")))
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            return bool(chat(tunnels[-1][1], PROMPT, REAL.dir / "api-key")["choices"])
-        return False
-
+    engine = Tunnelled(st, _address(st, "kimi-h2"), _key())
     try:
-        serving_again = rebooted("kimi-h2", answers, cluster_state=st)
+        serving_again = rebooted(lambda command: _sh(st, "kimi-h2", command), engine.answers)
     finally:
-        for proc, _ in tunnels:
-            proc.terminate()
+        engine.close()
     assert serving_again is not None, "kimi-h2's engine did not serve within 300 s of its reboot"
     print(f"kimi-h2 rebooted: its engine served again {serving_again:.0f} s after the reboot began")
     noop = converge(st, recipe)

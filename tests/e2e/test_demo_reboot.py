@@ -17,7 +17,8 @@ import shutil
 
 import pytest
 
-from tests.e2e.demo import address, chat, pyinfra, rebooted, ssh
+from harness.interrupted import rebooted
+from tests.e2e.demo import address, chat, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
@@ -45,7 +46,7 @@ def _serves() -> bool:
 def test_a_rebooted_host_of_a_multi_host_instance_serves_again_by_itself_and_the_next_converge_changes_nothing(
     converged: None, host: str
 ) -> None:
-    took = rebooted(host, _serves)
+    took = rebooted(lambda command: ssh(host, command), _serves)
     assert took is not None, f"the instance did not serve within 300 s of {host}'s reboot"
     print(f"{host} rebooted: the SGLang instance served again {took:.0f} s after the reboot began")
     assert ssh(host, "systemctl is-active kimi-sglang") == "active"
