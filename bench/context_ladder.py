@@ -37,7 +37,7 @@ from vllm_restart import _get, _stop, ensure_venv  # noqa: E402 - beside this fi
 
 from hostside import context_probe  # noqa: E402 - after the path is set
 from hostside.smoke import _first_exception  # noqa: E402
-from kimi_deploy.recipe import load_recipe  # noqa: E402
+from kimi_deploy.recipe_file import load_recipe  # noqa: E402
 from localcluster import hub_content, needle_llama  # noqa: E402
 from localcluster.hub_repo import load_info, materialize  # noqa: E402
 

@@ -112,7 +112,7 @@ def main() -> None:
     state = json.loads((settings.state_dir / "state.json").read_text(encoding="utf-8"))
     index_url = state["services"]["index"]["url"]
     host = Host(state)
-    from kimi_deploy.recipe import load_recipe  # noqa: PLC0415 - only the pin is needed
+    from kimi_deploy.recipe_file import load_recipe  # noqa: PLC0415 - only the pin is needed
 
     version = load_recipe(DEMO_RECIPE).tools.uv
     uv = {"version": version, "dir": f"{SCRATCH}/uv-{version}"}

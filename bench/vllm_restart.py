@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from client_load import free_port  # noqa: E402 - beside this file
 
-from kimi_deploy.recipe import EngineRelease, load_recipe  # noqa: E402 - after the path is set
+from kimi_deploy.recipe import EngineRelease  # noqa: E402
+from kimi_deploy.recipe_file import load_recipe  # noqa: E402 - after the path is set
 from localcluster import hub_content  # noqa: E402
 from localcluster.hub_repo import materialize  # noqa: E402
 

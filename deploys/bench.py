@@ -27,7 +27,7 @@ from pyinfra.operations import python
 from facts.bench import BenchRecord
 from hostside.boundary_json import loads
 from kimi_deploy.bench_delta import figures, format_delta
-from kimi_deploy.bench_plan import HOSTED_KEY, bench_request, generator, hosted, local_target
+from kimi_deploy.bench_plan import HOSTED_KEY, bench_request, bench_topology, generator, hosted, local_target
 from kimi_deploy.bench_plot import draw
 from kimi_deploy.bench_report import format_report, report
 from kimi_deploy.errors import ConfigError
@@ -42,7 +42,7 @@ try:
     recipe = deploy.recipe
     if recipe.benchmark is None:
         raise ConfigError(deploy.recipe_file, "benchmark", "the recipe has no benchmark (its tasks and concurrencies)")
-    name = recipe.bench_topology()
+    name = bench_topology(recipe)
     at = generator(deploy.topology) if deploy.spec.topology == name else None
     if at is not None and at.host == host.name:
         request = bench_request(recipe, deploy.topology, at, run_context().run_id)

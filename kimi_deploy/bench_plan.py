@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.converge import unit_key
+from kimi_deploy.engines import ENGINES
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.recipe import Benchmark, Recipe, RouterFallback
 from kimi_deploy.servespec import HostPlan, Unit
@@ -76,9 +78,15 @@ def local_target(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan) -
     return Target("local", _url(unit, label, plan, at), served, key_file, key_var)
 
 
+def bench_topology(recipe: Recipe) -> str | None:
+    """The topology the benchmark drives: its own, or the first served by an engine whose
+    release holds the load generator (``Engine.load_generator``)."""
+    return recipe.bench_topology(tuple(name for name, engine in ENGINES.items() if engine.load_generator))
+
+
 def hosted(recipe: Recipe) -> RouterFallback | None:
     """The hosted API the tasks also run against, if any."""
-    bench, name = recipe.benchmark, recipe.bench_topology()
+    bench, name = recipe.benchmark, bench_topology(recipe)
     if bench is None or name is None:
         return None
     router = recipe.topologies[name].router
@@ -117,7 +125,8 @@ def bench_request(
             "url": _url(engine, "api", at, at),
             "key_file": key_file,
             "key_var": key_var,
-            "nvidia": at.accelerator_vendor == "nvidia",
+            # the load's peaks of the accelerators' use, read with nvidia-smi
+            "nvidia": accelerator(at.accelerator_vendor).device_health,
         },
         "remove": [HOSTED_KEY] if other is not None else [],
     }

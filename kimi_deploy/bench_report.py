@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hostside.boundary_text import shown
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.bench_judge import judge
 from kimi_deploy.recipe import Benchmark, Cost
 from kimi_deploy.servespec import HostPlan
@@ -46,13 +47,16 @@ def _ms_to_s(value: Any) -> float | None:
 
 
 def accelerators(topology: Sequence[HostPlan]) -> tuple[str, float]:
-    """The priced kind of the topology's engine hosts and how many of it they hold (hosts, for CPUs)."""
+    """The priced kind of the topology's engine hosts and how many of it they hold (hosts, for a
+    kind priced by the host: CPUs)."""
     engines = [p for p in topology if any(u.kind == "engine" for u in p.units)]
     if not engines:
-        return "cpu", 0.0
-    if engines[0].accelerator_vendor == "cpu":
-        return "cpu", float(len(engines))
-    return engines[0].accelerator_model, float(sum(p.accelerators for p in engines))
+        return "-", 0.0
+    kind = accelerator(engines[0].accelerator_vendor)
+    name = kind.price_name(engines[0].accelerator_model)
+    if kind.priced_by_host:
+        return name, float(len(engines))
+    return name, float(sum(p.accelerators for p in engines))
 
 
 def _cost(cost: Cost | None, target: str, *, kind: str, count: float, wall_s: float, failures: int,

@@ -57,7 +57,7 @@ def packages(libraries: tuple[str, ...], os: HostOs | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(PACKAGES[name][os or DEFAULT_OS] for name in libraries))
 
 
-# The NVIDIA driver's own libraries (the converge installs the driver: kimi_deploy/driver_plan.py).
+# The NVIDIA driver's own libraries (the converge installs the driver: kimi_deploy/accelerators/nvidia_drivers.py).
 DRIVER = frozenset({"libcuda.so.1", "libnvidia-ml.so.1"})
 # In the base system of every OS above (Priority: required, in debootstrap's minbase), same name.
 BASE = {"libz.so.1": "zlib1g"}

@@ -31,18 +31,6 @@ OS_RELEASES: dict[HostOs, tuple[tuple[int, int], tuple[int, int]]] = {
     "ubuntu-22.04": ((3, 10), (2, 35)),
     "ubuntu-24.04": ((3, 12), (2, 39)),
 }
-# Accelerator models whose hosts are Arm (Grace) machines.
-ARM_MODELS = frozenset({"GB200", "GB300"})
-
-
-def machine_of(model: str | None, given: str | None) -> str:
-    """The CPU architecture of a topology's hosts: ``given`` when the recipe names one, else the
-    one its accelerator model implies."""
-    if given:
-        return given
-    return "aarch64" if (model or "").upper() in ARM_MODELS else "x86_64"
-
-
 def platform_of(os_name: HostOs, machine: str) -> HostPlatform:
     """The platform the hosts of ``os_name`` on ``machine`` install releases for."""
     python, glibc = OS_RELEASES[os_name]

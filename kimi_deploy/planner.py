@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kimi_deploy.accelerators import NONE
 from kimi_deploy.catalog import Catalog, CatalogMissing, engine_catalog
 from kimi_deploy.engine_guard import guarded
 from kimi_deploy.engines import engine
@@ -198,7 +199,7 @@ def _router_plan(recipe: Recipe, tp: TopologyPlacement) -> HostPlan:
         ep=0,
         dp_local=0,
         dp_start_rank=0,
-        accelerator_vendor="none",
+        accelerator_vendor=NONE.name,
         accelerator_model="none",
         accelerators=0,
         accelerator_memory_gib=0,

@@ -15,10 +15,11 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from hostside.boundary_text import printable
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.catalog import engine_catalog
-from kimi_deploy.host_profile import matches_model, port_active
+from kimi_deploy.host_profile import port_active
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import CPU_ANY, HostPlan
+from kimi_deploy.servespec import HostPlan
 
 GIB = 2**30
 # Free space kept beyond the weights themselves: logs, caches, a partial download's overlap.
@@ -43,49 +44,12 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.0f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
-def _cpu(spec: HostPlan, profile: dict[str, Any]) -> str | None:
-    """An engine on the host's CPUs: the CPU model (when the recipe names one) and the RAM its
-    ranks take, whatever accelerators the host also has."""
-    cpu = profile.get("cpu") or {}
-    ram = int((profile.get("memory") or {}).get("total_bytes") or 0)
-    need = spec.accelerators * spec.accelerator_memory_gib * GIB
-    model = spec.accelerator_model if spec.accelerator_model != CPU_ANY else None
-    each = f"{spec.accelerator_memory_gib} GiB of RAM"
-    want = f"pool {spec.pool} needs {spec.accelerators} x {model or 'CPU'} rank with {each}"
-    found = f"{cpu.get('count') or '?'} x {cpu.get('model') or 'unknown CPU'} with {_gib(ram)} of RAM"
-    if (model is not None and not matches_model(str(cpu.get("model") or ""), model)) or ram < need:
-        return f"accelerators: {want}, found {found}"
-    return None
-
-
 def accelerators(needs: Needs, profile: dict[str, Any]) -> str | None:
+    """The accelerators the plan gives an engine host, as its kind reads the profile."""
     spec = needs.spec
     if spec.role == "router":
         return None
-    if spec.accelerator_vendor == "cpu":
-        return _cpu(spec, profile)
-    return _devices(spec, profile)
-
-
-def _devices(spec: HostPlan, profile: dict[str, Any]) -> str | None:
-    acc = profile.get("accelerators") or {}
-    want = (
-        f"pool {spec.pool} needs {spec.accelerators} x {spec.accelerator_model} "
-        f"with >= {spec.accelerator_memory_gib} GiB"
-    )
-    if acc.get("error"):
-        return f"accelerators: {want}, found an error: {acc['error']}"
-    count = int(acc.get("count") or 0)
-    model = acc.get("model") or "none"
-    memory_mib = acc.get("memory_mib")
-    found = f"{count} x {model}" + (f" ({memory_mib // 1024} GiB)" if memory_mib else "")
-    if acc.get("vendor") != spec.accelerator_vendor or count != spec.accelerators:
-        return f"accelerators: {want}, found {found}"
-    if not matches_model(str(model), spec.accelerator_model):
-        return f"accelerators: {want}, found {found}"
-    if spec.accelerator_vendor == "nvidia" and (memory_mib or 0) < spec.accelerator_memory_gib * 1024:
-        return f"accelerators: {want}, found {found}"
-    return None
+    return accelerator(spec.accelerator_vendor).check_host(spec, profile)
 
 
 def disk(needs: Needs, profile: dict[str, Any]) -> str | None:

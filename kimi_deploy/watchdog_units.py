@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hostside.host_dirs import STATE_DIR
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.hostside_command import bundle
 from kimi_deploy.recipe import Recipe, Watchdog
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
@@ -30,7 +31,6 @@ def watchdog_config(
     scrub: str | None,
 ) -> dict[str, Any]:  # fmt: skip
     """The program's config: ``checks`` are (unit, URL of its API or None, its smoke request)."""
-    vendor = spec.accelerator_vendor
     return {
         "interval_s": watchdog.interval_s,
         "timeout_s": watchdog.timeout_s,
@@ -50,11 +50,11 @@ def watchdog_config(
             }
             for unit, url, request in checks
         ],
-        # The GPUs the plan gives the host (a TPU host's chips have no reader here yet).
-        "accelerators": {"vendor": vendor, "count": spec.accelerators} if vendor == "nvidia" else None,
+        # The GPUs the plan gives the host, and the kernel's log where the driver reports their
+        # faults (Xid events), for a kind whose health the watchdog reads (a TPU host's chips have
+        # no reader here yet).
+        **accelerator(spec.accelerator_vendor).watchdog(spec),
         "scrub": scrub,
-        # Xid events, the driver's reports of GPU faults, are in the kernel's log
-        "kmsg": "/dev/kmsg" if vendor == "nvidia" else None,
         "xid_ignore": sorted(watchdog.xid_ignore),
     }
 

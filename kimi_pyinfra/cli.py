@@ -36,7 +36,7 @@ from kimi_deploy.parsers import (
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, accelerators, rdma, rdma_asked
-from kimi_deploy.recipe import load_recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servability import refusals
 from kimi_deploy.servespec import Plan

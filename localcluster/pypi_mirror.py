@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kimi_deploy.recipe import load_recipe
+from kimi_deploy.recipe_file import load_recipe
 from localcluster.image import cache_lock
 
 CACHE = Path("/var/cache/kimi-cluster/pypi")

@@ -12,8 +12,9 @@ from pyinfra.context import host
 
 from facts.drivers import DriversState
 from hostside.probe_types import DriversAnswer
+from kimi_deploy.accelerators.interface import DriversPlan
 from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.driver_plan import DriversPlan, plan_drivers, probe_request
+from kimi_deploy.driver_plan import plan_drivers, probe_request
 from kimi_pyinfra.rehearsal import Do
 from operations import nvidia, preflight, sysctl, units
 

@@ -1,6 +1,6 @@
 """NVIDIA's driver from its apt repository: the repository, the pin, the packages, the reboot, the services.
 
-Each operation takes what ``kimi_deploy.driver_plan`` decided from the host's probe and yields
+Each operation takes what ``kimi_deploy.accelerators.nvidia_drivers`` decided from the host's probe and yields
 nothing when the host is already so. apt's refusals end the operation with one line
 ``kimi-deploy: drivers: apt-get install refused: <apt's reason>`` after apt's own output.
 """
@@ -21,7 +21,14 @@ from pyinfra.context import host
 
 from facts.drivers import DriversState
 from hostside.host_dirs import LOG_DIR
-from kimi_deploy.driver_plan import PIN_PREFIX, Reboot, loaded_driver, reboot_reason, reboot_refusal, upstream
+from kimi_deploy.accelerators.nvidia_drivers import (
+    PIN_PREFIX,
+    Reboot,
+    loaded_driver,
+    reboot_reason,
+    reboot_refusal,
+    upstream,
+)
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
 # Held packages move only when a deploy says so; a changed config file the host holds stays.

@@ -15,7 +15,8 @@ import pytest
 # end: tests/test_weights_relay.py run beside tests/test_hub_lock_names.py).
 import pyinfra_cli  # noqa: F401  # isort: skip
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.recipe import Accelerators, Recipe, load_recipe
+from kimi_deploy.recipe import Accelerators, Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.cluster_env import use_tests_cluster
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.recipe import load_recipe
+from kimi_deploy.bench_plan import bench_topology
+from kimi_deploy.recipe_file import load_recipe
 from tests.test_recipe_errors import BASE, _error, _write
 
 Mutation = Callable[[dict[str, Any]], None]
@@ -50,8 +51,8 @@ CASES: list[tuple[str, Mutation, str]] = [
     ("falling-concurrency", _bench(concurrency=[4, 1]), "benchmark: concurrency must rise strictly, found [4, 1]"),
     ("unknown-topology", _bench(topology="nope"), "benchmark.topology: 'nope' is not a topology of this recipe"),
     ("not-vllm", _bench(topology="tpu7x"),
-     "benchmark.topology: 'tpu7x' serves with sglang-jax; the load generator is vLLM's (bench serve), "
-     "from a vLLM topology's release"),
+     "benchmark.topology: 'tpu7x' serves with sglang-jax; the load generator is vllm's (bench serve), "
+     "from the release of a topology it serves"),
     ("no-price", _cost(accelerator_hour={"H200": 3.8}),
      "benchmark.cost.accelerator_hour: no price for 'B300' (the accelerators of the topology benchmarked), "
      "found ['H200']"),
@@ -84,6 +85,6 @@ def test_without_a_topology_named_the_first_vllm_one_is_benchmarked(tmp_path: Pa
     tree = copy.deepcopy(BASE)
     del tree["benchmark"]["topology"]
     recipe = load_recipe(_write(tmp_path, tree))
-    assert recipe.bench_topology() == next(n for n, t in recipe.topologies.items() if t.engine == "vllm")
+    assert bench_topology(recipe) == next(n for n, t in recipe.topologies.items() if t.engine == "vllm")
     del tree["benchmark"]
     assert load_recipe(_write(tmp_path, tree)).benchmark is None

@@ -15,7 +15,8 @@ import pytest
 from kimi_deploy.bench_plot import draw
 from kimi_deploy.bench_report import HOURS_PER_MONTH, format_report, report
 from kimi_deploy.planner import plan
-from kimi_deploy.recipe import Benchmark, Cost, load_recipe
+from kimi_deploy.recipe import Benchmark, Cost
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.servespec import HostPlan
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.conftest import ROOT

@@ -25,7 +25,7 @@ from hostside.boundary_lock import lock_pins
 from hostside.uv_process import _nearest, reason
 from kimi_deploy import committed_locks
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.recipe import load_recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.release_lock import HostPlatform
 from kimi_deploy.release_set import CommittedLock
 from kimi_deploy.venv_lock import LockSource

@@ -25,7 +25,8 @@ from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.planner import plan
-from kimi_deploy.recipe import ContextProbe, Recipe, load_recipe
+from kimi_deploy.recipe import ContextProbe, Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.host_converge import probe_answer
 from tests.test_cpu_topology import DEMO, INVENTORY

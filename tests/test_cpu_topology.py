@@ -17,7 +17,8 @@ from kimi_deploy.engines.vllm import host_packages
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.planner import argv_positionals, plan
 from kimi_deploy.preflight import GIB, Needs, accelerators
-from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.servespec import HostPlan, Plan
 from kimi_pyinfra.inventory_file import load_inventory
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kimi_deploy import catalog as catalog_module
-from kimi_deploy.accelerator_devices import devices_per_accelerator
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.catalog import Catalog, engine_catalog, load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory, InventoryHost
@@ -217,10 +217,14 @@ def test_an_engine_taking_its_key_in_argv_is_served_on_loopback_only(
 
 
 def test_devices_the_runtime_counts_on_an_accelerator(recipe: Recipe) -> None:
-    assert devices_per_accelerator(recipe.topologies["tpu7x"].accelerators) == 2
-    assert devices_per_accelerator(recipe.topologies["tpu7x"].accelerators.model_copy(update={"model": "tpu7X"})) == 2
-    assert devices_per_accelerator(recipe.topologies["single-node"].accelerators) == 1
-    assert devices_per_accelerator(recipe.topologies["gb300-pd"].accelerators) == 1
+    def devices(topology: str, model: str | None = None) -> int:
+        acc = recipe.topologies[topology].accelerators
+        return accelerator(acc.vendor).devices_per_accelerator(model or acc.model)
+
+    assert devices("tpu7x") == 2
+    assert devices("tpu7x", "tpu7X") == 2
+    assert devices("single-node") == 1
+    assert devices("gb300-pd") == 1
 
 
 def test_port_clash_on_a_host_is_refused(recipe: Recipe, prod: Inventory) -> None:

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import load_recipe
 from tests.conftest import RECIPE, ROOT
 
 Mutation = Callable[[dict[str, Any]], None]
@@ -385,7 +386,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     (
         "all-reduce-nccl-on-tpu",
         _set(((TOPO, "tpu7x", "comm_check"), {"all_reduce": {"min_busbw_gbs": 100}})),
-        "topologies.tpu7x: comm_check.all_reduce: backend nccl needs NVIDIA accelerators, found tpu",
+        "topologies.tpu7x: comm_check.all_reduce: backend nccl needs nvidia accelerators, found tpu",
     ),
     (
         "all-reduce-sizes-reversed",
@@ -550,7 +551,7 @@ CASES: list[tuple[str, Mutation, str]] = [
     (
         "cpu-accelerators-for-sglang",
         _set(((*TPU, "accelerators"), {**CPU, "per_host": 4}), ((*TPU, "cpu"), {"kv_cache_gib": 1})),
-        "topologies.tpu7x: accelerators.vendor: cpu is served by vLLM's CPU build, engine is sglang-jax",
+        "topologies.tpu7x: accelerators.vendor: cpu is served by the CPU build of vllm, engine is sglang-jax",
     ),
     (
         "cpu-memory-fraction-above-one",

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from hostside.boundary_text import printable
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.cli import main
 from tests.conftest import PROD, RECIPE, ROOT
 

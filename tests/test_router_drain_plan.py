@@ -13,6 +13,7 @@ import yaml
 from kimi_deploy.inventory import Inventory, make_host
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import recipe_from
 from kimi_deploy.router_drain_plan import drain_api, drain_request, readmit_request
 from kimi_deploy.servespec import HostPlan
 from tests.conftest import ROOT
@@ -27,7 +28,7 @@ def _routed(**router: Any) -> tuple[Recipe, list[HostPlan]]:
     vllm["group"] = "demo_routed"
     vllm["router"] = {"group": "demo_router", "package": "vllm-router", **router}
     data["topologies"] = {"demo-vllm": vllm}
-    recipe = Recipe.model_validate(data)
+    recipe = recipe_from(data)
     routed = ("demo_vllm", "demo_routed")
     groups = {"kimi-h1": routed, "kimi-h2": routed, "kimi-h3": ("demo_routed", "demo_router")}
     hosts = tuple(make_host("inv.py", n, groups[n], {"kimi_address": a}) for n, a in HOSTS.items())

@@ -16,7 +16,8 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.gateway import MAX_CONNECTIONS, worker_connections
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
-from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servespec import HostPlan
 from tests.unit_file import directives

@@ -12,7 +12,8 @@ import pytest
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hostside_command import bundle
-from kimi_deploy.recipe import Scrub, load_recipe
+from kimi_deploy.recipe import Scrub
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.scrub_units import scrub_files
 
 REQUEST = {

@@ -21,7 +21,8 @@ from kimi_deploy.catalog import load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.lockfile import Lock, LockedFile, lock_path, read_lock
-from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.servability import check_servable, closest, model_architecture
 from localcluster import hub_repo
 from localcluster.hub import HubServer, serve

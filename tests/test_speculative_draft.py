@@ -20,7 +20,8 @@ from kimi_deploy.hub_lock import remote_tokenizer
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.lockfile import Lock, LockedFile, lock_path, read_lock
 from kimi_deploy.planner import plan
-from kimi_deploy.recipe import Draft, Recipe, load_recipe
+from kimi_deploy.recipe import Draft, Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.rollback_plan import RollbackError, plan_rollback
 from kimi_deploy.servability import check_remote_code, refusals
 from tests.conftest import RECIPE, ROOT

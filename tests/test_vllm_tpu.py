@@ -18,7 +18,8 @@ from kimi_deploy.engines import vllm_tpu
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
-from kimi_deploy.recipe import Recipe, load_recipe
+from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import load_recipe, recipe_from
 from kimi_deploy.render import render_host
 from kimi_deploy.servability import check_servable
 from kimi_pyinfra.inventory_file import load_inventory
@@ -60,7 +61,7 @@ def _recipe(change: dict[str, Any] | None = None, arch: str | None = None, size:
         data["model"]["architecture"] = arch
     if size is not None:
         data["model"]["size_bytes"] = size
-    return Recipe.model_validate(data)
+    return recipe_from(data)
 
 
 def _pool(hosts: int, parallel: dict[str, int]) -> dict[str, Any]:

@@ -43,6 +43,13 @@ class Engine:
     # the flag its unit passes a speculative draft's folder with (vLLM's ``--speculative-config``
     # ``model``), None: it takes no draft checkpoint; the pinned release's catalog must have it
     draft_flag: str | None = None
+    # HiCache (``topologies.*.hicache``, host-memory KV cache): None where the engine serves it,
+    # else why not, the recipe's error line (``{engine}``: the engine's name)
+    hicache_refusal: str | None = "hicache is an SGLang feature, engine is {engine}"
+    # it has a CPU build, which serves ``cpu`` accelerators (vLLM's)
+    cpu_build: bool = False
+    # its release holds the benchmark's load generator (``vllm bench serve``)
+    load_generator: bool = False
 
     def client_port(self, topology: Topology) -> int:
         """The port clients (or the router) reach the topology's API on: ``ports.api`` or the

@@ -66,4 +66,10 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
 
 
 # its --config YAML names the key as the option it sets (--api-key)
-ENGINE = Engine(name="sglang", default_api_port=30000, unit=engine_unit, secret_file_key="api-key")  # noqa: S106
+ENGINE = Engine(
+    name="sglang",
+    default_api_port=30000,
+    unit=engine_unit,
+    secret_file_key="api-key",  # noqa: S106 - the key's name in its config file
+    hicache_refusal=None,
+)

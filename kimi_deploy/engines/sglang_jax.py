@@ -5,7 +5,7 @@ launcher and flags (https://docs.sglang.io/platforms/tpu.html). What this module
 0.1.0rc0 wheel (``sgl_jax/``, the release its catalog was read from):
 - ``--tp-size`` counts JAX devices over every node: the scheduler lays ``jax.devices()`` out as a
   ``[dp, tp / dp]`` mesh (``srt/managers/scheduler.py``), so the recipe's accelerators count
-  times the devices on each (``kimi_deploy.accelerator_devices``: two per TPU7x chip);
+  times the devices on each (``AcceleratorKind.devices_per_accelerator``: two per TPU7x chip);
   ``--dp-size`` the data-parallel ranks inside it; it has no pipeline parallelism.
 - ``--ep-size`` is honoured by the ``epmoe`` MoE backend alone (the fused backends take the whole
   mesh and only log a warning: ``srt/managers/scheduler.py``, ``srt/layers/moe.py``), so it goes
@@ -31,7 +31,7 @@ launcher and flags (https://docs.sglang.io/platforms/tpu.html). What this module
 
 from __future__ import annotations
 
-from kimi_deploy.accelerator_devices import devices_per_accelerator
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.engines.common import api_listen, dist_init_flags, engine_unit_for, loopback_only, model_flags
 from kimi_deploy.engines.interface import Engine
@@ -49,8 +49,8 @@ PAGE_SIZE = 128
 
 def devices(placement: Placement) -> int:
     """The JAX devices of one instance: its accelerators times the devices on each."""
-    topo = placement.topology
-    return placement.pool.parallel.size * devices_per_accelerator(topo.accelerators)
+    acc = placement.topology.accelerators
+    return placement.pool.parallel.size * accelerator(acc.vendor).devices_per_accelerator(acc.model)
 
 
 def check_layout(recipe_file: str, placement: Placement) -> None:
@@ -92,4 +92,13 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     )  # fmt: skip
 
 
-ENGINE = Engine(name="sglang-jax", default_api_port=30000, unit=engine_unit)
+ENGINE = Engine(
+    name="sglang-jax",
+    default_api_port=30000,
+    unit=engine_unit,
+    # sgl_jax/srt/model_executor/model_runner_kv_cache_mixin.py (sglang-jax 0.1.0rc0)
+    hicache_refusal=(
+        "hicache: sglang-jax refuses host-memory offload (--hicache-storage) for a model with "
+        "linear-attention (KDA) layers such as Kimi's: its recurrent state stays on the TPU"
+    ),
+)

@@ -257,4 +257,6 @@ ENGINE = Engine(
     positionals=positionals,
     host_packages=host_packages,
     draft_flag=DRAFT_FLAG,
+    cpu_build=True,
+    load_generator=True,
 )

@@ -15,7 +15,7 @@ the catalog's sources):
 - ``--tensor-parallel-size`` counts JAX devices: tpu-inference's mesh takes
   ``tensor_parallel_size`` devices per data-parallel rank (``tpu_inference/layers/common/sharding.py``
   ``ShardingConfigManager.from_vllm_config``, ``total_devices``), so the recipe's accelerators
-  times the devices on each (``kimi_deploy.accelerator_devices``: two per TPU7x chip), as the
+  times the devices on each (``AcceleratorKind.devices_per_accelerator``: two per TPU7x chip), as the
   TPU7x recipes run it (``--tensor-parallel-size=8`` on one 4-chip tpu7x host:
   AI-Hypercomputer/tpu-recipes inference/ironwood/vLLM/Qwen3.5-397B/qwen3_5-server.yaml).
   ``--data-parallel-size`` the data-parallel ranks; a pipeline runs on one host only
@@ -47,7 +47,7 @@ the catalog's sources):
 
 from __future__ import annotations
 
-from kimi_deploy.accelerator_devices import devices_per_accelerator
+from kimi_deploy.accelerators import accelerator
 from kimi_deploy.catalog import Catalog, engine_catalog
 from kimi_deploy.engines.common import engine_unit_for, model_flags
 from kimi_deploy.engines.interface import Engine
@@ -65,8 +65,8 @@ UNIT = "kimi-vllm-tpu"
 
 def devices(placement: Placement) -> int:
     """The JAX devices of one data-parallel rank: its accelerators times the devices on each."""
-    p = placement.pool.parallel
-    return p.tp * devices_per_accelerator(placement.topology.accelerators)
+    p, acc = placement.pool.parallel, placement.topology.accelerators
+    return p.tp * accelerator(acc.vendor).devices_per_accelerator(acc.model)
 
 
 def check_layout(recipe_file: str, placement: Placement) -> None:

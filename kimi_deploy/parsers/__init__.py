@@ -15,6 +15,8 @@ are read with :func:`read_int`.
 
 from __future__ import annotations
 
+from typing import Any
+
 # No count, size, id or address a hardware tool prints is longer (2**64 has 20 digits).
 MAX_DIGITS = 20
 _MAX_MESSAGE = 400
@@ -38,3 +40,12 @@ def read_int(digits: str, where: str) -> int:
     if len(digits.lstrip("+-")) > MAX_DIGITS:
         raise ParseError(f"{where}: a number of {len(digits)} digits, longer than any a hardware tool prints")
     return int(digits)
+
+
+def count_of(value: Any) -> int | None:
+    """A non-negative count a host reported, as an int or as digits; None for anything else."""
+    if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= MAX_DIGITS:
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**MAX_DIGITS:
+        return value
+    return None

@@ -21,9 +21,10 @@ import dataclasses
 
 import pytest
 
+from kimi_deploy.accelerators.tpu import tpu_model
 from kimi_deploy.allreduce_plan import nccl_verdict
 from kimi_deploy.captured_profile import nvidia_section, rdma_section, tpu_section
-from kimi_deploy.host_profile import parse_profile, tpu_model
+from kimi_deploy.host_profile import parse_profile
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.ibstat import parse_ibstat

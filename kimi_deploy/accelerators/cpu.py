@@ -1,0 +1,52 @@
+"""The host's own CPUs: an engine's CPU build (vLLM's) serving from host RAM, as the local demo
+does. A rank is a share of the host's cores and RAM; ``accelerators.model``, when given, is a part
+of the CPU's model name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kimi_deploy.accelerators.interface import AcceleratorKind, matches_words
+from kimi_deploy.servespec import CPU_ANY
+
+if TYPE_CHECKING:
+    from kimi_deploy.servespec import HostPlan
+
+NAME = "cpu"
+GIB = 2**30
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.0f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def _preflight(kind: AcceleratorKind, spec: HostPlan, profile: Mapping[str, Any]) -> str | None:
+    """The CPU model (when the recipe names one) and the RAM the ranks take, whatever
+    accelerators the host also has."""
+    cpu = profile.get("cpu") or {}
+    ram = int((profile.get("memory") or {}).get("total_bytes") or 0)
+    need = spec.accelerators * spec.accelerator_memory_gib * GIB
+    model = spec.accelerator_model if spec.accelerator_model != CPU_ANY else None
+    each = f"{spec.accelerator_memory_gib} GiB of RAM"
+    want = f"pool {spec.pool} needs {spec.accelerators} x {model or 'CPU'} rank with {each}"
+    found = f"{cpu.get('count') or '?'} x {cpu.get('model') or 'unknown CPU'} with {_gib(ram)} of RAM"
+    if (model is not None and not matches_words(str(cpu.get("model") or ""), model)) or ram < need:
+        return f"accelerators: {want}, found {found}"
+    return None
+
+
+def _price_name(model: str | None) -> str:
+    return NAME
+
+
+KIND = AcceleratorKind(
+    name=NAME,
+    model_required=False,
+    host_cpus=True,
+    no_kv_transfer="prefill/decode pools move KV cache with NIXL, which needs GPUs",
+    gloo=True,
+    priced_by_host=True,
+    price_name=_price_name,
+    preflight=_preflight,
+)
