@@ -31,8 +31,13 @@ from harness.demo_recipes import recipe_for  # noqa: E402
 from harness.own_cluster import OwnCluster  # noqa: E402
 from kimi_deploy.hostside_command import hostside_command  # noqa: E402 - after the path is set
 
-BENCH = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-bench-ar", "KIMI_CLUSTER_SUBNET": "10.213.15.0/24",
-                    "KIMI_CLUSTER_PACKAGES": "torch==2.13.0+cpu"})  # fmt: skip
+BENCH = OwnCluster(
+    {
+        "KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-bench-ar",
+        "KIMI_CLUSTER_SUBNET": "10.213.15.0/24",
+        "KIMI_CLUSTER_PACKAGES": "torch==2.13.0+cpu",
+    }
+)
 PYTHON = "/opt/kimi/current/engine/bin/python"
 
 
@@ -40,8 +45,17 @@ def both(state: dict[str, Any], commands: list[str]) -> list[dict[str, Any]]:
     """Each host's command at the same moment; each one's last stdout line, as JSON."""
     procs = []
     for host, command in zip(state["hosts"], commands, strict=True):
-        argv = ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}",
-                "-o", "BatchMode=yes", f"root@{host['address']}", command]  # fmt: skip
+        argv = [
+            "ssh",
+            "-i",
+            state["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={state['known_hosts']}",
+            "-o",
+            "BatchMode=yes",
+            f"root@{host['address']}",
+            command,
+        ]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = []
     for proc in procs:
@@ -58,10 +72,15 @@ def link_mbit_s(state: dict[str, Any], size: int) -> float:
     commands = []
     for me in hosts:
         request = {
-            "run": token, "me": me["name"], "address": me["address"], "port": 29599, "listen": [],
+            "run": token,
+            "me": me["name"],
+            "address": me["address"],
+            "port": 29599,
+            "listen": [],
             "peers": [{"host": h["name"], "address": h["address"], "ports": []} for h in hosts if h is not me],
-            "bandwidth": {"bytes": size, "min_mbit_s": 1, "max_s": 10.0}, "deadline_s": 30,
-        }  # fmt: skip
+            "bandwidth": {"bytes": size, "min_mbit_s": 1, "max_s": 10.0},
+            "deadline_s": 30,
+        }
         commands.append(hostside_command("python3", "commcheck.py", request))
     rates = [p["mbit_s"] for r in both(state, commands) for p in r["pairs"] if p["kind"] == "bandwidth"]
     return float(min(rates))
@@ -72,12 +91,21 @@ def all_reduce(state: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     commands = []
     for me in hosts:
         request = {
-            "run": "bench", "label": "demo-ar/serve#0", "me": me["name"], "address": me["address"],
-            "backend": "gloo", "rendezvous": {"address": hosts[0]["address"], "port": 29498},
+            "run": "bench",
+            "label": "demo-ar/serve#0",
+            "me": me["name"],
+            "address": me["address"],
+            "backend": "gloo",
+            "rendezvous": {"address": hosts[0]["address"], "port": 29498},
             "hosts": [{"host": h["name"], "address": h["address"], "ranks": 1} for h in hosts],
-            "min_bytes": 2**20, "max_bytes": max_bytes, "warmup_iters": 2, "iters": 10, "deadline_s": 120,
-            "min_busbw_gbs": 0.001, "env": {},
-        }  # fmt: skip
+            "min_bytes": 2**20,
+            "max_bytes": max_bytes,
+            "warmup_iters": 2,
+            "iters": 10,
+            "deadline_s": 120,
+            "min_busbw_gbs": 0.001,
+            "env": {},
+        }
         drop = "setpriv --reuid=kimi --regid=kimi --init-groups --reset-env"
         commands.append(f"{drop} {hostside_command(PYTHON, 'allreduce.py', request)}")
     first, second = both(state, commands)
@@ -107,8 +135,10 @@ def main() -> None:
         print(f"all-reduce, gloo, 2 ranks, torch {best['torch']}, best of {args.runs}:")
         print(f"{'size':>8} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} {'wrong':>6}")
         for row in best["rows"]:
-            print(f"{row['size_bytes'] >> 20:>5} MiB {row['time_us']:>10.0f} {row['algbw_gbs']:>11.3f} "
-                  f"{row['busbw_gbs']:>11.3f} {row['wrong']:>6}")  # fmt: skip
+            print(
+                f"{row['size_bytes'] >> 20:>5} MiB {row['time_us']:>10.0f} {row['algbw_gbs']:>11.3f} "
+                f"{row['busbw_gbs']:>11.3f} {row['wrong']:>6}"
+            )
         ratio = best["rows"][-1]["busbw_gbs"] / (link / 8000)
         print(f"busbw at {args.max_mib} MiB / TCP rate: {ratio:.2f}")
         seconds = sorted(r["seconds"] for r in results)

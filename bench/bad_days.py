@@ -111,15 +111,20 @@ def main() -> None:
                 again = _must(CLUSTER.pyinfra(inventory), f"the run after the cut during the {name}")
                 t2 = time.monotonic()
                 changed = again.changed()
-                rows.append({
-                    "cut during": name, "status": code, "cut s": round(t1 - t0), "re-run s": round(t2 - t1),
-                    "waited for": ",".join(changed.get("Smoke test of units still starting", [])) or "-",
-                    "none answered": sum(1 for r in rounds.rounds[first_round:] if not any(r.values())),
-                    "rounds": len(rounds.rounds) - first_round,
-                    "stream failures": len(load.failed) - first_failed,
-                    "drains": drain_lines(log) + drain_lines(again.log),
-                    "gaps": gap_lines(log) + gap_lines(again.log),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "cut during": name,
+                        "status": code,
+                        "cut s": round(t1 - t0),
+                        "re-run s": round(t2 - t1),
+                        "waited for": ",".join(changed.get("Smoke test of units still starting", [])) or "-",
+                        "none answered": sum(1 for r in rounds.rounds[first_round:] if not any(r.values())),
+                        "rounds": len(rounds.rounds) - first_round,
+                        "stream failures": len(load.failed) - first_failed,
+                        "drains": drain_lines(log) + drain_lines(again.log),
+                        "gaps": gap_lines(log) + gap_lines(again.log),
+                    }
+                )
                 print(rows[-1])
         finally:
             rounds.stop()
@@ -127,26 +132,48 @@ def main() -> None:
             for proc, _ in tunnels.values():
                 proc.terminate()
         print()
-        print(f"{'cut during':<36}{'status':>7}{'cut s':>7}{'re-run s':>9}  {'waited for':<11}"
-              f"{'down rounds':>12}{'rounds':>7}{'stream fails':>13}")  # fmt: skip
+        print(
+            f"{'cut during':<36}{'status':>7}{'cut s':>7}{'re-run s':>9}  {'waited for':<11}"
+            f"{'down rounds':>12}{'rounds':>7}{'stream fails':>13}"
+        )
         for r in rows:
-            print(f"{r['cut during']:<36}{r['status']:>7}{r['cut s']:>7}{r['re-run s']:>9}  {r['waited for']:<11}"
-                  f"{r['none answered']:>12}{r['rounds']:>7}{r['stream failures']:>13}")  # fmt: skip
+            print(
+                f"{r['cut during']:<36}{r['status']:>7}{r['cut s']:>7}{r['re-run s']:>9}  {r['waited for']:<11}"
+                f"{r['none answered']:>12}{r['rounds']:>7}{r['stream failures']:>13}"
+            )
         print()
         for r in rows:
             for line in r["drains"] + r["gaps"]:
                 print(f"{r['cut during']}: {line}")
-        print(f"\nstreamed requests: {load.answered} answered, {len(load.failed)} failed; rounds with no engine "
-              f"answering: {len(rounds.none_answered())} of {len(rounds.rounds)}")  # fmt: skip
+        print(
+            f"\nstreamed requests: {load.answered} answered, {len(load.failed)} failed; rounds with no engine "
+            f"answering: {len(rounds.none_answered())} of {len(rounds.rounds)}"
+        )
         _reboot(st, folder, address)
 
 
 def _ssh(st: dict[str, Any], address: str, command: str) -> str:
     out = subprocess.run(
-        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{address}", command],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-i",
+            st["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={st['known_hosts']}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            f"root@{address}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     return out.stdout.strip()
 
 
@@ -162,13 +189,18 @@ def _reboot(st: dict[str, Any], folder: Path, address: dict[str, str]) -> None:
         back = rebooted(lambda command: _ssh(st, address["kimi-h2"], command), engine.answers, within_s=600)
     finally:
         engine.close()
-    print(f"\nkimi-h2 rebooted: its engine answered again {back:.0f} s after the reboot began, with no converge"
-          if back is not None else "\nkimi-h2 rebooted: its engine did not answer within 600 s")  # fmt: skip
+    print(
+        f"\nkimi-h2 rebooted: its engine answered again {back:.0f} s after the reboot began, with no converge"
+        if back is not None
+        else "\nkimi-h2 rebooted: its engine did not answer within 600 s"
+    )
     after = _must(CLUSTER.pyinfra(inventory), "the converge after the reboot")
     print(f"the converge after the reboot: {after.changed() or 'no step'}")
     if after.changed():
-        print(f"kimi-h2's release log before the reboot:\n{logged}\nafter the converge after it:\n"
-              + _ssh(st, address["kimi-h2"], "tail -n 3 /var/lib/kimi/releases.log"))  # fmt: skip
+        print(
+            f"kimi-h2's release log before the reboot:\n{logged}\nafter the converge after it:\n"
+            + _ssh(st, address["kimi-h2"], "tail -n 3 /var/lib/kimi/releases.log")
+        )
 
 
 if __name__ == "__main__":

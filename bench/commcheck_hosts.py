@@ -33,14 +33,32 @@ def run_check(state: dict[str, Any], hosts: list[dict[str, Any]], ports: int, si
 
     def one(me: dict[str, Any]) -> int:
         request = {
-            "run": token, "me": me["name"], "address": me["address"], "port": 29599, "listen": listen,
+            "run": token,
+            "me": me["name"],
+            "address": me["address"],
+            "port": 29599,
+            "listen": listen,
             "peers": [{"host": h["name"], "address": h["address"], "ports": listen} for h in hosts if h is not me],
-            "bandwidth": {"bytes": size, "min_mbit_s": 1, "max_s": 2.0}, "deadline_s": 20,
-        }  # fmt: skip
-        ssh = ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}",
-               "-o", "BatchMode=yes", f"root@{me['address']}"]  # fmt: skip
-        done = subprocess.run([*ssh, hostside_command("python3", "commcheck.py", request)],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            "bandwidth": {"bytes": size, "min_mbit_s": 1, "max_s": 2.0},
+            "deadline_s": 20,
+        }
+        ssh = [
+            "ssh",
+            "-i",
+            state["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={state['known_hosts']}",
+            "-o",
+            "BatchMode=yes",
+            f"root@{me['address']}",
+        ]
+        done = subprocess.run(
+            [*ssh, hostside_command("python3", "commcheck.py", request)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if done.returncode != 0:
             sys.exit(f"{me['name']}: {done.stderr.strip()[-500:]}")
         return len(json.loads(done.stdout.splitlines()[-1])["pairs"])

@@ -43,8 +43,14 @@ from localcluster.hub_repo import load_info, materialize  # noqa: E402
 
 RECIPE = "recipes/demo.yaml"
 TOPOLOGY = "demo-vllm"
-PROBE = {"needle": "The word is test .", "question": "what is the word ?", "expect": "test", "depth": 0.25,
-         "max_tokens": 8, "timeout_s": 1800}  # fmt: skip
+PROBE = {
+    "needle": "The word is test .",
+    "question": "what is the word ?",
+    "expect": "test",
+    "depth": 0.25,
+    "max_tokens": 8,
+    "timeout_s": 1800,
+}
 
 
 def _launch(argv: list[str], env: dict[str, str], log: Path, deadline_s: float) -> tuple[Any, str, float]:
@@ -53,8 +59,9 @@ def _launch(argv: list[str], env: dict[str, str], log: Path, deadline_s: float) 
     base = f"http://127.0.0.1:{port}"
     out = log.open("wb")
     launched = time.perf_counter()
-    proc = subprocess.Popen([*argv, "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*argv, "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     while True:
         if proc.poll() is not None:
             cause = _first_exception(log.read_text(errors="replace").splitlines(), "none")
@@ -87,10 +94,21 @@ def main() -> None:
     model = run_dir / "model"
     materialize(run_dir / "hub", needle_llama.REPO_ID, revision, model)
     base_argv = [
-        str(venv / "bin/python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", recipe.model.served_name, "--host", "127.0.0.1",
-        "--dtype", topo.cpu.dtype, "--gpu-memory-utilization", str(topo.cpu.memory_fraction), "--enforce-eager",
-    ]  # fmt: skip
+        str(venv / "bin/python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        recipe.model.served_name,
+        "--host",
+        "127.0.0.1",
+        "--dtype",
+        topo.cpu.dtype,
+        "--gpu-memory-utilization",
+        str(topo.cpu.memory_fraction),
+        "--enforce-eager",
+    ]
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": str(topo.cpu.kv_cache_gib),
@@ -100,20 +118,28 @@ def main() -> None:
         "DO_NOT_TRACK": "1",
     }
     rungs = [int(r) for r in args.rungs.split(",")]
-    print(f"{release.distribution('vllm')} {release.version}, {needle_llama.REPO_ID}@{revision[:12]}, KV cache "
-          f"{topo.cpu.kv_cache_gib} GiB, fill {args.fill}, {os.cpu_count()} CPUs; logs in {run_dir}")  # fmt: skip
-    print(f"{'rung':>8} {'ready s':>8} {'prompt':>8} {'TTFT s':>8} {'tok/s':>7} {'KV peak':>8} {'probe s':>8} "
-          f"{'rung s':>8}  answer")  # fmt: skip
+    print(
+        f"{release.distribution('vllm')} {release.version}, {needle_llama.REPO_ID}@{revision[:12]}, KV cache "
+        f"{topo.cpu.kv_cache_gib} GiB, fill {args.fill}, {os.cpu_count()} CPUs; logs in {run_dir}"
+    )
+    print(
+        f"{'rung':>8} {'ready s':>8} {'prompt':>8} {'TTFT s':>8} {'tok/s':>7} {'KV peak':>8} {'probe s':>8} "
+        f"{'rung s':>8}  answer"
+    )
     results: list[dict[str, Any]] = []
     for rung in rungs:
         began = time.perf_counter()
-        proc, base, ready = _launch([*base_argv, "--max-model-len", str(rung)], env, run_dir / f"{rung}.log",
-                                    args.deadline)  # fmt: skip
+        proc, base, ready = _launch(
+            [*base_argv, "--max-model-len", str(rung)], env, run_dir / f"{rung}.log", args.deadline
+        )
         try:
             if not base.startswith("http"):
                 sys.exit(f"rung {rung}: the engine {base}")
-            request = {"unit": "none", "smoke": {"url": base, "served_name": recipe.model.served_name},
-                       "probe": {**PROBE, "fill": args.fill}}  # fmt: skip
+            request = {
+                "unit": "none",
+                "smoke": {"url": base, "served_name": recipe.model.served_name},
+                "probe": {**PROBE, "fill": args.fill},
+            }
             probed = time.perf_counter()
             result = context_probe.measure(request, None, rung, f"bench/{rung}")
             result |= {"ready_s": ready, "probe_s": time.perf_counter() - probed}
@@ -122,18 +148,23 @@ def main() -> None:
         result["rung_s"] = time.perf_counter() - began
         results.append(result)
         kv = result["kv_cache_usage"]
-        print(f"{rung:>8} {ready:>8.1f} {result['prompt_tokens']!s:>8} {result['ttft_s']!s:>8} "
-              f"{result['decode_tok_s']!s:>7} {f'{kv:.1%}' if kv is not None else '-':>8} {result['probe_s']:>8.1f} "
-              f"{result['rung_s']:>8.1f}  {'passed' if result['passed'] else result['reason']}")  # fmt: skip
+        print(
+            f"{rung:>8} {ready:>8.1f} {result['prompt_tokens']!s:>8} {result['ttft_s']!s:>8} "
+            f"{result['decode_tok_s']!s:>7} {f'{kv:.1%}' if kv is not None else '-':>8} {result['probe_s']:>8.1f} "
+            f"{result['rung_s']:>8.1f}  {'passed' if result['passed'] else result['reason']}"
+        )
     first = results[0]
     print("ratios to the first rung (TTFT; prompt tokens):")
     for r in results[1:]:
         if r["ttft_s"] and first["ttft_s"] and r["prompt_tokens"] and first["prompt_tokens"]:
-            print(f"  {r['rung']:>8}/{first['rung']}: TTFT {r['ttft_s'] / first['ttft_s']:6.1f}x  "
-                  f"prompt {r['prompt_tokens'] / first['prompt_tokens']:5.1f}x")  # fmt: skip
+            print(
+                f"  {r['rung']:>8}/{first['rung']}: TTFT {r['ttft_s'] / first['ttft_s']:6.1f}x  "
+                f"prompt {r['prompt_tokens'] / first['prompt_tokens']:5.1f}x"
+            )
     if args.refused:
-        proc, reason, took = _launch([*base_argv, "--max-model-len", str(args.refused)], env,
-                                     run_dir / f"{args.refused}.log", args.deadline)  # fmt: skip
+        proc, reason, took = _launch(
+            [*base_argv, "--max-model-len", str(args.refused)], env, run_dir / f"{args.refused}.log", args.deadline
+        )
         _stop(proc)
         print(f"rung {args.refused}: after {took:.1f} s the engine {reason}")
 

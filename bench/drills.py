@@ -81,8 +81,15 @@ ENGINES = ("kimi-h1", "kimi-h2")
 ROUTER = "kimi-h3"
 PROMPT = "Reply with exactly the word READY and nothing else."
 HOSTED = "READY (hosted)"
-LADDER = {"interval_s": 1, "timeout_s": 2, "canary_interval_s": 1, "canary_timeout_s": 5, "restart_after": 2,
-          "restarts": 1, "grace_s": 30}  # fmt: skip
+LADDER = {
+    "interval_s": 1,
+    "timeout_s": 2,
+    "canary_interval_s": 1,
+    "canary_timeout_s": 5,
+    "restart_after": 2,
+    "restarts": 1,
+    "grace_s": 30,
+}
 # a converge drill, not deploys/drill.py's
 HUB_DOWN = "hub-down-sync"
 MODEL = "moonshotai/Kimi-K3.1-Pro-Tiny"
@@ -122,9 +129,11 @@ def _recipe(folder: Path, hosted: HostedApi, revision: str | None = None) -> Pat
     vllm["group"] = "drill_routed"
     vllm["pools"]["serve"]["group"] = "drill_vllm"
     vllm["router"] = {
-        "group": "drill_router", "package": "vllm-router", "policy": "round_robin",
+        "group": "drill_router",
+        "package": "vllm-router",
+        "policy": "round_robin",
         "fallback": {"url": hosted.loopback_url, "api_key": {"file": str(hosted_key)}, "model": "kimi-hosted"},
-    }  # fmt: skip
+    }
     data["routers"] = {"vllm-router": {"version": "0.1.17"}}
     data["topologies"] = {"demo-vllm": vllm}
     data["watchdog"] = LADDER
@@ -143,10 +152,22 @@ def _inventory(folder: Path, recipe: Path) -> Path:
 def _ssh(st: dict[str, Any], host: str, command: str) -> str:
     address = next(h["address"] for h in st["hosts"] if h["name"] == host)
     out = subprocess.run(
-        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}", "-o", "BatchMode=yes",
-         f"root@{address}", command],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-i",
+            st["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={st['known_hosts']}",
+            "-o",
+            "BatchMode=yes",
+            f"root@{address}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return out.stdout.strip()
 
 
@@ -175,9 +196,11 @@ class Load:
     def _one(self) -> tuple[str, str]:
         body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
         request = urllib.request.Request(  # noqa: S310 - the cluster's gateway
-            f"{self.url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+            f"{self.url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
-        )  # fmt: skip
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - the cluster's gateway
                 content = json.loads(answer.read())["choices"][0]["message"]["content"] or ""
@@ -221,8 +244,9 @@ def _detected(state: dict[str, Any], since: float) -> float | None:
     return min(signs) if signs else None
 
 
-def _seen_by_clients(answers: list[tuple[float, float, str, str]], before: list[float], injected: float,
-                     watched: float) -> tuple[float | None, float | None]:  # fmt: skip
+def _seen_by_clients(
+    answers: list[tuple[float, float, str, str]], before: list[float], injected: float, watched: float
+) -> tuple[float | None, float | None]:
     """Detect and recover as the clients saw the drill (see the module's doc)."""
     usual = sorted(before)[len(before) // 2] if before else 0.0
     bad = [a for a in answers if a[2] in ("failed", "wrong") or a[1] - a[0] > max(1.0, 5 * usual)]
@@ -233,8 +257,9 @@ def _seen_by_clients(answers: list[tuple[float, float, str, str]], before: list[
 
 
 def _lock(revision: str) -> dict[str, Any]:
-    files: dict[str, Any] = json.loads((ROOT / "recipes/locks" / f"{MODEL.replace('/', '--')}@{revision}.json")
-                                       .read_text(encoding="utf-8"))["files"]  # fmt: skip
+    files: dict[str, Any] = json.loads(
+        (ROOT / "recipes/locks" / f"{MODEL.replace('/', '--')}@{revision}.json").read_text(encoding="utf-8")
+    )["files"]
     return files
 
 
@@ -274,8 +299,9 @@ def _hub_down_sync(st: dict[str, Any], inventory: Path, recipe_b: Path, load: Lo
     write_faults(hub, {"slow_bytes_per_s": SLOW_BYTES_PER_S})
     first = len(load.answers)
     runs: list[Run] = []
-    converge = threading.Thread(target=lambda: runs.append(CLUSTER.pyinfra(inventory, "--data",
-                                                                           f"kimi_recipe={recipe_b}")))  # fmt: skip
+    converge = threading.Thread(
+        target=lambda: runs.append(CLUSTER.pyinfra(inventory, "--data", f"kimi_recipe={recipe_b}"))
+    )
     converge.start()
     deadline = time.time() + 300
     while time.time() < deadline and converge.is_alive() and not _shards_started(st):
@@ -301,12 +327,17 @@ def _hub_down_sync(st: dict[str, Any], inventory: Path, recipe_b: Path, load: Lo
     times = [a[1] - injected for a in recent if a[2] == "hosted"]
     hosted = [round(min(times), 1), round(max(times), 1)] if times else None
     return {
-        "drill": HUB_DOWN, "hosts": list(ENGINES), "detect_s": round(detect - injected, 2),
-        "recover_s": round(recover - injected, 2), **seen,
+        "drill": HUB_DOWN,
+        "hosts": list(ENGINES),
+        "detect_s": round(detect - injected, 2),
+        "recover_s": round(recover - injected, 2),
+        **seen,
         "converge_said": failed[0][:200],
-        "hosted_s": hosted, "hub_bytes": sent, "new_bytes": _new_bytes(),
+        "hosted_s": hosted,
+        "hub_bytes": sent,
+        "new_bytes": _new_bytes(),
         "hub_bytes_over_new": round(sent / _new_bytes(), 3),
-    }  # fmt: skip
+    }
 
 
 def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[str, Any]:
@@ -314,15 +345,20 @@ def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[s
     first = len(load.answers)
     injected = time.time()
     drill = INJECT.get(name, name)
-    _must(CLUSTER.pyinfra(inventory, "--data", f"kimi_drill={drill}", *DATA.get(name, ()), *_limit(hosts),
-                          deploy="deploys/drill.py"), f"drill {name}")  # fmt: skip
+    _must(
+        CLUSTER.pyinfra(
+            inventory, "--data", f"kimi_drill={drill}", *DATA.get(name, ()), *_limit(hosts), deploy="deploys/drill.py"
+        ),
+        f"drill {name}",
+    )
     detect = recover = None
     deadline = injected + WATCH_S
     if name in CLIENT_SEEN:
         time.sleep(max(0.0, injected + FIXED_WATCH_S - time.time()))
         before = [a[1] - a[0] for a in load.answers[:first] if a[2] == "local"]
-        detect, recover = _seen_by_clients([a for a in load.answers[first:] if a[0] >= injected], before, injected,
-                                           time.time())  # fmt: skip
+        detect, recover = _seen_by_clients(
+            [a for a in load.answers[first:] if a[0] >= injected], before, injected, time.time()
+        )
         deadline = 0.0
     while time.time() < deadline and recover is None:
         time.sleep(0.5)
@@ -339,8 +375,11 @@ def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[s
             if state.get("state") == "drained":
                 recover = state["since"]
         elif name == "shard-corrupted":
-            restarts = [a["at"] for a in states[hosts[0]].get("actions", []) if a.get("at", 0) >= injected
-                        and a.get("action") == "restart"]  # fmt: skip
+            restarts = [
+                a["at"]
+                for a in states[hosts[0]].get("actions", [])
+                if a.get("at", 0) >= injected and a.get("action") == "restart"
+            ]
             if restarts and state.get("state") == "serving" and state.get("since", 0) > min(restarts):
                 recover = state["since"]
         elif detect is not None and state.get("state") == "serving" and state.get("since", 0) > injected:
@@ -348,11 +387,12 @@ def _drill(name: str, st: dict[str, Any], inventory: Path, load: Load) -> dict[s
     time.sleep(3)  # the answers after recovery
     _, seen = _answers_since(load, first, injected)
     return {
-        "drill": name, "hosts": list(hosts),
+        "drill": name,
+        "hosts": list(hosts),
         "detect_s": round(detect - injected, 2) if detect else None,
         "recover_s": round(recover - injected, 2) if recover else None,
         **seen,
-    }  # fmt: skip
+    }
 
 
 def _routed(st: dict[str, Any]) -> dict[str, float]:
@@ -390,8 +430,9 @@ def _restore(st: dict[str, Any], inventory: Path, gateway: str, key: str, boot: 
     engines serving and in the router's rotation: the seconds the router took to take them back."""
     if boot:
         CLUSTER.cli("up", "--hardware", HARDWARE)
-    _must(CLUSTER.pyinfra(inventory, "--data", "kimi_drill=clear", *_limit(ENGINES), deploy="deploys/drill.py"),
-          "clear")
+    _must(
+        CLUSTER.pyinfra(inventory, "--data", "kimi_drill=clear", *_limit(ENGINES), deploy="deploys/drill.py"), "clear"
+    )
     _must(CLUSTER.pyinfra(inventory), "converge after the drill")
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -405,9 +446,13 @@ def _restore(st: dict[str, Any], inventory: Path, gateway: str, key: str, boot: 
 def _cost(st: dict[str, Any], host: str) -> tuple[float, int, str, float]:
     """The watchdog's CPU seconds (user + system, its process tree), resident KiB, pid and age in
     seconds: one SSH round-trip reads its clock ticks, the host's uptime, /proc stat and status."""
-    out = _ssh(st, host, "p=$(systemctl show -p MainPID --value kimi-watchdog); getconf CLK_TCK; "
-                         "cut -d' ' -f1 /proc/uptime; cat /proc/$p/stat; "
-                         "awk '/^VmRSS/ {print $2}' /proc/$p/status").splitlines()  # fmt: skip
+    out = _ssh(
+        st,
+        host,
+        "p=$(systemctl show -p MainPID --value kimi-watchdog); getconf CLK_TCK; "
+        "cut -d' ' -f1 /proc/uptime; cat /proc/$p/stat; "
+        "awk '/^VmRSS/ {print $2}' /proc/$p/status",
+    ).splitlines()
     ticks, uptime, rss = int(out[0]), float(out[1]), int(out[3])
     pid, stat = out[2].split(" ", 1)[0], out[2].rsplit(")", 1)[1].split()
     cpu = (int(stat[11]) + int(stat[12]) + int(stat[13]) + int(stat[14])) / ticks
@@ -456,12 +501,16 @@ def main() -> None:
                 results[-1]["back_in_rotation_s"] = round(_restore(st, inventory, gateway, key, name == "host-down"), 1)
                 print(json.dumps(results[-1]))
             print()
-            print(f"{'drill':<18}{'detect s':>9}{'recover s':>10}{'requests':>9}{'failed':>7}{'wrong':>6}"
-                  f"{'hosted':>7}  up   errors")  # fmt: skip
+            print(
+                f"{'drill':<18}{'detect s':>9}{'recover s':>10}{'requests':>9}{'failed':>7}{'wrong':>6}"
+                f"{'hosted':>7}  up   errors"
+            )
             for r in results:
                 detect, recover = (r[k] if r[k] is not None else "-" for k in ("detect_s", "recover_s"))
-                print(f"{r['drill']:<18}{detect:>9}{recover:>10}{r['requests']:>9}{r['failed']:>7}{r['wrong']:>6}"
-                      f"{r['hosted']:>7}  {'yes' if r['up'] else 'NO ':<4} {r['errors'] or ''}")  # fmt: skip
+                print(
+                    f"{r['drill']:<18}{detect:>9}{recover:>10}{r['requests']:>9}{r['failed']:>7}{r['wrong']:>6}"
+                    f"{r['hosted']:>7}  {'yes' if r['up'] else 'NO ':<4} {r['errors'] or ''}"
+                )
             print()
             for h in ENGINES:
                 t0, (cpu0, _, pid0, _) = rounds_start[h]
@@ -472,9 +521,11 @@ def main() -> None:
                 used, seconds = (cpu1 - cpu0, time.time() - t0) if same else (cpu1, age)
                 hours, rounds = seconds / 3600, seconds / LADDER["interval_s"]
                 since = "" if same else f" (restarted by a converge: since its start, pid {pid1})"
-                print(f"{h} watchdog{since}: {used:.2f} CPU s over {hours * 60:.1f} min ({rounds:.0f} rounds at "
-                      f"{LADDER['interval_s']} s: {1000 * used / max(rounds, 1):.1f} ms a round, "
-                      f"{used / max(hours, 1e-9) / 36:.2f}% of a core), {rss / 1024:.1f} MiB resident")  # fmt: skip
+                print(
+                    f"{h} watchdog{since}: {used:.2f} CPU s over {hours * 60:.1f} min ({rounds:.0f} rounds at "
+                    f"{LADDER['interval_s']} s: {1000 * used / max(rounds, 1):.1f} ms a round, "
+                    f"{used / max(hours, 1e-9) / 36:.2f}% of a core), {rss / 1024:.1f} MiB resident"
+                )
         finally:
             hosted.close()
 

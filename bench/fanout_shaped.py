@@ -48,8 +48,11 @@ def converge(*extra: str) -> float:
     started = time.perf_counter()
     run = subprocess.run(
         [PYINFRA, "inventories/demo.py", "deploys/kimi.py", "-y", *recipe, *extra],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     elapsed = time.perf_counter() - started
     if run.returncode != 0:
         sys.exit(f"converge failed:\n{run.stdout[-3000:]}{run.stderr[-2000:]}")
@@ -98,16 +101,20 @@ def main() -> None:
         converge()
     rate = args.uplink_mbit * 1_000_000 / 8
     once, four = size / rate, HOSTS * size / rate
-    print(f"W = {size} bytes on {HOSTS} hosts; uplink to the Hub {args.uplink_mbit} Mbit/s, "
-          f"host links {args.lan_mbit} Mbit/s")  # fmt: skip
+    print(
+        f"W = {size} bytes on {HOSTS} hosts; uplink to the Hub {args.uplink_mbit} Mbit/s, "
+        f"host links {args.lan_mbit} Mbit/s"
+    )
     print(f"limits: W / uplink = {once:.2f} s, {HOSTS} W / uplink = {four:.2f} s; no-op converge (floor) {floor:.2f} s")
     print(f"{'mode':10} {'converge s':>11} {'minus floor':>12} {'Hub bytes':>11} {'x W/uplink':>11}")
     for mode, (seconds, served) in results.items():
         net = seconds - floor
         print(f"{mode:10} {seconds:11.2f} {net:12.2f} {served:11d} {net / once:11.2f}")
     hub_s, fan_s = (results[m][0] - floor for m in ("hub", "fan-out"))
-    print(f"fan-out is {hub_s / fan_s:.2f}x faster than every host from the Hub, and the Hub sent "
-          f"{results['hub'][1] / max(results['fan-out'][1], 1):.2f}x fewer bytes")  # fmt: skip
+    print(
+        f"fan-out is {hub_s / fan_s:.2f}x faster than every host from the Hub, and the Hub sent "
+        f"{results['hub'][1] / max(results['fan-out'][1], 1):.2f}x fewer bytes"
+    )
 
 
 if __name__ == "__main__":

@@ -83,11 +83,15 @@ def main() -> None:
             FLEET.cli("down")
     least = size / (args.mbit * 1_000_000 / 8)
     net = seconds - floor
-    print(f"N={n}: W = {size} bytes, every link {args.mbit} Mbit/s: W / rate = {least:.2f} s, "
-          f"a star about {(n - 1) * least:.1f} s")  # fmt: skip
-    print(f"converge {seconds:.2f} s, minus the no-op floor {floor:.2f} s: {net:.2f} s = {net / least:.2f} x W / rate "
-          "(with the engines' restarts on the new files and their smoke tests); "
-          f"the Hub sent {sent} bytes ({sent / size:.2f} W)")  # fmt: skip
+    print(
+        f"N={n}: W = {size} bytes, every link {args.mbit} Mbit/s: W / rate = {least:.2f} s, "
+        f"a star about {(n - 1) * least:.1f} s"
+    )
+    print(
+        f"converge {seconds:.2f} s, minus the no-op floor {floor:.2f} s: {net:.2f} s = {net / least:.2f} x W / rate "
+        "(with the engines' restarts on the new files and their smoke tests); "
+        f"the Hub sent {sent} bytes ({sent / size:.2f} W)"
+    )
     # The weights' own steps, as the converge's step lines time them ("--> <step>: ... in <s> s").
     steps = re.findall(r"--> (Weights[^:]*):.* in ([0-9.]+) s", run.log)
     for name, took in steps:

@@ -74,8 +74,14 @@ def _idle(port: int, pid: int, count: int) -> dict[str, float]:
         sampler.join()
         for s in conns:
             s.close()
-    return {"idle_connections": len(conns), "opened_in_s": round(opened_s, 1), "peak_threads": peak[0],
-            "threads": threads, "answered_503": busy, "open_after_9s": still}  # fmt: skip
+    return {
+        "idle_connections": len(conns),
+        "opened_in_s": round(opened_s, 1),
+        "peak_threads": peak[0],
+        "threads": threads,
+        "answered_503": busy,
+        "open_after_9s": still,
+    }
 
 
 def worker(master: int) -> int:
@@ -101,16 +107,30 @@ def main() -> None:
         folder = Path(tmp)
         port = free_port()
         keys = {"KIMI_API_KEY": "c" * 43, "KIMI_FALLBACK_API_KEY": "h" * 43}
-        conf = render(folder, keys, bind="127.0.0.1", port=port, backend_port=9, fallback_url="http://127.0.0.1:9",
-                      served_name="kimi", hosted_model="hosted", hosted_max_tokens=4096)  # fmt: skip
+        conf = render(
+            folder,
+            keys,
+            bind="127.0.0.1",
+            port=port,
+            backend_port=9,
+            fallback_url="http://127.0.0.1:9",
+            served_name="kimi",
+            hosted_model="hosted",
+            hosted_max_tokens=4096,
+        )
         command = [binary, "-c", str(conf), "-e", "stderr"]
         result: dict[str, object] = {"program": f"{binary} with templates/gateway.nginx.conf.j2"}
-        result |= measure(command, port, folder / "gateway.log", [
-            lambda pid: {"worker_rss_kib_at_start": proc_status(worker(pid), "VmRSS")},
-            lambda pid: _idle(port, worker(pid), args.idle),
-            lambda pid: big_headers(port, worker(pid), args.big, "/v1/models"),
-            lambda pid: half_sent(port, "POST /v1/chat/completions HTTP/1.1"),
-        ])  # fmt: skip
+        result |= measure(
+            command,
+            port,
+            folder / "gateway.log",
+            [
+                lambda pid: {"worker_rss_kib_at_start": proc_status(worker(pid), "VmRSS")},
+                lambda pid: _idle(port, worker(pid), args.idle),
+                lambda pid: big_headers(port, worker(pid), args.big, "/v1/models"),
+                lambda pid: half_sent(port, "POST /v1/chat/completions HTTP/1.1"),
+            ],
+        )
     print(json.dumps(result))
 
 

@@ -44,11 +44,20 @@ def _repo(root: Path, shards: int, mib: int) -> tuple[str, dict[str, list[Any]]]
     names = [f"model-{n:05d}-of-{shards:05d}.safetensors" for n in range(1, shards + 1)]
     files: dict[str, Any] = {name: (lambda: iter([os.urandom(mib << 20)])) for name in names}
     files["config.json"] = b'{"model_type": "bench"}\n'
-    info = write_repo(root, REPO, [Commit("a", 1767225600, "weights", files)], branches={"main": "a"}, tags={},
-                      build={"bench": time.time()}, model_info={})  # fmt: skip
+    info = write_repo(
+        root,
+        REPO,
+        [Commit("a", 1767225600, "weights", files)],
+        branches={"main": "a"},
+        tags={},
+        build={"bench": time.time()},
+        model_info={},
+    )
     commit = info.commits["a"]
-    lock = {path: [e.size, f"sha256:{e.sha256}" if e.is_lfs else f"gitblob:{e.git_blob_sha1}"]
-            for path, e in info.files[commit].items()}  # fmt: skip
+    lock = {
+        path: [e.size, f"sha256:{e.sha256}" if e.is_lfs else f"gitblob:{e.git_blob_sha1}"]
+        for path, e in info.files[commit].items()
+    }
     return commit, lock
 
 
@@ -88,11 +97,20 @@ def main() -> None:
                 hub.stats.reset()
                 # A parent of its own: the sync would link the files of a sibling revision folder.
                 folder = work / name.replace(" ", "-").replace(",", "") / commit
-                request = {"repo": REPO, "revision": commit, "dir": str(folder), "lock": lock, "endpoint": hub.url,
-                           "token_file": None, "retries": 2, "progress_log": str(folder) + ".log"}  # fmt: skip
+                request = {
+                    "repo": REPO,
+                    "revision": commit,
+                    "dir": str(folder),
+                    "lock": lock,
+                    "endpoint": hub.url,
+                    "token_file": None,
+                    "retries": 2,
+                    "progress_log": str(folder) + ".log",
+                }
                 started = time.monotonic()
-                done = subprocess.run([sys.executable, str(program), pack(request)], capture_output=True, text=True,
-                                      check=False)  # fmt: skip
+                done = subprocess.run(
+                    [sys.executable, str(program), pack(request)], capture_output=True, text=True, check=False
+                )
                 seconds = time.monotonic() - started
                 if done.returncode != 0:
                     sys.exit(f"{name}: the sync failed ({done.returncode}): {done.stderr.strip()[-500:]}")
@@ -102,8 +120,10 @@ def main() -> None:
         finally:
             hub.stop()
     clear = rows[0][1]
-    print(f"{args.shards} shards x {args.mib} MiB ({size / 2**20:.0f} MiB), each body at {args.mbyte_per_s} MB/s, "
-          "8 at once")  # fmt: skip
+    print(
+        f"{args.shards} shards x {args.mib} MiB ({size / 2**20:.0f} MiB), each body at {args.mbyte_per_s} MB/s, "
+        "8 at once"
+    )
     print(f"{'weather':18} {'seconds':>8} {'x clear':>8} {'retries':>8} {'sent/size':>10}")
     for name, seconds, retries, ratio in rows:
         print(f"{name:18} {seconds:8.1f} {seconds / clear:8.2f} {retries:8d} {ratio:10.2f}")

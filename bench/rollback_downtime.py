@@ -41,8 +41,9 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 def pyinfra(deploy: str, *extra: str) -> float:
     started = time.perf_counter()
-    run = subprocess.run([PYINFRA, "inventories/demo.py", deploy, "-y", *extra], cwd=ROOT,
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    run = subprocess.run(
+        [PYINFRA, "inventories/demo.py", deploy, "-y", *extra], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     if run.returncode != 0:
         sys.exit(f"{deploy} failed:\n{run.stdout[-3000:]}{run.stderr[-2000:]}")
     return time.perf_counter() - started

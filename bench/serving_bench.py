@@ -40,11 +40,23 @@ def main() -> None:
         recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         began = time.monotonic()
         ran = subprocess.run(
-            [str(ROOT / ".venv/bin/pyinfra"), "inventories/demo.py", "deploys/bench.py", "-y",
-             "--data", f"kimi_recipe={recipe}", "--data", f"kimi_bench_json={report}",
-             "--data", f"kimi_bench_png={Path(folder) / 'bench.png'}"],
-            cwd=ROOT, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                str(ROOT / ".venv/bin/pyinfra"),
+                "inventories/demo.py",
+                "deploys/bench.py",
+                "-y",
+                "--data",
+                f"kimi_recipe={recipe}",
+                "--data",
+                f"kimi_bench_json={report}",
+                "--data",
+                f"kimi_bench_png={Path(folder) / 'bench.png'}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         took = time.monotonic() - began
         if ran.returncode != 0:
             sys.exit(f"deploys/bench.py failed (is the demo cluster up? scripts/demo):\n{ran.stdout[-3000:]}")
@@ -56,8 +68,10 @@ def main() -> None:
         gen_total, eng_total = gen_total + gen, eng_total + eng
         share = gen / (gen + eng) if gen + eng else 0.0
         ttft, tok, ok = lv["ttft_p50_s"], lv["output_tok_s"], lv["success_rate"]
-        print(f"{lv['concurrency']:>4}  {lv['requests']:>8}  {lv['wall_s']:>6.2f}  {gen:>15.3f}  {eng:>12.3f}  "
-              f"{share:>15.1%}  {ttft:>10.3f}  {tok:>9.1f}  {ok:.0%}")  # fmt: skip
+        print(
+            f"{lv['concurrency']:>4}  {lv['requests']:>8}  {lv['wall_s']:>6.2f}  {gen:>15.3f}  {eng:>12.3f}  "
+            f"{share:>15.1%}  {ttft:>10.3f}  {tok:>9.1f}  {ok:.0%}"
+        )
     share = gen_total / (gen_total + eng_total) if gen_total + eng_total else 0.0
     print(f"all levels: generator {gen_total:.2f} s of CPU, engine {eng_total:.2f} s: generator's share {share:.1%}")
     print(f"generator start (vLLM imported, once a run): {rep['generator_load_cpu_s']:.2f} s of CPU")

@@ -64,13 +64,20 @@ def _ansible_workload(folder: Path) -> tuple[Path, Path, Path]:
         encoding="utf-8",
     )
     tasks = [
-        *(f"    - name: directory {i}\n      ansible.builtin.file: {{path: /srv/bench/d{i}, state: directory}}"
-          for i in range(COUNT)),
-        *(f"    - name: file {i}\n      ansible.builtin.copy: {{content: \"content {i}\\n\", dest: /srv/bench/f{i}}}"
-          for i in range(COUNT)),
-        *(f"    - name: link {i}\n      ansible.builtin.file: "
-          f"{{path: /srv/bench/l{i}, src: /srv/bench/f{i}, state: link}}" for i in range(COUNT)),
-    ]  # fmt: skip
+        *(
+            f"    - name: directory {i}\n      ansible.builtin.file: {{path: /srv/bench/d{i}, state: directory}}"
+            for i in range(COUNT)
+        ),
+        *(
+            f'    - name: file {i}\n      ansible.builtin.copy: {{content: "content {i}\\n", dest: /srv/bench/f{i}}}'
+            for i in range(COUNT)
+        ),
+        *(
+            f"    - name: link {i}\n      ansible.builtin.file: "
+            f"{{path: /srv/bench/l{i}, src: /srv/bench/f{i}, state: link}}"
+            for i in range(COUNT)
+        ),
+    ]
     playbook = folder / "workload.yml"
     playbook.write_text("- hosts: fleet\n  gather_facts: false\n  tasks:\n" + "\n".join(tasks) + "\n", encoding="utf-8")
     config = folder / "ansible.cfg"
@@ -84,8 +91,13 @@ def _ansible_workload(folder: Path) -> tuple[Path, Path, Path]:
 
 def _playbook(tool: Path, inventory: Path, playbook: Path, config: Path) -> float:
     started = time.perf_counter()
-    run = subprocess.run([str(tool), "-i", str(inventory), str(playbook)], capture_output=True, text=True,
-                         env={**os.environ, "ANSIBLE_CONFIG": str(config)}, check=False)  # fmt: skip
+    run = subprocess.run(
+        [str(tool), "-i", str(inventory), str(playbook)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ANSIBLE_CONFIG": str(config)},
+        check=False,
+    )
     elapsed = time.perf_counter() - started
     if run.returncode != 0:
         sys.exit(f"ansible-playbook failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")

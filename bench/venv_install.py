@@ -56,8 +56,18 @@ class Host:
     def __init__(self, state: dict[str, Any]) -> None:
         first = state["hosts"][0]
         self.name = first["name"]
-        self.ssh = ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}",
-                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{first['address']}"]  # fmt: skip
+        self.ssh = [
+            "ssh",
+            "-i",
+            state["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={state['known_hosts']}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            f"root@{first['address']}",
+        ]
 
     def run(self, command: str) -> tuple[float, str]:
         """Seconds ``command`` took on the host (SSH included), and its stdout."""
@@ -72,13 +82,21 @@ class Host:
 def _pip(index_url: str, path: str) -> str:
     host = shlex.quote(urlparse(index_url).hostname or "")
     pip = f"{path}/bin/pip install --no-cache-dir --disable-pip-version-check --no-input -q"
-    return (f"rm -rf {path} && python3 -m venv {path} && {pip} --index-url {shlex.quote(index_url)} "
-            f"--trusted-host {host} {' '.join(REQUIREMENTS)}")  # fmt: skip
+    return (
+        f"rm -rf {path} && python3 -m venv {path} && {pip} --index-url {shlex.quote(index_url)} "
+        f"--trusted-host {host} {' '.join(REQUIREMENTS)}"
+    )
 
 
 def _uv(index_url: str, path: str, uv: dict[str, str], lock: str | None) -> str:
-    request = {"path": path, "requirements": REQUIREMENTS, "index_url": index_url, "marker": {"package": "vllm"},
-               "uv": uv, "lock": {"text": lock} if lock else None}  # fmt: skip
+    request = {
+        "path": path,
+        "requirements": REQUIREMENTS,
+        "index_url": index_url,
+        "marker": {"package": "vllm"},
+        "uv": uv,
+        "lock": {"text": lock} if lock else None,
+    }
     return hostside_command("python3", "venv_install.py", request)
 
 

@@ -44,8 +44,9 @@ def _run(program: Path, request: dict[str, Any]) -> tuple[float, float, dict[str
     """Wall and CPU seconds of one run of ``program``, and its answer."""
     packed = base64.b64encode(zlib.compress(json.dumps(request).encode())).decode()
     started, cpu = time.perf_counter(), _cpu()
-    done = subprocess.run([sys.executable, str(program), packed], capture_output=True, text=True, check=False,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(program), packed], capture_output=True, text=True, check=False, timeout=600
+    )
     seconds, cpu = time.perf_counter() - started, _cpu() - cpu
     if done.returncode != 0:
         sys.exit(f"venv_install failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -87,8 +88,10 @@ def main() -> None:
                     shutil.rmtree(here / "tools", ignore_errors=True)
                     seconds, cpu, answer = _run(program, {**request, "lock": {"text": lock}})
                     times[program].append((seconds, cpu))
-                    print(f"{program.name} run {number + 1}: {answer['packages']} packages: {seconds:.2f} s, "
-                          f"CPU {cpu:.2f} s")  # fmt: skip
+                    print(
+                        f"{program.name} run {number + 1}: {answer['packages']} packages: {seconds:.2f} s, "
+                        f"CPU {cpu:.2f} s"
+                    )
             for program, got in times.items():
                 wall, cpu = statistics.median(t[0] for t in got), statistics.median(t[1] for t in got)
                 print(f"{program.name}: median install from a lock {wall:.2f} s, CPU {cpu:.2f} s ({len(got)} runs)")

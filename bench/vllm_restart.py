@@ -231,11 +231,22 @@ def main() -> None:
     cache = run_dir / "vllm-cache"
     cache.mkdir()
     argv = [
-        str(venv / "bin/python"), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--served-model-name", recipe.model.served_name, "--host", "127.0.0.1",
-        "--max-model-len", str(topo.max_model_len), "--dtype", topo.cpu.dtype,
-        "--gpu-memory-utilization", str(topo.cpu.memory_fraction),
-    ]  # fmt: skip
+        str(venv / "bin/python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        recipe.model.served_name,
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        str(topo.max_model_len),
+        "--dtype",
+        topo.cpu.dtype,
+        "--gpu-memory-utilization",
+        str(topo.cpu.memory_fraction),
+    ]
     env = {
         **os.environ,
         "VLLM_CPU_KVCACHE_SPACE": str(topo.cpu.kv_cache_gib),
@@ -256,8 +267,9 @@ def main() -> None:
     }
     launch = Launch(argv, env, body, args.deadline)
     engine = f"{release.distribution('vllm')} {release.version} ({venv})"
-    print(f"{engine}, {recipe.model.repo}@{recipe.model.revision[:12]} ({len(files)} files), "
-          f"{os.cpu_count()} CPUs, {gxx}")  # fmt: skip
+    print(
+        f"{engine}, {recipe.model.repo}@{recipe.model.revision[:12]} ({len(files)} files), {os.cpu_count()} CPUs, {gxx}"
+    )
     print(f"run folder (server logs, model, cache): {run_dir}")
     starts: list[Start] = []
     sizes: dict[str, tuple[int, int]] = {}
@@ -265,8 +277,10 @@ def main() -> None:
     def one(name: str, *extra: str) -> None:
         s = launch.start(name, run_dir / f"start{len(starts) + 1}.log", extra)
         starts.append(s)
-        print(f"{len(starts)} {s.name:28} /v1/models {s.models_s:7.1f} s  answer {s.answer_s:7.1f} s  "
-              f"stop {s.stop_s:5.1f} s  {s.content!r} ({s.finish_reason})  {s.fingerprint}")  # fmt: skip
+        print(
+            f"{len(starts)} {s.name:28} /v1/models {s.models_s:7.1f} s  answer {s.answer_s:7.1f} s  "
+            f"stop {s.stop_s:5.1f} s  {s.content!r} ({s.finish_reason})  {s.fingerprint}"
+        )
         print(f"  log {s.log}")
         for line in s.compile_lines[:12]:
             print(f"    {_short(line, run_dir)}")
@@ -285,8 +299,12 @@ def main() -> None:
     for after, (size, count) in sizes.items():
         print(f"cache after start {after}: {size / 2**20:.1f} MiB in {count} files")
     print("ratios of the time to the first answer (of the time to /v1/models):")
-    for a, b, what in ((2, 1, "cache kept / first"), (3, 1, "cache wiped / first"), (4, 1, "eager / first"),
-                       (3, 2, "cache wiped / cache kept")):  # fmt: skip
+    for a, b, what in (
+        (2, 1, "cache kept / first"),
+        (3, 1, "cache wiped / first"),
+        (4, 1, "eager / first"),
+        (3, 2, "cache wiped / cache kept"),
+    ):
         x, y = starts[a - 1], starts[b - 1]
         label = f"start{a}/start{b} ({what}):"
         print(f"  {label:42} {x.answer_s / y.answer_s:5.2f} ({x.models_s / y.models_s:5.2f})")

@@ -66,8 +66,12 @@ def _idle(port: int, pid: int, count: int) -> dict[str, int | None]:
     finally:
         for s in conns:
             s.close()
-    return {"idle_connections": len(conns), "threads": threads, "idle_open_after_30s": len(open_),
-            "idle_all_closed_within_s": waited if not open_ else None}  # fmt: skip
+    return {
+        "idle_connections": len(conns),
+        "threads": threads,
+        "idle_open_after_30s": len(open_),
+        "idle_all_closed_within_s": waited if not open_ else None,
+    }
 
 
 def main() -> None:
@@ -86,14 +90,26 @@ def main() -> None:
             program.write_text(bundle("weights_peer.py"), encoding="utf-8")
         port = free_port()
         lock = {"a.bin": [7, "sha256:" + "0" * 64]}
-        request = {"dir": str(folder / "rev"), "lock": lock, "bind": "127.0.0.1", "port": port,
-                   "allow": ["127.0.0.2"], "key_file": str(folder / "key"), "idle_exit_s": 300}  # fmt: skip
+        request = {
+            "dir": str(folder / "rev"),
+            "lock": lock,
+            "bind": "127.0.0.1",
+            "port": port,
+            "allow": ["127.0.0.2"],
+            "key_file": str(folder / "key"),
+            "idle_exit_s": 300,
+        }
         result: dict[str, object] = {"program": str(args.program or "hostside/weights_peer.py")}
-        result |= measure([sys.executable, str(program), pack(request)], port, folder / "peer.log", [
-            lambda pid: _idle(port, pid, args.idle),
-            lambda pid: big_headers(port, pid, args.big, "/a.bin", "127.0.0.3"),
-            lambda pid: half_sent(port, "GET /a.bin HTTP/1.1", "127.0.0.2"),
-        ])  # fmt: skip
+        result |= measure(
+            [sys.executable, str(program), pack(request)],
+            port,
+            folder / "peer.log",
+            [
+                lambda pid: _idle(port, pid, args.idle),
+                lambda pid: big_headers(port, pid, args.big, "/a.bin", "127.0.0.3"),
+                lambda pid: half_sent(port, "GET /a.bin HTTP/1.1", "127.0.0.2"),
+            ],
+        )
     print(json.dumps(result))
 
 

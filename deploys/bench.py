@@ -31,7 +31,8 @@ from kimi_deploy.bench_plan import HOSTED_KEY, bench_request, bench_topology, ge
 from kimi_deploy.bench_plot import draw
 from kimi_deploy.bench_report import format_report, report
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
+from kimi_deploy.host_programs import BENCH_RECORD
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 from kimi_deploy.secrets import read_secret
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.run_context import run_context
@@ -64,7 +65,7 @@ def _record(rep: dict[str, object]) -> dict[str, object]:
     """Put the run's figures in the serving release's record on the generator host; what it
     answers: the release's name and the latest run of another release (``hostside/bench_record.py``)."""
     request = {"figures": figures(rep), "current": recipe.paths.current, "releases": recipe.paths.releases}
-    ok, output = host.run_shell_command(hostside_command("python3", "bench_record.py", request))
+    ok, output = host.run_shell_command(BENCH_RECORD.command("python3", request))
     if not ok:
         raise PyinfraError(f"{host.name}: benchmark: the release record was not written: {output.stderr[-300:]}")
     # A host's answer: outside the recipe, read through the boundary's bounds.

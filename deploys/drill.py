@@ -36,13 +36,18 @@ try:
             known = ", ".join(others) or "none"
             raise DrillError(f"kimi_drill_peer: no host {peer!r} in this host's topology (it has {known})")
         address = others[peer]
-    commands = drill_commands(drill, todo, engines, deploy.host.vars.kimi_drill_faults or {}, peer=address,
-                              for_s=deploy.host.vars.kimi_drill_for_s)  # fmt: skip
+    commands = drill_commands(
+        drill,
+        todo,
+        engines,
+        deploy.host.vars.kimi_drill_faults or {},
+        peer=address,
+        for_s=deploy.host.vars.kimi_drill_for_s,
+    )
 except ConfigError as exc:
     raise PyinfraError(str(exc)) from None
 except DrillError as exc:
     raise PyinfraError(f"{host.name}: {exc}") from None
-
 
 
 def _said() -> None:

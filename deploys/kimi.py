@@ -97,19 +97,42 @@ def converge(do: Do) -> None:
 
     do(users.system_user, name="Engine user", user=todo.user, exists=found["user"])
     if todo.packages:
-        do(packages.debian, name="Debian packages", packages=todo.packages, masked=todo.masked,
-           installed=found.get("packages") or {})  # fmt: skip
+        do(
+            packages.debian,
+            name="Debian packages",
+            packages=todo.packages,
+            masked=todo.masked,
+            installed=found.get("packages") or {},
+        )
 
     for step in steps.releases:
         r = step.release
-        do(engine.venv, name="Releases (engine, host tools)", path=r.path, package=r.package, version=r.version,
-           requirements=r.requirements, index_url=todo.index_url, current=step.current, lock=step.lock,
-           platform=steps.platform, uv=steps.uv, uv_dir=steps.uv_dir, without=r.without,
-           committed=r.committed)  # fmt: skip
+        do(
+            engine.venv,
+            name="Releases (engine, host tools)",
+            path=r.path,
+            package=r.package,
+            version=r.version,
+            requirements=r.requirements,
+            index_url=todo.index_url,
+            current=step.current,
+            lock=step.lock,
+            platform=steps.platform,
+            uv=steps.uv,
+            uv_dir=steps.uv_dir,
+            without=r.without,
+            committed=r.committed,
+        )
 
     if steps.hub_token is not None:
-        do(units.rendered, name="Hub token", files=[steps.hub_token], group=todo.user, current=found["files"],
-           owners=found["owners"])  # fmt: skip
+        do(
+            units.rendered,
+            name="Hub token",
+            files=[steps.hub_token],
+            group=todo.user,
+            current=found["files"],
+            owners=found["owners"],
+        )
 
     # Download once, fan out as a pipeline: every host that serves others listens first; then one
     # step in which the Hub's one host and every host of the chains fetch at once, each relaying
@@ -117,16 +140,39 @@ def converge(do: Do) -> None:
     # holds in turn (the model, then its speculative draft), all before any engine (re)starts.
     # the run's transfer key is one file for every checkpoint: written once
     if (key := next((w.key for w in steps.weights if w.key is not None), None)) is not None:
-        do(units.rendered, name="Weights transfer key", files=[key], group=todo.user, current=found["files"],
-           owners=found["owners"])  # fmt: skip
+        do(
+            units.rendered,
+            name="Weights transfer key",
+            files=[key],
+            group=todo.user,
+            current=found["files"],
+            owners=found["owners"],
+        )
     for w in host.loop(steps.weights):  # type: ignore[no-untyped-call]
         if w.serves and w.port is not None:
-            do(weights.peer_server, name="Weights served to peers", path=w.path, lock=w.lock,
-               bind=deploy.host.address, port=w.port, allow=list(w.serves), key_file=w.key_file,
-               user=todo.user, fetching=w.arriving)  # fmt: skip
-        do(weights.revision, name="Weights at the pinned revision", request=w.sync, python=w.python,
-           current=w.current, full_verify=w.full_verify, peers=w.mirror + w.peers,
-           peer_key_file=w.key_file if w.peers else None, in_order=bool(w.serves))  # fmt: skip
+            do(
+                weights.peer_server,
+                name="Weights served to peers",
+                path=w.path,
+                lock=w.lock,
+                bind=deploy.host.address,
+                port=w.port,
+                allow=list(w.serves),
+                key_file=w.key_file,
+                user=todo.user,
+                fetching=w.arriving,
+            )
+        do(
+            weights.revision,
+            name="Weights at the pinned revision",
+            request=w.sync,
+            python=w.python,
+            current=w.current,
+            full_verify=w.full_verify,
+            peers=w.mirror + w.peers,
+            peer_key_file=w.key_file if w.peers else None,
+            in_order=bool(w.serves),
+        )
         if w.serves:
             do(weights.peer_server_stopped, name="Weights no longer served to peers")
 
@@ -135,8 +181,14 @@ def converge(do: Do) -> None:
     # the fabric), with the engine release's torch.
     if steps.comm_check:
         commcheck.check_steps(do, steps.comm_check_request, steps.comm_check_why)
-    do(commcheck.all_reduce_passed, name="All-reduce check", request=steps.all_reduce_request,
-       python=f"{spec.engine_dir}/bin/python", user=todo.user, why_not=steps.all_reduce_why)  # fmt: skip
+    do(
+        commcheck.all_reduce_passed,
+        name="All-reduce check",
+        request=steps.all_reduce_request,
+        python=f"{spec.engine_dir}/bin/python",
+        user=todo.user,
+        why_not=steps.all_reduce_why,
+    )
 
     # What a run that stopped before its smoke tests (re)started, or systemd restarted after a
     # crash, is still starting: it answers its smoke test (waited for, bounded) on every host
@@ -144,8 +196,12 @@ def converge(do: Do) -> None:
     # outside it load; one that fails stops the batches (``unless_failed``), the rest serving.
     do(serving.verified, name="Smoke test of units still starting", checks=steps.waiting)
     # and the engines a drain took out of their router, by a run that stopped before putting them back
-    do(serving.readmitted, name="Router sends to every engine again", request=steps.readmit,
-       _if=unless_failed(steps.waiting_hosts))  # fmt: skip
+    do(
+        serving.readmitted,
+        name="Router sends to every engine again",
+        request=steps.readmit,
+        _if=unless_failed(steps.waiting_hosts),
+    )
 
     # Every host that changes takes every step of the start order (the steps are barriers across
     # hosts): the first batch's release is put in place, started and answers its smoke tests on
@@ -157,27 +213,67 @@ def converge(do: Do) -> None:
         go = unless_failed(batch.unless_failed) if batch.unless_failed else None
         suffix = SUFFIXES[batch.batch]
         if batch.place:
-            do(units.rendered, name=f"Rendered units and configs{suffix}", files=todo.files, group=todo.user,
-               current=found["files"], owners=found["owners"], _if=go)  # fmt: skip
-            do(releases.current, name=f"Current release{suffix}", link=todo.release.link,
-               release_dir=todo.release.dir, record=todo.release.record, links=todo.release.links,
-               found=found["current"], run=context.run_id, _if=go)  # fmt: skip
+            do(
+                units.rendered,
+                name=f"Rendered units and configs{suffix}",
+                files=todo.files,
+                group=todo.user,
+                current=found["files"],
+                owners=found["owners"],
+                _if=go,
+            )
+            do(
+                releases.current,
+                name=f"Current release{suffix}",
+                link=todo.release.link,
+                release_dir=todo.release.dir,
+                record=todo.release.record,
+                links=todo.release.links,
+                found=found["current"],
+                run=context.run_id,
+                _if=go,
+            )
             if found["current"] == todo.release.dir:
                 # the release serving, as the deploy wrote it: its record and copies put back if they drifted
-                do(units.rendered, name=f"Release record{suffix}", files=todo.release.files, group=todo.user,
-                   current=found["files"], owners=found["owners"], _if=go)  # fmt: skip
+                do(
+                    units.rendered,
+                    name=f"Release record{suffix}",
+                    files=todo.release.files,
+                    group=todo.user,
+                    current=found["files"],
+                    owners=found["owners"],
+                    _if=go,
+                )
             for timer in todo.timers:
                 do(units.timer, name=f"Timers{suffix}", unit=timer, current=found["timers"].get(timer), _if=go)
-        start_batch(batch.batch, batch.units, batch.checks, go, do, climb=climb if batch.climbs else None,
-                    router_view=batch.router_view, drain=batch.drain)  # fmt: skip
+        start_batch(
+            batch.batch,
+            batch.units,
+            batch.checks,
+            go,
+            do,
+            climb=climb if batch.climbs else None,
+            router_view=batch.router_view,
+            drain=batch.drain,
+        )
 
-    do(releases.serving, name="Release recorded serving", release_dir=todo.release.dir,
-       last=found.get("last_release"), run=context.run_id)  # fmt: skip
+    do(
+        releases.serving,
+        name="Release recorded serving",
+        release_dir=todo.release.dir,
+        last=found.get("last_release"),
+        run=context.run_id,
+    )
 
     # Only now that the planned revision is verified and serving: all but it and the rollback copy go.
     for collect in host.loop(steps.collect):  # type: ignore[no-untyped-call]
-        do(weights.collected, name="Old revisions collected", parent=collect.parent,
-           keep=collect.keep, remove=collect.remove)  # fmt: skip
+        do(
+            weights.collected,
+            name="Old revisions collected",
+            parent=collect.parent,
+            keep=collect.keep,
+            remove=collect.remove,
+        )
 
 
 converge_host(converge)

@@ -105,8 +105,11 @@ def put_back(batch: int, go: Any = None) -> None:
 def my_units(batch: int) -> list[tuple[int, str, str, UnitState | None]]:
     if plan.target is None:
         return []
-    return [(stage, name, record["units"][name], found["units"].get(name)) for name, stage in sorted(stages.items())
-            if batch_of_unit(name) == batch]  # fmt: skip
+    return [
+        (stage, name, record["units"][name], found["units"].get(name))
+        for name, stage in sorted(stages.items())
+        if batch_of_unit(name) == batch
+    ]
 
 
 def my_checks(batch: int) -> list[dict[str, Any]]:

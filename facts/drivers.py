@@ -8,7 +8,8 @@ from pyinfra.api.facts import FactBase
 
 from hostside.boundary_json import loads
 from hostside.probe_types import DriversAnswer
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
+from kimi_deploy.host_programs import DRIVER_PROBE
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 
 
 class DriversState(FactBase[DriversAnswer]):
@@ -36,7 +37,7 @@ class DriversState(FactBase[DriversAnswer]):
         return "python3"
 
     def command(self, request: dict[str, Any]) -> str:
-        return hostside_command("python3", "driver_probe.py", request)
+        return DRIVER_PROBE.command("python3", request)
 
     def process(self, output: list[str]) -> DriversAnswer:
         return parse(output[-1])

@@ -8,7 +8,8 @@ from pyinfra.api.facts import FactBase
 
 from hostside.boundary_json import loads
 from kimi_deploy.host_profile import parse_profile
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
+from kimi_deploy.host_programs import HARDWARE_PROBE
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 
 
 class HostHardware(FactBase[dict[str, Any]]):
@@ -45,7 +46,7 @@ class HostHardware(FactBase[dict[str, Any]]):
         return "python3"
 
     def command(self, request: dict[str, Any] | None = None) -> str:
-        return hostside_command("python3", "hardware_probe.py", request or {})
+        return HARDWARE_PROBE.command("python3", request or {})
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return parse_profile(loads(output[-1], "hardware probe", max_bytes=ANSWER_MAX_BYTES))

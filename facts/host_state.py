@@ -10,7 +10,8 @@ from facts.drivers import parse as parse_drivers
 from hostside.boundary_json import loads
 from hostside.probe_types import HostState
 from kimi_deploy.host_profile import parse_profile
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES, hostside_command
+from kimi_deploy.host_programs import HOST_PROBE
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 
 
 class KimiHostState(FactBase[HostState]):
@@ -52,7 +53,7 @@ class KimiHostState(FactBase[HostState]):
             parts["hardware"] = hardware
         if drivers:
             parts["drivers"] = drivers
-        return hostside_command("python3", "host_probe.py", parts)
+        return HOST_PROBE.command("python3", parts)
 
     def process(self, output: list[str]) -> HostState:
         lines = dict(line.split(" ", 1) for line in output if " " in line)

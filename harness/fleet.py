@@ -83,9 +83,11 @@ def answers(cluster: OwnCluster, endpoint: Endpoint) -> bool:
     smoke = demo_gpu_data(cluster.dir / "api-key")["smoke"]
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": smoke["prompt"]}]}
     request = urllib.request.Request(  # noqa: S310 - an http:// endpoint of the cluster
-        f"{endpoint.url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        f"{endpoint.url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )  # fmt: skip
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
             answer = json.loads(response.read())

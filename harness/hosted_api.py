@@ -163,8 +163,12 @@ class HostedApi:
                 finish = "tool_calls" if calls else "stop"
                 if not body.get("stream"):
                     message = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
-                    answer = {**head, "object": "chat.completion", "usage": usage,
-                              "choices": [{"index": 0, "finish_reason": finish, "message": message}]}  # fmt: skip
+                    answer = {
+                        **head,
+                        "object": "chat.completion",
+                        "usage": usage,
+                        "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                    }
                     self._send(200, json.dumps(answer).encode())
                     return
                 chunk = {**head, "object": "chat.completion.chunk"}

@@ -39,9 +39,13 @@ def run_until(
     regular expression, matched without colours): its exit status (negative: the signal that ended
     it) and its log. ``AssertionError`` when the line never came."""
     proc = subprocess.Popen(
-        [str(BIN / "pyinfra"), *args, "-y"], cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env},
-    )  # fmt: skip
+        [str(BIN / "pyinfra"), *args, "-y"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+    )
     assert proc.stdout is not None
     lines: list[str] = []
     done = False
@@ -70,11 +74,27 @@ def tunnel(state: dict[str, Any], address: str, port: int = 8000) -> tuple[subpr
         s.bind(("127.0.0.1", 0))
         local = s.getsockname()[1]
     proc = subprocess.Popen(
-        ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}",
-         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
-         "-N", "-L", f"127.0.0.1:{local}:{address}:{port}", f"root@{address}"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-i",
+            state["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={state['known_hosts']}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-N",
+            "-L",
+            f"127.0.0.1:{local}:{address}:{port}",
+            f"root@{address}",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(100):
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", local), timeout=1):
             break
@@ -84,12 +104,13 @@ def tunnel(state: dict[str, Any], address: str, port: int = 8000) -> tuple[subpr
 
 def _chat(url: str, key: str, *, stream: bool, timeout_s: float) -> bool:
     """Whether ``url`` answered a short chat completion whole (a stream: to its ``[DONE]``)."""
-    body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
-            "stream": stream}  # fmt: skip
+    body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, "stream": stream}
     request = urllib.request.Request(  # noqa: S310 - the cluster's own http:// URLs
-        f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )  # fmt: skip
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - as above
             text = response.read(1 << 20)

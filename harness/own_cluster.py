@@ -38,7 +38,6 @@ class Run:
         return {op["name"]: op["error"] for op in self.payload["results"]["operations"] if op["error"]}
 
 
-
 # The head of an inventory for a cluster of a test's own: every host with the cluster's SSH key,
 # package index, Hub and apt repository; the test appends its groups of ``_hosts``.
 OWN_INVENTORY = """
@@ -64,8 +63,13 @@ class OwnCluster:
         return Path(self.env["KIMI_CLUSTER_DIR"])
 
     def cli(self, *args: str) -> None:
-        subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
-                       env={**os.environ, **self.env})  # fmt: skip
+        subprocess.run(
+            [str(BIN / "kimi-deploy"), "cluster", *args],
+            cwd=ROOT,
+            check=True,
+            timeout=900,
+            env={**os.environ, **self.env},
+        )
 
     def state(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.dir / "state.json").read_text(encoding="utf-8"))
@@ -103,8 +107,13 @@ def run_pyinfra(inventory: str, deploy: str, args: list[str], env: dict[str, str
     yes = [] if "--dry" in args else ["-y"]
     proc = subprocess.run(
         [str(BIN / "pyinfra"), inventory, deploy, *yes, "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        env={**os.environ, **(env or {})},
+    )
     try:
         payload = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
     except ValueError:
@@ -115,10 +124,21 @@ def run_pyinfra(inventory: str, deploy: str, args: list[str], env: dict[str, str
 def host_ssh(state: dict[str, Any], host: dict[str, Any], command: str) -> None:
     """Run ``command`` as root on ``host`` of the cluster whose ``state`` is given, keys checked."""
     subprocess.run(
-        ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}", "-o", "BatchMode=yes",
-         f"root@{host['address']}", command],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-i",
+            state["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={state['known_hosts']}",
+            "-o",
+            "BatchMode=yes",
+            f"root@{host['address']}",
+            command,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def hub_json(state: dict[str, Any], path: str, method: str = "GET") -> dict[str, Any]:

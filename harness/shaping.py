@@ -36,10 +36,48 @@ def shaped_from_ports(device: str, ports: tuple[int, ...], mbit: float) -> None:
     burst = str(max(32_000, int(mbit * 1_000_000) // 8 // 100))
     for argv in (
         ["tc", "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb", "default", "2", "r2q", "10000"],
-        ["tc", "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
-         "burst", burst],
+        [
+            "tc",
+            "class",
+            "add",
+            "dev",
+            device,
+            "parent",
+            "1:",
+            "classid",
+            "1:1",
+            "htb",
+            "rate",
+            rate,
+            "ceil",
+            rate,
+            "burst",
+            burst,
+        ],
         ["tc", "class", "add", "dev", device, "parent", "1:", "classid", "1:2", "htb", "rate", "10gbit"],
-        *(["tc", "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-            "match", "ip", "sport", str(port), "0xffff", "flowid", "1:1"] for port in ports),
-    ):  # fmt: skip
+        *(
+            [
+                "tc",
+                "filter",
+                "add",
+                "dev",
+                device,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "sport",
+                str(port),
+                "0xffff",
+                "flowid",
+                "1:1",
+            ]
+            for port in ports
+        ),
+    ):
         subprocess.run(argv, check=True)

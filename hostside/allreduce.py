@@ -31,7 +31,6 @@ request.
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import json
 import multiprocessing
@@ -41,17 +40,19 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from hostside import request
+from hostside.request import read_request
+
 GRACE_S = 15.0  # past the deadline the ranks had to give up by themselves, they are stopped
 JOINED = "kimi/joined/"
 
 
-class BadRequest(ValueError):
+class BadRequest(request.BadRequest):
     """The request breaks a rule; the message names the field and the rule."""
 
 
@@ -195,8 +196,13 @@ def interface_of(address: str) -> str | None:
         return None
     prefix = 32 if ipaddress.ip_address(address).version == 4 else 128
     try:
-        out = subprocess.run([ip, "-o", "addr", "show", "to", f"{address}/{prefix}"],
-                             capture_output=True, text=True, timeout=5, check=False).stdout  # fmt: skip
+        out = subprocess.run(
+            [ip, "-o", "addr", "show", "to", f"{address}/{prefix}"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     for line in out.splitlines():
@@ -277,8 +283,9 @@ def _store(dist: Any, address: str, port: int, world: int, *, master: bool, time
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((address, port))
     listener.listen(1024)
-    store = dist.TCPStore(address, port, world, True, timeout=timeout, wait_for_workers=False,
-                          master_listen_fd=listener.fileno())  # fmt: skip
+    store = dist.TCPStore(
+        address, port, world, True, timeout=timeout, wait_for_workers=False, master_listen_fd=listener.fileno()
+    )
     _keep.append(listener)
     return store
 
@@ -350,8 +357,15 @@ def _measure(req: Request, rank: int, local_rank: int, conn: Connection) -> dict
         dist.all_reduce(wrong)
         seconds = float(took.item())
         algbw, busbw = bus_bandwidth(size, seconds, world)
-        rows.append({"size_bytes": size, "time_us": round(seconds * 1e6, 2), "algbw_gbs": round(algbw, 3),
-                     "busbw_gbs": round(busbw, 3), "wrong": int(wrong.item())})  # fmt: skip
+        rows.append(
+            {
+                "size_bytes": size,
+                "time_us": round(seconds * 1e6, 2),
+                "algbw_gbs": round(algbw, 3),
+                "busbw_gbs": round(busbw, 3),
+                "wrong": int(wrong.item()),
+            }
+        )
     nccl = None
     if req.backend == "nccl":
         version = torch.cuda.nccl.version()
@@ -399,8 +413,16 @@ def run(req: Request) -> dict[str, Any]:
             proc.kill()
         proc.join(5)
     where = f"{req.label} on {', '.join(m.host for m in req.members)} ({req.world} ranks, {req.backend})"
-    result: dict[str, Any] = {"host": req.me, "label": req.label, "backend": req.backend, "world": req.world,
-                              "interface": interface, "torch": None, "nccl": None, "rows": []}  # fmt: skip
+    result: dict[str, Any] = {
+        "host": req.me,
+        "label": req.label,
+        "backend": req.backend,
+        "world": req.world,
+        "interface": interface,
+        "torch": None,
+        "nccl": None,
+        "rows": [],
+    }
     failure = None
     for rank in sorted(procs):
         if rank not in done:
@@ -425,9 +447,9 @@ def run(req: Request) -> dict[str, Any]:
 
 def main() -> None:
     try:
-        req = parse(json.loads(zlib.decompress(base64.b64decode(sys.argv[1], validate=True))))
-    except (IndexError, ValueError, zlib.error) as exc:
-        reason = str(exc) if isinstance(exc, BadRequest) else f"cannot decode the request: {exc}"
+        req = parse(read_request())
+    except ValueError as exc:
+        reason = str(exc) if isinstance(exc, request.BadRequest) else f"cannot decode the request: {exc}"
         print(json.dumps({"ok": False, "error": f"bad request: {reason}"}))
         print(f"kimi-deploy: all-reduce: bad request: {reason}", file=sys.stderr)
         sys.exit(2)

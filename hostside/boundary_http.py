@@ -391,8 +391,9 @@ def where_of(url: str, what: str = "engine") -> str:
 
 
 @contextmanager
-def answering(url: str, *, what: str = "engine", key: str | None = None, body: Any = None, timeout_s: float,
-              max_bytes: int) -> Iterator[Reply]:  # fmt: skip
+def answering(
+    url: str, *, what: str = "engine", key: str | None = None, body: Any = None, timeout_s: float, max_bytes: int
+) -> Iterator[Reply]:
     """The answer to a request of ``url`` (``http://HOST:PORT/PATH``, the plan's own): GET, or
     POST of ``body`` as JSON; ``key`` as a bearer token. ``Unanswered`` when no HTTP/1.x status
     line and headers arrive within the bounds (the module's docstring); the connection is
@@ -436,8 +437,9 @@ class Answer:
     body: bytes
 
 
-def ask(url: str, *, what: str = "engine", key: str | None = None, body: Any = None, timeout_s: float,
-        max_bytes: int) -> Answer:  # fmt: skip
+def ask(
+    url: str, *, what: str = "engine", key: str | None = None, body: Any = None, timeout_s: float, max_bytes: int
+) -> Answer:
     """The whole answer to a request (``answering``'s), or ``Unanswered``."""
     with answering(url, what=what, key=key, body=body, timeout_s=timeout_s, max_bytes=max_bytes) as reply:
         return Answer(reply.where, reply.status, reply.read())

@@ -53,7 +53,6 @@ when the reports got through); 2 for a malformed request.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import hashlib
@@ -69,13 +68,14 @@ import socket
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from hostside import request
 from hostside.boundary_json import loads
 from hostside.boundary_text import control_char
+from hostside.request import read_request
 from hostside.sd_notify import notify
 
 CHECK_LABEL = "comm check"
@@ -123,7 +123,7 @@ _CAUSES = {
 }
 
 
-class BadRequest(ValueError):
+class BadRequest(request.BadRequest):
     """The request breaks a rule; the message names the field and the rule."""
 
 
@@ -432,8 +432,13 @@ class Check:
 
     def _entry(self, port: Port) -> dict[str, Any]:
         """``port``'s line of this host's answer (``listen``), listening until told otherwise."""
-        entry: dict[str, Any] = {"port": port.port, "label": port.label, "state": "listening", "error": None,
-                                 "accepted_from": []}  # fmt: skip
+        entry: dict[str, Any] = {
+            "port": port.port,
+            "label": port.label,
+            "state": "listening",
+            "error": None,
+            "accepted_from": [],
+        }
         self.listen.append(entry)
         return entry
 
@@ -482,8 +487,14 @@ class Check:
         the messages that follow on that connection prove the token over it."""
         req = self.req
         nonce = secrets.token_hex(16)
-        hello = {"kimi_commcheck": PROTOCOL, "run": req.run, "host": req.me, "ephemeral": self.ephemeral,
-                 "nonce": nonce, "proof": self._proof(f"hello {req.me} {nonce}")}  # fmt: skip
+        hello = {
+            "kimi_commcheck": PROTOCOL,
+            "run": req.run,
+            "host": req.me,
+            "ephemeral": self.ephemeral,
+            "nonce": nonce,
+            "proof": self._proof(f"hello {req.me} {nonce}"),
+        }
         return _line(hello), nonce
 
     def _message(self, nonce: str, message: dict[str, Any]) -> bytes:
@@ -514,8 +525,10 @@ class Check:
                 self.ephemeral.append(port)
                 break
         if len(self.ephemeral) < req.ephemeral:
-            said = (f"{req.me}: cannot listen on {req.ephemeral - len(self.ephemeral)} of the "
-                    f"{req.ephemeral} ports of its ephemeral range {low}-{high} it looked at")  # fmt: skip
+            said = (
+                f"{req.me}: cannot listen on {req.ephemeral - len(self.ephemeral)} of the "
+                f"{req.ephemeral} ports of its ephemeral range {low}-{high} it looked at"
+            )
             self.local.append(_failure("local", req.me, None, None, said))
 
     def _serve(self) -> None:
@@ -590,8 +603,13 @@ class Check:
                     conn.sendall(b'{"ok": true}\n')
                 elif msg.get("op") == "collect" and peer is self.me:
                     with self.cond:
-                        gathered = {"reports": dict(self.reports), "probed": self.probed, "listen": self.listen,
-                                    "rejected": list(self.rejected), "local": list(self.local)}  # fmt: skip
+                        gathered = {
+                            "reports": dict(self.reports),
+                            "probed": self.probed,
+                            "listen": self.listen,
+                            "rejected": list(self.rejected),
+                            "local": list(self.local),
+                        }
                     conn.sendall(_line(gathered))
         except (OSError, ValueError):
             return
@@ -1061,10 +1079,10 @@ class Check:
 
 def main() -> None:
     try:
-        req = parse(json.loads(zlib.decompress(base64.b64decode(sys.argv[1], validate=True))))
+        req = parse(read_request())
         token = read_token(os.environ, sys.stdin)
-    except (IndexError, ValueError, zlib.error) as exc:
-        reason = str(exc) if isinstance(exc, BadRequest) else f"cannot decode the request: {exc}"
+    except ValueError as exc:
+        reason = str(exc) if isinstance(exc, request.BadRequest) else f"cannot decode the request: {exc}"
         print(json.dumps({"ok": False, "error": f"bad request: {reason}"}))
         print(f"kimi-deploy: comm check: bad request: {reason}", file=sys.stderr)
         sys.exit(2)

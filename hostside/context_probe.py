@@ -30,22 +30,21 @@ from hostside.boundary_json import loads
 from hostside.unit_usage import memory_mib
 
 # Filler: plain words, none a number (a needle's answer often is one).
-WORDS = (
-    "river", "stone", "window", "garden", "morning", "yellow", "paper", "silver", "market", "engine",
-    "valley", "letter", "bridge", "candle", "forest", "mirror", "orange", "pocket", "ladder", "harbor",
-    "season", "winter", "summer", "autumn", "spring", "cotton", "button", "island", "meadow", "copper",
-    "thunder", "basket", "pillow", "marble", "saddle", "violin", "lantern", "feather", "blanket", "kettle",
-    "anchor", "tunnel", "castle", "cellar", "chimney", "compass", "crystal", "dolphin", "eagle", "falcon",
-    "glacier", "hammer", "jacket", "jungle", "kitten", "lemon", "magnet", "needle", "noodle", "ocean",
-    "parrot", "pepper", "planet", "puzzle", "rabbit", "rocket", "salmon", "shadow", "spider", "sponge",
-    "tiger", "tomato", "turtle", "velvet", "wagon", "walnut", "whistle", "wizard", "zebra", "acorn", "bamboo",
-    "beacon", "biscuit", "blossom", "canyon", "carpet", "cherry", "cobweb", "coral", "cradle", "desert",
-    "domino", "engineer", "fabric", "fountain", "gravel", "helmet", "hollow", "insect", "jasmine", "kernel",
-    "lagoon", "lizard", "maple", "meteor", "mitten", "nectar", "orchard", "paddle", "pebble", "pigeon",
-    "quarry", "quilt", "ribbon", "saffron", "sandal", "sequin", "sheriff", "signal", "sketch", "sleeve",
-    "socket", "sparrow", "spindle", "stable", "tablet", "thimble", "timber", "trumpet", "tulip", "umbrella",
-    "vapor", "vessel", "village", "voyage", "walrus", "weasel", "willow",
-)  # fmt: skip
+WORDS = tuple(
+    """
+    river stone window garden morning yellow paper silver market engine valley letter bridge candle
+    forest mirror orange pocket ladder harbor season winter summer autumn spring cotton button
+    island meadow copper thunder basket pillow marble saddle violin lantern feather blanket kettle
+    anchor tunnel castle cellar chimney compass crystal dolphin eagle falcon glacier hammer jacket
+    jungle kitten lemon magnet needle noodle ocean parrot pepper planet puzzle rabbit rocket salmon
+    shadow spider sponge tiger tomato turtle velvet wagon walnut whistle wizard zebra acorn bamboo
+    beacon biscuit blossom canyon carpet cherry cobweb coral cradle desert domino engineer fabric
+    fountain gravel helmet hollow insect jasmine kernel lagoon lizard maple meteor mitten nectar
+    orchard paddle pebble pigeon quarry quilt ribbon saffron sandal sequin sheriff signal sketch
+    sleeve socket sparrow spindle stable tablet thimble timber trumpet tulip umbrella vapor vessel
+    village voyage walrus weasel willow
+    """.split()  # noqa: SIM905 - a table of names, many to a line
+)
 # The engines' gauges of their KV cache use (vLLM's, its name before 0.10, SGLang's), each a fraction.
 KV_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -211,8 +210,13 @@ def measure(req: dict[str, Any], key: str | None, rung: int, seed: str) -> dict[
     usage: dict[str, Any] = {}
     reason = None
     try:
-        asked = answering(f"{base}/v1/chat/completions", key=key, body=body, timeout_s=float(probe["timeout_s"]),
-                          max_bytes=STREAM_BYTES)  # fmt: skip
+        asked = answering(
+            f"{base}/v1/chat/completions",
+            key=key,
+            body=body,
+            timeout_s=float(probe["timeout_s"]),
+            max_bytes=STREAM_BYTES,
+        )
         with asked as r:
             if not 200 <= r.status < 300:
                 size = prompt_tokens or "unknown"

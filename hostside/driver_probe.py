@@ -21,14 +21,13 @@ Output:
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import subprocess
 import sys
-import zlib
 
+from hostside.request import read_request
 from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, blocks, file_sha256, installed, on_path, owner_mode
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
@@ -62,9 +61,13 @@ def _start(argv: list[str]) -> subprocess.Popen[str] | None:
     if found is None:
         return None
     return subprocess.Popen(
-        [found, *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [found, *argv[1:]],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=_ENV,
-    )  # fmt: skip
+    )
 
 
 def _finish(proc: subprocess.Popen[str] | _Read | None, timeout: float) -> tuple[int | None, str, str]:
@@ -260,8 +263,7 @@ def probe(
 
 def main() -> None:
     try:
-        request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
-        result: DriversAnswer | dict[str, str] = probe(request if isinstance(request, dict) else {})
+        result: DriversAnswer | dict[str, str] = probe(read_request())
     except Exception as exc:  # noqa: BLE001 - whatever happens, the caller gets one JSON line
         result = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")

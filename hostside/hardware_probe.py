@@ -33,7 +33,6 @@ section that failed holds an ``"error"`` string (the script itself never raises)
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import glob
 import importlib
@@ -48,9 +47,9 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable
 
+from hostside.request import read_request
 from hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, on_path
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
@@ -115,9 +114,15 @@ class Command:
         self.proc: subprocess.Popen[str] | None = None
         try:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                errors="replace", env=_ENV, start_new_session=True,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                env=_ENV,
+                start_new_session=True,
+            )
         except OSError as exc:
             self.error = str(exc)
 
@@ -259,12 +264,14 @@ def _pci(root: str, vendors: tuple[str, ...]) -> list[dict[str, Any]]:
     for directory in sorted(glob.glob(_in(root, "/sys/bus/pci/devices/*"))):
         vendor = (_read(os.path.join(directory, "vendor")) or "").strip().lower()
         if vendor in vendors:
-            found.append({
-                "address": os.path.basename(directory),
-                "vendor": vendor,
-                "device": (_read(os.path.join(directory, "device")) or "").strip().lower(),
-                "class": (_read(os.path.join(directory, "class")) or "").strip().lower(),
-            })  # fmt: skip
+            found.append(
+                {
+                    "address": os.path.basename(directory),
+                    "vendor": vendor,
+                    "device": (_read(os.path.join(directory, "device")) or "").strip().lower(),
+                    "class": (_read(os.path.join(directory, "class")) or "").strip().lower(),
+                }
+            )
     return found
 
 
@@ -328,10 +335,16 @@ def _rdma(root: str) -> RdmaSection:
             value = _read(os.path.join(folder, name))
             return value.strip() if value is not None else None
 
-        ports.append({
-            "device": device, "port": os.path.basename(port_dir), "state": read("state"),
-            "phys_state": read("phys_state"), "rate": read("rate"), "link_layer": read("link_layer"),
-        })  # fmt: skip
+        ports.append(
+            {
+                "device": device,
+                "port": os.path.basename(port_dir),
+                "state": read("state"),
+                "phys_state": read("phys_state"),
+                "rate": read("rate"),
+                "link_layer": read("link_layer"),
+            }
+        )
     return {"ports": ports}
 
 
@@ -564,7 +577,7 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
 
 def main() -> None:
     try:
-        request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+        request = read_request()
         result: HardwareAnswer | dict[str, Any] = probe(request if isinstance(request, dict) else {})
     except Exception as exc:  # noqa: BLE001 - whatever happens, the caller gets one JSON line
         result = {"schema": 1, "error": f"{type(exc).__name__}: {exc}"}

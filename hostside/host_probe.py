@@ -16,14 +16,13 @@ dpkg-query and systemctl where they were the same commands (``driver_probe.read_
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import sys
 import threading
-import zlib
 
 from hostside import driver_probe, hardware_probe, state_probe
+from hostside.request import read_request
 
 TYPE_CHECKING = False  # typing costs every probe several ms to import: for type checkers only
 if TYPE_CHECKING:
@@ -51,7 +50,7 @@ PARTS: dict[str, tuple[Answer, Callable[[Exception], Any] | None]] = {
 
 
 def main() -> None:
-    request = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    request = read_request()
     failed = False
     answers: dict[str, Any] = {}
     for tag, (probe, on_error) in PARTS.items():

@@ -221,8 +221,10 @@ class HubFiles:
                     cause = f"{cause}; {over}" if over else cause
                     self._given_up(streak, cause)
                     raise OutOfTries(rel, tries, cause) from error
-                self.note(f"{rel}: {cause}; retry {tries} of {self.weather.attempts} in {wait:.1f} s, "
-                          f"from byte {self._have(partial)} of {size}")  # fmt: skip
+                self.note(
+                    f"{rel}: {cause}; retry {tries} of {self.weather.attempts} in {wait:.1f} s, "
+                    f"from byte {self._have(partial)} of {size}"
+                )
                 with self.mutex:
                     self.retried[rel] += 1
                 self.stopped.wait(wait)
@@ -280,8 +282,9 @@ class HubFiles:
             return f"{kind}:{held.digest.hexdigest()}"
         url = hf_hub_url(self.repo, rel, revision=self.revision, endpoint=self.endpoint)
         timeout = min(float(constants.HF_HUB_ETAG_TIMEOUT), self._left(until, partial, size))
-        meta = get_hf_file_metadata(url, headers=dict(self.headers), timeout=timeout, retry_on_errors=False,
-                                    endpoint=self.endpoint)  # fmt: skip
+        meta = get_hf_file_metadata(
+            url, headers=dict(self.headers), timeout=timeout, retry_on_errors=False, endpoint=self.endpoint
+        )
         self._check(rel, want, meta.commit_hash, meta.etag)
         headers = {**self.headers, "Accept-Encoding": "identity"}
         if _origin(meta.location) != _origin(url):
@@ -318,8 +321,15 @@ class HubFiles:
                     body += block[: ERROR_BODY - len(body)]
                     if len(body) >= ERROR_BODY or time.monotonic() >= until:
                         break
-                hf_raise_for_status(httpx2.Response(answer.status_code, headers=answer.headers, content=body,
-                                                    request=answer.request, extensions=answer.extensions))  # fmt: skip
+                hf_raise_for_status(
+                    httpx2.Response(
+                        answer.status_code,
+                        headers=answer.headers,
+                        content=body,
+                        request=answer.request,
+                        extensions=answer.extensions,
+                    )
+                )
             first = _range_start(answer.headers.get("Content-Range")) if answer.status_code == 206 else 0
             if first != held.got:
                 # The whole body (a source that ignores Range), or another part: start over, in a
@@ -395,8 +405,10 @@ class HubFiles:
             raise Refused(f"{rel}: the Hub answers at commit {commit}, the pin is {self.revision}")
         digest = want.split(":", 1)[1]
         if etag and _HEX.match(etag) and len(etag) == len(digest) and etag != digest:
-            raise Refused(f"{rel}: the Hub serves {etag} at {self.revision[:12]}, the lock says {want}: "
-                          "the lock is not of this revision")  # fmt: skip
+            raise Refused(
+                f"{rel}: the Hub serves {etag} at {self.revision[:12]}, the lock says {want}: "
+                "the lock is not of this revision"
+            )
 
     def _passing(self, exc: BaseException) -> float | None:
         """None when ``exc`` does not pass; else the wait the answer asks for (-1: none asked)."""

@@ -21,17 +21,16 @@ tested, and the line names the rung and the engine's own reason.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
 import sys
 import time
-import zlib
 from typing import Any
 
 from hostside import context_probe, smoke
 from hostside.host_dirs import STATE_DIR
+from hostside.request import read_request
 from hostside.whole_file import write_whole
 
 APPLIED = f"{STATE_DIR}/applied"
@@ -126,7 +125,7 @@ def _back(req: dict[str, Any], back: dict[str, Any] | None) -> str:
 
 
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     rungs = req["rungs"]
     results: list[dict[str, Any]] = []
     back = req.get("back")

@@ -31,19 +31,18 @@ bounds (``hostside.boundary_http``; JSON through ``hostside.boundary_json``).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
 import sys
 import time
 import urllib.parse
-import zlib
 from typing import Any
 
 from hostside.boundary_http import Unanswered, ask
 from hostside.boundary_json import loads
 from hostside.host_dirs import ROUTER_DRAINED
+from hostside.request import read_request
 
 MAX_BYTES = 4 << 20
 REQUEST_S = 5.0
@@ -184,7 +183,7 @@ def back_in(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     try:
         said = out(req) if req["phase"] == "out" else back_in(req)
     except Failed as exc:

@@ -26,15 +26,14 @@ gauge's samples of the listed URLs are taken from it.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import sys
 import time
-import zlib
 from typing import Any
 
 from hostside.boundary_http import Unanswered, ask
+from hostside.request import read_request
 
 MAX_BYTES = 8 << 20
 POLL_S = 0.5
@@ -113,7 +112,7 @@ def wait(req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     code, said = wait(req)
     print(json.dumps(said))
     if code:

@@ -19,9 +19,16 @@ import stat
 # NVIDIA's packages (Debian's and Ubuntu's names) and the keyring, one line each: name, version,
 # db:Status-Abbrev ("ii ").
 NVIDIA_PACKAGES = [
-    "dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", "nvidia-*", "cuda-keyring", "cuda-drivers*",
-    "libnvidia-compute*", "nvlsm", "infiniband-diags",
-]  # fmt: skip
+    "dpkg-query",
+    "-W",
+    "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n",
+    "nvidia-*",
+    "cuda-keyring",
+    "cuda-drivers*",
+    "libnvidia-compute*",
+    "nvlsm",
+    "infiniband-diags",
+]
 SERVICE_STATES = ["systemctl", "show", "--property=Id,ActiveState,UnitFileState"]
 
 TYPE_CHECKING = False  # typing costs every probe several ms to import: for type checkers only

@@ -28,19 +28,18 @@ what it answered.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-import zlib
 from typing import Any, NoReturn
 
 from hostside.boundary_http import Unanswered, ask
 from hostside.boundary_json import loads
 from hostside.boundary_text import error_line, shown
+from hostside.request import read_request
 
 # The most of an answer read: a chat completion of the largest smoke budget, its reasoning
 # included, is well under it.
@@ -65,8 +64,9 @@ def read_key(req: dict[str, Any]) -> str | None:
     return None
 
 
-def _call(url: str, key: str | None, body: Any = None, *, what: str = "API",
-          timeout_s: float = CALL_S) -> tuple[int, Any, str | None]:  # fmt: skip
+def _call(
+    url: str, key: str | None, body: Any = None, *, what: str = "API", timeout_s: float = CALL_S
+) -> tuple[int, Any, str | None]:
     """A request to the deploy's own ``http://ADDRESS:PORT`` of the unit's API (POST of ``body`` as
     JSON, else GET; the key as a bearer token): (status, the answer's JSON, why there is none, in
     one line). Status 0: no HTTP answer at all (nothing listening, something else answering, too
@@ -97,8 +97,10 @@ def _down_s(state: dict[str, str]) -> float | None:
 def _state(unit: str) -> dict[str, str]:
     show = subprocess.run(
         ["systemctl", "show", f"{unit}.service", "-p", f"ActiveState,SubState,NRestarts,ExecMainStatus,{_LEFT}"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return dict(line.split("=", 1) for line in show.stdout.splitlines() if "=" in line)
 
 
@@ -134,8 +136,10 @@ class Failed(Exception):
 def _fail(req: dict[str, Any], reason: str, exited: bool = False) -> NoReturn:
     journal = subprocess.run(
         ["journalctl", "-u", f"{req['unit']}.service", "-n", "1000", "--no-pager", "-o", "cat"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     lines = journal.stdout.splitlines()
     cause = _first_exception(lines, req["unit"]) if exited else None
     if cause:
@@ -218,10 +222,16 @@ def _function(call: dict[str, Any]) -> dict[str, Any]:
 def _round_trip(req: dict[str, Any], key: str | None, body: dict[str, Any], tool: dict[str, Any]) -> None:
     """Offered the function, the engine calls it; given its result, it answers."""
     name = tool["name"]
-    tools = [{"type": "function", "function": {
-        "name": name, "description": "The deploy's smoke test: returns the word to answer with.",
-        "parameters": {"type": "object", "properties": {}},
-    }}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": "The deploy's smoke test: returns the word to answer with.",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
     asked = [{"role": "user", "content": tool["prompt"]}]
     first = {**body, "messages": asked, "tools": tools, "tool_choice": "auto"}
     message, finish = _choice(req, key, first, "tool-call request")
@@ -306,7 +316,7 @@ def serves(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     try:
         done = serves(req)
     except Exception as exc:  # noqa: BLE001 - whatever the engine answered, the check ends in one line

@@ -19,16 +19,15 @@ Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {dir: {...}},
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import pwd
 import stat
 import subprocess
 import sys
-import zlib
 
 from hostside.host_dirs import ROUTER_DRAINED, STATE_DIR
+from hostside.request import read_request
 from hostside.shared_queries import blocks, file_sha256, owner_mode
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
@@ -404,8 +403,10 @@ def _packages(names: list[str]) -> dict[str, bool]:
         return {}
     found = subprocess.run(
         ["dpkg-query", "-W", "-f", "${Package}\t${db:Status-Abbrev}\n", *names],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     installed = {line.split("\t")[0] for line in found.stdout.splitlines() if line.split("\t")[1:2] == ["ii "]}
     return {name: name in installed for name in names}
 
@@ -528,7 +529,7 @@ def _platform() -> dict[str, str]:
 
 
 def main() -> None:
-    print(json.dumps(probe(json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))), sort_keys=True))
+    print(json.dumps(probe(read_request()), sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ def environment(base: Mapping[str, str]) -> dict[str, str]:
         "NO_COLOR": "1",
     }
 
+
 # What uv and pip print when the index did not answer.
 _DOWN = re.compile(
     r"503|502|504|Connection refused|tcp connect error|error sending request|timed out|"

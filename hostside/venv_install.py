@@ -30,7 +30,6 @@ index, an index that does not answer, bytes that do not match the lock's hashes.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -41,15 +40,17 @@ import stat
 import subprocess
 import sys
 import time
-import zlib
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from hostside.boundary_lock import METADATA_MAX_BYTES, canonical_version, check_lock, metadata_pin
 from hostside.boundary_text import shown
+from hostside.request import read_request
 from hostside.uv_process import HTTP_RETRIES, HTTP_TIMEOUT_S, environment, reason
 
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
+
+
 def _fail(message: str, *remove: str) -> NoReturn:
     for path in remove:
         shutil.rmtree(path, ignore_errors=True)
@@ -215,7 +216,7 @@ def _swap(new: str, path: str) -> None:
 
 
 def main() -> None:
-    req: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     given = (req.get("lock") or {}).get("text")
     if given:
         # Checked before anything runs or is made, uv and its bootstrap included.

@@ -226,8 +226,11 @@ def accelerators(want: dict[str, Any], timeout: float) -> dict[str, Any]:
     rows = [[c.strip() for c in line.split(",")] + [""] * 5 for line in run.stdout.splitlines() if "," in line]
     gpus = [r for r in rows if _number(r[0]) is not None]
     # a GPU of an NVLink fabric (NVSwitch, Grace Blackwell) not joined to it, or refused by it
-    unjoined = [f"GPU {r[1]}: fabric {r[5]}" + (f", {r[6]}" if r[6] not in NO_FABRIC else "") for r in gpus
-                if r[5] not in NO_FABRIC and (r[5] != "Completed" or r[6] != "Success")]  # fmt: skip
+    unjoined = [
+        f"GPU {r[1]}: fabric {r[5]}" + (f", {r[6]}" if r[6] not in NO_FABRIC else "")
+        for r in gpus
+        if r[5] not in NO_FABRIC and (r[5] != "Completed" or r[6] != "Success")
+    ]
     ecc = sum(_number(r[2]) or 0 for r in gpus)
     # pages pending retirement (before Ampere) or rows pending remapping (since): a GPU reset applies
     # them; counted, no fault ("[N/A]" where the GPU has the other mechanism)
@@ -308,8 +311,10 @@ class Ladder:
         wrong = host_fault is None and why is not None and why.startswith(WRONG)
         if host_fault is None and not wrong and self.restarts < self.restarts_allowed:
             self.restarts += 1
-            log(f"{self.unit}: {why} ({self.restart_after} checks in a row): restarting "
-                f"({self.restarts} of {self.restarts_allowed})")  # fmt: skip
+            log(
+                f"{self.unit}: {why} ({self.restart_after} checks in a row): restarting "
+                f"({self.restarts} of {self.restarts_allowed})"
+            )
             self._to("restarting", now)
             return "restart"
         in_a_row = f" ({self.restart_after} checks in a row)"
@@ -332,8 +337,13 @@ def _hold(shown: dict[str, str], grace_s: float) -> str | None:
     return None
 
 
-def _metrics(units: dict[str, Ladder], checks: dict[str, dict[str, Any]], host: dict[str, Any],
-             actions: dict[str, dict[str, int]], now: float) -> str:  # fmt: skip
+def _metrics(
+    units: dict[str, Ladder],
+    checks: dict[str, dict[str, Any]],
+    host: dict[str, Any],
+    actions: dict[str, dict[str, int]],
+    now: float,
+) -> str:
     """The Prometheus text format (version 0.0.4) of this round."""
     out = [
         "# HELP kimi_watchdog_up 1 when the unit passed this round's checks.",
@@ -345,45 +355,64 @@ def _metrics(units: dict[str, Ladder], checks: dict[str, dict[str, Any]], host: 
     states = ("serving", "failing", "restarting", "starting", "stopped", "drained")
     for u, ladder in sorted(units.items()):
         out += [f'kimi_watchdog_state{{unit="{u}",state="{s}"}} {int(ladder.state == s)}' for s in states]
-    out += ["# HELP kimi_watchdog_actions_total Restarts and drains the watchdog made.",
-            "# TYPE kimi_watchdog_actions_total counter"]  # fmt: skip
+    out += [
+        "# HELP kimi_watchdog_actions_total Restarts and drains the watchdog made.",
+        "# TYPE kimi_watchdog_actions_total counter",
+    ]
     for u in sorted(units):
-        out += [f'kimi_watchdog_actions_total{{unit="{u}",action="{a}"}} {actions[u].get(a, 0)}'
-                for a in ("restart", "stop")]  # fmt: skip
-    out += ["# HELP kimi_watchdog_systemd_restarts systemd's own restarts of the unit (NRestarts).",
-            "# TYPE kimi_watchdog_systemd_restarts gauge"]  # fmt: skip
+        out += [
+            f'kimi_watchdog_actions_total{{unit="{u}",action="{a}"}} {actions[u].get(a, 0)}'
+            for a in ("restart", "stop")
+        ]
+    out += [
+        "# HELP kimi_watchdog_systemd_restarts systemd's own restarts of the unit (NRestarts).",
+        "# TYPE kimi_watchdog_systemd_restarts gauge",
+    ]
     out += [f'kimi_watchdog_systemd_restarts{{unit="{u}"}} {checks[u].get("nrestarts", 0)}' for u in sorted(units)]
-    out += ["# HELP kimi_watchdog_canary_seconds How long the last canary took.",
-            "# TYPE kimi_watchdog_canary_seconds gauge"]  # fmt: skip
-    out += [f'kimi_watchdog_canary_seconds{{unit="{u}"}} {checks[u]["canary_s"]:.3f}'
-            for u in sorted(units) if checks[u].get("canary_s") is not None]  # fmt: skip
+    out += [
+        "# HELP kimi_watchdog_canary_seconds How long the last canary took.",
+        "# TYPE kimi_watchdog_canary_seconds gauge",
+    ]
+    out += [
+        f'kimi_watchdog_canary_seconds{{unit="{u}"}} {checks[u]["canary_s"]:.3f}'
+        for u in sorted(units)
+        if checks[u].get("canary_s") is not None
+    ]
     gpus = host.get("accelerators")
     if gpus is not None:
-        out += ["# HELP kimi_watchdog_accelerators GPUs that answer, and how many the plan expects.",
-                "# TYPE kimi_watchdog_accelerators gauge",
-                f'kimi_watchdog_accelerators{{state="present"}} {gpus["count"]}',
-                f'kimi_watchdog_accelerators{{state="expected"}} {gpus["expected"]}',
-                "# HELP kimi_watchdog_ecc_uncorrected_errors Uncorrected ECC errors (volatile), all GPUs.",
-                "# TYPE kimi_watchdog_ecc_uncorrected_errors gauge",
-                f"kimi_watchdog_ecc_uncorrected_errors {gpus['ecc']}",
-                "# HELP kimi_watchdog_retired_pages_pending GPUs with pages or rows pending retirement or remapping.",
-                "# TYPE kimi_watchdog_retired_pages_pending gauge",
-                f"kimi_watchdog_retired_pages_pending {gpus['pending']}"]  # fmt: skip
+        out += [
+            "# HELP kimi_watchdog_accelerators GPUs that answer, and how many the plan expects.",
+            "# TYPE kimi_watchdog_accelerators gauge",
+            f'kimi_watchdog_accelerators{{state="present"}} {gpus["count"]}',
+            f'kimi_watchdog_accelerators{{state="expected"}} {gpus["expected"]}',
+            "# HELP kimi_watchdog_ecc_uncorrected_errors Uncorrected ECC errors (volatile), all GPUs.",
+            "# TYPE kimi_watchdog_ecc_uncorrected_errors gauge",
+            f"kimi_watchdog_ecc_uncorrected_errors {gpus['ecc']}",
+            "# HELP kimi_watchdog_retired_pages_pending GPUs with pages or rows pending retirement or remapping.",
+            "# TYPE kimi_watchdog_retired_pages_pending gauge",
+            f"kimi_watchdog_retired_pages_pending {gpus['pending']}",
+        ]
     if "xid_counts" in host:
-        out += ["# HELP kimi_watchdog_xid_events_total GPU faults the driver logged (Xid events, by code) this boot.",
-                "# TYPE kimi_watchdog_xid_events_total counter",
-                *(f'kimi_watchdog_xid_events_total{{xid="{c}"}} {n}' for c, n in host["xid_counts"].items()),
-                "# HELP kimi_watchdog_kernel_log_readable 1 when the watchdog reads the kernel's log (Xid events).",
-                "# TYPE kimi_watchdog_kernel_log_readable gauge",
-                f"kimi_watchdog_kernel_log_readable {int(host['kernel_log'] is None)}"]  # fmt: skip
+        out += [
+            "# HELP kimi_watchdog_xid_events_total GPU faults the driver logged (Xid events, by code) this boot.",
+            "# TYPE kimi_watchdog_xid_events_total counter",
+            *(f'kimi_watchdog_xid_events_total{{xid="{c}"}} {n}' for c, n in host["xid_counts"].items()),
+            "# HELP kimi_watchdog_kernel_log_readable 1 when the watchdog reads the kernel's log (Xid events).",
+            "# TYPE kimi_watchdog_kernel_log_readable gauge",
+            f"kimi_watchdog_kernel_log_readable {int(host['kernel_log'] is None)}",
+        ]
     scrub = host.get("scrub")
     if scrub is not None:
-        out += ["# HELP kimi_watchdog_scrub_corrupt_files Files the weights' last scrub found corrupted and left so.",
-                "# TYPE kimi_watchdog_scrub_corrupt_files gauge",
-                f"kimi_watchdog_scrub_corrupt_files {scrub['left']}"]  # fmt: skip
-    out += ["# HELP kimi_watchdog_last_round_timestamp_seconds When the watchdog last checked.",
-            "# TYPE kimi_watchdog_last_round_timestamp_seconds gauge",
-            f"kimi_watchdog_last_round_timestamp_seconds {now:.3f}"]  # fmt: skip
+        out += [
+            "# HELP kimi_watchdog_scrub_corrupt_files Files the weights' last scrub found corrupted and left so.",
+            "# TYPE kimi_watchdog_scrub_corrupt_files gauge",
+            f"kimi_watchdog_scrub_corrupt_files {scrub['left']}",
+        ]
+    out += [
+        "# HELP kimi_watchdog_last_round_timestamp_seconds When the watchdog last checked.",
+        "# TYPE kimi_watchdog_last_round_timestamp_seconds gauge",
+        f"kimi_watchdog_last_round_timestamp_seconds {now:.3f}",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -414,8 +443,13 @@ class Watchdog:
 
     def _act(self, unit: str, action: str, why: str | None, now: float) -> None:
         verb = "restart" if action == "restart" else "stop"
-        run = subprocess.run(["systemctl", verb, "--no-block", f"{unit}.service"],
-                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        run = subprocess.run(
+            ["systemctl", verb, "--no-block", f"{unit}.service"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if run.returncode != 0:
             log(f"{unit}: systemctl {verb} failed: {run.stderr.strip()[:200]}")
         self.actions = [*self.actions, {"at": now, "unit": unit, "action": action, "why": why}][-ACTIONS_KEPT:]
@@ -428,8 +462,11 @@ class Watchdog:
         first = self.kmsg.fd is None
         records = self.kmsg.read()
         if self.kmsg.error != self.kmsg_error:
-            log(f"host: the kernel's log cannot be read, Xid events go unseen ({self.kmsg.error})" if self.kmsg.error
-                else "host: the kernel's log is read again")  # fmt: skip
+            log(
+                f"host: the kernel's log cannot be read, Xid events go unseen ({self.kmsg.error})"
+                if self.kmsg.error
+                else "host: the kernel's log is read again"
+            )
             self.kmsg_error = self.kmsg.error
         now_mono, now = time.monotonic() * 1e6, time.time()
         for record in records:
@@ -437,17 +474,27 @@ class Watchdog:
             if event is None or event.code in self.ignored:
                 continue
             # the same fault in two lines (the Xid, then the driver's own "fallen off the bus")
-            if any(x["bus"] == event.bus and x["code"] == event.code and abs(x["usec"] - record.usec) < 1e6
-                   for x in self.xids):  # fmt: skip
+            if any(
+                x["bus"] == event.bus and x["code"] == event.code and abs(x["usec"] - record.usec) < 1e6
+                for x in self.xids
+            ):
                 continue
             # when it happened: the record's clock for what the buffer held at the start; for an
             # event read live, when it was read (the kernel's clock may run apart from CLOCK_MONOTONIC
             # by NTP's slew; the read is at most a round late)
             mono = min(record.usec, now_mono) if first else now_mono
             self.xid_counts[event.code] = self.xid_counts.get(event.code, 0) + 1
-            self.xids = [*self.xids, {"code": event.code, "bus": event.bus, "details": event.details[:QUOTE * 2],
-                                      "usec": record.usec, "mono": mono,
-                                      "at": now - (now_mono - mono) / 1e6}][-XIDS_KEPT:]  # fmt: skip
+            self.xids = [
+                *self.xids,
+                {
+                    "code": event.code,
+                    "bus": event.bus,
+                    "details": event.details[: QUOTE * 2],
+                    "usec": record.usec,
+                    "mono": mono,
+                    "at": now - (now_mono - mono) / 1e6,
+                },
+            ][-XIDS_KEPT:]
             log(f"host: Xid {event.code} on GPU {event.bus}: {quote(event.details)}")
 
     def _xid_fault(self, started_usec: int) -> str | None:
@@ -487,8 +534,9 @@ class Watchdog:
             self.host_fault = fault
         return host, fault
 
-    def _unit(self, unit: dict[str, Any], state: dict[str, str], host: dict[str, Any], fault: str | None,
-              now: float) -> dict[str, Any]:  # fmt: skip
+    def _unit(
+        self, unit: dict[str, Any], state: dict[str, str], host: dict[str, Any], fault: str | None, now: float
+    ) -> dict[str, Any]:
         """One unit's round: its checks, and the ladder's action."""
         name, ladder = unit["unit"], self.ladders[unit["unit"]]
         nrestarts = _number(state.get("NRestarts", "") or "") or 0

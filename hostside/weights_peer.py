@@ -31,18 +31,15 @@ One journal line per file served, and one at exit counting the connections refus
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hmac
 import itertools
-import json
 import os
 import socket
 import socketserver
 import sys
 import threading
 import time
-import zlib
 from collections import Counter
 from http import HTTPStatus
 from typing import Any, BinaryIO
@@ -50,6 +47,7 @@ from urllib.parse import unquote
 
 from hostside.boundary_http import BoundedThreads, Refused, read_head
 from hostside.boundary_names import BadName, check_names, inside
+from hostside.request import read_request
 from hostside.revision_files import CACHE, load_cache, meta, partial_path
 from hostside.sd_notify import notify
 
@@ -315,7 +313,7 @@ class Server(BoundedThreads, socketserver.TCPServer):
 
 
 def main() -> None:
-    req = json.loads(zlib.decompress(base64.b64decode(sys.argv[1])))
+    req = read_request()
     try:
         peer = Peer(req)
     except (BadName, ValueError, OSError) as exc:
@@ -334,8 +332,10 @@ def main() -> None:
     print(f"serving {len(peer.cache)} verified files of {peer.root} on {req['bind']}:{req['port']}", file=sys.stderr)
     server.serve_forever()
     refused = ", ".join(f"{n} {why}" for why, n in sorted(peer.refused.items()))
-    print(f"served {peer.served} bytes, relayed {peer.relayed} as they arrived; refused {refused or 'nothing'}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"served {peer.served} bytes, relayed {peer.relayed} as they arrived; refused {refused or 'nothing'}",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ lock file), and progress (bytes, rate, ETA) is appended to ``progress_log`` ever
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import http.client
@@ -46,7 +45,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -56,6 +54,7 @@ from hostside.boundary_names import BadName, check_names, inside
 from hostside.boundary_text import shown
 from hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
 from hostside.hub_fetch import BadToken, HubFiles, OutOfTries, Refused, Weather, fresh_digest
+from hostside.request import read_request
 from hostside.revision_files import CACHE, META, load_cache, meta, partial_path
 
 # Every file of a revision is readable by all (the engines run as a user of their own), written by root.
@@ -242,8 +241,10 @@ class _Sink:
         if len(keep) < len(block):
             raise Mismatch(f"the source sent more than the locked {self.size} bytes")
         if time.monotonic() >= self.until:
-            raise TimeoutError(f"the file's deadline of {self.weather.file_s(self.size):g} s passed at byte "
-                               f"{self.got} of {self.size} ({self.weather.why_file_s()})")  # fmt: skip
+            raise TimeoutError(
+                f"the file's deadline of {self.weather.file_s(self.size):g} s passed at byte "
+                f"{self.got} of {self.size} ({self.weather.why_file_s()})"
+            )
         return len(block)
 
 
@@ -435,8 +436,7 @@ def _request(argv: list[str]) -> dict[str, Any]:
         with open(argv[2], encoding="utf-8") as f:
             data: dict[str, Any] = json.load(f)
             return data
-    loaded: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(argv[1])))
-    return loaded
+    return read_request(argv)
 
 
 def check_request(req: dict[str, Any]) -> None:
@@ -483,8 +483,15 @@ def main() -> None:
             line = gated_line(req["repo"], req.get("endpoint") or HUB, status)
             _fail({"error": "gated", "status": status, "message": line}, f"{label}: {where}: {line}", 5)
         sent = bool(req.get("token_file")) and os.path.exists(req["token_file"])
-        refused = next((e for e in chain if isinstance(e, BadToken) or (
-            sent and _status_of(e) == 401 and type(e).__name__ != "RepositoryNotFoundError")), None)  # fmt: skip
+        refused = next(
+            (
+                e
+                for e in chain
+                if isinstance(e, BadToken)
+                or (sent and _status_of(e) == 401 and type(e).__name__ != "RepositoryNotFoundError")
+            ),
+            None,
+        )
         if refused is not None:
             line = token_line(req.get("endpoint") or HUB, req.get("token_file"))
             _fail({"error": "token", "status": 401, "message": line}, f"{label}: {where}: {line}", 5)
@@ -647,8 +654,11 @@ def sync(req: dict[str, Any]) -> None:
     if scrub:
         for rel, found in corrupted.items():
             print(f"kimi-deploy: scrub: {rel}: expected {lock[rel][1]}, found {found}", file=sys.stderr)
-        _save_json(root, "scrub.json", {"time": time.time(), "checked": len(lock), "corrupted": corrupted,
-                                         "repair": bool(req.get("repair"))})  # fmt: skip
+        _save_json(
+            root,
+            "scrub.json",
+            {"time": time.time(), "checked": len(lock), "corrupted": corrupted, "repair": bool(req.get("repair"))},
+        )
         if bad and not req.get("repair"):
             _save_cache(root, lock, cache)
             rel = bad[0]
@@ -709,14 +719,27 @@ def sync(req: dict[str, Any]) -> None:
             f"from {req.get('endpoint') or 'the Hub'}{retries}"
         )
     if scrub and corrupted:
-        _save_json(root, "scrub.json", {"time": time.time(), "checked": len(lock), "corrupted": corrupted,
-                                         "repaired": sorted(corrupted)})  # fmt: skip
+        _save_json(
+            root,
+            "scrub.json",
+            {"time": time.time(), "checked": len(lock), "corrupted": corrupted, "repaired": sorted(corrupted)},
+        )
         print(f"kimi-deploy: scrub: re-fetched {len(corrupted)} corrupted files", file=sys.stderr)
-    print(json.dumps({
-        "ok": True, "fetched": sorted(set(fetched)), "from_peers": from_peers, "peer_failures": peer_causes,
-        "linked": len(linked), "removed": removed, "corrupted": sorted(corrupted), "hub_retries": hub.retried,
-        "seconds": round(time.monotonic() - started, 3),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "ok": True,
+                "fetched": sorted(set(fetched)),
+                "from_peers": from_peers,
+                "peer_failures": peer_causes,
+                "linked": len(linked),
+                "removed": removed,
+                "corrupted": sorted(corrupted),
+                "hub_retries": hub.retried,
+                "seconds": round(time.monotonic() - started, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

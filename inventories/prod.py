@@ -14,12 +14,10 @@ b300 = [
 
 # Ten GB300 compute trays (4 GPUs each) and a CPU host for the router: the gb300-pd topology.
 gb300_prefill = [
-    (f"gb300-p{i:02d}", {"ssh_hostname": f"10.40.0.{10 + i}", "kimi_address": f"10.41.0.{10 + i}"})
-    for i in range(1, 7)
+    (f"gb300-p{i:02d}", {"ssh_hostname": f"10.40.0.{10 + i}", "kimi_address": f"10.41.0.{10 + i}"}) for i in range(1, 7)
 ]
 gb300_decode = [
-    (f"gb300-d{i:02d}", {"ssh_hostname": f"10.40.0.{30 + i}", "kimi_address": f"10.41.0.{30 + i}"})
-    for i in range(1, 5)
+    (f"gb300-d{i:02d}", {"ssh_hostname": f"10.40.0.{30 + i}", "kimi_address": f"10.41.0.{30 + i}"}) for i in range(1, 5)
 ]
 gb300_router = [
     ("gb300-rt01", {"ssh_hostname": "10.40.0.50", "kimi_address": "10.41.0.50"}),
@@ -27,10 +25,7 @@ gb300_router = [
 gb300 = [name for name, _ in gb300_prefill + gb300_decode + gb300_router]
 
 # A TPU 7x slice of 8 hosts with 4 chips each: the tpu7x topology (SGLang).
-tpu7x = [
-    (f"tpu7x-w{i}", {"ssh_hostname": f"10.60.0.{10 + i}", "kimi_address": f"10.61.0.{10 + i}"})
-    for i in range(8)
-]
+tpu7x = [(f"tpu7x-w{i}", {"ssh_hostname": f"10.60.0.{10 + i}", "kimi_address": f"10.61.0.{10 + i}"}) for i in range(8)]
 
 # TokenSpeed on one B300 host and on two H200 hosts.
 ts_b300 = [

@@ -22,12 +22,15 @@ def figures(rep: Mapping[str, Any]) -> dict[str, Any]:
     """The figures of report ``rep`` (``kimi_deploy.bench_report.report``) a release record keeps."""
     targets = {
         name: [
-            {"concurrency": lv.get("concurrency"), **{k: lv.get(k) for k in KEPT},
-             "cost_per_success": (lv.get("cost") or {}).get("per_success")}
+            {
+                "concurrency": lv.get("concurrency"),
+                **{k: lv.get(k) for k in KEPT},
+                "cost_per_success": (lv.get("cost") or {}).get("per_success"),
+            }
             for lv in levels
         ]
         for name, levels in rep.get("targets", {}).items()
-    }  # fmt: skip
+    }
     return {"run": rep.get("run"), "at": rep.get("at"), "tasks": rep.get("tasks"), "targets": targets}
 
 
@@ -65,8 +68,10 @@ def format_delta(now: Mapping[str, Any], before: Any, release: Any) -> list[str]
             if was is None:
                 continue
             rate, then_rate = number(lv.get("success_rate")), number(was.get("success_rate"))
-            points = "-" if rate is None else f"{rate:.0%}" + (
-                "" if then_rate is None else f" ({100 * (rate - then_rate):+.0f} pt)"
+            points = (
+                "-"
+                if rate is None
+                else f"{rate:.0%}" + ("" if then_rate is None else f" ({100 * (rate - then_rate):+.0f} pt)")
             )
             lines.append(
                 f"  {name} at {lv['concurrency']}: TTFT p50 "

@@ -93,9 +93,7 @@ def hosted(recipe: Recipe) -> RouterFallback | None:
     return bench.compare or (router.fallback if router is not None else None)
 
 
-def bench_request(
-    recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan, run: str
-) -> dict[str, object]:
+def bench_request(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan, run: str) -> dict[str, object]:
     """``hostside/bench_load.py``'s request on the generator host ``at``: no secret, only where
     the keys are on that host."""
     bench = recipe.benchmark

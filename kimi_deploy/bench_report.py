@@ -59,8 +59,18 @@ def accelerators(topology: Sequence[HostPlan]) -> tuple[str, float]:
     return name, float(sum(p.accelerators for p in engines))
 
 
-def _cost(cost: Cost | None, target: str, *, kind: str, count: float, wall_s: float, failures: int,
-          tokens_in: float, tokens_out: float, succeeded: int) -> dict[str, Any] | None:  # fmt: skip
+def _cost(
+    cost: Cost | None,
+    target: str,
+    *,
+    kind: str,
+    count: float,
+    wall_s: float,
+    failures: int,
+    tokens_in: float,
+    tokens_out: float,
+    succeeded: int,
+) -> dict[str, Any] | None:
     if cost is None:
         return None
     hours = wall_s / 3600
@@ -135,8 +145,15 @@ def level_report(bench: Benchmark, target: str, level: Mapping[str, Any], kind: 
         "tokens_out": tokens_out,
         "generator_error": shown(level["error"], 300) if isinstance(level.get("error"), str) else None,
         "cost": _cost(
-            bench.cost, target, kind=kind, count=count, wall_s=wall, failures=len(judged) - succeeded,
-            tokens_in=tokens_in, tokens_out=tokens_out, succeeded=succeeded,
+            bench.cost,
+            target,
+            kind=kind,
+            count=count,
+            wall_s=wall,
+            failures=len(judged) - succeeded,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            succeeded=succeeded,
         ),
     }
 
@@ -164,8 +181,21 @@ def report(
     }
 
 
-COLUMNS = ("target", "conc", "requests", "success", "TTFT p50/p95 s", "ITL p50/p95 ms", "out tok/s",
-           "errors", "KV peak", "accel MiB", "engine MiB", "CPU gen/engine s", "cost/success")  # fmt: skip
+COLUMNS = (
+    "target",
+    "conc",
+    "requests",
+    "success",
+    "TTFT p50/p95 s",
+    "ITL p50/p95 ms",
+    "out tok/s",
+    "errors",
+    "KV peak",
+    "accel MiB",
+    "engine MiB",
+    "CPU gen/engine s",
+    "cost/success",
+)
 
 
 def _f(value: Any, digits: int) -> str:

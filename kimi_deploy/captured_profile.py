@@ -35,19 +35,33 @@ from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 
 # The port state as each tool prints it -> the kernel's "code: NAME" (drivers/infiniband/core/sysfs.c).
 _STATES = {
-    "PORT_DOWN": "1: DOWN", "PORT_INIT": "2: INIT", "PORT_ARMED": "3: ARMED", "PORT_ACTIVE": "4: ACTIVE",
+    "PORT_DOWN": "1: DOWN",
+    "PORT_INIT": "2: INIT",
+    "PORT_ARMED": "3: ARMED",
+    "PORT_ACTIVE": "4: ACTIVE",
     "PORT_ACTIVE_DEFER": "5: ACTIVE_DEFER",
-    "Down": "1: DOWN", "Initializing": "2: INIT", "Armed": "3: ARMED", "Active": "4: ACTIVE",
-}  # fmt: skip
+    "Down": "1: DOWN",
+    "Initializing": "2: INIT",
+    "Armed": "3: ARMED",
+    "Active": "4: ACTIVE",
+}
 # The physical state as each tool prints it -> the kernel's "code: Name".
 _PHYS_STATES = {
-    "SLEEP": "1: Sleep", "POLLING": "2: Polling", "DISABLED": "3: Disabled",
-    "PORT_CONFIGURATION TRAINING": "4: PortConfigurationTraining", "LINK_UP": "5: LinkUp",
-    "LINK_ERROR_RECOVERY": "6: LinkErrorRecovery", "PHY TEST": "7: Phy Test",
-    "Sleep": "1: Sleep", "Polling": "2: Polling", "Disabled": "3: Disabled",
-    "PortConfigurationTraining": "4: PortConfigurationTraining", "LinkUp": "5: LinkUp",
-    "LinkErrorRecovery": "6: LinkErrorRecovery", "PhyTest": "7: Phy Test",
-}  # fmt: skip
+    "SLEEP": "1: Sleep",
+    "POLLING": "2: Polling",
+    "DISABLED": "3: Disabled",
+    "PORT_CONFIGURATION TRAINING": "4: PortConfigurationTraining",
+    "LINK_UP": "5: LinkUp",
+    "LINK_ERROR_RECOVERY": "6: LinkErrorRecovery",
+    "PHY TEST": "7: Phy Test",
+    "Sleep": "1: Sleep",
+    "Polling": "2: Polling",
+    "Disabled": "3: Disabled",
+    "PortConfigurationTraining": "4: PortConfigurationTraining",
+    "LinkUp": "5: LinkUp",
+    "LinkErrorRecovery": "6: LinkErrorRecovery",
+    "PhyTest": "7: Phy Test",
+}
 
 
 def nvidia_section(text: str, fields: list[str] | None) -> dict[str, Any]:

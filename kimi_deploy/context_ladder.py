@@ -105,9 +105,7 @@ def _engine_unit(todo: Converge, deploy: DeployPlan) -> UnitTarget | None:
     return next((u for u in todo.units if u.name in names and u.smoke is not None), None)
 
 
-def climb_for(
-    deploy: DeployPlan, todo: Converge, found: HostState, proofs: Iterable[LadderProof] = ()
-) -> Climb | None:
+def climb_for(deploy: DeployPlan, todo: Converge, found: HostState, proofs: Iterable[LadderProof] = ()) -> Climb | None:
     """The climb of this host's engine in this converge, or None: no ``context_probe``, an
     instance of several hosts, an engine that does not (re)start, or a length that does not rise
     past a rung not yet proven. ``proofs``: those of the topology's other hosts (a rung proven on

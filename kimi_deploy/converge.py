@@ -379,8 +379,14 @@ def _watchdog(
     if recipe.watchdog is None or not engines:
         return []
     smoke = {u.name: u.smoke for u in units}
-    plain = {"served_name": recipe.model.served_name, "prompt": recipe.smoke.prompt, "expect": recipe.smoke.expect,
-             "max_tokens": 1, "key_file": None, "key_var": None}  # fmt: skip
+    plain = {
+        "served_name": recipe.model.served_name,
+        "prompt": recipe.smoke.prompt,
+        "expect": recipe.smoke.expect,
+        "max_tokens": 1,
+        "key_file": None,
+        "key_var": None,
+    }
     checks = [
         (u.name, check.url, check.request) if (check := smoke.get(u.name)) else (u.name, None, plain) for u in engines
     ]

@@ -297,8 +297,14 @@ def starting(u: UnitTarget, state: UnitState | None) -> bool:
 def _check(u: UnitTarget, restarted: bool, restarts: int, only: str | None) -> dict[str, Any]:
     """The smoke check of ``u`` (``operations.serving.verified``); ``only`` kept for an engine."""
     assert u.smoke is not None
-    return {"unit": u.name, "url": u.smoke.url, "request": u.smoke.request, "restarted": restarted,
-            "restarts": restarts, "only": only if u.stage in ENGINES else None}  # fmt: skip
+    return {
+        "unit": u.name,
+        "url": u.smoke.url,
+        "request": u.smoke.request,
+        "restarted": restarted,
+        "restarts": restarts,
+        "only": only if u.stage in ENGINES else None,
+    }
 
 
 def _smoke_checks(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[dict[str, Any]]:

@@ -53,8 +53,10 @@ def drift(todo: Converge, found: HostState, files: Sequence[RenderedFile]) -> li
         current = found["units"].get(unit.name)
         if current is None or current.get("applied") != unit.release or not current.get("files_changed"):
             continue
-        why = "systemd has not loaded its unit file since it changed" if current.get("needs_reload") else (
-            "a file it reads was written after it started"
+        why = (
+            "systemd has not loaded its unit file since it changed"
+            if current.get("needs_reload")
+            else ("a file it reads was written after it started")
         )
         lines.append(f"{unit.name}: {why}: restarted with its files")
     return lines

@@ -96,8 +96,11 @@ def drill_commands(
     the host from, for ``for_s`` seconds."""
     units = [f"{u}.service" for u in engines]
     if drill == CLEAR:
-        return [*(faults[name]["clear"] for name in sorted(faults) if faults[name].get("clear")), *HEAL_ALL,
-                *(["systemctl start " + " ".join(units)] if units else [])]  # fmt: skip
+        return [
+            *(faults[name]["clear"] for name in sorted(faults) if faults[name].get("clear")),
+            *HEAL_ALL,
+            *(["systemctl start " + " ".join(units)] if units else []),
+        ]
     if drill in faults:
         if not faults[drill].get("inject"):
             raise DrillError(f"kimi_drill_faults.{drill}: no inject command")

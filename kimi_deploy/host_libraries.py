@@ -31,18 +31,30 @@ from kimi_deploy.host_os import OS_RELEASES, HostOs
 DEFAULT_OS: HostOs = "debian-12"
 
 PACKAGES: dict[str, dict[HostOs, str]] = {
-    "libcurl.so.4": {"debian-12": "libcurl4", "ubuntu-22.04": "libcurl4", "debian-13": "libcurl4t64",
-                     "ubuntu-24.04": "libcurl4t64"},
+    "libcurl.so.4": {
+        "debian-12": "libcurl4",
+        "ubuntu-22.04": "libcurl4",
+        "debian-13": "libcurl4t64",
+        "ubuntu-24.04": "libcurl4t64",
+    },
     "libibverbs.so.1": dict.fromkeys(OS_RELEASES, "libibverbs1"),
     # rdma-core's providers: libmlx5.so.1 (ConnectX), beside libibverbs1, which only recommends them
     "libmlx5.so.1": dict.fromkeys(OS_RELEASES, "ibverbs-providers"),
     "libnuma.so.1": dict.fromkeys(OS_RELEASES, "libnuma1"),
     # OpenSSL 3's two libraries, one package (renamed like libcurl4 in the time_t transition)
-    "libssl.so.3": {"debian-12": "libssl3", "ubuntu-22.04": "libssl3", "debian-13": "libssl3t64",
-                    "ubuntu-24.04": "libssl3t64"},
-    "libcrypto.so.3": {"debian-12": "libssl3", "ubuntu-22.04": "libssl3", "debian-13": "libssl3t64",
-                       "ubuntu-24.04": "libssl3t64"},
-}  # fmt: skip
+    "libssl.so.3": {
+        "debian-12": "libssl3",
+        "ubuntu-22.04": "libssl3",
+        "debian-13": "libssl3t64",
+        "ubuntu-24.04": "libssl3t64",
+    },
+    "libcrypto.so.3": {
+        "debian-12": "libssl3",
+        "ubuntu-22.04": "libssl3",
+        "debian-13": "libssl3t64",
+        "ubuntu-24.04": "libssl3t64",
+    },
+}
 
 MOONCAKE_MASTER = ("libcurl.so.4", "libibverbs.so.1", "libnuma.so.1")
 MOONCAKE_CLIENT = ("libcurl.so.4", "libibverbs.so.1", "libmlx5.so.1", "libnuma.so.1")

@@ -31,6 +31,8 @@ OS_RELEASES: dict[HostOs, tuple[tuple[int, int], tuple[int, int]]] = {
     "ubuntu-22.04": ((3, 10), (2, 35)),
     "ubuntu-24.04": ((3, 12), (2, 39)),
 }
+
+
 def platform_of(os_name: HostOs, machine: str) -> HostPlatform:
     """The platform the hosts of ``os_name`` on ``machine`` install releases for."""
     python, glibc = OS_RELEASES[os_name]

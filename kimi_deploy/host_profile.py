@@ -110,10 +110,20 @@ def matches_model(profile_model: str | None, wanted: str) -> bool:
 def _accelerators(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> dict[str, Any]:
     """The first kind's devices the probe found (``KINDS``, in order), on every key of the shape."""
     out: dict[str, Any] = {
-        "vendor": NONE.name, "count": 0, "model": None, "memory_mib": None, "devices": [], "driver_version": None,
-        "cuda_version": None, "source": None, "error": None, "topology": None, "nvlink_active": None,
-        "fabric": None, "tpu": None,
-    }  # fmt: skip
+        "vendor": NONE.name,
+        "count": 0,
+        "model": None,
+        "memory_mib": None,
+        "devices": [],
+        "driver_version": None,
+        "cuda_version": None,
+        "source": None,
+        "error": None,
+        "topology": None,
+        "nvlink_active": None,
+        "fabric": None,
+        "tpu": None,
+    }
     for kind in KINDS.values():
         found = kind.read_profile(sections, errors)
         if found is not None:
@@ -129,14 +139,16 @@ def _rdma(rdma: dict[str, Any]) -> list[dict[str, Any]]:
     for port in rdma.get("ports") or []:
         number = str(port.get("port", ""))
         rate = _RATE.match(port.get("rate") or "")
-        ports.append({
-            "device": port.get("device"),
-            "port": count_of(number) if number.isdecimal() else number,
-            "state": _sysfs_state(port.get("state")),
-            "phys_state": _sysfs_state(port.get("phys_state")),
-            "rate_gbps": (float(rate.group(1)) if "." in rate.group(1) else int(rate.group(1))) if rate else None,
-            "link_layer": port.get("link_layer"),
-        })  # fmt: skip
+        ports.append(
+            {
+                "device": port.get("device"),
+                "port": count_of(number) if number.isdecimal() else number,
+                "state": _sysfs_state(port.get("state")),
+                "phys_state": _sysfs_state(port.get("phys_state")),
+                "rate_gbps": (float(rate.group(1)) if "." in rate.group(1) else int(rate.group(1))) if rate else None,
+                "link_layer": port.get("link_layer"),
+            }
+        )
     return ports
 
 

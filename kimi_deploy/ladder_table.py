@@ -37,10 +37,13 @@ def _cell(value: Any, digits: int | None = None) -> str:
 def _before(p: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) -> str:
     """``p``'s TTFT against the last passed proof of its unit and rung under another key."""
     was = [
-        q for q in earlier
-        if q.get("passed") is True and q.get("unit") == p.get("unit") and q.get("rung") == p.get("rung")
+        q
+        for q in earlier
+        if q.get("passed") is True
+        and q.get("unit") == p.get("unit")
+        and q.get("rung") == p.get("rung")
         and q.get("key") != p.get("key")
-    ]  # fmt: skip
+    ]
     now, then = p.get("ttft_s"), was[-1].get("ttft_s") if was else None
     if (
         p.get("passed") is not True

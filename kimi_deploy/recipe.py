@@ -1090,4 +1090,3 @@ class Recipe(Strict):
                 f"benchmark.cost.accelerator_hour: no price for {shown(kind)} "
                 f"(the accelerators of the topology benchmarked), found {shown(sorted(bench.cost.accelerator_hour))}"
             )
-

@@ -71,11 +71,14 @@ def engine_releases(recipe: Recipe, engine: EngineName, path: str | None = None)
     hub = recipe.tools.huggingface_hub
     return [
         venv_release(
-            release.distribution(engine), release.version, release.packages, path or engine_dir(recipe, engine),
+            release.distribution(engine),
+            release.version,
+            release.packages,
+            path or engine_dir(recipe, engine),
             release.without,
         ),
         venv_release("huggingface_hub", hub, {}, tool_dir(recipe, "huggingface_hub", hub)),
-    ]  # fmt: skip
+    ]
 
 
 def topology_releases(recipe: Recipe, topology: str) -> list[VenvRelease]:

@@ -53,8 +53,11 @@ def _affinity(profile: dict[str, Any]) -> list[str]:
     legend: dict[str, str] = topo.get("nic_legend") or {}
     out = []
     for gpu in topo.get("gpus") or []:
-        near = [legend.get(n["name"]) or n["name"] for n in topo.get("nics") or []
-                if matrix.get(gpu["name"], {}).get(n["name"]) in ("PIX", "PXB")]  # fmt: skip
+        near = [
+            legend.get(n["name"]) or n["name"]
+            for n in topo.get("nics") or []
+            if matrix.get(gpu["name"], {}).get(n["name"]) in ("PIX", "PXB")
+        ]
         if near:
             out.append(f"{gpu['name']}->{','.join(near)} (NUMA {gpu.get('numa_affinity')})")
     return out
@@ -67,18 +70,20 @@ def format_report(profiles: dict[str, dict[str, Any]]) -> str:
         acc = p.get("accelerators") or {}
         disk = p.get("disk") or {}
         read = disk.get("read_mb_s")
-        rows.append((
-            host,
-            _accelerators(acc),
-            _links(acc),
-            _nics(p),
-            f"{int((p.get('memory') or {}).get('total_bytes') or 0) / GIB:.0f} GiB",
-            str(p.get("numa_nodes") or "-"),
-            f"{int(disk.get('free_bytes') or 0) / GIB:.1f} GiB {disk.get('fs_type') or ''}".strip(),
-            f"{read:.0f} MB/s" if isinstance(read, (int, float)) else "-",
-            str((p.get("os") or {}).get("pretty") or "-"),
-            str(acc.get("driver_version") or (p.get("drivers") or {}).get("nvidia") or "-"),
-        ))  # fmt: skip
+        rows.append(
+            (
+                host,
+                _accelerators(acc),
+                _links(acc),
+                _nics(p),
+                f"{int((p.get('memory') or {}).get('total_bytes') or 0) / GIB:.0f} GiB",
+                str(p.get("numa_nodes") or "-"),
+                f"{int(disk.get('free_bytes') or 0) / GIB:.1f} GiB {disk.get('fs_type') or ''}".strip(),
+                f"{read:.0f} MB/s" if isinstance(read, (int, float)) else "-",
+                str((p.get("os") or {}).get("pretty") or "-"),
+                str(acc.get("driver_version") or (p.get("drivers") or {}).get("nvidia") or "-"),
+            )
+        )
     # Each cell is what a host reported (GPU names, driver and OS strings): shown, never acted on.
     shown = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in shown) for i in range(len(header))]

@@ -39,9 +39,13 @@ def drain_api(recipe: Recipe, spec: HostPlan, topology: Sequence[HostPlan]) -> s
 
 
 def readmit_request(
-    recipe: Recipe, spec: HostPlan, topology: Sequence[HostPlan], drained: Sequence[str],
-    *, down: Collection[tuple[str, int]] = (),
-) -> dict[str, Any] | None:  # fmt: skip
+    recipe: Recipe,
+    spec: HostPlan,
+    topology: Sequence[HostPlan],
+    drained: Sequence[str],
+    *,
+    down: Collection[tuple[str, int]] = (),
+) -> dict[str, Any] | None:
     """On router host ``spec``, whose probe found ``drained`` (the engines a drain took out of its
     router and did not put back: a converge that stopped in between), the drain's "in" request for
     those of them the router should send to. Those of instances that do not serve now (``down``)
@@ -54,13 +58,14 @@ def readmit_request(
     back = [
         worker_url(topo, p.address)
         for p in topology
-        if p.role != "router" and p.node_rank == 0 and (p.pool, p.instance) not in down
+        if p.role != "router"
+        and p.node_rank == 0
+        and (p.pool, p.instance) not in down
         and worker_url(topo, p.address) in drained
-    ]  # fmt: skip
+    ]
     if not back:
         return None
-    return {"router": topo.router.package, "api": api, "phase": "in", "workers": back,
-            "timeout_s": topo.router.drain_s}  # fmt: skip
+    return {"router": topo.router.package, "api": api, "phase": "in", "workers": back, "timeout_s": topo.router.drain_s}
 
 
 def drain_request(

@@ -58,12 +58,17 @@ def router_unit(recipe: Recipe, tp: TopologyPlacement) -> Unit:
     # alike): how soon an engine gone or back leaves or rejoins the rotation.
     health = topo.router.health
     argv += [
-        "--health-check-interval-secs", str(health.interval_s),
-        "--health-check-timeout-secs", str(health.timeout_s),
-        "--health-failure-threshold", str(health.failures),
-        "--health-success-threshold", str(health.successes),
-        "--cb-timeout-duration-secs", str(health.circuit_open_s),
-    ]  # fmt: skip
+        "--health-check-interval-secs",
+        str(health.interval_s),
+        "--health-check-timeout-secs",
+        str(health.timeout_s),
+        "--health-failure-threshold",
+        str(health.failures),
+        "--health-success-threshold",
+        str(health.successes),
+        "--cb-timeout-duration-secs",
+        str(health.circuit_open_s),
+    ]
     # Its metrics on loopback at a port of the recipe's: the converge reads its health gauges
     # there between batches (hostside/router_view.py).
     argv += ["--prometheus-host", LOOPBACK, "--prometheus-port", str(topo.ports.router_metrics)]

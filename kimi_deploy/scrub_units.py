@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from hostside.host_dirs import LOG_DIR
-from kimi_deploy.hostside_command import bundle
+from kimi_deploy.host_programs import WEIGHTS_SYNC
 from kimi_deploy.recipe import Scrub
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 
@@ -32,7 +32,7 @@ def scrub_files(
     timer = f"{UNIT_DIR}/{SCRUB_UNIT}.timer"
     body = {**request, "scrub": True, "repair": scrub.repair, "peers": [], "full": True}
     return [
-        RenderedFile(script, bundle("weights_sync.py"), 0o644, "root"),
+        RenderedFile(script, WEIGHTS_SYNC.source(), 0o644, "root"),
         RenderedFile(config, json.dumps(body, sort_keys=True, indent=1) + "\n", 0o644, "root"),
         RenderedFile(
             service,

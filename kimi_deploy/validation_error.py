@@ -15,9 +15,18 @@ from kimi_deploy.errors import ConfigError
 _PREFIXES = ("Value error, ", "Assertion failed, ")
 _MAPPING_TYPES = {"model_type", "model_attributes_type", "dict_type"}
 _SHOW_INPUT = {
-    "literal_error", "string_pattern_mismatch", "enum", "greater_than_equal", "less_than_equal",
-    "greater_than", "less_than", "too_short", "too_long", "string_too_short", "string_too_long",
-}  # fmt: skip
+    "literal_error",
+    "string_pattern_mismatch",
+    "enum",
+    "greater_than_equal",
+    "less_than_equal",
+    "greater_than",
+    "less_than",
+    "too_short",
+    "too_long",
+    "string_too_short",
+    "string_too_long",
+}
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 from hostside.host_dirs import STATE_DIR
 from kimi_deploy.accelerators import accelerator
-from kimi_deploy.hostside_command import bundle
+from kimi_deploy.host_programs import WATCHDOG
 from kimi_deploy.recipe import Recipe, Watchdog
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 from kimi_deploy.servespec import HostPlan
@@ -27,9 +27,12 @@ TEXTFILE = "kimi_watchdog.prom"
 
 
 def watchdog_config(
-    recipe: Recipe, watchdog: Watchdog, spec: HostPlan, checks: Sequence[tuple[str, str | None, dict[str, Any]]],
+    recipe: Recipe,
+    watchdog: Watchdog,
+    spec: HostPlan,
+    checks: Sequence[tuple[str, str | None, dict[str, Any]]],
     scrub: str | None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The program's config: ``checks`` are (unit, URL of its API or None, its smoke request)."""
     return {
         "interval_s": watchdog.interval_s,
@@ -67,20 +70,24 @@ def watchdog_files(
     config_file = f"{config_dir}/{WATCHDOG_UNIT}.json"
     service = f"{UNIT_DIR}/{WATCHDOG_UNIT}.service"
     units = [u["unit"] for u in config["units"]]
-    text = environment().get_template("watchdog.service.j2").render(
-        path=service,
-        units=units,
-        after=" ".join(f"{u}.service" for u in units),
-        python=python,
-        script=script,
-        config=config_file,
-        textfile_dir=watchdog.textfile_dir,
-        # systemd restarts a watchdog silent for three rounds and a slow check (sd_notify WATCHDOG=1)
-        watchdog_s=3 * watchdog.interval_s + watchdog.timeout_s * (len(units) + 1) + 30,
-        nvidia=config["accelerators"] is not None,
+    text = (
+        environment()
+        .get_template("watchdog.service.j2")
+        .render(
+            path=service,
+            units=units,
+            after=" ".join(f"{u}.service" for u in units),
+            python=python,
+            script=script,
+            config=config_file,
+            textfile_dir=watchdog.textfile_dir,
+            # systemd restarts a watchdog silent for three rounds and a slow check (sd_notify WATCHDOG=1)
+            watchdog_s=3 * watchdog.interval_s + watchdog.timeout_s * (len(units) + 1) + 30,
+            nvidia=config["accelerators"] is not None,
+        )
     )
     return [
-        RenderedFile(script, bundle("watchdog.py"), 0o644, "root"),
+        RenderedFile(script, WATCHDOG.source(), 0o644, "root"),
         RenderedFile(config_file, json.dumps(config, sort_keys=True, indent=1) + "\n", 0o644, "root"),
         RenderedFile(service, text, 0o644, "root"),
     ]

@@ -194,8 +194,11 @@ def _facts_check(args: argparse.Namespace) -> int:
     """The preflight gates a deploy runs on HOST, on what was captured there instead of the probe."""
     given = {name: getattr(args, name) for name in _CAPTURES if getattr(args, name)}
     if not given:
-        raise ConfigError(args.inventory, args.host, "give a capture: " + ", ".join(
-            "--" + name.replace("_", "-") for name in _CAPTURES))  # fmt: skip
+        raise ConfigError(
+            args.inventory,
+            args.host,
+            "give a capture: " + ", ".join("--" + name.replace("_", "-") for name in _CAPTURES),
+        )
     if len({_CAPTURES[name][1] for name in given}) < len(given):
         raise ConfigError(args.inventory, args.host, "one capture per probe section: --ibv-devinfo or --ibstat")
     if args.fields and "nvidia_smi_query" not in given:

@@ -49,5 +49,12 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
     # What this host's view reads: its own converge and those of its topology's hosts.
     todos = {p.host: todo_for(inventory, inventory.get_host(p.host)) for p in in_topology}
     todos[me.name] = todo_for(inventory, me)
-    return run_view(me.name, todos, probed, in_topology=in_topology,
-                    fan_out=context.fan_out, run_id=context.run_id, transfer_key=context.transfer_key)  # fmt: skip
+    return run_view(
+        me.name,
+        todos,
+        probed,
+        in_topology=in_topology,
+        fan_out=context.fan_out,
+        run_id=context.run_id,
+        transfer_key=context.transfer_key,
+    )

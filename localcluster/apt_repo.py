@@ -37,9 +37,19 @@ from localcluster.state import ClusterError
 
 # ensure_key and public_key too: the cluster's signing key is reached through this module as well.
 __all__ = [
-    "DISTROS", "LABEL", "ORIGIN", "REPO_ARCHES", "UBUNTU_TREE", "build", "build_tree", "deb_architecture", "distro",
-    "ensure_key", "public_key", "repo_dir",
-]  # fmt: skip
+    "DISTROS",
+    "LABEL",
+    "ORIGIN",
+    "REPO_ARCHES",
+    "UBUNTU_TREE",
+    "build",
+    "build_tree",
+    "deb_architecture",
+    "distro",
+    "ensure_key",
+    "public_key",
+    "repo_dir",
+]
 
 # NVIDIA's names for a distribution release and an architecture in its repository paths: the
 # Debian hosts' tree first, then the tree of the hosts standing for Ubuntu 24.04 machines.

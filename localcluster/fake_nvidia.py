@@ -53,12 +53,24 @@ class GpuModel:
     clock_max_sm_mhz: int
 
 
-B300 = GpuModel("NVIDIA B300 SXM6 AC", 275040, 536, "10.3", 1100, (181, 184, 183, 179, 184, 181, 182, 180),
-                "0x318210DE", "97.10.4A.00.0B", 6, 2032)  # fmt: skip
-H200 = GpuModel("NVIDIA H200", 143771, 528, "9.0", 700, (76, 74, 73, 77, 75, 78, 74, 76),
-                "0x233510DE", "96.00.A5.00.01", 5, 1980)  # fmt: skip
-GB300 = GpuModel("NVIDIA GB300", 284208, 538, "10.3", 1400, (172, 172, 171, 175),
-                 "0x31C210DE", "97.10.5B.00.04", 6, 2032)  # fmt: skip
+B300 = GpuModel(
+    "NVIDIA B300 SXM6 AC",
+    275040,
+    536,
+    "10.3",
+    1100,
+    (181, 184, 183, 179, 184, 181, 182, 180),
+    "0x318210DE",
+    "97.10.4A.00.0B",
+    6,
+    2032,
+)
+H200 = GpuModel(
+    "NVIDIA H200", 143771, 528, "9.0", 700, (76, 74, 73, 77, 75, 78, 74, 76), "0x233510DE", "96.00.A5.00.01", 5, 1980
+)
+GB300 = GpuModel(
+    "NVIDIA GB300", 284208, 538, "10.3", 1400, (172, 172, 171, 175), "0x31C210DE", "97.10.5B.00.04", 6, 2032
+)
 
 
 @dataclass(frozen=True)
@@ -148,10 +160,17 @@ def describe(hardware: str, seed: str) -> dict[str, Any]:
         return {"schema": 1, "hardware": "none", "vendor": None}
     if hardware in TPU_CHIPS:
         chips = [
-            {"index": i, "device": f"/dev/vfio/{i}", "iommu_group": i, "pci_address": f"0000:00:{4 + i:02x}.0",
-             "vendor_id": "0x1ae0", "tensor_cores": 2, "hbm_gib": 192}
+            {
+                "index": i,
+                "device": f"/dev/vfio/{i}",
+                "iommu_group": i,
+                "pci_address": f"0000:00:{4 + i:02x}.0",
+                "vendor_id": "0x1ae0",
+                "tensor_cores": 2,
+                "hbm_gib": 192,
+            }
             for i in range(TPU_CHIPS[hardware])
-        ]  # fmt: skip
+        ]
         return {"schema": 1, "hardware": hardware, "vendor": "google", "accelerator_type": "tpu7x", "chips": chips}
     if hardware not in LAYOUTS:
         raise ValueError(f"unknown hardware {hardware!r} (known: {', '.join(HARDWARE)})")

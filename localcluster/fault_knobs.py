@@ -64,11 +64,12 @@ GSP_TIMEOUT = (
 
 FAULT_KNOBS: dict[str, dict[str, str]] = {
     "engine-garbage": {
-        "inject": f"echo '{{\"answer\": \"#@!kjh garbage\"}}' > {_STANDIN}",
+        "inject": f'echo \'{{"answer": "#@!kjh garbage"}}\' > {_STANDIN}',
         "clear": f"rm -f {_STANDIN}",
     },
     "accelerator-lost": {
-        "inject": f"{_edit_last_gpu('lost', True)} && {_log_xid(79, FALLEN)}", "clear": _edit_last_gpu("lost", None),
+        "inject": f"{_edit_last_gpu('lost', True)} && {_log_xid(79, FALLEN)}",
+        "clear": _edit_last_gpu("lost", None),
     },
     # the NVLink fabric refuses the last GPU (state Completed, status Insufficient Resources)
     "fabric-refused": {

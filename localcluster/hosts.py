@@ -318,9 +318,12 @@ def launch(settings: Settings, host: HostRecord) -> int:
                 os.write(fd, b"0")
 
         proc = launch_detached(
-            launch_argv(settings, host, groups), log_file(settings, host.name), f"launching {host.name}",
-            cwd=PACKAGE_PARENT, preexec_fn=join_cgroups,
-        )  # fmt: skip
+            launch_argv(settings, host, groups),
+            log_file(settings, host.name),
+            f"launching {host.name}",
+            cwd=PACKAGE_PARENT,
+            preexec_fn=join_cgroups,
+        )
     finally:
         for fd in procs_fds:
             os.close(fd)

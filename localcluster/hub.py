@@ -251,9 +251,19 @@ def parse_faults(text: str) -> Faults:
     if not isinstance(data, dict):
         raise ValueError(f"{FAULTS_FILE}: expected a JSON object")
     known = {
-        "down", "retry_after", "corrupt", "truncate", "truncate_times", "slow_bytes_per_s", "gated", "fail", "whole",
-        "revoked", "overlong", "drip",
-    }  # fmt: skip
+        "down",
+        "retry_after",
+        "corrupt",
+        "truncate",
+        "truncate_times",
+        "slow_bytes_per_s",
+        "gated",
+        "fail",
+        "whole",
+        "revoked",
+        "overlong",
+        "drip",
+    }
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"{FAULTS_FILE}: unknown keys {sorted(unknown)}")
@@ -708,8 +718,10 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {} if rule.retry_after is None else {"Retry-After": str(rule.retry_after)}
         if rule.status == 429:
             reset = rule.retry_after if rule.retry_after is not None else 60
-            headers |= {"RateLimit": f'"resolvers";r=0;t={reset}',
-                        "RateLimit-Policy": '"fixed window";"resolvers";q=3000;w=300'}  # fmt: skip
+            headers |= {
+                "RateLimit": f'"resolvers";r=0;t={reset}',
+                "RateLimit-Policy": '"fixed window";"resolvers";q=3000;w=300',
+            }
         if rule.status == 401:  # as the Hub answers a token it no longer takes (see "revoked")
             raise HubError(401, None, "Invalid credentials in Authorization header", headers)
         headers |= dict(rule.headers)
@@ -728,11 +740,19 @@ class _Handler(BaseHTTPRequestHandler):
             return
         token = self._token()
         if token is None:
-            raise HubError(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it "
-                           "and be authenticated to access it. Please log in.")  # fmt: skip
+            raise HubError(
+                401,
+                "GatedRepo",
+                f"Access to model {repo_id} is restricted. You must have access to it "
+                "and be authenticated to access it. Please log in.",
+            )
         if token not in granted:
-            raise HubError(403, "GatedRepo", f"Access to model {repo_id} is restricted and you are not in the "
-                           f"authorized list. Visit {self._origin()}/{repo_id} to ask for access.")  # fmt: skip
+            raise HubError(
+                403,
+                "GatedRepo",
+                f"Access to model {repo_id} is restricted and you are not in the "
+                f"authorized list. Visit {self._origin()}/{repo_id} to ask for access.",
+            )
 
     def _cdn(self, method: str, oid: str, query: dict[str, list[str]], faults: Faults) -> None:
         if not _SHA256.match(oid) or not (self.hub.root / "objects" / oid).is_file():

@@ -180,12 +180,22 @@ def names(distro: str, driver: str) -> Names:
     from NVIDIA's ubuntu2204 tree), with ``-1ubuntu1`` revisions (its pinning packages, e.g.
     ``nvidia-driver-pinning-595.71.05 595.71.05-1ubuntu1``)."""
     if not distro.startswith("ubuntu"):
-        return Names("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-kernel-common",
-                     DEBIAN_REVISION)  # fmt: skip
+        return Names(
+            "nvidia-driver-cuda",
+            "nvidia-kernel-open-dkms",
+            "nvidia-kernel-dkms",
+            "nvidia-kernel-common",
+            DEBIAN_REVISION,
+        )
     branch = branch_of(driver)
     suffix = f"-{branch}" if int(branch) < UBUNTU_UNSUFFIXED_FROM else ""
-    return Names(f"libnvidia-compute{suffix}", f"nvidia-dkms{suffix}-open", f"nvidia-dkms{suffix}",
-                 f"nvidia-kernel-common{suffix}", UBUNTU_REVISION)  # fmt: skip
+    return Names(
+        f"libnvidia-compute{suffix}",
+        f"nvidia-dkms{suffix}-open",
+        f"nvidia-dkms{suffix}",
+        f"nvidia-kernel-common{suffix}",
+        UBUNTU_REVISION,
+    )
 
 
 def deb_version(driver: str, distro: str = "debian12") -> str:

@@ -59,10 +59,22 @@ def download(wanted: list[str], cache: Path = CACHE) -> tuple[Path, list[str]]:
     with cache_lock(dest):  # two clusters coming up at once download a set once
         if not stamp.exists():
             run = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
-                 "--only-binary=:all:", "--dest", str(dest), *wanted],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--disable-pip-version-check",
+                    "--quiet",
+                    "--only-binary=:all:",
+                    "--dest",
+                    str(dest),
+                    *wanted,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if run.returncode != 0:
                 tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise RuntimeError(f"pip download {' '.join(wanted)} failed: {tail[0]}")

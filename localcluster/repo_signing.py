@@ -62,8 +62,20 @@ def public_key(home: Path, fingerprint: str, armor: bool = False) -> bytes:
     """The signing key's public part: a binary keyring (as apt's ``signed-by`` takes) or armored text."""
     out = home / ("export.asc" if armor else "export.gpg")
     out.unlink(missing_ok=True)
-    run(["gpg", "--homedir", str(home), "--batch", "--yes", *(["--armor"] if armor else []),
-         "--output", str(out), "--export", fingerprint])  # fmt: skip
+    run(
+        [
+            "gpg",
+            "--homedir",
+            str(home),
+            "--batch",
+            "--yes",
+            *(["--armor"] if armor else []),
+            "--output",
+            str(out),
+            "--export",
+            fingerprint,
+        ]
+    )
     data = out.read_bytes()
     out.unlink()
     if not data:

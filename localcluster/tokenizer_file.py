@@ -21,10 +21,17 @@ def tokenizer_json(
     """The document for ``model`` (its JSON: ``{"type": "BPE", ...}``) with ``special`` tokens (id, content)
     split out before pre-tokenization and never normalized."""
     added = [
-        {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
+        {
+            "id": token_id,
+            "content": content,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for token_id, content in special
-    ]  # fmt: skip
+    ]
     return {
         "version": "1.0",
         "truncation": None,

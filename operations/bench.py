@@ -8,7 +8,7 @@ from typing import Any
 from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host_programs import BENCH_LOAD
 from operations.units import replaced
 
 
@@ -29,4 +29,4 @@ def loaded(request: dict[str, Any], hosted_key: tuple[str, str] | None = None) -
         key, path = hosted_key
         # root's alone from the start, and whole or not at all (``operations.units.replaced``)
         yield StringCommand(replaced(path, len(key.encode()), 0o600, "root", "root"), _stdin=key)
-    yield hostside_command("python3", "bench_load.py", request)
+    yield BENCH_LOAD.command("python3", request)

@@ -12,7 +12,7 @@ from pyinfra.context import host
 
 from hostside.commcheck import TOKEN_CREDENTIAL
 from hostside.host_dirs import LOG_DIR
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host_programs import ALLREDUCE, COMMCHECK
 from kimi_pyinfra.rehearsal import Do
 from kimi_pyinfra.run_context import run_context
 from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
@@ -69,7 +69,7 @@ def listening(*, request: dict[str, Any] | None, token: str = "", why_not: str =
         LISTENER_UNIT,
         f"kimi-deploy: communication check listeners of run {request['run']}",
         (*_LISTENER_PROPERTIES, f"LoadCredential={TOKEN_CREDENTIAL}:{TOKEN_FILE}"),
-        hostside_command("/usr/bin/python3", "commcheck.py", {**request, "phase": "listen", "lifetime_s": LIFETIME_S}),
+        COMMCHECK.command("/usr/bin/python3", {**request, "phase": "listen", "lifetime_s": LIFETIME_S}),
     )
 
 
@@ -86,7 +86,7 @@ def probed(*, request: dict[str, Any] | None, token: str = "", why_not: str = ""
     if request is None:
         host.noop(why_not)
         return
-    yield StringCommand(hostside_command("python3", "commcheck.py", {**request, "phase": "probe"}), _stdin=token)
+    yield StringCommand(COMMCHECK.command("python3", {**request, "phase": "probe"}), _stdin=token)
 
 
 @operation()
@@ -102,7 +102,7 @@ def passed(*, request: dict[str, Any] | None, token: str = "", why_not: str = ""
     if request is None:
         host.noop(why_not)
         return
-    verdict = hostside_command("python3", "commcheck.py", {**request, "phase": "verdict"})
+    verdict = COMMCHECK.command("python3", {**request, "phase": "verdict"})
     after = f"{stop_unit(LISTENER_UNIT)}; rm -f {shlex.quote(TOKEN_FILE)}"
     yield StringCommand(f"{verdict}; rc=$?; {after}; exit $rc", _stdin=token)
 
@@ -130,6 +130,6 @@ def all_reduce_passed(
     drop = f"setpriv --reuid={shlex.quote(user)} --regid={shlex.quote(user)} --init-groups --reset-env"
     # The result line (bus bandwidth per size, torch and NCCL versions) is kept on the host.
     yield (
-        f"install -d -m 0755 {LOG_DIR} && out=$({drop} {hostside_command(python, 'allreduce.py', request)}); "
+        f"install -d -m 0755 {LOG_DIR} && out=$({drop} {ALLREDUCE.command(python, request)}); "
         f'rc=$?; printf \'%s %s\\n\' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$out" >> {ALL_REDUCE_LOG}; exit $rc'
     )

@@ -45,35 +45,79 @@ def driver_steps(
     nv = todo.nvidia
     if nv is not None:
         repo = nv.repository
-        do(nvidia.repository, name="NVIDIA repository", url=repo.url, keyring=repo.keyring, present=repo.present,
-           refresh=repo.refresh)  # fmt: skip
+        do(
+            nvidia.repository,
+            name="NVIDIA repository",
+            url=repo.url,
+            keyring=repo.keyring,
+            present=repo.present,
+            refresh=repo.refresh,
+        )
         do(nvidia.pinned, name="NVIDIA driver pin", package=nv.pin, installed=nv.pin_installed, repository=repo.url)
         if nv.remove:
             do(nvidia.removed, name="NVIDIA fabric manager removed", packages=list(nv.remove))
         if nv.module_options is not None:
             # before the driver: its module reads the options when it loads, after the install's reboot
-            do(units.rendered, name="NVIDIA module options", files=[nv.module_options], group="root",
-               current=found["files"], owners=found["owners"])  # fmt: skip
-        do(nvidia.packages, name="NVIDIA driver packages", install=list(nv.install), hold=list(nv.packages),
-           unheld=list(nv.unheld), headers=nv.headers, version=nv.target_text, keep_loaded=nv.keep_loaded,
-           reboot_line=nv.reboot_line)  # fmt: skip
-        if nv.modules_file is not None:
-            # read by systemd-modules-load at boot; loaded now by the fabric manager's service step
-            do(units.rendered, name="NVLink subnet manager modules", files=[nv.modules_file], group="root",
-               current=found["files"], owners=found["owners"])  # fmt: skip
-        if nv.imex_nodes is not None:
-            do(units.rendered, name="IMEX nodes", files=[nv.imex_nodes], group="root", current=found["files"],
-               owners=found["owners"])  # fmt: skip
-        if nv.imex_channel is not None:
-            do(units.rendered, name="IMEX channel unit", files=[nv.imex_channel], group="root",
-               current=found["files"], owners=found["owners"])  # fmt: skip
-        do(nvidia.rebooted, name="Reboot into the NVIDIA driver", reboot=nv.reboot,
-           allowed=deploy.host.vars.kimi_reboot == "allowed", driver_package=nv.packages[0], request=request,
-           _serial=True)  # fmt: skip
+            do(
+                units.rendered,
+                name="NVIDIA module options",
+                files=[nv.module_options],
+                group="root",
+                current=found["files"],
+                owners=found["owners"],
+            )
+        do(
+            nvidia.packages,
+            name="NVIDIA driver packages",
+            install=list(nv.install),
+            hold=list(nv.packages),
+            unheld=list(nv.unheld),
+            headers=nv.headers,
+            version=nv.target_text,
+            keep_loaded=nv.keep_loaded,
+            reboot_line=nv.reboot_line,
+        )
+        # the modules file is read by systemd-modules-load at boot; loaded now by the fabric
+        # manager's service step
+        files = (
+            ("NVLink subnet manager modules", nv.modules_file),
+            ("IMEX nodes", nv.imex_nodes),
+            ("IMEX channel unit", nv.imex_channel),
+        )
+        for name, file in files:
+            if file is not None:
+                do(
+                    units.rendered,
+                    name=name,
+                    files=[file],
+                    group="root",
+                    current=found["files"],
+                    owners=found["owners"],
+                )
+        do(
+            nvidia.rebooted,
+            name="Reboot into the NVIDIA driver",
+            reboot=nv.reboot,
+            allowed=deploy.host.vars.kimi_reboot == "allowed",
+            driver_package=nv.packages[0],
+            request=request,
+            _serial=True,
+        )
         for service in nv.services:
             do(nvidia.service, name="NVIDIA services", **dataclasses.asdict(service))
     if todo.sysctl is not None:
-        do(units.rendered, name="TPU host settings", files=[todo.sysctl.file], group="root",
-           current=found["files"], owners=found["owners"])  # fmt: skip
-        do(sysctl.applied, name="TPU host settings applied", file=todo.sysctl.file.path,
-           values=dict(todo.sysctl.values), current=dict(todo.sysctl.current))  # fmt: skip
+        do(
+            units.rendered,
+            name="TPU host settings",
+            files=[todo.sysctl.file],
+            group="root",
+            current=found["files"],
+            owners=found["owners"],
+        )
+        do(
+            sysctl.applied,
+            name="TPU host settings applied",
+            file=todo.sysctl.file.path,
+            values=dict(todo.sysctl.values),
+            current=dict(todo.sysctl.current),
+        )

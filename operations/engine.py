@@ -16,7 +16,7 @@ from pyinfra.context import host, state
 from hostside.boundary_text import printable
 from hostside.probe_types import ReleaseMarker
 from kimi_deploy.host_paths import release_dir
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host_programs import VENV_INSTALL
 from kimi_deploy.recipe import Paths
 from kimi_deploy.release_lock import HostPlatform, LockError, cached_lock
 from kimi_deploy.release_set import CommittedLock
@@ -187,4 +187,4 @@ def venv(
     except LockError as exc:
         yield _failed(f"{path}: {exc}")
         return
-    yield hostside_command("python3", "venv_install.py", request)
+    yield VENV_INSTALL.command("python3", request)

@@ -8,7 +8,7 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host_programs import LADDER
 
 
 @operation()
@@ -24,4 +24,4 @@ def climbed(request: dict[str, Any] | None) -> Generator[str, None, None]:
     if request is None:
         host.noop("no rung of the context ladder to climb in this step")
         return
-    yield hostside_command("python3", "ladder.py", request)
+    yield LADDER.command("python3", request)

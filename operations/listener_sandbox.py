@@ -37,10 +37,12 @@ def transient_service(unit: str, description: str, properties: tuple[str, ...], 
     ``properties``: one left by an earlier run is stopped and forgotten first. With
     ``Type=notify`` it returns once the service says it is ready."""
     q = shlex.quote
-    return " ".join([
-        f"{stop_unit(unit)}; systemctl reset-failed {q(unit + '.service')} 2>/dev/null;",
-        f"systemd-run --quiet --collect --unit={q(unit)}",
-        f"--description={q(description)}",
-        *(f"--property={q(p)}" for p in properties),
-        command,
-    ])  # fmt: skip
+    return " ".join(
+        [
+            f"{stop_unit(unit)}; systemctl reset-failed {q(unit + '.service')} 2>/dev/null;",
+            f"systemd-run --quiet --collect --unit={q(unit)}",
+            f"--description={q(description)}",
+            *(f"--property={q(p)}" for p in properties),
+            command,
+        ]
+    )

@@ -97,10 +97,7 @@ def pin_offered(package: str, repository: str) -> str:
     with one line naming the branches and releases it does pin (a tree per OS and architecture:
     ``debian12/sbsa`` carries other branches than ``debian12/x86_64``)."""
     q = shlex.quote
-    said = (
-        f"kimi-deploy: drivers: {repository} has no {package}: "
-        "it pins branches %s and releases %s\n"
-    )
+    said = f"kimi-deploy: drivers: {repository} has no {package}: it pins branches %s and releases %s\n"
     listed = f"apt-cache pkgnames {q(PIN_PREFIX)} | sed 's/^{PIN_PREFIX}//' | sort -V"
     return (
         f"apt-cache show {q(package)} >/dev/null 2>&1 || {{ p=$({listed}); "
@@ -286,7 +283,7 @@ def service(
         names = " ".join(shlex.quote(m) for m in modules)
         yield (
             f"out=$(modprobe -a {names} 2>&1) || {{ printf 'kimi-deploy: drivers: %s needs kernel modules %s: %s\\n' "
-            f"{q} {shlex.quote(', '.join(modules))} \"$(printf '%s' \"$out\" | head -n 1)\" >&2; exit 1; }}"
+            f'{q} {shlex.quote(", ".join(modules))} "$(printf \'%s\' "$out" | head -n 1)" >&2; exit 1; }}'
         )
     start = f"systemctl restart {q}" if restart and active == "active" else f"systemctl start {q}"
     # Both daemons refuse a driver of another version, and exit: say so instead of reporting success.

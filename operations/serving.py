@@ -15,7 +15,7 @@ from pyinfra.context import host
 
 from hostside.boundary_json import loads
 from hostside.state_probe import APPLIED
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host_programs import ROUTER_DRAIN, ROUTER_VIEW, SMOKE
 
 # Beyond a drain's own bound: the router's answers and the program's start.
 DRAIN_SLACK_S = 60
@@ -55,8 +55,11 @@ def _smoke(check: dict[str, Any]) -> FunctionCommand:
     # Where the smoke test records the restarts of systemd's own it found serving.
     record = {"restarts": check.get("restarts", 0), "restarts_file": f"{APPLIED}/{check['unit']}.restarts"}
     request = {"unit": check["unit"], "url": check["url"], **check["request"], **record}
-    return _said(hostside_command("python3", "smoke.py", request), "smoke test",
-                 lambda said: smoke_line(check["unit"], check.get("only"), said))  # fmt: skip
+    return _said(
+        SMOKE.command("python3", request),
+        "smoke test",
+        lambda said: smoke_line(check["unit"], check.get("only"), said),
+    )
 
 
 def smoke_line(unit: str, only: str | None, said: Any) -> str:
@@ -84,8 +87,11 @@ def verified(checks: list[dict[str, Any]]) -> Generator[FunctionCommand, None, N
     """
     todo = [c for c in checks if c["restarted"]]
     if not todo:
-        host.noop(f"{', '.join(c['unit'] for c in checks)} serve the release they were verified with" if checks
-                  else "no unit of this host to check in this step")  # fmt: skip
+        host.noop(
+            f"{', '.join(c['unit'] for c in checks)} serve the release they were verified with"
+            if checks
+            else "no unit of this host to check in this step"
+        )
         return
     for c in todo:
         yield _smoke(c)
@@ -103,14 +109,18 @@ def routed(request: dict[str, Any] | None) -> Generator[str, None, None]:
     if request is None:
         host.noop("no router of this host to wait on after this batch")
         return
-    yield hostside_command("python3", "router_view.py", request)
+    yield ROUTER_VIEW.command("python3", request)
 
 
 def _drain(request: dict[str, Any], phase: str) -> FunctionCommand:
     """``hostside/router_drain.py`` in ``phase``, its outcome said in one line on the router host."""
-    command = hostside_command("python3", "router_drain.py", request | {"phase": phase})
-    return _said(command, "router drain", lambda said: drain_line(request["router"], phase, said),
-                 int(request["timeout_s"]) + DRAIN_SLACK_S)  # fmt: skip
+    command = ROUTER_DRAIN.command("python3", request | {"phase": phase})
+    return _said(
+        command,
+        "router drain",
+        lambda said: drain_line(request["router"], phase, said),
+        int(request["timeout_s"]) + DRAIN_SLACK_S,
+    )
 
 
 def drain_line(router: str, phase: str, said: Any) -> str:

@@ -82,13 +82,15 @@ def replaced(path: str, size: int, mode: int, owner: str, group: str) -> str:
     """
     q = shlex.quote
     new = q(path + NEW_SUFFIX)
-    return " && ".join([
-        f"install -m {mode:o} -o {q(owner)} -g {q(group)} /dev/null {new}",
-        # pyinfra ends its standard input with a newline: ``head`` takes exactly the content.
-        f"head -c {size} > {new}",
-        f'test "$(stat -c %s {new})" = {size}',
-        f"mv -f {new} {q(path)}",
-    ])  # fmt: skip
+    return " && ".join(
+        [
+            f"install -m {mode:o} -o {q(owner)} -g {q(group)} /dev/null {new}",
+            # pyinfra ends its standard input with a newline: ``head`` takes exactly the content.
+            f"head -c {size} > {new}",
+            f'test "$(stat -c %s {new})" = {size}',
+            f"mv -f {new} {q(path)}",
+        ]
+    )
 
 
 @operation()
@@ -113,13 +115,15 @@ def started(units: list[tuple[str, str, UnitState | None]]) -> Generator[str, No
         verb = "restart" if current is not None and current["active"] in ("active", "activating") else "start"
         # a unit file systemd has not loaded since it changed: loaded first, so that what starts is the file
         reload = ["systemctl daemon-reload"] if current is not None and current.get("needs_reload") else []
-        yield " && ".join([
-            *reload,
-            f"systemctl enable --quiet {q(unit)}.service",
-            f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
-            f"install -d -m 0755 {APPLIED}",
-            f"printf '%s\\n' {q(release)} > {APPLIED}/{q(unit)}",
-        ])  # fmt: skip
+        yield " && ".join(
+            [
+                *reload,
+                f"systemctl enable --quiet {q(unit)}.service",
+                f"systemctl reset-failed {q(unit)}.service 2>/dev/null; systemctl {verb} {q(unit)}.service",
+                f"install -d -m 0755 {APPLIED}",
+                f"printf '%s\\n' {q(release)} > {APPLIED}/{q(unit)}",
+            ]
+        )
 
 
 @operation()

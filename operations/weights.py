@@ -10,7 +10,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from hostside.probe_types import WeightsFound
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host_programs import WEIGHTS_PEER, WEIGHTS_SYNC
 from kimi_deploy.weights_fanout import needs_sync
 from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 
@@ -50,9 +50,8 @@ def revision(
         repo, revision = request["repo"], request["revision"]
         host.noop(f"{repo}@{revision[:12]}: all {len(request['lock'])} files verified in {request['dir']}")
         return
-    sync = {**request, "full": full_verify, "peers": peers or [], "peer_key_file": peer_key_file,
-            "in_order": in_order}  # fmt: skip
-    yield hostside_command(python, "weights_sync.py", sync)
+    sync = {**request, "full": full_verify, "peers": peers or [], "peer_key_file": peer_key_file, "in_order": in_order}
+    yield WEIGHTS_SYNC.command(python, sync)
 
 
 PEER_UNIT = "kimi-weights-peer"
@@ -116,7 +115,7 @@ def peer_server(
         PEER_UNIT,
         f"kimi-deploy: serve {path} to the other hosts of this run",
         (*_PEER_PROPERTIES, f"User={user}", f"ReadOnlyPaths={path}"),
-        hostside_command("/usr/bin/python3", "weights_peer.py", request),
+        WEIGHTS_PEER.command("/usr/bin/python3", request),
     )
 
 

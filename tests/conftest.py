@@ -19,6 +19,7 @@ from kimi_deploy.recipe import Accelerators, Recipe
 from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.cluster_env import use_tests_cluster
+from tests.tier import MARK, unit_tier
 
 ROOT = Path(__file__).resolve().parent.parent
 use_tests_cluster()
@@ -30,6 +31,34 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 RECIPE = "recipes/kimi-k3.1-pro.yaml"
 PROD = "inventories/prod.py"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARK}: starts a process or a listening server (not the unit tier)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(ROOT / "tests" / "e2e") or item.get_closest_marker("localcluster"):
+            item.add_marker(MARK)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with unit_tier(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with unit_tier(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with unit_tier(item):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

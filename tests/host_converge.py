@@ -35,16 +35,27 @@ def lock_stands_in(monkeypatch: pytest.MonkeyPatch, compact: dict[str, list[Any]
 
 
 # A lock of two files, for a converge of the example recipe (``lock_stands_in``).
-LOCK: dict[str, list[Any]] = {"model-00001-of-00002.safetensors": [10, "sha256:" + "0" * 64], "config.json": [2, "sha256:" + "1" * 64]}
+LOCK: dict[str, list[Any]] = {
+    "model-00001-of-00002.safetensors": [10, "sha256:" + "0" * 64],
+    "config.json": [2, "sha256:" + "1" * 64],
+}
 
 
-def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True, revisions: list[str] | None = None) -> HostState:
+def probe_answer(
+    todo: Converge, *, installed: bool = True, running: bool = True, revisions: list[str] | None = None
+) -> HostState:
     """``KimiHostState``'s answer, in ``hostside/state_probe.py``'s shape (every path, unit and timer it is
     asked about is in it), on a host where ``todo``'s releases are installed, its weights verified
     and its units running as planned (``running``), or on a new host (neither)."""
     files = todo.files + todo.release.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
     hardware = GB300 if any(u.reads_weights for u in todo.units) else B300
-    weights: WeightsFound = {"exists": installed, "missing": [] if installed else list(LOCK), "unverified": [], "unreadable": [], "extra": []}
+    weights: WeightsFound = {
+        "exists": installed,
+        "missing": [] if installed else list(LOCK),
+        "unverified": [],
+        "unreadable": [],
+        "extra": [],
+    }
 
     def present(checkpoint: Any) -> list[str]:
         """The revision folders of a checkpoint's folder: ``revisions`` for the model's."""
@@ -53,16 +64,42 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
         return [checkpoint.revision] if installed else []
 
     def marker(v: VenvRelease) -> ReleaseMarker | None:
-        return {"requirements": v.requirements, "without": v.without, "lock": {"sha256": "a" * 64}} if installed else None
+        return (
+            {"requirements": v.requirements, "without": v.without, "lock": {"sha256": "a" * 64}} if installed else None
+        )
 
     def unit(release: str) -> UnitState:
         if not running:
-            return {"active": "inactive", "sub": "dead", "pid": 0, "enabled": "", "applied": None,
-                    "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
-                    "restarts_verified": 0, "verified": False, "down_s": None, "context": None}  # fmt: skip
-        return {"active": "active", "sub": "running", "pid": 4100, "enabled": "enabled", "applied": release,
-                "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
-                "restarts_verified": 0, "verified": True, "down_s": None, "context": None}  # fmt: skip
+            return {
+                "active": "inactive",
+                "sub": "dead",
+                "pid": 0,
+                "enabled": "",
+                "applied": None,
+                "secrets_changed": False,
+                "files_changed": False,
+                "needs_reload": False,
+                "restarts": 0,
+                "restarts_verified": 0,
+                "verified": False,
+                "down_s": None,
+                "context": None,
+            }
+        return {
+            "active": "active",
+            "sub": "running",
+            "pid": 4100,
+            "enabled": "enabled",
+            "applied": release,
+            "secrets_changed": False,
+            "files_changed": False,
+            "needs_reload": False,
+            "restarts": 0,
+            "restarts_verified": 0,
+            "verified": True,
+            "down_s": None,
+            "context": None,
+        }
 
     timer: TimerState = {"active": "active", "enabled": "enabled"} if running else {"active": "inactive", "enabled": ""}
     return {
@@ -73,7 +110,9 @@ def probe_answer(todo: Converge, *, installed: bool = True, running: bool = True
         "owners": {f.path: f.owner_mode(todo.user) if running else None for f in files},
         "units": {u.name: unit(u.release) for u in todo.units},
         "timers": dict.fromkeys(todo.timers, timer),
-        "revisions": {c.path.rsplit("/", 1)[0]: {"present": present(c), "history": present(c)} for c in todo.checkpoints},
+        "revisions": {
+            c.path.rsplit("/", 1)[0]: {"present": present(c), "history": present(c)} for c in todo.checkpoints
+        },
         "listeners": {},
         "packages": dict.fromkeys(todo.packages, installed),
         "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},

@@ -62,8 +62,9 @@ class Hostile:
     a path not listed), then, for a path in ``endless``, a byte every 50 ms until the client
     leaves. ``asked`` holds the paths asked, in order."""
 
-    def __init__(self, answers: dict[str, bytes] | None = None, default: bytes = BAD_STATUS,
-                 endless: tuple[str, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self, answers: dict[str, bytes] | None = None, default: bytes = BAD_STATUS, endless: tuple[str, ...] = ()
+    ) -> None:
         self.answers, self.default, self.endless = dict(answers or {}), default, endless
         self.asked: list[str] = []
         self.closed = threading.Event()
@@ -106,8 +107,14 @@ class Hostile:
                 head, _, body = received.partition(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 path = lines[0].split(" ")[1] if len(lines[0].split(" ")) == 3 else ""
-                length = next((int(v) for k, _, v in (h.partition(":") for h in lines[1:])
-                               if k.strip().lower() == "content-length"), 0)  # fmt: skip
+                length = next(
+                    (
+                        int(v)
+                        for k, _, v in (h.partition(":") for h in lines[1:])
+                        if k.strip().lower() == "content-length"
+                    ),
+                    0,
+                )
                 while len(body) < length:
                     chunk = conn.recv(1 << 16)
                     if not chunk:

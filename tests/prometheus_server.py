@@ -41,10 +41,15 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{_free_port()}"
         self.log = (folder / "prometheus.log").open("w", encoding="utf-8")
         self.process = subprocess.Popen(
-            [BINARY, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
-             f"--web.listen-address={self.url.removeprefix('http://')}"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                BINARY,
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address={self.url.removeprefix('http://')}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:

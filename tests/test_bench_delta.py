@@ -13,29 +13,64 @@ from hostside import bench_record
 from kimi_deploy.bench_delta import figures, format_delta
 
 REPORT: dict[str, Any] = {
-    "run": "r2", "at": "2026-12-04T15:00:00Z", "tasks": ["a"],
-    "targets": {"local": [
-        {"concurrency": 1, "requests": 5, "succeeded": 3, "success_rate": 0.6, "ttft_p50_s": 0.2, "ttft_p95_s": 0.3,
-         "itl_p50_ms": 5.0, "output_tok_s": 120.0, "cost": {"per_success": 1.5}, "error_kinds": {}},
-        {"concurrency": 16, "requests": 35, "succeeded": 35, "success_rate": 1.0, "ttft_p50_s": 0.9,
-         "ttft_p95_s": 1.0, "itl_p50_ms": 9.0, "output_tok_s": 400.0, "cost": None},
-    ]},
-}  # fmt: skip
+    "run": "r2",
+    "at": "2026-12-04T15:00:00Z",
+    "tasks": ["a"],
+    "targets": {
+        "local": [
+            {
+                "concurrency": 1,
+                "requests": 5,
+                "succeeded": 3,
+                "success_rate": 0.6,
+                "ttft_p50_s": 0.2,
+                "ttft_p95_s": 0.3,
+                "itl_p50_ms": 5.0,
+                "output_tok_s": 120.0,
+                "cost": {"per_success": 1.5},
+                "error_kinds": {},
+            },
+            {
+                "concurrency": 16,
+                "requests": 35,
+                "succeeded": 35,
+                "success_rate": 1.0,
+                "ttft_p50_s": 0.9,
+                "ttft_p95_s": 1.0,
+                "itl_p50_ms": 9.0,
+                "output_tok_s": 400.0,
+                "cost": None,
+            },
+        ]
+    },
+}
 
 
 def test_a_record_keeps_the_figures_per_target_and_level() -> None:
     kept = figures(REPORT)
     assert kept["run"] == "r2"
     assert kept["targets"]["local"][0] == {
-        "concurrency": 1, "requests": 5, "succeeded": 3, "success_rate": 0.6, "ttft_p50_s": 0.2, "ttft_p95_s": 0.3,
-        "itl_p50_ms": 5.0, "output_tok_s": 120.0, "cost_per_success": 1.5,
-    }  # fmt: skip
+        "concurrency": 1,
+        "requests": 5,
+        "succeeded": 3,
+        "success_rate": 0.6,
+        "ttft_p50_s": 0.2,
+        "ttft_p95_s": 0.3,
+        "itl_p50_ms": 5.0,
+        "output_tok_s": 120.0,
+        "cost_per_success": 1.5,
+    }
     assert kept["targets"]["local"][1]["cost_per_success"] is None
 
 
 def test_the_difference_is_against_each_level_of_the_earlier_release() -> None:
     then = json.loads(json.dumps(figures(REPORT)))
-    then["targets"]["local"][0] |= {"ttft_p50_s": 0.1, "output_tok_s": 150.0, "success_rate": 0.8, "cost_per_success": 1.0}
+    then["targets"]["local"][0] |= {
+        "ttft_p50_s": 0.1,
+        "output_tok_s": 150.0,
+        "success_rate": 0.8,
+        "cost_per_success": 1.0,
+    }
     then["targets"]["local"].pop()  # a level the earlier run did not have
     lines = format_delta(figures(REPORT), {"release": "aaaa", "at": "yesterday", "figures": then}, "bbbb")
     assert lines == [
@@ -57,7 +92,9 @@ def test_an_earlier_figure_it_cannot_read_is_left_out_of_the_line() -> None:
     ]
 
 
-def test_the_record_goes_in_the_serving_release_and_the_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_record_goes_in_the_serving_release_and_the_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state, releases = tmp_path / "state", tmp_path / "releases"
     state.mkdir()
     (releases / "r-old").mkdir(parents=True)

@@ -75,8 +75,9 @@ class FakeGenerator:
         self.thread = threading.Thread(target=self._run, args=(said, heard, given, credentials), daemon=True)
         self.thread.start()
 
-    def _run(self, said: queue.Queue[str | None], heard: queue.Queue[str | None], given: dict[str, str],
-             credentials: Path) -> None:  # fmt: skip
+    def _run(
+        self, said: queue.Queue[str | None], heard: queue.Queue[str | None], given: dict[str, str], credentials: Path
+    ) -> None:
         with open(self.argv[-1], encoding="utf-8") as f:
             plan = json.load(f)
         said.put("kimi-bench: loaded 1.500\n")
@@ -95,9 +96,17 @@ class FakeGenerator:
             n = int(argv[argv.index("--num-prompts") + 1])
             results = argv[argv.index("--result-dir") + 1]
             os.makedirs(results, exist_ok=True)
-            saved = {"generated_texts": [f"answer {j}" for j in range(n)], "errors": [""] * n,
-                     "ttfts": [0.1] * n, "latencies": [0.5] * n, "output_lens": [8] * n, "input_lens": [12] * n,
-                     "completed": n, "duration": 1.0, "output_throughput": 16.0}  # fmt: skip
+            saved = {
+                "generated_texts": [f"answer {j}" for j in range(n)],
+                "errors": [""] * n,
+                "ttfts": [0.1] * n,
+                "latencies": [0.5] * n,
+                "output_lens": [8] * n,
+                "input_lens": [12] * n,
+                "completed": n,
+                "duration": 1.0,
+                "output_throughput": 16.0,
+            }
             Path(results, argv[argv.index("--result-filename") + 1]).write_text(json.dumps(saved), encoding="utf-8")
             said.put(f"kimi-bench: done {i} 0.250\n")
         said.put(None)
@@ -189,11 +198,13 @@ def test_no_process_of_the_engine_user_holds_the_hosted_key(tmp_path: Path, star
     (local,) = [p for p in started if LOCAL_KEY in p.sent_keys]
     assert local.user == engine
     # the report is the same: every level of both targets, each request recorded
-    assert {name: [(lv["concurrency"], lv["error"], len(lv["requests"])) for lv in levels]
-            for name, levels in result["targets"].items()} == {
+    assert {
+        name: [(lv["concurrency"], lv["error"], len(lv["requests"])) for lv in levels]
+        for name, levels in result["targets"].items()
+    } == {
         "local": [(1, None, 2), (4, None, 8)],
         "hosted": [(1, None, 2), (4, None, 8)],
-    }  # fmt: skip
+    }
     assert result["generator_load_cpu_s"] == 1.5
     # nothing of the run is left behind
     assert list((tmp_path / "state").iterdir()) == []

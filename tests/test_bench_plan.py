@@ -138,16 +138,26 @@ def test_the_request_names_where_keys_are_and_holds_none(tmp_path: Path) -> None
     request = bench_request(recipe, topology, at, "run-1")
     assert "client-key-0123" not in json.dumps(request)
     assert request["targets"] == [
-        {"name": "local", "url": "http://10.213.7.13:8000", "model": "kimi-local",
-         "key_file": "/etc/kimi/secrets/kimi-vllm.env", "key_var": "VLLM_API_KEY"},
+        {
+            "name": "local",
+            "url": "http://10.213.7.13:8000",
+            "model": "kimi-local",
+            "key_file": "/etc/kimi/secrets/kimi-vllm.env",
+            "key_var": "VLLM_API_KEY",
+        },
         {"name": "hosted", "url": "https://api.example.com/v1", "model": "m", "key_file": HOSTED_KEY, "key_var": None},
-    ]  # fmt: skip
+    ]
     assert request["remove"] == [HOSTED_KEY]
     assert request["python"] == f"{at.engine_dir}/bin/python"
     assert request["tokenizer"] == at.model_dir
     assert request["trust_remote_code"] is recipe.model.trust_remote_code
-    assert request["engine"] == {"unit": "kimi-vllm", "url": "http://10.213.7.11:8000", "nvidia": False,
-                                 "key_file": "/etc/kimi/secrets/kimi-vllm.env", "key_var": "VLLM_API_KEY"}  # fmt: skip
+    assert request["engine"] == {
+        "unit": "kimi-vllm",
+        "url": "http://10.213.7.11:8000",
+        "nvidia": False,
+        "key_file": "/etc/kimi/secrets/kimi-vllm.env",
+        "key_var": "VLLM_API_KEY",
+    }
     assert [level["concurrency"] for level in request["levels"]] == [1, 4, 16]  # type: ignore[attr-defined]
 
 

@@ -29,40 +29,80 @@ def _cost(**values: Any) -> Mutation:
 
 
 CASES: list[tuple[str, Mutation, str]] = [
-    ("two-rules", _task(0, expect={"exact": "a", "regex": "b"}),
-     "benchmark.tasks[0].expect: give exactly one of exact, regex, json_schema or tool_call, found ['exact', 'regex']"),
-    ("no-rule", _task(0, expect={}),
-     "benchmark.tasks[0].expect: give exactly one of exact, regex, json_schema or tool_call, found none"),
-    ("bad-regex", _task(0, expect={"regex": "(unclosed"}),
-     "benchmark.tasks[0].expect: regex: '(unclosed' is not a Python regular expression: missing ), "
-     "unterminated subpattern at position 0"),
-    ("bad-schema", _task(0, expect={"json_schema": {"type": "objekt"}}),
-     "benchmark.tasks[0].expect: json_schema: not a JSON Schema (2020-12): 'objekt' is not valid under any of "
-     "the given schemas"),
-    ("tool-not-offered", _task(3, expect={"tool_call": {"name": "get_time"}}),
-     "benchmark.tasks[3]: expect.tool_call.name: 'get_time' is not a function of tools ['get_weather']"),
-    ("tools-without-call", lambda t: t["benchmark"]["tasks"][0].update(tools=t["benchmark"]["tasks"][3]["tools"]),
-     "benchmark.tasks[0]: tools: only a task whose expect is a tool_call offers tools"),
-    ("duplicate-ids", _task(1, id="capital"),
-     "benchmark: tasks: ids must be unique, ['capital'] appear more than once"),
-    ("escape-in-prompt", _task(0, prompt="say \x1b[2J"),
-     "benchmark.tasks[0].prompt: control character U+001B is refused in text that reaches a host's files, "
-     "found 'say \\x1b[2J'"),
+    (
+        "two-rules",
+        _task(0, expect={"exact": "a", "regex": "b"}),
+        "benchmark.tasks[0].expect: give exactly one of exact, regex, json_schema or tool_call, found ['exact', 'regex']",
+    ),
+    (
+        "no-rule",
+        _task(0, expect={}),
+        "benchmark.tasks[0].expect: give exactly one of exact, regex, json_schema or tool_call, found none",
+    ),
+    (
+        "bad-regex",
+        _task(0, expect={"regex": "(unclosed"}),
+        "benchmark.tasks[0].expect: regex: '(unclosed' is not a Python regular expression: missing ), "
+        "unterminated subpattern at position 0",
+    ),
+    (
+        "bad-schema",
+        _task(0, expect={"json_schema": {"type": "objekt"}}),
+        "benchmark.tasks[0].expect: json_schema: not a JSON Schema (2020-12): 'objekt' is not valid under any of "
+        "the given schemas",
+    ),
+    (
+        "tool-not-offered",
+        _task(3, expect={"tool_call": {"name": "get_time"}}),
+        "benchmark.tasks[3]: expect.tool_call.name: 'get_time' is not a function of tools ['get_weather']",
+    ),
+    (
+        "tools-without-call",
+        lambda t: t["benchmark"]["tasks"][0].update(tools=t["benchmark"]["tasks"][3]["tools"]),
+        "benchmark.tasks[0]: tools: only a task whose expect is a tool_call offers tools",
+    ),
+    (
+        "duplicate-ids",
+        _task(1, id="capital"),
+        "benchmark: tasks: ids must be unique, ['capital'] appear more than once",
+    ),
+    (
+        "escape-in-prompt",
+        _task(0, prompt="say \x1b[2J"),
+        "benchmark.tasks[0].prompt: control character U+001B is refused in text that reaches a host's files, "
+        "found 'say \\x1b[2J'",
+    ),
     ("falling-concurrency", _bench(concurrency=[4, 1]), "benchmark: concurrency must rise strictly, found [4, 1]"),
     ("unknown-topology", _bench(topology="nope"), "benchmark.topology: 'nope' is not a topology of this recipe"),
-    ("not-vllm", _bench(topology="tpu7x"),
-     "benchmark.topology: 'tpu7x' serves with sglang-jax; the load generator is vllm's (bench serve), "
-     "from the release of a topology it serves"),
-    ("no-price", _cost(accelerator_hour={"H200": 3.8}),
-     "benchmark.cost.accelerator_hour: no price for 'B300' (the accelerators of the topology benchmarked), "
-     "found ['H200']"),
-    ("negative-price", _cost(storage_network_month=-1),
-     "benchmark.cost.storage_network_month: Input should be greater than or equal to 0, found int -1"),
-    ("currency", _cost(currency="usd"), "benchmark.cost.currency: String should match pattern '^[A-Z]{3}$', found str 'usd'"),
-    ("compare-url", _bench(compare={"url": "ftp://x", "api_key": {"env": "K"}, "model": "m"}),
-     "benchmark.compare.url: String should match pattern '^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', "
-     "found str 'ftp://x'"),
-]  # fmt: skip
+    (
+        "not-vllm",
+        _bench(topology="tpu7x"),
+        "benchmark.topology: 'tpu7x' serves with sglang-jax; the load generator is vllm's (bench serve), "
+        "from the release of a topology it serves",
+    ),
+    (
+        "no-price",
+        _cost(accelerator_hour={"H200": 3.8}),
+        "benchmark.cost.accelerator_hour: no price for 'B300' (the accelerators of the topology benchmarked), "
+        "found ['H200']",
+    ),
+    (
+        "negative-price",
+        _cost(storage_network_month=-1),
+        "benchmark.cost.storage_network_month: Input should be greater than or equal to 0, found int -1",
+    ),
+    (
+        "currency",
+        _cost(currency="usd"),
+        "benchmark.cost.currency: String should match pattern '^[A-Z]{3}$', found str 'usd'",
+    ),
+    (
+        "compare-url",
+        _bench(compare={"url": "ftp://x", "api_key": {"env": "K"}, "model": "m"}),
+        "benchmark.compare.url: String should match pattern '^https?://[^\\s/?#]+(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)*/?$', "
+        "found str 'ftp://x'",
+    ),
+]
 
 
 @pytest.mark.parametrize(("mutate", "expected"), [pytest.param(m, e, id=i) for i, m, e in CASES])

@@ -60,9 +60,16 @@ def test_the_real_records_answers_are_judged_task_by_task(demo: tuple[Benchmark,
 
 def test_cost_per_successful_task_is_the_guides_formula(demo: tuple[Benchmark, tuple[HostPlan, ...]]) -> None:
     bench, topology = demo
-    cost = Cost(accelerator_hour={"cpu": 3.6}, storage_network_month=730.0, operations_hours_month=7.3,
-                operations_rate_hour=100.0, correction_minutes_per_failure=6.0, correction_rate_hour=10.0,
-                hosted_input_per_mtok=1.0, hosted_output_per_mtok=2.0)  # fmt: skip
+    cost = Cost(
+        accelerator_hour={"cpu": 3.6},
+        storage_network_month=730.0,
+        operations_hours_month=7.3,
+        operations_rate_hour=100.0,
+        correction_minutes_per_failure=6.0,
+        correction_rate_hour=10.0,
+        hosted_input_per_mtok=1.0,
+        hosted_output_per_mtok=2.0,
+    )
     record = copy.deepcopy(RECORD)
     level = record["targets"]["local"][0]
     level["wall_s"] = 3600.0
@@ -98,12 +105,18 @@ def test_no_success_has_no_cost_per_success(demo: tuple[Benchmark, tuple[HostPla
 @pytest.mark.parametrize(
     "hostile",
     [
-        {"row": 99, "text": "READY"}, {"row": -1, "text": "READY"}, {"row": True, "text": "READY"},
-        {"row": "0", "text": "READY"}, "not a request", {"row": 0, "text": ["READY"]},
+        {"row": 99, "text": "READY"},
+        {"row": -1, "text": "READY"},
+        {"row": True, "text": "READY"},
+        {"row": "0", "text": "READY"},
+        "not a request",
+        {"row": 0, "text": ["READY"]},
         {"row": 0, "text": "READY", "input_tokens": "9" * 5000, "output_tokens": True},
     ],
-)  # fmt: skip
-def test_a_hostile_record_counts_nothing_it_cannot_read(demo: tuple[Benchmark, tuple[HostPlan, ...]], hostile: Any) -> None:
+)
+def test_a_hostile_record_counts_nothing_it_cannot_read(
+    demo: tuple[Benchmark, tuple[HostPlan, ...]], hostile: Any
+) -> None:
     bench, topology = demo
     record = {"targets": {"local": [{"concurrency": 1, "requests": [hostile], "summary": "x", "wall_s": "1"}]}}
     lv = report(bench, record, topology, META)["targets"]["local"][0]
@@ -126,8 +139,10 @@ def test_the_table_has_a_line_per_target_and_level_then_why_tasks_failed(
     )
     assert lines[1].split()[:4] == ["target", "conc", "requests", "success"]
     assert [line.split()[:4] for line in lines[2:5]] == [
-        ["local", "1", "5", "3/5"], ["local", "4", "10", "6/10"], ["local", "16", "35", "21/35"],
-    ]  # fmt: skip
+        ["local", "1", "5", "3/5"],
+        ["local", "4", "10", "6/10"],
+        ["local", "16", "35", "21/35"],
+    ]
     assert "local at concurrency 16: task arithmetic failed 7x: expected exactly '4', found 'READY'" in lines
 
 

@@ -74,11 +74,28 @@ def test_whatever_a_peer_sends_decodes_or_is_one_refusal_line(data: bytes) -> No
 
 # ---- what a host program reads of an engine's answer --------------------------------------------------------
 
-_HEAD = st.sampled_from([b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 404 Not Found\r\n", b"HTTP/1.1 100 Continue\r\n\r\n"
-                         b"HTTP/1.1 200 OK\r\n", b"HTTP/2 200\r\n", b"ICY 200 OK\r\n", b""])  # fmt: skip
-_FIELD = st.sampled_from([b"Content-Length: 5\r\n", b"Content-Length: -1\r\n", b"Content-Length: 99999999999\r\n",
-                          b"Transfer-Encoding: chunked\r\n", b"Content-Length: 3, 4\r\n", b"X: \xff\x00\r\n",
-                          b" folded\r\n", b"no colon\r\n"])  # fmt: skip
+_HEAD = st.sampled_from(
+    [
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.0 404 Not Found\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n",
+        b"HTTP/2 200\r\n",
+        b"ICY 200 OK\r\n",
+        b"",
+    ]
+)
+_FIELD = st.sampled_from(
+    [
+        b"Content-Length: 5\r\n",
+        b"Content-Length: -1\r\n",
+        b"Content-Length: 99999999999\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+        b"Content-Length: 3, 4\r\n",
+        b"X: \xff\x00\r\n",
+        b" folded\r\n",
+        b"no colon\r\n",
+    ]
+)
 _BODY = st.binary(max_size=64) | st.sampled_from([b"5\r\nhello\r\n0\r\n\r\n", b"zz\r\n", b"ffffffff\r\nab", b"5;x\r\n"])
 _ANSWERS = st.binary(max_size=200) | st.builds(
     lambda head, fields, end, body: head + b"".join(fields) + end + body,

@@ -17,6 +17,9 @@ import pytest
 from hostside.boundary_index import listed_versions
 from tests.conftest import ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 SHA = "0" * 64
 # PyPI's simple page as it is served: absolute and relative links, digests in the fragment,
 # wheels with build and platform tags, sdists in both spellings.

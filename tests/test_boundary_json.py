@@ -18,6 +18,9 @@ from facts.host_state import KimiHostState
 from hostside.boundary_json import depth, loads
 from tests.conftest import ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 N = 1 << 20  # 1 MiB: the former depth measure took minutes on each of these
 
 

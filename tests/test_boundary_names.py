@@ -102,4 +102,3 @@ def test_inside_follows_symlinks_and_refuses_a_path_that_leaves_the_root(tmp_pat
         assert "\n" not in str(caught.value)
     with pytest.raises(BadName, match="must not have"):
         inside(str(root), "../outside/victim")
-

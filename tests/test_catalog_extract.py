@@ -19,6 +19,9 @@ from kimi_deploy import catalog as catalog_module
 from kimi_deploy.catalog import CatalogMissing, load_catalog
 from tests.tool_module import load_tool
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parent.parent
 EXTRACTOR = ROOT / "tools" / "extract_flag_catalog.py"
 CATALOG_DIR = ROOT / "kimi_deploy" / "catalogs"
@@ -998,8 +1001,13 @@ def test_a_release_recorded_as_base_and_additions_reads_as_both(
     # How a pinned release not yet on the index is recorded until its wheel is published.
     (tmp_path / "vllm-0.33.0.json").write_text((CATALOG_DIR / "vllm-0.33.0.json").read_text(encoding="utf-8"))
     added: dict[str, Any] = {"--kimi-future-flag": {"aliases": [], "choices": None, "takes_value": False}}
-    record = {"engine": "vllm", "version": "9.9.9", "base": "0.33.0", "note": "not yet published",
-              "additions": {"flags": added, "registries": {"tool_call_parser": ["kimi_k9"]}}}  # fmt: skip
+    record = {
+        "engine": "vllm",
+        "version": "9.9.9",
+        "base": "0.33.0",
+        "note": "not yet published",
+        "additions": {"flags": added, "registries": {"tool_call_parser": ["kimi_k9"]}},
+    }
     (tmp_path / "vllm-9.9.9.json").write_text(json.dumps(record), encoding="utf-8")
     monkeypatch.setattr(catalog_module, "CATALOG_DIR", tmp_path)
     catalog = load_catalog("vllm", "9.9.9")

@@ -12,6 +12,9 @@ import pytest
 from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE, ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 
 def test_plan_gb300_pd_prints_every_host_with_pool_rank_ports_and_argv() -> None:
     run = kimi("plan", RECIPE, PROD, "--topology", "gb300-pd")
@@ -51,7 +54,10 @@ def test_plan_json_is_the_full_spec() -> None:
     assert len(data["hosts"]) == 23
     d2 = next(h for h in data["hosts"] if h["host"] == "gb300-d02")
     assert (d2["pool"], d2["node_rank"], d2["dp_start_rank"], d2["leader"]) == ("decode", 1, 4, "gb300-d01")
-    assert d2["units"][0]["argv"][:2] == ["/opt/kimi/engines/vllm-0.33.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm", "serve"]
+    assert d2["units"][0]["argv"][:2] == [
+        "/opt/kimi/engines/vllm-0.33.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1/bin/vllm",
+        "serve",
+    ]
 
 
 def test_render_writes_each_hosts_files_and_no_secret(tmp_path: Path) -> None:
@@ -136,13 +142,11 @@ def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
     driver = "nvidia-driver-cuda nvidia-kernel-open-dkms (Ubuntu: libnvidia-compute-580 nvidia-dkms-580-open)"
     # B300 boards (NVLink 5) get the NVLink subnet manager their fabric manager starts, and its module
     nvlsm = (
-        "nvlsm infiniband-diags; services nvidia-fabricmanager; "
-        "modules ib_umad (/etc/modules-load.d/nvidia-nvlsm.conf)"
+        "nvlsm infiniband-diags; services nvidia-fabricmanager; modules ib_umad (/etc/modules-load.d/nvidia-nvlsm.conf)"
     )
     assert drivers == {
         "single-node": [
-            f"drivers (b300-01): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager "
-            f"{nvlsm}"
+            f"drivers (b300-01): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager {nvlsm}"
         ],
         "gb300-pd": [
             f"drivers (gb300-p01 .. gb300-d04, 10 hosts): GB300 x4: pin nvidia-driver-pinning-580; packages {driver} "
@@ -155,8 +159,7 @@ def test_plan_lists_the_drivers_of_each_kind_of_host() -> None:
             "(/etc/sysctl.d/60-kimi-tpu.conf)"
         ],
         "tokenspeed-single": [
-            f"drivers (b300-02): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager "
-            f"{nvlsm}"
+            f"drivers (b300-02): B300 x8: pin nvidia-driver-pinning-580; packages {driver} nvidia-fabricmanager {nvlsm}"
         ],
         "tokenspeed-multi": [
             f"drivers (h200-01 .. h200-02, 2 hosts): H200 x8: pin nvidia-driver-pinning-580; packages {driver} "
@@ -169,8 +172,10 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     """``kimi-deploy plan ... | head``: no traceback, the exit status a shell gives a tool SIGPIPE ended."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     assert proc.stderr is not None
     assert proc.stdout.read(10)

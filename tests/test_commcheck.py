@@ -25,6 +25,9 @@ import pytest
 
 from kimi_deploy.hostside_command import HOSTSIDE, hostside_command
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 DEADLINE = 3.0
 HELLO_BYTES = 4096
 # The check's token, shared by every host of a run; it reaches each on standard input.
@@ -434,7 +437,13 @@ def test_a_peer_failure_text_that_would_break_the_log_line_is_not_taken() -> Non
     # A compromised peer's report is printed by every host: its texts stay on one line, bounded.
     check = _commcheck()
     kind = next(iter(check.RANK))
-    good = {"kind": kind, "host": "kimi-h2", "message": "kimi-h2 -> kimi-h1:29500: timed out", "peer": None, "port": None}
+    good = {
+        "kind": kind,
+        "host": "kimi-h2",
+        "message": "kimi-h2 -> kimi-h1:29500: timed out",
+        "peer": None,
+        "port": None,
+    }
     assert check._valid_failure(good)
     for field, bad in [
         ("message", "timed out\nkimi-deploy: comm check: forged line"),

@@ -17,8 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kimi_deploy.hostside_command import hostside_command
 from tests.test_commcheck import TOKEN, topology
+
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
 
 
 def _command(request: dict[str, Any], phase: str) -> str:
@@ -34,13 +39,25 @@ def _accepts(address: str, port: int) -> bool:
 
 
 @contextmanager
-def listeners(requests: list[dict[str, Any]], env: dict[str, str] | None = None) -> Iterator[list[subprocess.Popen[str]]]:
+def listeners(
+    requests: list[dict[str, Any]], env: dict[str, str] | None = None
+) -> Iterator[list[subprocess.Popen[str]]]:
     """The listen step on each of ``requests``' hosts, up (its check port accepts) on return."""
     environ = {**os.environ, **(env or {})}
     # exec: the signal that stops it reaches the listener, as systemd's does
     out, err = subprocess.PIPE, subprocess.PIPE
-    procs = [subprocess.Popen("exec " + _command(r, "listen"), shell=True, stdin=subprocess.PIPE, stdout=out,
-                              stderr=err, text=True, env=environ) for r in requests]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            "exec " + _command(r, "listen"),
+            shell=True,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=environ,
+        )
+        for r in requests
+    ]
     for proc in procs:  # the check's token, as the controller sends it: never in argv
         assert proc.stdin is not None
         proc.stdin.write(TOKEN + "\n")
@@ -61,8 +78,15 @@ def listeners(requests: list[dict[str, Any]], env: dict[str, str] | None = None)
 
 
 def _step(request: dict[str, Any], phase: str) -> tuple[int, dict[str, Any], str]:
-    run = subprocess.run(_command(request, phase), shell=True, input=TOKEN + "\n", capture_output=True, text=True,
-                         timeout=60, check=False)  # fmt: skip
+    run = subprocess.run(
+        _command(request, phase),
+        shell=True,
+        input=TOKEN + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     lines = run.stdout.splitlines()
     assert len(lines) == 1, run.stdout + run.stderr
     return run.returncode, json.loads(lines[0]), run.stderr

@@ -21,6 +21,9 @@ from operations import commcheck
 from tests.test_commcheck import HELLO_BYTES, TOKEN, topology
 from tests.test_commcheck_phases import _command, _step, listeners
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 
 def _argv(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
@@ -71,8 +74,14 @@ def test_a_local_user_cannot_forge_what_its_own_hosts_probe_found() -> None:
     with listeners(topo.requests) as procs:
         seen = _request_in(_argv(procs[0].pid))
         # kimi-h1's probe never runs; a local user of kimi-h1 says it found nothing wrong.
-        probed = {"op": "probed", "run": seen["run"], "from": "kimi-h1", "pairs": [], "failures": [],
-                  "delivered": {"kimi-h2": None}}  # fmt: skip
+        probed = {
+            "op": "probed",
+            "run": seen["run"],
+            "from": "kimi-h1",
+            "pairs": [],
+            "failures": [],
+            "delivered": {"kimi-h2": None},
+        }
         _forge(h1["address"], h1["address"], topo.check, probed)
         rc, result, err = _step(h1, "verdict")
     assert rc == 1, result

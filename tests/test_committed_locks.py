@@ -34,6 +34,9 @@ from localcluster import pkgindex, wheels
 from operations import engine
 from tests.wheel_file import pure_wheel
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parent.parent
 PROD = ROOT / "recipes/kimi-k3.1-pro.yaml"
 NOBLE_X86 = HostPlatform((3, 12), "x86_64", (2, 39))
@@ -46,8 +49,12 @@ def test_the_recipes_os_gives_each_topology_its_platform() -> None:
     assert recipe.platform("gb300-pd") == NOBLE_ARM  # Grace trays
     wanted = {(n.release.name, n.platform.name): n.topologies for n in committed_locks.needed(recipe)}
     # the Hub client, which every engine host holds, is locked once per platform
-    assert wanted[("huggingface_hub-2.4.0", "cp312-x86_64-glibc2.39")] == ("single-node", "tpu7x",
-                                                                            "tokenspeed-single", "tokenspeed-multi")  # fmt: skip
+    assert wanted[("huggingface_hub-2.4.0", "cp312-x86_64-glibc2.39")] == (
+        "single-node",
+        "tpu7x",
+        "tokenspeed-single",
+        "tokenspeed-multi",
+    )
     assert ("vllm-router-0.1.17", "cp312-aarch64-glibc2.39") in wanted
     assert ("mooncake-transfer-engine-0.3.13.post1", "cp312-aarch64-glibc2.39") in wanted
 
@@ -247,15 +254,24 @@ def _install(monkeypatch: pytest.MonkeyPatch, committed: CommittedLock, found: d
     monkeypatch.setattr(engine, "cached_lock", never)
     return list(
         engine.venv._inner(
-            path="/opt/kimi/engines/vllm-0.34.0", package="vllm", version="0.34.0", requirements=["vllm==0.34.0"],
-            index_url="http://10.213.7.1:8766/simple", current=None, lock=LockSource("controller"), platform=found,
-            uv="0.13.9", committed=committed,
+            path="/opt/kimi/engines/vllm-0.34.0",
+            package="vllm",
+            version="0.34.0",
+            requirements=["vllm==0.34.0"],
+            index_url="http://10.213.7.1:8766/simple",
+            current=None,
+            lock=LockSource("controller"),
+            platform=found,
+            uv="0.13.9",
+            committed=committed,
         )
-    )  # fmt: skip
+    )
 
 
 def test_a_host_installs_the_committed_lock_when_its_platform_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = f"# platform: cp311-x86_64\n# index: https://pypi.org/simple\nvllm==0.34.0 \\\n    --hash=sha256:{'ab' * 32}\n"
+    text = (
+        f"# platform: cp311-x86_64\n# index: https://pypi.org/simple\nvllm==0.34.0 \\\n    --hash=sha256:{'ab' * 32}\n"
+    )
     committed = CommittedLock(text, HostPlatform((3, 11), "x86_64", (2, 36)), "recipes/locks/releases/x.txt")
     (command,) = _install(monkeypatch, committed, {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.38"})
     request = json.loads(zlib.decompress(base64.b64decode(command.rsplit(" ", 1)[1])))
@@ -281,7 +297,17 @@ def test_a_missing_committed_lock_stops_the_plan_of_a_host_in_one_line(tmp_path:
 
 def test_a_refusal_names_the_final_releases_nearest_the_missing_one() -> None:
     """PyPI's flashinfer-python releases from 0.7.0 on, as its simple page lists them."""
-    versions = ["0.7.0", "0.7.0.post1", "0.7.0rc3", "0.7.0rc4", "0.7.1", "0.7.1rc1", "0.7.2", "0.7.2.post1",
-                "0.7.2rc6", "0.7.4"]  # fmt: skip
+    versions = [
+        "0.7.0",
+        "0.7.0.post1",
+        "0.7.0rc3",
+        "0.7.0rc4",
+        "0.7.1",
+        "0.7.1rc1",
+        "0.7.2",
+        "0.7.2.post1",
+        "0.7.2rc6",
+        "0.7.4",
+    ]
     assert _nearest(versions, "0.7.3") == "0.7.1, 0.7.2, 0.7.2.post1, 0.7.4, ... (10 in all)"
     assert _nearest(versions[:3], "0.7.3") == "0.7.0, 0.7.0.post1, 0.7.0rc3"

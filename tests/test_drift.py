@@ -42,7 +42,9 @@ def test_each_kind_of_drift_is_named_once(todo: Converge) -> None:
     found["owners"] = found["owners"] | {unit_file.path: "root:root:600", config.path: "kimi:kimi:644"}
     found["files"] = found["files"] | {env_file.path: "0" * 64}
     model = todo.checkpoints[0].path
-    found["weights"] = found["weights"] | {model: found["weights"][model] | {"unverified": [SHARD], "unreadable": [SHARD]}}
+    found["weights"] = found["weights"] | {
+        model: found["weights"][model] | {"unverified": [SHARD], "unreadable": [SHARD]}
+    }
     found["units"] = found["units"] | {"kimi-vllm": found["units"]["kimi-vllm"] | {"files_changed": True}}
     assert drift(todo, found, todo.files) == [
         f"{unit_file.path}: owner and mode root:root:600, not root:root:644: put back",
@@ -81,7 +83,9 @@ def test_a_secret_of_another_owner_or_mode_is_put_back_and_restarts_nothing(
     secret = next(f for f in router.files if f.secret)
     found = probe_answer(router) | {"current": router.release.dir}
     found["owners"] = found["owners"] | {secret.path: "kimi:kimi:644"}
-    assert drift(router, found, router.files) == [f"{secret.path}: owner and mode kimi:kimi:644, not root:root:600: put back"]
+    assert drift(router, found, router.files) == [
+        f"{secret.path}: owner and mode kimi:kimi:644, not root:root:600: put back"
+    ]
     assert _restarts(router, found) == set()
 
 

@@ -107,12 +107,16 @@ def test_a_bad_driver_pin_is_one_line(tmp_path: Path, nvidia: dict[str, Any], li
 @pytest.mark.parametrize(
     ("per_arch", "line"),
     [
-        ({"arm64": {"branch": "590", "version": "580.95.05"}},
-         "drivers.nvidia.per_arch.arm64: version 580.95.05 is not on branch 590"),
-        ({"ppc64el": {"branch": "590"}},
-         "drivers.nvidia.per_arch.ppc64el.[key]: Input should be 'amd64' or 'arm64', found str 'ppc64el'"),
+        (
+            {"arm64": {"branch": "590", "version": "580.95.05"}},
+            "drivers.nvidia.per_arch.arm64: version 580.95.05 is not on branch 590",
+        ),
+        (
+            {"ppc64el": {"branch": "590"}},
+            "drivers.nvidia.per_arch.ppc64el.[key]: Input should be 'amd64' or 'arm64', found str 'ppc64el'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_architecture_pin_is_one_line(tmp_path: Path, per_arch: dict[str, Any], line: str) -> None:
     with pytest.raises(ConfigError) as err:
         _load(tmp_path, per_arch=per_arch)
@@ -125,8 +129,10 @@ def test_grace_hosts_take_their_architectures_pin(tmp_path: Path, full_plan: Pla
     arm = probe("gb300-fresh", os={"id": "debian", "version_id": "12", "pretty": "Debian 12", "arch": "arm64"})
     grace = nvidia_of(drivers(want, full_plan, "gb300-p01", arm))
     assert (grace.pin, grace.target, grace.repository.url) == (
-        "nvidia-driver-pinning-590.48.01", "590.48.01", f"{LOCAL_REPO}/debian12/sbsa"
-    )  # fmt: skip
+        "nvidia-driver-pinning-590.48.01",
+        "590.48.01",
+        f"{LOCAL_REPO}/debian12/sbsa",
+    )
     x86 = nvidia_of(drivers(want, full_plan, "b300-01", probe("gb300-fresh")))
     assert (x86.pin, x86.target, x86.branch) == ("nvidia-driver-pinning-580", None, "580")
     lines = host_kind_lines(want, full_plan.topology("gb300-pd"))
@@ -173,8 +179,13 @@ def test_a_fresh_b300_host_gets_repository_pin_driver_and_fabric_manager(recipe:
     assert (p.pin, p.pin_installed) == ("nvidia-driver-pinning-580.95.05", False)
     # B300 is an NVLink 5 board: its fabric manager runs the NVLink subnet manager, whose packages
     # come in the same apt transaction, unversioned and not held
-    assert p.install == ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager", "nvlsm",
-                         "infiniband-diags")  # fmt: skip
+    assert p.install == (
+        "nvidia-driver-cuda",
+        "nvidia-kernel-open-dkms",
+        "nvidia-fabricmanager",
+        "nvlsm",
+        "infiniband-diags",
+    )
     assert p.packages == p.install[:3]
     assert p.tools == ("nvlsm", "infiniband-diags")
     assert p.headers == "linux-headers-6.18.44-fc-v657"
@@ -184,7 +195,9 @@ def test_a_fresh_b300_host_gets_repository_pin_driver_and_fabric_manager(recipe:
     assert p.module_options is None  # no IMEX, no channel
     assert p.modules_file is not None
     assert (p.modules_file.path, p.modules_file.content.splitlines()[-1]) == (
-        "/etc/modules-load.d/nvidia-nvlsm.conf", "ib_umad")  # fmt: skip
+        "/etc/modules-load.d/nvidia-nvlsm.conf",
+        "ib_umad",
+    )
     assert [(s.unit, s.active, s.restart, s.modules) for s in p.services] == [
         ("nvidia-fabricmanager", "inactive", True, ("ib_umad",))
     ]
@@ -209,8 +222,10 @@ def test_a_b300_host_missing_its_subnet_manager_gets_it_and_restarts_the_fabric_
     assert fresh.modules_file is not None
     modules = hashlib.sha256(fresh.modules_file.content.encode()).hexdigest()
     found = converged(files={fresh.modules_file.path: modules})
-    found["packages"] |= {"nvlsm": {"version": "2025.06.5-1", "held": False},
-                          "infiniband-diags": {"version": "44.0-2", "held": False}}  # fmt: skip
+    found["packages"] |= {
+        "nvlsm": {"version": "2025.06.5-1", "held": False},
+        "infiniband-diags": {"version": "44.0-2", "held": False},
+    }
     done = nvidia_of(drivers(want, full_plan, "b300-01", found))
     assert (done.install, done.repository.refresh) == ((), False)
     assert [(s.unit, s.restart) for s in done.services] == [("nvidia-fabricmanager", False)]
@@ -370,8 +385,10 @@ def test_a_converged_ubuntu_host_has_nothing_to_do(recipe: Recipe, full_plan: Pl
     found["packages"] = {
         "cuda-keyring": {"version": "1.1-1", "held": False},
         "nvidia-driver-pinning-580.95.05": {"version": "580.95.05-1ubuntu1", "held": False},
-        "libnvidia-compute-580": at, "nvidia-dkms-580-open": at, "nvidia-fabricmanager": at,
-    }  # fmt: skip
+        "libnvidia-compute-580": at,
+        "nvidia-dkms-580-open": at,
+        "nvidia-fabricmanager": at,
+    }
     p = nvidia_of(drivers(want, full_plan, "h200-01", found))
     assert (p.repository.present, p.pin_installed, p.install, p.unheld, p.reboot) == (True, True, (), (), "no")
     assert (p.target, p.loaded) == ("580.95.05", "580.95.05")

@@ -22,6 +22,9 @@ from kimi_deploy.recipe import Expose, KvTransfer, Recipe, SecretRef
 from kimi_deploy.render import environment
 from kimi_deploy.servespec import Unit
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 RECIPE = "recipes/kimi-k3.1-pro.yaml"
 
 
@@ -151,9 +154,16 @@ def _connects(ns: str, address: str, port: int) -> str:
 def test_the_real_nft_loads_the_table_twice_and_resets_every_host_but_the_admitted(tmp_path: Path) -> None:
     with _two_namespaces() as (a, b):
         listener = subprocess.Popen(
-            [ip, "netns", "exec", a, "python3", "-c",
-             "import socket, time\ns = socket.create_server(('0.0.0.0', 18000))\ntime.sleep(60)"],
-        )  # fmt: skip
+            [
+                ip,
+                "netns",
+                "exec",
+                a,
+                "python3",
+                "-c",
+                "import socket, time\ns = socket.create_server(('0.0.0.0', 18000))\ntime.sleep(60)",
+            ],
+        )
         try:
             for _ in range(50):
                 if _connects(a, "127.0.0.1", 18000) == "connected":

@@ -28,6 +28,9 @@ from pyinfra.operations import server
 from kimi_pyinfra.failure_lines import JSON_MAX, FailureLines, failed_answer
 from kimi_pyinfra.fleet_progress import install
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REASON = "kimi-deploy: kimi-vllm: no answer within 600 s; journal tail:"
 JOURNAL = ["    engine core: CUDA out of memory", "    kimi-vllm.service: Failed with result 'exit-code'."]
@@ -138,11 +141,20 @@ def test_an_ignored_error_stays_and_ends_the_operation(hosts: dict[str, Host], c
     ]
 
 
-@pytest.mark.parametrize("line", [
-    json.dumps({"ok": True, "path": "/opt/kimi/venv"}), json.dumps([{"ok": False}]), json.dumps({"error": "lock"}),
-    json.dumps({"ok": 0}), json.dumps({"ok": None}), '{"ok": false', "Traceback (most recent call last):", "{}",
-    '{"ok": false, "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line",
+    [
+        json.dumps({"ok": True, "path": "/opt/kimi/venv"}),
+        json.dumps([{"ok": False}]),
+        json.dumps({"error": "lock"}),
+        json.dumps({"ok": 0}),
+        json.dumps({"ok": None}),
+        '{"ok": false',
+        "Traceback (most recent call last):",
+        "{}",
+        '{"ok": false, "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ],
+)
 def test_any_other_output_line_stays(hosts: dict[str, Host], captured: Captured, line: str) -> None:
     _failed(hosts["kimi-h1"], ("stdout", line), ("stderr", REASON))
     assert captured.lines == [f"[kimi-h1]  {line}", f"[kimi-h1]  {REASON}"]
@@ -168,11 +180,16 @@ sys.exit(1)
 """
 
 
-@pytest.mark.parametrize(("program", "shown"), [
-    (PROGRAM, ["kimi-deploy: venv: the lock's pin of torch does not resolve"]),
-    ("import sys; print('E: Unable to locate package', file=sys.stderr); sys.exit(100)",
-     ["E: Unable to locate package", "Error: executed 0 commands"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("program", "shown"),
+    [
+        (PROGRAM, ["kimi-deploy: venv: the lock's pin of torch does not resolve"]),
+        (
+            "import sys; print('E: Unable to locate package', file=sys.stderr); sys.exit(100)",
+            ["E: Unable to locate package", "Error: executed 0 commands"],
+        ),
+    ],
+)
 def test_through_a_pyinfra_run(captured: Captured, program: str, shown: list[str]) -> None:
     """A real operation on the local host: what pyinfra itself logs when the command fails."""
     state = State(Inventory((["@local"], {})), Config())  # type: ignore[no-untyped-call]

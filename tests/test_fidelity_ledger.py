@@ -22,6 +22,9 @@ from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
 from tests.conftest import PROD, RECIPE, ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 LEDGER = ROOT / "docs" / "fidelity-ledger.md"
 TOPOLOGIES = {"single-node", "gb300-pd", "tpu7x", "tokenspeed-single", "tokenspeed-multi"}
 

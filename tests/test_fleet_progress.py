@@ -25,11 +25,18 @@ def _kept(message: str, level: int = logging.INFO) -> bool:
     return PerHostLines().filter(logging.LogRecord("pyinfra", level, __file__, 1, message, None, None))
 
 
-@pytest.mark.parametrize("said", [
-    click.style("No changes", "cyan"), click.style("Success", "green"), click.style("Success on retry 1", "green"),
-    click.style("Skipped", "blue"), f"{click.style('Ready:', 'green')} {click.style('deploys/kimi.py', bold=True)}",
-    "plan: topology demo-vllm, pool serve, single 0/1, units kimi-vllm", "converged, no step to take",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "said",
+    [
+        click.style("No changes", "cyan"),
+        click.style("Success", "green"),
+        click.style("Success on retry 1", "green"),
+        click.style("Skipped", "blue"),
+        f"{click.style('Ready:', 'green')} {click.style('deploys/kimi.py', bold=True)}",
+        "plan: topology demo-vllm, pool serve, single 0/1, units kimi-vllm",
+        "converged, no step to take",
+    ],
+)
 def test_a_hosts_routine_line_goes(prefix: str, said: str) -> None:
     assert not _kept(f"{prefix}{said}")
 

@@ -26,6 +26,9 @@ from harness.gateway_local import LocalGateway, nginx
 from harness.gateway_local import start as start_local
 from tests.json_reply import send_json
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_KEY = "sk-client-" + "c" * 32
 FALLBACK_KEY = "sk-hosted-" + "h" * 32
@@ -208,13 +211,18 @@ def start_gateway(tmp_path: Path, journal: Journal) -> Iterator[Start]:
     def start(backend_url: str, fallback: FakeUpstream | None, prefix: str = "", **limits: Any) -> LocalGateway:
         port = _free_port()
         gateway = start_local(
-            tmp_path / f"gateway-{port}", KEYS, port,
+            tmp_path / f"gateway-{port}",
+            KEYS,
+            port,
             backend_port=int(backend_url.rsplit(":", 1)[1]),
             fallback_url=fallback.url + prefix if fallback else None,
-            served_name=SERVED, hosted_model=HOSTED_MODEL if fallback else None,
+            served_name=SERVED,
+            hosted_model=HOSTED_MODEL if fallback else None,
             hosted_max_tokens=HOSTED_MAX_TOKENS if fallback else None,
-            fallback_log=f"syslog:server=unix:{journal.path}", timeout_s=20, **limits,
-        )  # fmt: skip
+            fallback_log=f"syslog:server=unix:{journal.path}",
+            timeout_s=20,
+            **limits,
+        )
         started.append(gateway)
         return gateway
 
@@ -417,8 +425,10 @@ def test_a_request_without_the_client_key_is_refused_and_reaches_no_upstream(
 def test_no_fallback_and_the_backend_down_answers_503(backend: FakeUpstream, start_gateway: Start) -> None:
     backend.down = True
     # its engines gone (the router's /health still 200), then the router not listening at all
-    for url, health in ((backend.url, (200, b'{"backend":true,"fallback":false}')),
-                        (f"http://127.0.0.1:{_free_port()}", (503, b'{"backend":false,"fallback":false}'))):  # fmt: skip
+    for url, health in (
+        (backend.url, (200, b'{"backend":true,"fallback":false}')),
+        (f"http://127.0.0.1:{_free_port()}", (503, b'{"backend":false,"fallback":false}')),
+    ):
         gateway = start_gateway(url, None)
         status, headers, body = call(gateway, "POST", "/v1/chat/completions", {"model": SERVED})
         assert status == 503
@@ -431,8 +441,12 @@ def test_a_streamed_answer_passes_through_as_it_comes(backend: FakeUpstream, sta
     gateway = start_gateway(backend.url, None)
     conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=5)
     body = json.dumps({"model": SERVED, "stream": True, "messages": []})
-    conn.request("POST", "/v1/chat/completions", body=body,
-                 headers={"Authorization": f"Bearer {CLIENT_KEY}", "Content-Type": "application/json"})  # fmt: skip
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=body,
+        headers={"Authorization": f"Bearer {CLIENT_KEY}", "Content-Type": "application/json"},
+    )
     answer = conn.getresponse()
     assert answer.status == 200
     assert answer.getheader("Content-Type") == "text/event-stream"
@@ -459,8 +473,10 @@ def test_a_close_delimited_answer_reaches_http11_and_http10_clients_intact(
     status, headers, body = call(gateway, "POST", "/v1/completions", {"close_delimited": True})
     assert (status, headers["Transfer-Encoding"], body) == (200, "chunked", b"all of it, " * 1000)
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
-        s.sendall(f"POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer {CLIENT_KEY}\r\n"
-                  'Content-Length: 25\r\n\r\n{"close_delimited": true}'.encode())  # fmt: skip
+        s.sendall(
+            f"POST /v1/completions HTTP/1.0\r\nAuthorization: Bearer {CLIENT_KEY}\r\n"
+            'Content-Length: 25\r\n\r\n{"close_delimited": true}'.encode()
+        )
         raw = b""
         while chunk := s.recv(65536):
             raw += chunk
@@ -536,9 +552,13 @@ NORMALISED = [
 
 @pytest.mark.parametrize(("method", "target", "status"), REFUSED, ids=[f"{a[0]} {a[1]!r}" for a in REFUSED])
 def test_a_request_outside_the_allowed_endpoints_reaches_no_upstream(
-    method: str, target: str | bytes, status: int,
-    backend: FakeUpstream, hosted: FakeUpstream, start_gateway: Start,
-) -> None:  # fmt: skip
+    method: str,
+    target: str | bytes,
+    status: int,
+    backend: FakeUpstream,
+    hosted: FakeUpstream,
+    start_gateway: Start,
+) -> None:
     backend.down = True  # the fallback is active: a forwarded request would carry the hosted key
     gateway = start_gateway(backend.url, hosted)
     body = json.dumps({"model": SERVED, "messages": []}).encode() if method == "POST" else b""
@@ -588,8 +608,11 @@ def test_a_client_without_the_key_is_refused_before_its_body_and_a_client_with_i
 ) -> None:
     gateway = start_gateway(backend.url, None)
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
-        s.sendall(raw_request("POST", "/v1/chat/completions", key="wrong").replace(
-            b"Content-Length: 0", b"Content-Length: 60000000\r\nExpect: 100-continue"))  # fmt: skip
+        s.sendall(
+            raw_request("POST", "/v1/chat/completions", key="wrong").replace(
+                b"Content-Length: 0", b"Content-Length: 60000000\r\nExpect: 100-continue"
+            )
+        )
         said = b""
         while b"HTTP/1.1 401 " not in said:  # nginx says "100 Continue" to throw the body away, then 401
             said += s.recv(65536)

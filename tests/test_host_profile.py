@@ -27,6 +27,9 @@ from kimi_deploy.hostside_command import hostside_command
 from localcluster.fake_nvidia import describe
 from tests.parsers import fixture
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_SMI = ROOT / "localcluster" / "standins" / "nvidia_smi.py"
 NVRM = (
@@ -193,9 +196,13 @@ def run_probe(request: dict[str, Any], bin_dir: Path, env: dict[str, str] | None
     """The probe's one JSON line, run the way the fact runs it over SSH."""
     command = hostside_command(sys.executable, "hardware_probe.py", request)
     done = subprocess.run(
-        ["/bin/sh", "-c", command], env={"PATH": str(bin_dir), **(env or {})},
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        ["/bin/sh", "-c", command],
+        env={"PATH": str(bin_dir), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 1, done.stdout
@@ -230,9 +237,12 @@ def test_b300_host_through_nvidia_smi(tmp_path: Path, listener: socket.socket) -
     weights = tmp_path / "models" / "moonshotai--Kimi-K3.1-Pro" / "0123abcd"
     port = listener.getsockname()[1]
     request = {
-        "root": str(root), "weights_dir": str(weights), "measure": True, "nvml": False,
+        "root": str(root),
+        "weights_dir": str(weights),
+        "measure": True,
+        "nvml": False,
         "metadata_url": f"http://127.0.0.1:{port}/computeMetadata/v1/instance/attributes/",
-    }  # fmt: skip
+    }
     raw = run_probe(request, make_bin(tmp_path), {"KIMI_FAKE_ACCELERATORS": str(config)})
 
     # No Google accelerator on PCI: the metadata server was never asked.
@@ -258,9 +268,15 @@ def test_b300_host_through_nvidia_smi(tmp_path: Path, listener: socket.socket) -
         None,
     )
     assert acc["devices"][0] == {
-        "index": 0, "name": "NVIDIA B300 SXM6 AC", "uuid": gpus[0]["uuid"], "memory_mib": 275040,
-        "pci_bus_id": "00000000:1A:00.0", "compute_cap": "10.3", "nvlink_active": None, "fabric": None,
-    }  # fmt: skip
+        "index": 0,
+        "name": "NVIDIA B300 SXM6 AC",
+        "uuid": gpus[0]["uuid"],
+        "memory_mib": 275040,
+        "pci_bus_id": "00000000:1A:00.0",
+        "compute_cap": "10.3",
+        "nvlink_active": None,
+        "fabric": None,
+    }
     assert [d["uuid"] for d in acc["devices"]] == [g["uuid"] for g in gpus]
     assert matches_model(acc["model"], "B300")
     assert not matches_model(acc["model"], "GB300")
@@ -330,14 +346,18 @@ def test_one_probe_asks_dpkg_and_systemd_once_for_the_hardware_and_drivers_parts
     for tool in ("dpkg-query", "systemctl"):
         script = bin_dir / tool
         head, body = script.read_text(encoding="utf-8").split("\n", 1)
-        write(script, f'{head}\necho {tool} >> {calls}\n{body}', 0o755)
+        write(script, f"{head}\necho {tool} >> {calls}\n{body}", 0o755)
     request = {"root": str(root), "weights_dir": str(tmp_path), "nvml": False, "topology": False}
     drivers = {"nvidia": True, "services": ["nvidia-fabricmanager", "nvidia-imex"]}
     command = hostside_command(sys.executable, "host_probe.py", {"hardware": request, "drivers": drivers})
     done = subprocess.run(
-        ["/bin/sh", "-c", command], env={"PATH": str(bin_dir), "KIMI_FAKE_ACCELERATORS": str(config)},
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        ["/bin/sh", "-c", command],
+        env={"PATH": str(bin_dir), "KIMI_FAKE_ACCELERATORS": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     asked = calls.read_text(encoding="utf-8").splitlines()
     assert sorted(asked) == ["dpkg-query", "systemctl"]
@@ -353,25 +373,35 @@ def test_one_probe_asks_dpkg_and_systemd_once_for_the_hardware_and_drivers_parts
         "nvidia-imex": {"active": "inactive", "enabled": "disabled"},
     }
     assert parse_profile(json.loads(lines["hardware"]))["drivers"]["packages"] == {
-        "nvidia-driver-580-open": "580.95.05-0ubuntu1", "nvidia-fabricmanager-580": "580.95.05-1",
-    }  # fmt: skip
+        "nvidia-driver-580-open": "580.95.05-0ubuntu1",
+        "nvidia-fabricmanager-580": "580.95.05-1",
+    }
 
     # Services the hardware part did not ask about: the drivers part asks systemd itself.
     calls.unlink()
     other = hostside_command(sys.executable, "host_probe.py", {"hardware": request, "drivers": {"services": ["x"]}})
-    subprocess.run(["/bin/sh", "-c", other], env={"PATH": str(bin_dir), "KIMI_FAKE_ACCELERATORS": str(config)},
-                   capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    subprocess.run(
+        ["/bin/sh", "-c", other],
+        env={"PATH": str(bin_dir), "KIMI_FAKE_ACCELERATORS": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert sorted(calls.read_text(encoding="utf-8").splitlines()) == [
-        "dpkg-query", "systemctl", "systemctl",
-    ]  # fmt: skip
+        "dpkg-query",
+        "systemctl",
+        "systemctl",
+    ]
 
 
 def test_tpu7x_host_metadata_unreachable_fails_fast(tmp_path: Path) -> None:
     root = make_root(tmp_path, tpu=True)
     request = {
-        "root": str(root), "weights_dir": str(tmp_path / "models"),
+        "root": str(root),
+        "weights_dir": str(tmp_path / "models"),
         "metadata_url": f"http://127.0.0.1:{unused_port()}/computeMetadata/v1/instance/attributes/",
-    }  # fmt: skip
+    }
     started = time.monotonic()
     raw = run_probe(request, make_bin(tmp_path, smi=False, tools=False))
     assert time.monotonic() - started < 5
@@ -457,10 +487,20 @@ def test_gb300_tray_through_nvml_with_fabric_and_nvlinks(tmp_path: Path) -> None
     )
     assert (acc["driver_version"], acc["cuda_version"], acc["error"]) == ("580.95.05", "13.0", None)
     assert acc["devices"][3] == {
-        "index": 3, "name": "NVIDIA GB300", "uuid": "GPU-00000003-1111-2222-3333-444444444444", "memory_mib": 284208,
-        "pci_bus_id": "00000019:06:00.0", "compute_cap": "10.3", "nvlink_active": 16,
-        "fabric": {"cluster_uuid": "00010203-0405-0607-0809-0a0b0c0d0e0f", "clique_id": 32766, "state": "completed", "status": 0},
-    }  # fmt: skip
+        "index": 3,
+        "name": "NVIDIA GB300",
+        "uuid": "GPU-00000003-1111-2222-3333-444444444444",
+        "memory_mib": 284208,
+        "pci_bus_id": "00000019:06:00.0",
+        "compute_cap": "10.3",
+        "nvlink_active": 16,
+        "fabric": {
+            "cluster_uuid": "00010203-0405-0607-0809-0a0b0c0d0e0f",
+            "clique_id": 32766,
+            "state": "completed",
+            "status": 0,
+        },
+    }
     assert acc["nvlink_active"] == 16
     assert [f["index"] for f in acc["fabric"]] == [0, 1, 2, 3]
     assert {f["clique_id"] for f in acc["fabric"]} == {32766}
@@ -566,11 +606,24 @@ def test_nvidia_smi_failure_text_is_the_error_and_no_accelerators(capture: str, 
 
 def test_nvml_answer_with_a_real_gb200_topology() -> None:
     devices = [
-        {"index": i, "name": "NVIDIA GB200", "uuid": f"GPU-{i}", "memory_mib": 189471 - i, "pci_bus_id": f"0000000{i}:01:00.0",
-         "compute_cap": "10.0", "nvlink_active": 18, "errors": {},
-         "fabric": {"cluster_uuid": "c0ffee00-0000-0000-0000-000000000001", "clique_id": 1, "state": "completed", "status": 0}}
+        {
+            "index": i,
+            "name": "NVIDIA GB200",
+            "uuid": f"GPU-{i}",
+            "memory_mib": 189471 - i,
+            "pci_bus_id": f"0000000{i}:01:00.0",
+            "compute_cap": "10.0",
+            "nvlink_active": 18,
+            "errors": {},
+            "fabric": {
+                "cluster_uuid": "c0ffee00-0000-0000-0000-000000000001",
+                "clique_id": 1,
+                "state": "completed",
+                "status": 0,
+            },
+        }
         for i in range(4)
-    ]  # fmt: skip
+    ]
     nvml = {"driver_version": "580.126.09", "cuda_version": 13010, "devices": devices}
     raw = nvidia_raw(nvml=nvml, smi_topo=smi_run(fixture("topo_gb200x4_8nic_spaces_rhel4nv.txt")))
     acc = parse_profile(raw)["accelerators"]
@@ -652,8 +705,11 @@ def test_a_google_nic_alone_is_no_tpu() -> None:
 
 
 def test_section_errors_and_a_failed_probe_are_kept() -> None:
-    raw = {"schema": 1, "disk": {"error": "PermissionError: [Errno 13] Permission denied: '/srv/models'"},
-           "host": {"meminfo": {"MemTotal": "1024 kB"}}}  # fmt: skip
+    raw = {
+        "schema": 1,
+        "disk": {"error": "PermissionError: [Errno 13] Permission denied: '/srv/models'"},
+        "host": {"meminfo": {"MemTotal": "1024 kB"}},
+    }
     profile = parse_profile(raw)
     assert profile["errors"] == {"disk": "PermissionError: [Errno 13] Permission denied: '/srv/models'"}
     assert profile["memory"] == {"total_bytes": 1024 * 1024, "available_bytes": None}

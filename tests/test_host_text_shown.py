@@ -22,6 +22,9 @@ from kimi_pyinfra.cli import main
 from operations import preflight
 from tests.conftest import PROD, RECIPE
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 # nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv as a host printed it, where a
 # GPU's name (set by whoever controls the host's driver or its nvidia-smi) carries a screen clear,
 # a window title and a colour.
@@ -95,11 +98,16 @@ def test_a_preflight_refusal_prints_a_hostile_gpu_name_and_driver_error_escaped(
 
 def test_the_topology_report_shows_hostile_host_strings_escaped() -> None:
     profile = {
-        "accelerators": {"vendor": "nvidia", "count": 8, "model": HOSTILE_NAME, "memory_mib": 81559,
-                         "driver_version": "550.54.15\x1b[8m"},
+        "accelerators": {
+            "vendor": "nvidia",
+            "count": 8,
+            "model": HOSTILE_NAME,
+            "memory_mib": 81559,
+            "driver_version": "550.54.15\x1b[8m",
+        },
         "os": {"pretty": "Ubuntu\x1b]0;pwned\x07 24.04"},
         "disk": {"free_bytes": 10**12, "fs_type": "xfs"},
-    }  # fmt: skip
+    }
     table = format_report({"gpu-07": profile})
     assert RAW_CONTROL.search(table) is None
     assert "8 x NVIDIA H100 80GB HBM3\\x1b[2J" in table

@@ -18,6 +18,9 @@ import pytest
 
 from harness.hosted_api import HostedApi
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ADDRESS = "10.254.77.2"
 KEY = "hosted-secret-0123456789"
 ASK = """import sys, urllib.request as u
@@ -48,8 +51,13 @@ def test_the_hosted_api_answers_on_the_loopback_of_the_host_that_calls_it(host: 
     try:
         assert api.loopback_url.startswith("http://127.0.0.1:")
         body = json.dumps({"model": "kimi-hosted", "messages": [{"role": "user", "content": "hi"}]})
-        inside = subprocess.run(["ip", "netns", "exec", host, sys.executable, "-c", ASK, api.loopback_url, body, KEY],
-                                capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        inside = subprocess.run(
+            ["ip", "netns", "exec", host, sys.executable, "-c", ASK, api.loopback_url, body, KEY],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert inside.returncode == 0, inside.stderr[-500:]
         assert json.loads(inside.stdout)["choices"][0]["message"]["content"] == "HOSTED"
         assert [(s["authorization"], s["body"]["model"]) for s in api.seen] == [(f"Bearer {KEY}", "kimi-hosted")]

@@ -15,18 +15,32 @@ from hostside import allreduce
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.parsers.nccl_tests import parse_nccl_tests
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 FIXTURES = Path(__file__).resolve().parent / "parsers" / "fixtures"
 
 
 def _raw(**change: Any) -> dict[str, Any]:
     raw: dict[str, Any] = {
-        "run": "r1", "label": "multi/serve#0", "me": "h200-02", "address": "10.31.0.12", "backend": "nccl",
+        "run": "r1",
+        "label": "multi/serve#0",
+        "me": "h200-02",
+        "address": "10.31.0.12",
+        "backend": "nccl",
         "rendezvous": {"address": "10.31.0.11", "port": 29498},
-        "hosts": [{"host": "h200-01", "address": "10.31.0.11", "ranks": 8},
-                  {"host": "h200-02", "address": "10.31.0.12", "ranks": 8}],
-        "min_bytes": 2**20, "max_bytes": 2**30, "warmup_iters": 5, "iters": 20, "deadline_s": 120,
-        "min_busbw_gbs": 300, "env": {"NCCL_IB_HCA": "mlx5"},
-    }  # fmt: skip
+        "hosts": [
+            {"host": "h200-01", "address": "10.31.0.11", "ranks": 8},
+            {"host": "h200-02", "address": "10.31.0.12", "ranks": 8},
+        ],
+        "min_bytes": 2**20,
+        "max_bytes": 2**30,
+        "warmup_iters": 5,
+        "iters": 20,
+        "deadline_s": 120,
+        "min_busbw_gbs": 300,
+        "env": {"NCCL_IB_HCA": "mlx5"},
+    }
     raw.update(change)
     return raw
 
@@ -106,10 +120,22 @@ def test_the_ranks_use_the_interface_of_the_hosts_address_unless_the_topology_sa
 
 def test_a_release_without_torch_fails_with_one_line_naming_it() -> None:
     # This interpreter has no torch: the launcher forks its ranks, each finds none.
-    request = _raw(me="a", address="127.0.0.1", backend="gloo", rendezvous={"address": "127.0.0.1", "port": 29597},
-                   hosts=[{"host": "a", "address": "127.0.0.1", "ranks": 2}], deadline_s=10)  # fmt: skip
-    run = subprocess.run(hostside_command(sys.executable, "allreduce.py", request), shell=True,
-                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    request = _raw(
+        me="a",
+        address="127.0.0.1",
+        backend="gloo",
+        rendezvous={"address": "127.0.0.1", "port": 29597},
+        hosts=[{"host": "a", "address": "127.0.0.1", "ranks": 2}],
+        deadline_s=10,
+    )
+    run = subprocess.run(
+        hostside_command(sys.executable, "allreduce.py", request),
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 1, run.stderr
     lines = [line for line in run.stderr.splitlines() if line.startswith("kimi-deploy:")]
     assert lines == [

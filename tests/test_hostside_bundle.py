@@ -13,12 +13,15 @@ import pytest
 
 from kimi_deploy import hostside_command as hc
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def programs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "boundary_a.py").write_text(
-        'from __future__ import annotations\nfrom hostside.boundary_b import twice\n\n\n'
-        'def shout(text: str) -> str:\n    return twice(text.upper())\n'
+        "from __future__ import annotations\nfrom hostside.boundary_b import twice\n\n\n"
+        "def shout(text: str) -> str:\n    return twice(text.upper())\n"
     )
     (tmp_path / "boundary_b.py").write_text('def twice(text: str) -> str:\n    """Doc."""\n    return text * 2\n')
     (tmp_path / "prog.py").write_text(
@@ -36,14 +39,19 @@ def test_bundle_carries_imports_transitively_dependencies_first(programs: Path) 
     assert list(hc._modules((programs / "prog.py").read_text())) == ["boundary_b", "boundary_a"]
     script = programs / "bundled.py"
     script.write_text(source)
-    run = subprocess.run([sys.executable, str(script), "ab"], capture_output=True, text=True, check=True,
-                         cwd="/")
+    run = subprocess.run([sys.executable, str(script), "ab"], capture_output=True, text=True, check=True, cwd="/")
     assert run.stdout == "ABAB __main__\n"
 
 
 def test_hostside_command_runs_the_bundle_from_argv(programs: Path) -> None:
-    run = subprocess.run(hc.hostside_command(sys.executable, "prog.py", {"x": 1}), shell=True,
-                         capture_output=True, text=True, check=False, cwd="/")
+    run = subprocess.run(
+        hc.hostside_command(sys.executable, "prog.py", {"x": 1}),
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(hc.pack({"x": 1}).upper() * 2)
 
@@ -59,8 +67,14 @@ def test_imports_for_type_checkers_only_stay_out_of_the_bundle(programs: Path) -
         "if __name__ == '__main__':\n    print(boundary_b.twice('x'), 'boundary_a' in __import__('sys').modules)\n"
     )
     assert list(hc._modules((programs / "typed.py").read_text())) == ["boundary_b"]
-    run = subprocess.run(hc.hostside_command(sys.executable, "typed.py", {}), shell=True,
-                         capture_output=True, text=True, check=True, cwd="/")
+    run = subprocess.run(
+        hc.hostside_command(sys.executable, "typed.py", {}),
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
     assert run.stdout == "xx False\n"
 
 
@@ -68,8 +82,14 @@ def test_the_host_probe_runs_without_importing_typing() -> None:
     """typing costs a converged host's probe several ms on every run: the probe's modules name
     their types for type checkers only."""
     command = hc.hostside_command(sys.executable, "host_probe.py", {"state": {"user": "root"}})
-    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False, cwd="/",
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPROFILEIMPORTTIME": "1"})  # fmt: skip
+    run = subprocess.run(
+        ["/bin/sh", "-c", command],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin", "PYTHONPROFILEIMPORTTIME": "1"},
+    )
     assert run.stdout.startswith("state "), run.stderr[-2000:]
     imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
     assert "typing" not in imported
@@ -90,8 +110,14 @@ def kept(programs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 def _run(script: str, request: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(hc.hostside_command(sys.executable, script, request), shell=True,
-                          capture_output=True, text=True, check=False, cwd="/")  # fmt: skip
+    return subprocess.run(
+        hc.hostside_command(sys.executable, script, request),
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
+    )
 
 
 def test_a_host_compiles_each_version_of_a_program_once(kept: Path, programs: Path) -> None:
@@ -105,7 +131,7 @@ def test_a_host_compiles_each_version_of_a_program_once(kept: Path, programs: Pa
     assert _run("prog.py", "ab").stdout == first.stdout  # from the kept code: not written again
     assert entry.stat().st_mtime_ns == before
     # a new version of the program replaces the old one's entry
-    (programs / "boundary_b.py").write_text('def twice(text: str) -> str:\n    return text * 3\n')
+    (programs / "boundary_b.py").write_text("def twice(text: str) -> str:\n    return text * 3\n")
     hc._shipped.cache_clear()
     hc._bundled.cache_clear()
     assert _run("prog.py", "ab").stdout.startswith(hc.pack("ab").upper() * 3)

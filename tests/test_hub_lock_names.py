@@ -38,11 +38,16 @@ def write_repo(root: Path, names: list[str]) -> None:
     (root / "objects" / sha256).write_bytes(data)
     dirs = {"/".join(p.split("/")[:i]) for p in names for i in range(1, p.count("/") + 1)}
     manifest = {
-        "format": 1, "id": COMMIT, "parents": [], "author": "attacker <a@example.invalid>", "time": 1767225600,
-        "title": "crafted", "message": "", "trees": {d: hashlib.sha1(d.encode(), usedforsecurity=False).hexdigest()
-                                                     for d in dirs},
+        "format": 1,
+        "id": COMMIT,
+        "parents": [],
+        "author": "attacker <a@example.invalid>",
+        "time": 1767225600,
+        "title": "crafted",
+        "message": "",
+        "trees": {d: hashlib.sha1(d.encode(), usedforsecurity=False).hexdigest() for d in dirs},
         "files": {p: {"size": len(data), "sha256": sha256, "oid": git_blob_sha1(data), "lfs": None} for p in names},
-    }  # fmt: skip
+    }
     repo = root / "repos" / REPO_ID
     (repo / "commits").mkdir(parents=True)
     (repo / "commits" / f"{COMMIT}.json").write_text(json.dumps(manifest))
@@ -77,9 +82,13 @@ def _demo_recipe(folder: Path) -> Path:
     indirect=["hub"],
 )
 def test_lock_refuses_a_hub_listing_with_a_name_outside_the_revision(
-    hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str,
+    hub: HubServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
     rule: str,
-) -> None:  # fmt: skip
+) -> None:
     work = tmp_path / "work"
     _demo_recipe(work)
     monkeypatch.chdir(work)

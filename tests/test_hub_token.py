@@ -12,6 +12,9 @@ import pytest
 
 from kimi_deploy.hub_token import controller_token
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 CASES = {
     "HF_TOKEN first": ({"HF_TOKEN": " hf_env "}, {"HF_HOME/token": "hf_file"}),
     "the legacy variable": ({"HUGGING_FACE_HUB_TOKEN": "hf_legacy"}, {"HF_HOME/token": "hf_file"}),

@@ -9,8 +9,18 @@ from kimi_deploy.ladder_table import format_proofs
 
 
 def _proof(rung: int, key: str, ttft: float | None, passed: bool = True, reason: str | None = None) -> dict[str, Any]:
-    return {"unit": "kimi-vllm", "rung": rung, "key": key, "passed": passed, "reason": reason, "ttft_s": ttft,
-            "prompt_tokens": rung // 5, "decode_tok_s": 40.0, "kv_cache_usage": 0.129, "at": "2026-12-03T21:30:00Z"}  # fmt: skip
+    return {
+        "unit": "kimi-vllm",
+        "rung": rung,
+        "key": key,
+        "passed": passed,
+        "reason": reason,
+        "ttft_s": ttft,
+        "prompt_tokens": rung // 5,
+        "decode_tok_s": 40.0,
+        "kv_cache_usage": 0.129,
+        "at": "2026-12-03T21:30:00Z",
+    }
 
 
 def test_each_rung_is_a_row_and_an_upgrade_is_compared_with_the_release_it_replaced() -> None:
@@ -28,8 +38,12 @@ def test_each_rung_is_a_row_and_an_upgrade_is_compared_with_the_release_it_repla
     assert lines[0].split()[:4] == ["host", "unit", "rung", "result"]
     rows = [line.split() for line in lines[1:]]
     assert [(r[2], r[3]) for r in rows] == [
-        ("32768", "passed"), ("131072", "passed"), ("32768", "passed"), ("131072", "passed"), ("262144", "failed:"),
-    ]  # fmt: skip
+        ("32768", "passed"),
+        ("131072", "passed"),
+        ("32768", "passed"),
+        ("131072", "passed"),
+        ("262144", "failed:"),
+    ]
     # The same rung under the key before: -25% at 32768 (2.00 s then), +10% at 131072.
     assert "-25% (2.00)" in lines[3]
     assert "+10% (30.00)" in lines[4]

@@ -21,7 +21,6 @@ CORE = "kimi_deploy"
 OUTSIDE_CORE = ("pyinfra", "pyinfra_cli", "gevent", "facts", "operations", "deploys", "kimi_pyinfra", "localcluster")
 
 
-
 def _sources(*folders: str) -> list[Path]:
     return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
 
@@ -71,7 +70,9 @@ def _containers(tree: ast.Module) -> set[str]:
         if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             value = node.value
             mutable = isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp) or (
-                isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in {"dict", "list", "set"}
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name)
+                and value.func.id in {"dict", "list", "set"}
             )
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.id for t in targets if isinstance(t, ast.Name) and mutable}

@@ -21,6 +21,9 @@ from localcluster import pypi_mirror
 from tests.host_converge import LOCK, host_converge, lock_stands_in
 from tests.tool_module import load_tool
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = load_tool(Path(__file__).resolve().parent.parent / "tools/needed_libs.py")
 NotElf, needed, wheel_needs = TOOL.NotElf, TOOL.needed, TOOL.wheel_needs
@@ -35,8 +38,17 @@ def _readelf(path: Path) -> list[str]:
 def _compile(folder: Path, name: str, source: str, *libraries: str) -> Path:
     (folder / f"{name}.c").write_text(source, encoding="utf-8")
     out = folder / f"{name}.so"
-    argv = ["gcc", "-shared", "-fPIC", "-o", str(out), str(folder / f"{name}.c"), f"-L{folder}",
-            "-Wl,--no-as-needed", *libraries]  # fmt: skip
+    argv = [
+        "gcc",
+        "-shared",
+        "-fPIC",
+        "-o",
+        str(out),
+        str(folder / f"{name}.c"),
+        f"-L{folder}",
+        "-Wl,--no-as-needed",
+        *libraries,
+    ]
     subprocess.run(argv, check=True, capture_output=True, timeout=60)
     return out
 
@@ -61,8 +73,9 @@ def test_a_wheel_needs_what_it_neither_carries_nor_may_expect(tmp_path: Path) ->
     """``ext.so`` links the wheel's own ``libours.so``, glibc's libm and libcurl: only libcurl is
     the host's to provide."""
     ours = _compile(tmp_path, "libours", "int ours(void) { return 1; }\n")
-    ext = _compile(tmp_path, "ext", "int ours(void);\nint ext(void) { return ours(); }\n", "-lours", "-lm",
-                   "-l:libcurl.so.4")  # fmt: skip
+    ext = _compile(
+        tmp_path, "ext", "int ours(void);\nint ext(void) { return ours(); }\n", "-lours", "-lm", "-l:libcurl.so.4"
+    )
     wheel = tmp_path / "pkg-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(ext, "pkg/ext.so")
@@ -122,8 +135,7 @@ def test_a_closure_provides_what_any_of_its_wheels_carries_and_the_rest_is_accou
     the same libcurl linked by the Mooncake client is installed with it, and numba's TBB layer
     (a plugin numba skips without TBB) needs nothing. ``--check`` says the one left, exit 1."""
     ours = _compile(tmp_path, "libours", "int ours(void) { return 1; }\n")
-    ext = _compile(tmp_path, "ext", "int ours(void);\nint ext(void) { return ours(); }\n", "-lours",
-                   "-l:libcurl.so.4")  # fmt: skip
+    ext = _compile(tmp_path, "ext", "int ours(void);\nint ext(void) { return ours(); }\n", "-lours", "-l:libcurl.so.4")
     closure = tmp_path / "closure"
     closure.mkdir()
     members = {
@@ -139,8 +151,13 @@ def test_a_closure_provides_what_any_of_its_wheels_carries_and_the_rest_is_accou
     needs = closure_needs(sorted(closure.glob("*.whl")))
     assert set(needs) == {"libcurl.so.4"}
     assert unaccounted(needs) == {"libcurl.so.4": [("pkg-1.0-py3-none-manylinux_2_28_x86_64.whl", "pkg/ext.so")]}
-    done = subprocess.run([sys.executable, str(ROOT / "tools/needed_libs.py"), "--closure", str(closure), "--check"],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools/needed_libs.py"), "--closure", str(closure), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert (done.returncode, done.stdout) == (
         1,
         "libcurl.so.4: pkg-1.0-py3-none-manylinux_2_28_x86_64.whl (pkg/ext.so)\n",

@@ -9,7 +9,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from operations.nvidia import apt_install, candidate_is
+
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "apt"
 LINE = "kimi-h1: drivers: a reboot is needed to load driver {version} (580.95.05 is loaded); allow it"

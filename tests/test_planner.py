@@ -93,8 +93,10 @@ def test_router_sends_to_every_instance_leader_and_starts_last(full: Plan) -> No
     router = full.for_host("gb300-rt01")
     _master, front, gateway = router.units
     assert [(u.name, u.stage) for u in router.units] == [
-        ("kimi-mooncake-master", 0), ("kimi-router", 3), ("kimi-gateway", 3),
-    ]  # fmt: skip
+        ("kimi-mooncake-master", 0),
+        ("kimi-router", 3),
+        ("kimi-gateway", 3),
+    ]
     # The router checks no client key: it listens on loopback, the gateway on the topology's address.
     assert (front.bind, dict(front.listens)) == ("127.0.0.1", {"router_backend": 8009})
     assert (gateway.bind, dict(gateway.listens)) == ("10.41.0.50", {"router": 8000})
@@ -128,11 +130,13 @@ def test_pd_connectors_take_the_roles_of_their_pool(full: Plan) -> None:
         return {
             "kv_connector": "MultiConnector",
             "kv_role": role,
-            "kv_connector_extra_config": {"connectors": [
-                {"kv_connector": "NixlConnector", "kv_role": nixl},
-                {"kv_connector": "MooncakeStoreConnector", "kv_role": store},
-            ]},
-        }  # fmt: skip
+            "kv_connector_extra_config": {
+                "connectors": [
+                    {"kv_connector": "NixlConnector", "kv_role": nixl},
+                    {"kv_connector": "MooncakeStoreConnector", "kv_role": store},
+                ]
+            },
+        }
 
     # NIXL first (a MultiConnector loads from the first connector that holds the blocks)
     assert kv_config("gb300-p01") == connectors("kv_producer", "kv_producer", "kv_both")
@@ -185,7 +189,10 @@ def test_tpu_slice_runs_sglang_jax_across_eight_hosts_counting_two_devices_a_chi
             "topologies.tpu7x.pools.serve.parallel: sglang-jax needs ep to divide the instance's 64 devices "
             "(32 x TPU7x at 2 each), found ep 48",
         ),
-        ({"tp": 16, "pp": 2}, "topologies.tpu7x.pools.serve.parallel: sglang-jax has no pipeline parallelism, found pp 2"),
+        (
+            {"tp": 16, "pp": 2},
+            "topologies.tpu7x.pools.serve.parallel: sglang-jax has no pipeline parallelism, found pp 2",
+        ),
     ],
 )
 def test_tpu_layout_the_runtime_cannot_run_is_refused(
@@ -200,9 +207,11 @@ def test_tpu_layout_the_runtime_cannot_run_is_refused(
 
 @pytest.mark.parametrize(
     ("topology", "said"),
-    [("tpu7x", "sglang-jax takes its API key only on the command line (--api-key)"),
-     ("tokenspeed-single", "TokenSpeed takes its API key only on the command line")],
-)  # fmt: skip
+    [
+        ("tpu7x", "sglang-jax takes its API key only on the command line (--api-key)"),
+        ("tokenspeed-single", "TokenSpeed takes its API key only on the command line"),
+    ],
+)
 def test_an_engine_taking_its_key_in_argv_is_served_on_loopback_only(
     recipe: Recipe, prod: Inventory, topology: str, said: str
 ) -> None:

@@ -29,6 +29,9 @@ from hostside.probe_types import DriversAnswer, HardwareAnswer, HostState, State
 from kimi_deploy.hostside_command import hostside_command, pack
 from tests.typed_check import problems
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,9 +41,15 @@ def _release(root: Path) -> Path:
     (root / "bin/python").symlink_to("/usr/bin/python3")
     (root / venv_install.LOCK).write_text("vllm==0.34.0 --hash=sha256:" + "0" * 64 + "\n")
     (root / venv_install.MANIFEST).write_text(json.dumps({"files": venv_install._manifest(str(root))}))
-    marker = {"package": "vllm", "version": "0.34.0", "requirements": ["vllm==0.34.0"], "index_url": "http://i/simple",
-              "lock": {"sha256": "a" * 64, "platform": "x86_64", "packages": 1}, "uv": "0.13.9",
-              "manifest": venv_install.MANIFEST}  # fmt: skip
+    marker = {
+        "package": "vllm",
+        "version": "0.34.0",
+        "requirements": ["vllm==0.34.0"],
+        "index_url": "http://i/simple",
+        "lock": {"sha256": "a" * 64, "platform": "x86_64", "packages": 1},
+        "uv": "0.13.9",
+        "manifest": venv_install.MANIFEST,
+    }
     (root / venv_install.MARKER).write_text(json.dumps(marker))
     return root
 
@@ -140,16 +149,40 @@ def test_the_release_log_and_its_records_answer_in_their_types(
 
 def test_the_check_finds_what_the_types_refuse() -> None:
     """The type check is not vacuous: a key of another name, a missing key, a number for a flag."""
-    unit = {"active": "active", "sub": "running", "pid": 1, "enabled": "enabled", "applied": None,
-            "secrets_changed": False, "files_changed": False, "needs_reload": False, "restarts": 0,
-            "restarts_verified": 0, "verified": True, "down_s": None, "context": None}  # fmt: skip
+    unit = {
+        "active": "active",
+        "sub": "running",
+        "pid": 1,
+        "enabled": "enabled",
+        "applied": None,
+        "secrets_changed": False,
+        "files_changed": False,
+        "needs_reload": False,
+        "restarts": 0,
+        "restarts_verified": 0,
+        "verified": True,
+        "down_s": None,
+        "context": None,
+    }
     answer: dict[str, Any] = {
-        "user": True, "venvs": {}, "weights": {}, "files": {}, "owners": {}, "units": {"u": unit}, "timers": {},
-        "revisions": {}, "listeners": {}, "packages": {}, "current": None, "last_release": None, "releases": None,
+        "user": True,
+        "venvs": {},
+        "weights": {},
+        "files": {},
+        "owners": {},
+        "units": {"u": unit},
+        "timers": {},
+        "revisions": {},
+        "listeners": {},
+        "packages": {},
+        "current": None,
+        "last_release": None,
+        "releases": None,
         "ladder": [],
         "watchdog": None,
-        "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"}, "router_drained": [],
-    }  # fmt: skip
+        "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},
+        "router_drained": [],
+    }
     assert problems(answer, StateAnswer) == []
     assert problems({**answer, "free": 1}, StateAnswer) == ["answer: 'free' is not a key of StateAnswer"]
     assert problems({**answer, "units": {"u": {**unit, "restarts": True}}}, StateAnswer) == [
@@ -164,8 +197,12 @@ def test_the_drivers_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path)
     a file present and one absent, a unit systemd does not know, a sysctl and one that is not."""
     present = tmp_path / "nodes_config.cfg"
     present.write_text("10.0.0.1\n")
-    request = {"nvidia": False, "services": ["kimi-contract-no-such-unit"],
-               "files": [str(present), str(tmp_path / "absent.cfg")], "sysctl": ["vm.max_map_count", "no.such.key"]}  # fmt: skip
+    request = {
+        "nvidia": False,
+        "services": ["kimi-contract-no-such-unit"],
+        "files": [str(present), str(tmp_path / "absent.cfg")],
+        "sysctl": ["vm.max_map_count", "no.such.key"],
+    }
     command = hostside_command("python3", "driver_probe.py", request)
     run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
     line = run.stdout.splitlines()[-1]
@@ -187,11 +224,17 @@ def _sysfs(root: Path) -> None:
     for device, port in (("mlx5_0", "1"), ("mlx5_1", "1")):
         folder = root / f"sys/class/infiniband/{device}/ports/{port}"
         folder.mkdir(parents=True)
-        for name, value in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"), ("rate", "400 Gb/sec (4X NDR)"),
-                            ("link_layer", "InfiniBand")):  # fmt: skip
+        for name, value in (
+            ("state", "4: ACTIVE"),
+            ("phys_state", "5: LinkUp"),
+            ("rate", "400 Gb/sec (4X NDR)"),
+            ("link_layer", "InfiniBand"),
+        ):
             (folder / name).write_text(value + "\n")
-    for address, vendor, device, cls in (("0000:00:04.0", "0x1ae0", "0x0075", "0x120000"),
-                                         ("0000:1a:00.0", "0x10de", "0x2901", "0x030200")):  # fmt: skip
+    for address, vendor, device, cls in (
+        ("0000:00:04.0", "0x1ae0", "0x0075", "0x120000"),
+        ("0000:1a:00.0", "0x10de", "0x2901", "0x030200"),
+    ):
         folder = root / f"sys/bus/pci/devices/{address}"
         folder.mkdir(parents=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", cls)):
@@ -207,8 +250,13 @@ def test_the_hardware_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    request = {"root": str(root), "weights_dir": str(tmp_path / "models"), "measure": True, "nvml": False,
-               "metadata_url": f"http://127.0.0.1:{port}/computeMetadata/v1/instance/attributes"}  # fmt: skip
+    request = {
+        "root": str(root),
+        "weights_dir": str(tmp_path / "models"),
+        "measure": True,
+        "nvml": False,
+        "metadata_url": f"http://127.0.0.1:{port}/computeMetadata/v1/instance/attributes",
+    }
     command = hostside_command("python3", "hardware_probe.py", request)
     run = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
     answer = json.loads(run.stdout.splitlines()[-1])
@@ -224,8 +272,12 @@ def test_the_host_probe_answers_every_part_in_one_process_as_each_alone(tmp_path
     """What a converge sends (``KimiHostState``'s command: the state, hardware and drivers parts
     in one process) answers each part as that probe alone does, and the fact reads all three."""
     state = _request(tmp_path / "state", listener)
-    hardware = {"root": str(tmp_path / "root"), "weights_dir": str(tmp_path), "nvml": False,
-                "metadata_url": "http://127.0.0.1:9/computeMetadata/v1/instance/attributes"}  # fmt: skip
+    hardware = {
+        "root": str(tmp_path / "root"),
+        "weights_dir": str(tmp_path),
+        "nvml": False,
+        "metadata_url": "http://127.0.0.1:9/computeMetadata/v1/instance/attributes",
+    }
     drivers = {"nvidia": False, "services": ["kimi-contract-no-such-unit"], "sysctl": ["vm.max_map_count"]}
     _sysfs(tmp_path / "root")
     command = KimiHostState().command(state, hardware=hardware, drivers=drivers)
@@ -274,8 +326,13 @@ MISMATCH = ROOT / "tests/fixtures/nvidia_smi/nvidia_smi_nvml_driver_library_mism
 
 
 def _query(rc: int | None, stdout: str, stderr: str = "") -> dict[str, Any]:
-    return {"nvidia": {"nvml": None, "smi_fields": SMI_FIELDS,
-                       "smi_query": {"argv": ["nvidia-smi"], "rc": rc, "stdout": stdout, "stderr": stderr, "error": None}}}  # fmt: skip
+    return {
+        "nvidia": {
+            "nvml": None,
+            "smi_fields": SMI_FIELDS,
+            "smi_query": {"argv": ["nvidia-smi"], "rc": rc, "stdout": stdout, "stderr": stderr, "error": None},
+        }
+    }
 
 
 def test_the_drivers_part_reads_the_driver_version_the_hardware_part_read() -> None:

@@ -210,9 +210,10 @@ def test_mutated_tree(work: Path, tree: dict[str, Any]) -> None:
 def test_one_char_rename_of_a_schema_key_is_an_unknown_key(work: Path, data: st.DataObject) -> None:
     tree = copy.deepcopy(BASE)
     schema_keys = [
-        p for p, _ in _walk(tree)
+        p
+        for p, _ in _walk(tree)
         if p and isinstance(p[-1], str) and not (len(p) >= 2 and p[-2] in _NAME_MAPS) and not _FREE_FORM & set(p[:-1])
-    ]  # fmt: skip
+    ]
     path = data.draw(st.sampled_from(schema_keys))
     parent = _get(tree, path[:-1])
     old = path[-1]

@@ -17,6 +17,9 @@ from kimi_deploy.release_lock import HostPlatform, LockError, cached_lock, resol
 from localcluster import pkgindex
 from tests.wheel_file import pure_wheel
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 X86 = HostPlatform((3, 11), "x86_64", (2, 36))
 ARM = HostPlatform((3, 12), "aarch64", (2, 39))
 ENV = dict(os.environ)

@@ -9,8 +9,13 @@ import pytest
 from kimi_deploy.rollback_plan import RollbackError, latest_run, pins_line, plan_rollback
 
 OLD, NEW = "/opt/kimi/releases/old", "/opt/kimi/releases/new"
-RECORD = {"format": 2, "engine": "vllm", "engine_version": "0.34.0", "revision": "23eb01d77aab" + "0" * 28,
-          "pins": {"engines.vllm.version": "0.34.0", "model.revision": "23eb01d77aab" + "0" * 28}}  # fmt: skip
+RECORD = {
+    "format": 2,
+    "engine": "vllm",
+    "engine_version": "0.34.0",
+    "revision": "23eb01d77aab" + "0" * 28,
+    "pins": {"engines.vllm.version": "0.34.0", "model.revision": "23eb01d77aab" + "0" * 28},
+}
 LOG = [
     ["t1", OLD, "switched", "r1"],
     ["t2", OLD, "serving", "r1"],
@@ -53,11 +58,14 @@ def test_a_second_rollback_does_nothing() -> None:
     ("records", "says"),
     [
         ({}, "h1: rollback target /opt/kimi/releases/old is no longer on this host"),
-        (whole(engine=False), "h1: rollback target /opt/kimi/releases/old (vllm 0.34.0, weights 23eb01d77aab): its engine release is gone"),
+        (
+            whole(engine=False),
+            "h1: rollback target /opt/kimi/releases/old (vllm 0.34.0, weights 23eb01d77aab): its engine release is gone",
+        ),
         (whole(model=False), "(vllm 0.34.0, weights 23eb01d77aab): its weights revision 23eb01d77aab is gone"),
         (whole(files=False), "the copies of its files are gone"),
     ],
-)  # fmt: skip
+)
 def test_a_target_no_longer_whole_is_one_line_naming_what_is_gone(records: dict[str, Any], says: str) -> None:
     with pytest.raises(RollbackError) as caught:
         plan_rollback("h1", NEW, LOG, records, "r2")

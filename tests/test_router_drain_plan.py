@@ -46,8 +46,13 @@ def test_each_batch_drains_the_instances_it_restarts_from_the_running_router() -
     every = set(HOSTS)
     first = drain_request(recipe, router, topology, 0, restarting=every, running=True)
     second = drain_request(recipe, router, topology, 1, restarting=every, running=True)
-    assert first == {"router": "vllm-router", "api": "http://127.0.0.1:8009", "phase": "out",
-                     "workers": URLS[:1], "timeout_s": 120}  # fmt: skip
+    assert first == {
+        "router": "vllm-router",
+        "api": "http://127.0.0.1:8009",
+        "phase": "out",
+        "workers": URLS[:1],
+        "timeout_s": 120,
+    }
     assert second is not None
     assert second["workers"] == URLS[1:]
     # the routers' own batch drains nothing; nor a batch whose instances do not restart
@@ -72,9 +77,10 @@ def test_no_drain_without_a_running_router_or_with_drain_s_0() -> None:
 
 def test_sglang_router_is_not_drained() -> None:
     recipe, topology = _routed()
-    sglang = recipe.model_copy(update={"topologies": {"demo-vllm": recipe.topologies["demo-vllm"].model_copy(
-        update={"router": recipe.topologies["demo-vllm"].router.model_copy(update={"package": "sglang-router"})}  # type: ignore[union-attr]
-    )}})  # fmt: skip
+    topo = recipe.topologies["demo-vllm"]
+    assert topo.router is not None
+    router = topo.router.model_copy(update={"package": "sglang-router"})
+    sglang = recipe.model_copy(update={"topologies": {"demo-vllm": topo.model_copy(update={"router": router})}})
     assert drain_api(sglang, _router(topology), topology) is None
 
 
@@ -84,7 +90,12 @@ def test_the_engines_a_stopped_drain_left_out_are_put_back_before_the_batches() 
     assert readmit_request(recipe, router, topology, []) is None
     assert readmit_request(recipe, router, topology, ["http://10.0.7.9:8000"]) is None  # none of its engines
     back = readmit_request(recipe, router, topology, URLS[1:])
-    assert back == {"router": "vllm-router", "api": "http://127.0.0.1:8009", "phase": "in",
-                    "workers": URLS[1:], "timeout_s": 120}  # fmt: skip
+    assert back == {
+        "router": "vllm-router",
+        "api": "http://127.0.0.1:8009",
+        "phase": "in",
+        "workers": URLS[1:],
+        "timeout_s": 120,
+    }
     # one that does not serve now comes back after its own batch
     assert readmit_request(recipe, router, topology, URLS[1:], down={("serve", 1)}) is None

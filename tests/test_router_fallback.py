@@ -22,9 +22,17 @@ from kimi_deploy.render import render_host
 from kimi_deploy.servespec import HostPlan
 from tests.unit_file import directives
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[1]
-SECRETS = {"KIMI_API_KEY": "local-key", "KIMI_FALLBACK_API_KEY": "hosted-key", "VLLM_API_KEY": "local-key", "OPENAI_API_KEY": "local-key",
-           "api-key": "local-key"}  # fmt: skip
+SECRETS = {
+    "KIMI_API_KEY": "local-key",
+    "KIMI_FALLBACK_API_KEY": "hosted-key",
+    "VLLM_API_KEY": "local-key",
+    "OPENAI_API_KEY": "local-key",
+    "api-key": "local-key",
+}
 
 
 def _with_fallback(prod: Inventory, tmp_path: Path, **more: object) -> tuple[Recipe, HostPlan]:
@@ -48,8 +56,10 @@ def test_the_gateway_fronts_the_router_and_holds_both_keys(prod: Inventory, tmp_
     assert (router.bind, dict(router.listens)) == ("127.0.0.1", {"router_backend": 8009})
     assert (gateway.bind, dict(gateway.listens)) == ("10.41.0.50", {"router": 8000})
     assert router.argv[router.argv.index("--host") + 1 : router.argv.index("--port") + 2] == (
-        "127.0.0.1", "--port", "8009",
-    )  # fmt: skip
+        "127.0.0.1",
+        "--port",
+        "8009",
+    )
     assert gateway.argv == ("/usr/sbin/nginx", "-c", "/etc/kimi/kimi-gateway/nginx.conf", "-e", "stderr")
     files = {f.path: f for f in render_host(recipe, host, SECRETS)}
     keys = files["/etc/kimi/secrets/kimi-gateway-keys.conf"]

@@ -54,8 +54,13 @@ def test_a_metrics_page_answered_by_something_else_fails_the_wait_in_one_line(
     sent: bytes, endless: tuple[str, ...], said: str
 ) -> None:
     with Hostile(default=sent, endless=endless) as server:
-        request = {"router": "vllm-router", "metrics": f"{server.url}/metrics", "gauge": GAUGE, "workers": [A, B],
-                   "timeout_s": 1}  # fmt: skip
+        request = {
+            "router": "vllm-router",
+            "metrics": f"{server.url}/metrics",
+            "gauge": GAUGE,
+            "workers": [A, B],
+            "timeout_s": 1,
+        }
         code, result = within(20, lambda: wait(request))
     assert code == 1
     assert result["reason"] == (
@@ -68,8 +73,13 @@ def test_a_metrics_page_answered_by_something_else_fails_the_wait_in_one_line(
 def test_a_router_that_answers_again_is_waited_for() -> None:
     page = answer(PAGE.replace(f'{GAUGE}{{worker="{B}"}} 0', f'{GAUGE}{{worker="{B}"}} 1').encode(), kind="text/plain")
     with Hostile(default=BAD_STATUS) as server:
-        request = {"router": "vllm-router", "metrics": f"{server.url}/metrics", "gauge": GAUGE, "workers": [A, B],
-                   "timeout_s": 10}  # fmt: skip
+        request = {
+            "router": "vllm-router",
+            "metrics": f"{server.url}/metrics",
+            "gauge": GAUGE,
+            "workers": [A, B],
+            "timeout_s": 10,
+        }
         threading.Timer(0.6, lambda: server.answers.update({"/metrics": page})).start()
         code, result = within(20, lambda: wait(request))
     assert (code, result["ok"], result["routed"]) == (0, True, [A, B])

@@ -16,6 +16,9 @@ from kimi_deploy.recipe import Scrub
 from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.scrub_units import scrub_files
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 REQUEST = {
     "repo": "moonshotai/Kimi-K3.1-Pro",
     "revision": "a" * 40,
@@ -89,8 +92,10 @@ def test_systemd_accepts_the_scrub_units_and_rates_the_service_ok(tmp_path: Path
         assert problems == [], path
     security = subprocess.run(
         [systemd_analyze, "security", "--offline=yes", "--no-pager", str(tmp_path / "kimi-weights-scrub.service")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     score = re.search(r"Overall exposure level for \S+: ([0-9.]+) (\w+)", security.stdout)
     assert score is not None, security.stdout[-500:]
     assert float(score.group(1)) <= 4.0

@@ -34,13 +34,19 @@ from operations import units
 from tests.conftest import RECIPE, ROOT, sglang_slice
 from tests.host_converge import host_converge, probe_answer
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 KEY = "sk-kimi-d41c9a0e77b2"
 SECRETS = {"VLLM_API_KEY": KEY, "api-key": KEY, "KIMI_API_KEY": KEY, "OPENAI_API_KEY": KEY}
 ROUTER = "gb300-rt01"
 
 
 def _commands(
-    files: list[RenderedFile], group: str, current: dict[str, str | None], owners: Mapping[str, str | None] | None = None
+    files: list[RenderedFile],
+    group: str,
+    current: dict[str, str | None],
+    owners: Mapping[str, str | None] | None = None,
 ) -> list[Any]:
     """The commands ``units.rendered`` yields, or its no-op sentence; ``owners`` as the host
     holds each file (default: as planned)."""
@@ -277,9 +283,14 @@ def test_pyinfra_writes_each_file_from_the_standard_input_it_is_given(tmp_path: 
     pyinfra = str(Path(sys.executable).with_name("pyinfra"))
     env = {**os.environ, "KIMI_TEST_OUT": str(tmp_path / "out")}
     run = subprocess.run(
-        [pyinfra, "@local", str(deploy), "-y"], cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+        [pyinfra, "@local", str(deploy), "-y"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
         timeout=120,
-    )  # fmt: skip
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert KEY not in run.stdout + run.stderr
     secret = tmp_path / "out/secrets/kimi-router.env"

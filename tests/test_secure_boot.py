@@ -19,6 +19,9 @@ from kimi_deploy.recipe import Drivers, NvidiaDriver, Recipe
 from kimi_deploy.servespec import Plan
 from tests.conftest import RECIPE
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "driver_probe"
 REPO = "http://10.213.11.1:8767/compute/cuda/repos"
 DEBIAN_KEY = "/var/lib/dkms/mok.pub"
@@ -52,14 +55,20 @@ def test_the_probe_asks_for_both_dkms_keys(recipe: Recipe, full_plan: Plan) -> N
 @pytest.mark.parametrize(
     ("state", "line"),
     [
-        ("missing", f"Secure Boot is on and the DKMS signing key {DEBIAN_KEY} is missing: the NVIDIA module built now "
-                    "would not load; make it with `dkms generate_mok`, import it with `mokutil --import "
-                    f"{DEBIAN_KEY}`, enroll it at the next boot, then run again (or turn Secure Boot off)"),
-        ("not enrolled", f"Secure Boot is on and the DKMS signing key {DEBIAN_KEY} is not enrolled: the NVIDIA module "
-                         f"built now would not load; import it with `mokutil --import {DEBIAN_KEY}`, enroll it at the "
-                         "next boot, then run again (or turn Secure Boot off)"),
+        (
+            "missing",
+            f"Secure Boot is on and the DKMS signing key {DEBIAN_KEY} is missing: the NVIDIA module built now "
+            "would not load; make it with `dkms generate_mok`, import it with `mokutil --import "
+            f"{DEBIAN_KEY}`, enroll it at the next boot, then run again (or turn Secure Boot off)",
+        ),
+        (
+            "not enrolled",
+            f"Secure Boot is on and the DKMS signing key {DEBIAN_KEY} is not enrolled: the NVIDIA module "
+            f"built now would not load; import it with `mokutil --import {DEBIAN_KEY}`, enroll it at the "
+            "next boot, then run again (or turn Secure Boot off)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_secure_boot_without_the_key_enrolled_stops_a_driver_install(
     recipe: Recipe, full_plan: Plan, state: str, line: str
 ) -> None:

@@ -30,6 +30,9 @@ from localcluster.hub_repo import Commit
 from tests.cli_run import kimi
 from tests.conftest import RECIPE, ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 KIMI_K3 = "KimiK3ForConditionalGeneration"
 # A TPU topology on sglang-jax, as the production inventory's tpu7x group holds it.
 TPU = {
@@ -232,8 +235,12 @@ def test_closest_names_are_the_family_and_its_lineage() -> None:
     assert closest(KIMI_K3, registered) == ["KimiLinearForCausalLM", "DeepseekV3ForCausalLM"]
     # the family's own first, the one of the same model part ahead of the rest
     kimi = ("DeepseekV3ForCausalLM", "KimiLinearForCausalLM", "KimiK25ForConditionalGeneration", KIMI_K3)
-    assert closest("KimiK3ForCausalLM", kimi) == [KIMI_K3, "KimiK25ForConditionalGeneration",
-                                                  "KimiLinearForCausalLM", "DeepseekV3ForCausalLM"]  # fmt: skip
+    assert closest("KimiK3ForCausalLM", kimi) == [
+        KIMI_K3,
+        "KimiK25ForConditionalGeneration",
+        "KimiLinearForCausalLM",
+        "DeepseekV3ForCausalLM",
+    ]
     # no family in common: the names most alike, if any
     assert closest("GemmaForCausalLM", registered) == [
         "LlamaForCausalLM",
@@ -254,9 +261,14 @@ def write_repo(root: Path, config: bytes) -> str:
     its repositories (``localcluster.hub_repo``); its commit."""
     files = {"config.json": config, "model.safetensors": b"\0" * 16}
     info = hub_repo.write_repo(
-        root, REPO_ID, [Commit("c", 1767225600, "c", files)], branches={"main": "c"}, tags={},
-        build={"config": config.hex()}, model_info={},
-    )  # fmt: skip
+        root,
+        REPO_ID,
+        [Commit("c", 1767225600, "c", files)],
+        branches={"main": "c"},
+        tags={},
+        build={"config": config.hex()},
+        model_info={},
+    )
     return info.commits["c"]
 
 

@@ -12,8 +12,14 @@ from pyinfra.context import ctx_host
 
 from operations import serving
 
-CHECK = {"unit": "kimi-vllm", "url": "http://127.0.0.1:8000", "request": {"served_name": "kimi-local"},
-         "restarted": True, "restarts": 0, "only": None}  # fmt: skip
+CHECK = {
+    "unit": "kimi-vllm",
+    "url": "http://127.0.0.1:8000",
+    "request": {"served_name": "kimi-local"},
+    "restarted": True,
+    "restarts": 0,
+    "only": None,
+}
 
 
 class _Host:

@@ -35,6 +35,9 @@ from tests.hostile_http import (
 from tests.json_reply import send_json
 from tests.loopback import serving
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 SERVED = "kimi-local"
 
 
@@ -73,8 +76,11 @@ def _answer(
     content: str, finish: str, model: str = SERVED, reasoning: str | None = None, field: str = "reasoning_content"
 ) -> dict[str, Any]:
     message = {"role": "assistant", "content": content, field: reasoning}
-    return {"object": "chat.completion", "model": model, "choices": [{"index": 0, "message": message,
-                                                                      "finish_reason": finish}]}  # fmt: skip
+    return {
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
 
 
 def _smoke(engine: Engine, tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess[str]:
@@ -83,13 +89,22 @@ def _smoke(engine: Engine, tmp_path: Path, **extra: Any) -> subprocess.Completed
 
 def _smoke_of(url: str, tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess[str]:
     """The bundled smoke test of the engine at ``url``, as a host runs it."""
-    request = {"unit": "kimi-test-engine", "url": url,
-               "served_name": SERVED, "prompt": "Reply with exactly the word READY and nothing else.",
-               "expect": "READY", "timeout_s": 10, "key_file": None, "key_var": None, **extra}  # fmt: skip
+    request = {
+        "unit": "kimi-test-engine",
+        "url": url,
+        "served_name": SERVED,
+        "prompt": "Reply with exactly the word READY and nothing else.",
+        "expect": "READY",
+        "timeout_s": 10,
+        "key_file": None,
+        "key_var": None,
+        **extra,
+    }
     argument = base64.b64encode(zlib.compress(json.dumps(request).encode())).decode()
     program = bundled_program("smoke.py", tmp_path)
-    return subprocess.run([sys.executable, str(program), argument], capture_output=True, text=True, timeout=60,
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(program), argument], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_an_answer_with_the_expected_word_passes_and_asks_with_the_recipes_budget(
@@ -196,8 +211,11 @@ def test_an_engine_whose_kv_space_cannot_hold_its_max_model_len_is_named_by_vllm
 
 # ---- the tool-call round trip, against the real vLLM's answers ---------------------------------------------
 
-TOOL = {"name": "kimi_smoke_check", "prompt": "Call the function kimi_smoke_check, then reply with exactly the "
-        "word it returns and nothing else.", "result": "READY"}  # fmt: skip
+TOOL = {
+    "name": "kimi_smoke_check",
+    "prompt": "Call the function kimi_smoke_check, then reply with exactly the word it returns and nothing else.",
+    "result": "READY",
+}
 
 
 def _captured(name: str) -> dict[str, Any]:

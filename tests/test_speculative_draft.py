@@ -65,8 +65,11 @@ def _one_line(exc: pytest.ExceptionInfo[ConfigError]) -> str:
 def test_the_production_draft_is_kimi_k3s_dspark_pin(recipe: Recipe) -> None:
     draft = _draft(recipe)
     assert (draft.repo, draft.revision, draft.shards, draft.architecture) == (
-        DRAFT_REPO, DRAFT_REVISION, 1, "K3DSparkModel",
-    )  # fmt: skip
+        DRAFT_REPO,
+        DRAFT_REVISION,
+        1,
+        "K3DSparkModel",
+    )
     # the model card's files at the pin: .gitattributes, LICENSE, README.md, config.json, model.safetensors
     assert draft.size_bytes == 1519 + 3065 + 6316 + 1251 + 7124633450
     assert recipe.checkpoints("gb300-pd") == (("model", recipe.model), (DRAFT_FIELD, draft))
@@ -169,8 +172,14 @@ def test_a_rollback_target_whose_draft_revision_is_gone_is_refused_naming_it(tmp
         "model": {"repo": "org/model", "revision": "a" * 40},
         "draft": {"repo": "org/draft", "revision": "1" * 40},
     }
-    record = {"engine": "vllm", "engine_version": "0.33.0", "model": "org/model", "revision": "a" * 40,
-              "checkpoints": served, "files": []}  # fmt: skip
+    record = {
+        "engine": "vllm",
+        "engine_version": "0.33.0",
+        "model": "org/model",
+        "revision": "a" * 40,
+        "checkpoints": served,
+        "files": [],
+    }
     for folder in (old, new):
         folder.mkdir(parents=True)
         (folder / "release.json").write_text(json.dumps(record))

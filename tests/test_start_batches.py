@@ -31,8 +31,10 @@ def test_the_mooncake_master_starts_before_the_engines_that_connect_to_it(recipe
     router = full.for_host("gb300-rt01")
     batch = batch_of(router, pd)
     assert {u.name: unit_batch(u.stage, batch) for u in router.units} == {
-        "kimi-mooncake-master": 0, "kimi-router": 2, "kimi-gateway": 2,
-    }  # fmt: skip
+        "kimi-mooncake-master": 0,
+        "kimi-router": 2,
+        "kimi-gateway": 2,
+    }
     # Its host's new release is in place from the first batch on; every engine host's in its own.
     assert first_batch_of(router, pd) == 0
     assert all(first_batch_of(h, pd) == batch_of(h, pd) for h in pd if h.role != "router")
@@ -48,5 +50,7 @@ def test_the_plan_says_which_pools_keep_serving_and_which_restart_their_only_ins
         "pool decode: the only instance, without service until it answers again"
     )
     assert {h.host: only_instance(h, pd) for h in pd if h.host in ("gb300-p01", "gb300-d02", "gb300-rt01")} == {
-        "gb300-p01": None, "gb300-d02": "gb300-pd/decode", "gb300-rt01": None,
-    }  # fmt: skip
+        "gb300-p01": None,
+        "gb300-d02": "gb300-pd/decode",
+        "gb300-rt01": None,
+    }

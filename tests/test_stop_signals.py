@@ -21,6 +21,9 @@ import pytest
 
 from tests.conftest import ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 SLEEP_S = 4  # the first step's sleep between A and B
 FIRST = "Services: stores"  # a step that (re)starts units, as operations/start_order.py names them

@@ -33,9 +33,11 @@ from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE, ROOT
 from tests.unit_file import logical_lines
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 INJECTED = "ExecStartPre=+/usr/bin/touch /tmp/x"
 COMMIT_RULE = "must be a commit, 40 lowercase hex digits (a branch or tag moves under the lock)"
-
 
 
 def _one_line(run: subprocess.CompletedProcess[str]) -> str:
@@ -267,8 +269,16 @@ def test_the_readers_follow_systemd() -> None:
         "# ExecStart=/not/this\n"
     )
     assert systemd_argv(unit) == [
-        "/bin/echo", "a b", 'c"d', "e%f", "g<specifier %n>", "<variable $HOME>", "<variable ${X}>y", "$Z", "--flag"
-    ]  # fmt: skip
+        "/bin/echo",
+        "a b",
+        'c"d',
+        "e%f",
+        "g<specifier %n>",
+        "<variable $HOME>",
+        "<variable ${X}>y",
+        "$Z",
+        "--flag",
+    ]
     env = 'A=plain\nB="x \\"q\\" \\\\ \\$ \\n"\nC=\'s $x\'\n# D=no\nE=  trailing  \n'
     assert environment_file(env) == {"A": "plain", "B": 'x "q" \\ $ \\n', "C": "s $x", "E": "trailing"}
 

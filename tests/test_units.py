@@ -20,6 +20,9 @@ from kimi_deploy.servespec import HostPlan, Plan
 from tests.conftest import RECIPE, sglang_slice
 from tests.unit_file import directives, exec_argv
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 SECRET = "sk-kimi-test-9f1c2e7a"
 SECRETS = {"VLLM_API_KEY": SECRET, "api-key": SECRET, "KIMI_API_KEY": SECRET, "OPENAI_API_KEY": SECRET}
 
@@ -51,7 +54,9 @@ def test_every_engine_flag_is_in_the_pinned_release_catalog(recipe: Recipe, full
             continue
         argv = exec_argv(f.content)
         catalog = load_catalog(host.engine, host.engine_version)
-        assert catalog.problems(tuple(argv), argv_positionals(recipe.topologies[host.topology].engine, catalog)) == [], f"{host.host}: {f.path}"
+        assert (
+            catalog.problems(tuple(argv), argv_positionals(recipe.topologies[host.topology].engine, catalog)) == []
+        ), f"{host.host}: {f.path}"
         checked += 1
     assert checked == len([h for h in full_plan.hosts if h.role != "router"])
 

@@ -15,11 +15,16 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 from hostside.boundary_index import normalized
 from kimi_deploy.index_pins import recipe_pins
 from kimi_deploy.recipe_file import load_recipe
 from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE
+
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
 
 
 class _Quiet(SimpleHTTPRequestHandler):

@@ -26,6 +26,9 @@ from hostside.boundary_lock import check_lock, freeze_pins, lock_pins
 from hostside.boundary_text import shown
 from tests.bundled import bundled_program
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 LOCKS = Path(__file__).resolve().parent / "fixtures" / "locks"
 ENGINE_LOCK = (LOCKS / "vllm-0.34.0+fastsafetensors-0.5.0.txt").read_text(encoding="utf-8")
 TOOLS_LOCK = (LOCKS / "huggingface_hub-2.4.0.txt").read_text(encoding="utf-8")
@@ -205,8 +208,9 @@ class Host:
             **more,
         }
         packed = base64.b64encode(zlib.compress(json.dumps(request).encode())).decode()
-        done = subprocess.run([sys.executable, str(self.program), packed], capture_output=True, text=True,
-                              check=False, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(self.program), packed], capture_output=True, text=True, check=False, timeout=60
+        )
         return done.returncode, json.loads(done.stdout.splitlines()[-1]), done.stderr
 
     def installs(self, files: dict[str, str]) -> None:

@@ -31,6 +31,9 @@ from localcluster import pkgindex, pypi_mirror
 from tests.bundled import bundled_program
 from tests.wheel_file import pure_wheel
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
 
 
@@ -85,8 +88,14 @@ def _install(
     }
     packed = base64.b64encode(zlib.compress(json.dumps(request).encode())).decode()
     program = bundled_program("venv_install.py", tmp_path)
-    done = subprocess.run([sys.executable, str(program), packed], capture_output=True, text=True, check=False,
-                          timeout=180, env={**os.environ, **env})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(program), packed],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+        env={**os.environ, **env},
+    )
     return done.returncode, json.loads(done.stdout.splitlines()[-1]), done.stderr
 
 

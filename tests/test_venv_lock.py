@@ -26,14 +26,18 @@ from kimi_deploy.venv_lock import LockSource, damage_line, lock_source
 from kimi_pyinfra.run_context import RunContext
 from operations import engine
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 PATH = "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0"
 REQS = ["vllm==0.34.0", "fastsafetensors==0.5.0"]
 INDEX = "http://10.213.7.1:8766/simple"
 HOLDS = {"requirements": REQS, "lock": {"sha256": "a" * 64, "platform": "cp311-x86_64"}, "damaged": None}
-DAMAGED = {**HOLDS, "damaged": {"count": 1, "first": ["lib/python3.11/site-packages/vllm/__init__.py"],
-                                "lock_intact": True}}  # fmt: skip
+DAMAGED = {
+    **HOLDS,
+    "damaged": {"count": 1, "first": ["lib/python3.11/site-packages/vllm/__init__.py"], "lock_intact": True},
+}
 LOCK_GONE = {**HOLDS, "damaged": {"count": 2, "first": [".kimi-lock.txt", "bin/vllm"], "lock_intact": False}}
-
 
 
 def test_a_host_holding_its_release_installs_nothing() -> None:
@@ -86,10 +90,18 @@ def _install(
         _context(monkeypatch, executing)
     return list(
         engine.venv._inner(
-            path=PATH, package="vllm", version="0.34.0", requirements=REQS, index_url=INDEX, current=None,
-            lock=lock, platform=PLATFORM, uv="0.13.9", without=["torchvision"],
+            path=PATH,
+            package="vllm",
+            version="0.34.0",
+            requirements=REQS,
+            index_url=INDEX,
+            current=None,
+            lock=lock,
+            platform=PLATFORM,
+            uv="0.13.9",
+            without=["torchvision"],
         )
-    )  # fmt: skip
+    )
 
 
 def _context(monkeypatch: pytest.MonkeyPatch, executing: bool = True) -> None:
@@ -142,9 +154,16 @@ def test_a_platform_the_host_reports_is_checked_before_anything_is_resolved(
     monkeypatch.setattr(engine, "cached_lock", lambda *a: pytest.fail("resolved"))
     _context(monkeypatch)
     (command,) = engine.venv._inner(
-        path=PATH, package="vllm", version="0.34.0", requirements=REQS, index_url=INDEX, current=None,
-        lock=LockSource("controller"), platform=found, uv="0.13.9",
-    )  # fmt: skip
+        path=PATH,
+        package="vllm",
+        version="0.34.0",
+        requirements=REQS,
+        index_url=INDEX,
+        current=None,
+        lock=LockSource("controller"),
+        platform=found,
+        uv="0.13.9",
+    )
     assert _fails(command) == f"kimi-deploy: {PATH}: {line}\n"
 
 
@@ -155,9 +174,16 @@ def test_a_release_that_does_not_resolve_fails_the_host_in_one_line(monkeypatch:
     monkeypatch.setattr(engine, "cached_lock", refuse)
     _context(monkeypatch)
     (command,) = engine.venv._inner(
-        path=PATH, package="vllm", version="0.34.0", requirements=REQS, index_url=INDEX, current=None,
-        lock=LockSource("controller"), platform=PLATFORM, uv="0.13.9",
-    )  # fmt: skip
+        path=PATH,
+        package="vllm",
+        version="0.34.0",
+        requirements=REQS,
+        index_url=INDEX,
+        current=None,
+        lock=LockSource("controller"),
+        platform=PLATFORM,
+        uv="0.13.9",
+    )
     line = f"vllm==0.34.0 -> flashinfer-python==0.7.3 is not on {INDEX} (available: 0.7.4)"
     assert _fails(command) == f"kimi-deploy: {PATH}: {line}\n"
 

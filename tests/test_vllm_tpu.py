@@ -26,6 +26,9 @@ from kimi_pyinfra.inventory_file import load_inventory
 from tests.cli_run import kimi
 from tests.conftest import ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 RECIPE = "recipes/examples/kimi-k2.6-tpu7x.yaml"
 INVENTORY = "inventories/examples/kimi-k2.6-tpu7x.py"
 HOST = "tpu7x-k26-w0"
@@ -80,13 +83,28 @@ def test_the_example_plans_vllm_serve_with_tp_counting_two_devices_a_chip(invent
     (unit,) = [u for u in host.units if u.kind == "engine"]
     assert unit.name == "kimi-vllm-tpu"
     assert list(unit.argv) == [
-        f"{VENV}/bin/vllm", "serve", MODEL,
-        "--served-model-name", "kimi-k2.6", "--host", "127.0.0.1", "--port", "8000",
+        f"{VENV}/bin/vllm",
+        "serve",
+        MODEL,
+        "--served-model-name",
+        "kimi-k2.6",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
         # 4 TPU7x chips, 2 TensorCores (JAX devices) each
-        "--tensor-parallel-size", "8", "--enable-expert-parallel",
-        "--max-model-len", "32768", "--trust-remote-code",
-        "--tool-call-parser", "kimi_k2", "--enable-auto-tool-choice", "--reasoning-parser", "kimi_k2",
-    ]  # fmt: skip
+        "--tensor-parallel-size",
+        "8",
+        "--enable-expert-parallel",
+        "--max-model-len",
+        "32768",
+        "--trust-remote-code",
+        "--tool-call-parser",
+        "kimi_k2",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "kimi_k2",
+    ]
     assert unit.env["JAX_PLATFORMS"] == "tpu"
     assert unit.env["VLLM_XLA_CACHE_PATH"] == "/var/cache/kimi/kimi-vllm-tpu/xla"
     assert "GLOO_SOCKET_IFNAME" not in unit.env  # JAX, not torch.distributed, joins the devices

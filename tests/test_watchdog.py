@@ -40,6 +40,9 @@ from tests.loopback import serving
 from tests.test_host_profile import make_bin
 from tests.test_smoke import Engine
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 LADDER = {"restart_after": 3, "restarts": 1}
 FAILED = "canary: HTTP 500"
 WRONG = "canary: wrong answer: 'x', not 'READY'"
@@ -128,8 +131,16 @@ def engine(tmp_path: Path) -> Any:
 
 
 def _unit(url: str, prompt: str, key_file: str) -> dict[str, Any]:
-    return {"unit": "kimi-vllm", "url": url, "served_name": "kimi", "prompt": prompt, "expect": "READY",
-            "max_tokens": 8, "key_file": key_file, "key_var": "VLLM_API_KEY"}  # fmt: skip
+    return {
+        "unit": "kimi-vllm",
+        "url": url,
+        "served_name": "kimi",
+        "prompt": prompt,
+        "expect": "READY",
+        "max_tokens": 8,
+        "key_file": key_file,
+        "key_var": "VLLM_API_KEY",
+    }
 
 
 def test_the_canary_passes_a_right_answer_and_fails_a_wrong_one_with_a_200(engine: Any) -> None:
@@ -306,8 +317,10 @@ def test_the_report_names_a_unit_not_serving_and_what_was_done_since_the_release
         f"kimi-vllm restarted at 2027-01-15 07:58:00 UTC: {FAILED!r}",
         f"kimi-vllm drained at 2027-01-15 07:59:00 UTC: {FAILED!r}",
     ]
-    assert watchdog_lines(_state(**{"kimi-vllm": {"state": "serving"}}), ["kimi-vllm"], since=None, interval_s=5,
-                          now=NOW) == []  # fmt: skip
+    assert (
+        watchdog_lines(_state(**{"kimi-vllm": {"state": "serving"}}), ["kimi-vllm"], since=None, interval_s=5, now=NOW)
+        == []
+    )
 
 
 def test_the_report_reads_a_hostile_state_file_as_bounded_text() -> None:
@@ -378,8 +391,16 @@ def test_a_host_fault_is_judged_every_round_even_with_no_canary_due(
     monkeypatch.setattr(watchdog.Watchdog, "_act", lambda self, unit, action, why, now: acted.append((unit, action)))
     for _ in serving(engine):  # the engine serves for the loop's one turn
         unit = _unit(f"http://127.0.0.1:{engine.server_address[1]}", "Say READY.", "/nonexistent")
-        config = {**LADDER, "restart_after": 2, "canary_interval_s": 3600, "canary_timeout_s": 10, "grace_s": 0,
-                  "timeout_s": 5, "state": str(tmp_path / "state.json"), "units": [unit]}  # fmt: skip
+        config = {
+            **LADDER,
+            "restart_after": 2,
+            "canary_interval_s": 3600,
+            "canary_timeout_s": 10,
+            "grace_s": 0,
+            "timeout_s": 5,
+            "state": str(tmp_path / "state.json"),
+            "units": [unit],
+        }
         dog = watchdog.Watchdog(config)
         running = {"ActiveState": "active", "ExecMainStartTimestampMonotonic": "1", "NRestarts": "0"}
         lost = "accelerators: 7 of 8 GPUs answer nvidia-smi"
@@ -406,8 +427,17 @@ def _dog(
     monkeypatch.setattr(watchdog, "systemd", lambda names: dict.fromkeys(names, running))
     acted: list[tuple[str, str]] = []
     monkeypatch.setattr(watchdog.Watchdog, "_act", lambda self, unit, action, why, now: acted.append((unit, action)))
-    config = {"restart_after": 1, "restarts": 1, "canary_interval_s": 3600, "canary_timeout_s": 2, "grace_s": 0,
-              "timeout_s": 1, "state": str(tmp_path / "state.json"), "textfile": None, "units": units}  # fmt: skip
+    config = {
+        "restart_after": 1,
+        "restarts": 1,
+        "canary_interval_s": 3600,
+        "canary_timeout_s": 2,
+        "grace_s": 0,
+        "timeout_s": 1,
+        "state": str(tmp_path / "state.json"),
+        "textfile": None,
+        "units": units,
+    }
     return watchdog.Watchdog(config), acted
 
 

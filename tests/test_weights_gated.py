@@ -17,6 +17,9 @@ from tests.test_weights_hub_relay import COMMIT, REPO, _write_repo
 from tests.test_weights_peer import key_file
 from tests.test_weights_relay import _sync_proc
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 __all__ = ["key_file"]  # the fixture, shared
 
 GRANTED = "hf_granted_0a1b2c3d4e5f"
@@ -40,8 +43,17 @@ def _sync(tmp_path: Path, key: Path, hub: HubServer, lock: dict[str, list[Any]],
         token_file.write_text(token, encoding="utf-8")
         token_file.chmod(0o600)
     root = tmp_path / "revision"
-    proc = _sync_proc(root, lock, [], key, repo=REPO, revision=COMMIT, endpoint=hub.url,
-                      token_file=str(token_file) if token_file else None, retries=1)  # fmt: skip
+    proc = _sync_proc(
+        root,
+        lock,
+        [],
+        key,
+        repo=REPO,
+        revision=COMMIT,
+        endpoint=hub.url,
+        token_file=str(token_file) if token_file else None,
+        retries=1,
+    )
     _, err = proc.communicate(timeout=120)
     lines = [line for line in err.splitlines() if line.startswith("kimi-deploy: ")]
     return proc.returncode, lines[-1] if lines else err
@@ -80,8 +92,9 @@ def test_a_token_the_hub_no_longer_takes_is_named_before_a_file_is_asked_for(
     write_faults(tmp_path / "hub", {"gated": {REPO: [GRANTED]}, "revoked": [GRANTED]})
     code, line = _sync(tmp_path, key_file, hub, lock, GRANTED)
     assert (code, line) == (
-        5, f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {hub.url}: {token_line(hub.url, str(tmp_path / 'token'))}"
-    )  # fmt: skip
+        5,
+        f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {hub.url}: {token_line(hub.url, str(tmp_path / 'token'))}",
+    )
     assert "it has expired or was revoked: make a new one at " in line
     stats = hub.stats.snapshot()
     assert stats["requests"] == {"GET whoami": 1}  # one question, no file asked for
@@ -93,8 +106,10 @@ def test_a_token_revoked_during_the_sync_stops_it_in_the_same_line(
     """Revoked after the sync has asked whose it is: its next file is refused, and said so."""
     hub, lock = gated_hub
     # The Hub takes the token for whoami, then answers a file as it answers a revoked token.
-    write_faults(tmp_path / "hub", {"gated": {REPO: [GRANTED]}, "fail": [
-        {"path": "w.safetensors", "method": "HEAD", "status": 401, "times": 1}]})  # fmt: skip
+    write_faults(
+        tmp_path / "hub",
+        {"gated": {REPO: [GRANTED]}, "fail": [{"path": "w.safetensors", "method": "HEAD", "status": 401, "times": 1}]},
+    )
     code, line = _sync(tmp_path, key_file, hub, lock, GRANTED)
     assert code == 5
     assert line.endswith(token_line(hub.url, str(tmp_path / "token")))

@@ -30,6 +30,9 @@ from tests.test_weights_hub_weather import SHARDS
 from tests.test_weights_peer import key_file
 from tests.test_weights_relay import _sync_proc
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 __all__ = ["key_file"]  # the fixture, shared
 
 SIZE = 4096
@@ -99,8 +102,14 @@ def _sync(
     """The sync of ``tmp_path/revision``, killed past ``BOUND_S``; its exit status, JSON, stderr,
     seconds, and the largest size ``watch``'s partial file reached."""
     root = tmp_path / "revision"
-    request = {"repo": REPO, "revision": COMMIT, "retries": 1, "progress_log": str(tmp_path / "progress.log"),
-               "hub_backoff_s": 0.05, **more}  # fmt: skip
+    request = {
+        "repo": REPO,
+        "revision": COMMIT,
+        "retries": 1,
+        "progress_log": str(tmp_path / "progress.log"),
+        "hub_backoff_s": 0.05,
+        **more,
+    }
     started = time.monotonic()
     with _Largest(partial_path(str(root), watch or NAME)) as largest:
         proc = _sync_proc(root, lock, request.pop("peers", []), key, **request)
@@ -135,9 +144,11 @@ def test_a_source_that_streams_past_the_size_gets_nothing_past_it_written(
     write_faults(tmp_path / "hub", {"overlong": {NAME: 64 << 20}})
     code, result, err, seconds, largest = _sync(tmp_path, key_file, lock, endpoint=server.url, hub_attempts=1)
     assert code == 5, err
-    assert _line(err) == (f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: 1 of 2 files out of tries, "
-                          f"first {NAME} after 2: the source sent more than the locked {SIZE} bytes (the rest are in "
-                          "place; a run again resumes)")  # fmt: skip
+    assert _line(err) == (
+        f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: 1 of 2 files out of tries, "
+        f"first {NAME} after 2: the source sent more than the locked {SIZE} bytes (the rest are in "
+        "place; a run again resumes)"
+    )
     assert result["fetched"] == ["config.json"]
     assert largest <= SIZE
     assert not (tmp_path / "revision" / NAME).exists()
@@ -178,8 +189,9 @@ def test_the_hub_s_part_of_a_sync_ends_at_its_deadline(
     """Every file dripping, each file's own deadline a minute: the sync's deadline ends them all."""
     server, lock = small_hub
     write_faults(tmp_path / "hub", {"drip": {"*": 0.2}})
-    code, result, err, seconds, _ = _sync(tmp_path, key_file, lock, endpoint=server.url, file_floor_s=60,
-                                          hub_deadline_s=2)  # fmt: skip
+    code, result, err, seconds, _ = _sync(
+        tmp_path, key_file, lock, endpoint=server.url, file_floor_s=60, hub_deadline_s=2
+    )
     assert code == 5, err
     line = _line(err)
     assert re.fullmatch(
@@ -200,14 +212,21 @@ def test_a_hub_that_429s_every_get_is_down_within_the_sync_s_wait_budget(
     """The Hub answers every shard's metadata and 429s every GET of its bytes: one wait budget for
     the whole sync (not one per file), and failed GETs count toward the Hub being down."""
     server, lock = shard_hub
-    write_faults(tmp_path / "hub", {"fail": [
-        {"path": "*.safetensors", "method": "GET", "status": 429, "retry_after": retry_after, "times": 100_000},
-    ]})  # fmt: skip
+    write_faults(
+        tmp_path / "hub",
+        {
+            "fail": [
+                {"path": "*.safetensors", "method": "GET", "status": 429, "retry_after": retry_after, "times": 100_000},
+            ]
+        },
+    )
     code, result, err, seconds, _ = _sync(tmp_path, key_file, lock, endpoint=server.url, hub_wait_budget_s=3)
     assert code == 5, err
     line = _line(err)
-    assert line.startswith(f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: the Hub is down: GET answered "
-                           f"429 Too Many Requests (Retry-After {retry_after}); waiting ")  # fmt: skip
+    assert line.startswith(
+        f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: the Hub is down: GET answered "
+        f"429 Too Many Requests (Retry-After {retry_after}); waiting "
+    )
     assert " would pass the sync's wait budget of 3 s, and nothing but errors for " in line
     assert re.search(r"; \d+ of 97 files not fetched, first \S+ \(the rest are in place; a run again resumes\)$", line)
     assert not [rel for rel in result["fetched"] if rel.startswith("model-")]
@@ -222,9 +241,14 @@ def test_a_retry_after_that_is_no_ascii_number_means_backoff(
 ) -> None:
     """``Retry-After: ²`` (a digit to ``str.isdigit``, not to ``float``): no wait asked."""
     server, lock = small_hub
-    write_faults(tmp_path / "hub", {"fail": [
-        {"path": NAME, "method": "GET", "status": 503, "headers": {"Retry-After": "\u00b2"}, "times": 1},
-    ]})  # fmt: skip
+    write_faults(
+        tmp_path / "hub",
+        {
+            "fail": [
+                {"path": NAME, "method": "GET", "status": 503, "headers": {"Retry-After": "\u00b2"}, "times": 1},
+            ]
+        },
+    )
     code, result, err, _, _ = _sync(tmp_path, key_file, lock, endpoint=server.url)
     assert code == 0, err
     assert sorted(result["fetched"]) == ["config.json", NAME]
@@ -239,10 +263,20 @@ def test_a_ratelimit_reset_of_thousands_of_digits_waits_the_budget_at_most(
     """A 429 whose ``RateLimit`` reset is 5,000 digits long: a wait capped at the sync's budget."""
     server, lock = small_hub
     reset = "9" * 5000
-    write_faults(tmp_path / "hub", {"fail": [
-        {"path": NAME, "method": "GET", "status": 429, "times": 1,
-         "headers": {"RateLimit": f'"resolvers";r=0;t={reset}'}},
-    ]})  # fmt: skip
+    write_faults(
+        tmp_path / "hub",
+        {
+            "fail": [
+                {
+                    "path": NAME,
+                    "method": "GET",
+                    "status": 429,
+                    "times": 1,
+                    "headers": {"RateLimit": f'"resolvers";r=0;t={reset}'},
+                },
+            ]
+        },
+    )
     code, result, err, seconds, _ = _sync(tmp_path, key_file, lock, endpoint=server.url, hub_wait_budget_s=2)
     assert code == 0, err
     assert sorted(result["fetched"]) == ["config.json", NAME]
@@ -252,8 +286,9 @@ def test_a_ratelimit_reset_of_thousands_of_digits_waits_the_budget_at_most(
 
 
 def _mirror_sync(tmp_path: Path, key: Path, server: HubServer, lock: dict[str, list[Any]], **more: Any) -> Any:
-    return _sync(tmp_path, key, lock, endpoint=server.url, peers=[{"host": "mirror", "path": str(tmp_path / "mirror")}],
-                 **more)  # fmt: skip
+    return _sync(
+        tmp_path, key, lock, endpoint=server.url, peers=[{"host": "mirror", "path": str(tmp_path / "mirror")}], **more
+    )
 
 
 def test_a_mirror_file_longer_than_the_lock_gets_nothing_past_the_size_written(
@@ -308,8 +343,11 @@ def test_a_mirror_that_drips_ends_at_the_file_s_deadline(
         done.set()
     assert code == 0, err
     cause = result["peer_failures"][NAME]
-    assert re.fullmatch(rf"mirror: TimeoutError: the file's deadline of 1.5 s passed at byte \d+ of {SIZE} \(the "
-                        r"longer of 1.5 s and its size at 1048576 bytes/s\)", cause), cause  # fmt: skip
+    assert re.fullmatch(
+        rf"mirror: TimeoutError: the file's deadline of 1.5 s passed at byte \d+ of {SIZE} \(the "
+        r"longer of 1.5 s and its size at 1048576 bytes/s\)",
+        cause,
+    ), cause
     assert result["fetched"] == [NAME]
     assert (tmp_path / "revision" / NAME).read_bytes() == WEIGHTS
     assert largest <= SIZE

@@ -28,6 +28,9 @@ from tests.test_weights_peer import key_file
 from tests.test_weights_peer import serve as serve_peer
 from tests.test_weights_relay import _ending, _grown, _sync_proc, _until
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 __all__ = ["key_file"]  # the fixture, shared
 
 REPO = "org/model"
@@ -48,11 +51,24 @@ def _write_repo(root: Path, files: dict[str, tuple[bytes, bool]] | None = None) 
         sha256 = hashlib.sha256(data).hexdigest()
         (root / "objects" / sha256).write_bytes(data)
         oid = git_blob_sha1(data)
-        entries[name] = {"size": len(data), "sha256": sha256, "oid": oid,
-                         "lfs": {"oid": sha256, "size": len(data), "pointerSize": 130} if lfs else None}  # fmt: skip
+        entries[name] = {
+            "size": len(data),
+            "sha256": sha256,
+            "oid": oid,
+            "lfs": {"oid": sha256, "size": len(data), "pointerSize": 130} if lfs else None,
+        }
         lock[name] = [len(data), f"sha256:{sha256}" if lfs else f"gitblob:{oid}"]
-    manifest = {"format": 1, "id": COMMIT, "parents": [], "author": "a <a@example.invalid>", "time": 1767225600,
-                "title": "weights", "message": "", "trees": {}, "files": entries}  # fmt: skip
+    manifest = {
+        "format": 1,
+        "id": COMMIT,
+        "parents": [],
+        "author": "a <a@example.invalid>",
+        "time": 1767225600,
+        "title": "weights",
+        "message": "",
+        "trees": {},
+        "files": entries,
+    }
     repo = root / "repos" / REPO
     (repo / "commits").mkdir(parents=True)
     (repo / "commits" / f"{COMMIT}.json").write_text(json.dumps(manifest))
@@ -158,8 +174,9 @@ def test_a_source_answering_the_rest_with_the_whole_body_starts_the_file_over(
     """A body cut short is resumed with Range; a source that answers it with the whole body (200)
     starts the file and its hash over, and the file is placed verified."""
     server, lock = hub
-    write_faults(tmp_path / "hub", {"truncate": {"w.safetensors": 300_000}, "truncate_times": 1,
-                                    "whole": ["w.safetensors"]})  # fmt: skip
+    write_faults(
+        tmp_path / "hub", {"truncate": {"w.safetensors": 300_000}, "truncate_times": 1, "whole": ["w.safetensors"]}
+    )
     root = tmp_path / "revision"
     proc = _sync(root, lock, key_file, endpoint=server.url, hub_backoff_s=0.05)
     out, err = proc.communicate(timeout=60)

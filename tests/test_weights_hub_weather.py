@@ -26,6 +26,9 @@ from tests.test_weights_hub_relay import COMMIT, REPO, _write_repo
 from tests.test_weights_peer import key_file
 from tests.test_weights_relay import _sync_proc
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 __all__ = ["key_file"]  # the fixture, shared
 
 SHARD_SIZE = 96 << 10
@@ -45,9 +48,22 @@ def hub(tmp_path: Path) -> Iterator[tuple[HubServer, dict[str, list[Any]]]]:
         server.stop()
 
 
-def _sync(tmp_path: Path, key: Path, server: HubServer, lock: dict[str, list[Any]], **more: Any) -> tuple[int, Any, str]:
-    proc = _sync_proc(tmp_path / "revision", lock, [], key, repo=REPO, revision=COMMIT, endpoint=server.url,
-                      retries=1, progress_log=str(tmp_path / "progress.log"), hub_backoff_s=0.05, **more)  # fmt: skip
+def _sync(
+    tmp_path: Path, key: Path, server: HubServer, lock: dict[str, list[Any]], **more: Any
+) -> tuple[int, Any, str]:
+    proc = _sync_proc(
+        tmp_path / "revision",
+        lock,
+        [],
+        key,
+        repo=REPO,
+        revision=COMMIT,
+        endpoint=server.url,
+        retries=1,
+        progress_log=str(tmp_path / "progress.log"),
+        hub_backoff_s=0.05,
+        **more,
+    )
     out, err = proc.communicate(timeout=300)
     lines = out.splitlines()
     return proc.returncode, json.loads(lines[-1]) if lines else None, err
@@ -68,11 +84,16 @@ def test_a_429_a_503_and_a_reset_are_each_retried_once_and_the_sync_completes(
     tmp_path: Path, key_file: Path, hub: tuple[HubServer, dict[str, list[Any]]]
 ) -> None:
     server, lock = hub
-    write_faults(tmp_path / "hub", {"fail": [
-        {"path": SHARD_57, "method": "HEAD", "status": 429, "retry_after": 1, "times": 1},
-        {"path": SHARD_12, "method": "GET", "status": 503, "times": 1},
-        {"path": SHARD_80, "method": "GET", "reset_at": 0.5, "times": 1},
-    ]})  # fmt: skip
+    write_faults(
+        tmp_path / "hub",
+        {
+            "fail": [
+                {"path": SHARD_57, "method": "HEAD", "status": 429, "retry_after": 1, "times": 1},
+                {"path": SHARD_12, "method": "GET", "status": 503, "times": 1},
+                {"path": SHARD_80, "method": "GET", "reset_at": 0.5, "times": 1},
+            ]
+        },
+    )
     code, result, err = _sync(tmp_path, key_file, server, lock)
     assert code == 0, err
     assert result["fetched"] == sorted(lock)
@@ -113,9 +134,11 @@ def test_a_file_out_of_tries_stops_no_other_and_is_named_in_one_line(
     code, result, err = _sync(tmp_path, key_file, server, lock, hub_attempts=2)
     assert code == 5, err
     (line,) = [x for x in err.splitlines() if x.startswith("kimi-deploy: ")]
-    assert line == (f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: 1 of 97 files out of tries, first "
-                    f"{SHARD_12} after 3: GET answered 503 Service Unavailable (the rest are in place; a run again "
-                    "resumes)")  # fmt: skip
+    assert line == (
+        f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: 1 of 97 files out of tries, first "
+        f"{SHARD_12} after 3: GET answered 503 Service Unavailable (the rest are in place; a run again "
+        "resumes)"
+    )
     assert result["files"] == {SHARD_12: "GET answered 503 Service Unavailable"}
     assert sorted(result["fetched"]) == sorted(set(lock) - {SHARD_12})
     assert len(_retries(tmp_path)[SHARD_12]) == 2
@@ -162,8 +185,10 @@ def test_a_hub_that_answers_nothing_but_errors_is_down_and_the_sync_stops_soon(
     code, result, err = _sync(tmp_path, key_file, server, lock, hub_attempts=2)
     assert code == 5, err
     (line,) = [x for x in err.splitlines() if x.startswith("kimi-deploy: ")]
-    assert line.startswith(f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: the Hub is down: HEAD answered "
-                           "503 Service Unavailable, and nothing but errors for ")  # fmt: skip
+    assert line.startswith(
+        f"kimi-deploy: weights {REPO}@{COMMIT[:12]}: {server.url}: the Hub is down: HEAD answered "
+        "503 Service Unavailable, and nothing but errors for "
+    )
     assert line.endswith("; 97 of 97 files not fetched, first config.json (the rest are in place; a run again resumes)")
     assert result["fetched"] == []
     # Eight files at once, each tried three times at most; the rest never asked for.

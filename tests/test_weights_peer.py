@@ -29,6 +29,9 @@ from hostside.weights_peer import BUSY, HEAD_S, MAX_CONNECTIONS, WAIT_S
 from kimi_deploy.hostside_command import pack
 from tests.bundled import bundled_program
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 KEY = "k" * 43
 
 
@@ -66,8 +69,16 @@ def serve(
     root: Path, lock: dict[str, list[Any]], key_file: Path, bind: str, allow: list[str], **more: Any
 ) -> Iterator[str]:
     port = _free_port()
-    request = {"dir": str(root), "lock": lock, "bind": bind, "port": port, "allow": allow,
-               "key_file": str(key_file), "idle_exit_s": 30, **more}  # fmt: skip
+    request = {
+        "dir": str(root),
+        "lock": lock,
+        "bind": bind,
+        "port": port,
+        "allow": allow,
+        "key_file": str(key_file),
+        "idle_exit_s": 30,
+        **more,
+    }
     program = bundled_program("weights_peer.py", key_file.parent)
     proc = subprocess.Popen([sys.executable, str(program), pack(request)], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 10
@@ -168,8 +179,17 @@ def test_the_peer_serves_only_names_of_its_lock_resolved_inside_its_folder(tmp_p
         assert _get(f"{url}/a.bin", KEY) == (200, b"weights")
         assert _get(f"{url}/linked.bin", KEY)[0] == 404
         port = int(url.rsplit(":", 1)[1])
-        for target in ("/../key", "/%2e%2e/key", "/%2E%2E%2Fkey", "//etc/passwd", f"/{key_file}", "/.kimi/verify-cache.json",
-                       "http://127.0.0.1/a.bin", "/a.bin?x", "/%ff"):  # fmt: skip
+        for target in (
+            "/../key",
+            "/%2e%2e/key",
+            "/%2E%2E%2Fkey",
+            "//etc/passwd",
+            f"/{key_file}",
+            "/.kimi/verify-cache.json",
+            "http://127.0.0.1/a.bin",
+            "/a.bin?x",
+            "/%ff",
+        ):
             with _connect(port, "127.0.0.1") as s:
                 s.sendall(f"GET {target} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
                 answer = _answer(s, 5)
@@ -180,11 +200,19 @@ def test_the_peer_refuses_to_start_with_a_lock_naming_a_file_outside_its_folder(
     root = tmp_path / "source"
     lock = make_revision(root, {"a.bin": b"weights"})
     lock["../key"] = [44, "sha256:" + "0" * 64]
-    request = {"dir": str(root), "lock": lock, "bind": "127.0.0.1", "port": _free_port(), "allow": ["127.0.0.1"],
-               "key_file": str(key_file), "idle_exit_s": 30}  # fmt: skip
+    request = {
+        "dir": str(root),
+        "lock": lock,
+        "bind": "127.0.0.1",
+        "port": _free_port(),
+        "allow": ["127.0.0.1"],
+        "key_file": str(key_file),
+        "idle_exit_s": 30,
+    }
     program = bundled_program("weights_peer.py", tmp_path)
-    run = subprocess.run([sys.executable, str(program), pack(request)], capture_output=True, text=True, timeout=30,
-                         check=False)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(program), pack(request)], capture_output=True, text=True, timeout=30, check=False
+    )
     assert run.returncode == 6
     assert run.stderr.splitlines() == [
         f"kimi-deploy: weights peer {root}: model file name '../key': must not have an empty, '.' or '..' segment, "
@@ -247,8 +275,15 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded(
     root = tmp_path / "source"
     lock = make_revision(root, {"a.bin": b"weights"})
     port = _free_port()
-    request = {"dir": str(root), "lock": lock, "bind": "127.0.0.1", "port": port, "allow": ["127.0.0.1"],
-               "key_file": str(key_file), "idle_exit_s": 30}  # fmt: skip
+    request = {
+        "dir": str(root),
+        "lock": lock,
+        "bind": "127.0.0.1",
+        "port": port,
+        "allow": ["127.0.0.1"],
+        "key_file": str(key_file),
+        "idle_exit_s": 30,
+    }
     program = bundled_program("weights_peer.py", tmp_path)
     proc = subprocess.Popen([sys.executable, str(program), pack(request)], stderr=subprocess.DEVNULL)
     held: list[socket.socket] = []
@@ -275,12 +310,22 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_threads_stay_bounded(
 
 
 def _sync(root: Path, lock: dict[str, list[Any]], peers: list[dict[str, str]], key_file: Path) -> dict[str, Any]:
-    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": None,
-               "token_file": None, "retries": 2, "peers": peers, "peer_key_file": str(key_file),
-               "progress_log": str(root.parent / "weights.log")}  # fmt: skip
+    request = {
+        "repo": "org/model",
+        "revision": "a" * 40,
+        "dir": str(root),
+        "lock": lock,
+        "endpoint": None,
+        "token_file": None,
+        "retries": 2,
+        "peers": peers,
+        "peer_key_file": str(key_file),
+        "progress_log": str(root.parent / "weights.log"),
+    }
     program = bundled_program("weights_sync.py", key_file.parent)
-    run = subprocess.run([sys.executable, str(program), pack(request)],
-                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(program), pack(request)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert run.returncode == 0, run.stderr
     result: dict[str, Any] = json.loads(run.stdout.splitlines()[-1])
     return result
@@ -311,6 +356,7 @@ def test_a_sync_waits_its_turn_at_a_busy_peer_rather_than_going_to_the_hub(
     url, _, lock = source
     port = int(url.rsplit(":", 1)[1])
     held = [_connect(port, "127.0.0.1") for _ in range(MAX_CONNECTIONS)]
+
     def release() -> None:
         for s in held:
             s.close()
@@ -353,11 +399,19 @@ def test_a_local_mirror_folder_is_a_source_too_and_needs_no_key(tmp_path: Path) 
     mirror = tmp_path / "mnt" / "revision"
     lock = make_revision(mirror, {"a.safetensors": os.urandom(50_000), "config.json": b"{}\n"})
     # The Hub's address is dead: a sync that asked it would fail.
-    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(tmp_path / "host2" / "revision"), "lock": lock,
-               "endpoint": "http://127.0.0.1:9/", "retries": 0, "peers": [{"host": "mirror", "path": str(mirror)}]}  # fmt: skip
+    request = {
+        "repo": "org/model",
+        "revision": "a" * 40,
+        "dir": str(tmp_path / "host2" / "revision"),
+        "lock": lock,
+        "endpoint": "http://127.0.0.1:9/",
+        "retries": 0,
+        "peers": [{"host": "mirror", "path": str(mirror)}],
+    }
     program = bundled_program("weights_sync.py", tmp_path)
-    run = subprocess.run([sys.executable, str(program), pack(request)],
-                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(program), pack(request)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["from_peers"] == {"mirror": 50_003}
     for rel in lock:

@@ -30,6 +30,9 @@ from kimi_deploy.hostside_command import pack
 from tests.bundled import bundled_program
 from tests.test_weights_peer import KEY, key_file, make_revision, serve
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 __all__ = ["key_file"]  # the fixture, shared
 
 SIZE = 3 << 20
@@ -193,8 +196,18 @@ def _sync_proc(
 ) -> subprocess.Popen[str]:
     """The bundled sync of ``root``, as a host runs it, with the test's own Python (which has
     huggingface_hub, as the hosts' tools venv does); ``more`` adds to its request or overrides it."""
-    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": None,
-               "token_file": None, "retries": 0, "peers": peers, "peer_key_file": str(key), **more}  # fmt: skip
+    request = {
+        "repo": "org/model",
+        "revision": "a" * 40,
+        "dir": str(root),
+        "lock": lock,
+        "endpoint": None,
+        "token_file": None,
+        "retries": 0,
+        "peers": peers,
+        "peer_key_file": str(key),
+        **more,
+    }
     program = bundled_program("weights_sync.py", key.parent)
     command = [sys.executable, str(program), pack(request)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

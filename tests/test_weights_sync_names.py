@@ -24,6 +24,9 @@ from kimi_deploy.hostside_command import pack
 from localcluster.hub import serve
 from tests.bundled import bundled_program
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 EVIL = b"* * * * * root /bin/sh -c 'id > /tmp/owned'\n"
 PRECIOUS = b"root:x:0:0:root:/root:/bin/bash\n"
 DEAD_HUB = "http://127.0.0.1:9/"  # nothing listens: a sync that asks the Hub fails there
@@ -57,11 +60,21 @@ def run_sync(
 ) -> subprocess.CompletedProcess[str]:
     key = tmp_path / "peer-key"
     key.write_text("k" * 43 + "\n")
-    request = {"repo": "org/model", "revision": "a" * 40, "dir": str(root), "lock": lock, "endpoint": endpoint,
-               "token_file": None, "retries": 0, "peers": peers, "peer_key_file": str(key)}  # fmt: skip
+    request = {
+        "repo": "org/model",
+        "revision": "a" * 40,
+        "dir": str(root),
+        "lock": lock,
+        "endpoint": endpoint,
+        "token_file": None,
+        "retries": 0,
+        "peers": peers,
+        "peer_key_file": str(key),
+    }
     program = bundled_program("weights_sync.py", tmp_path)
-    return subprocess.run([sys.executable, str(program), pack(request)],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(program), pack(request)], capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def _evil_entry() -> list[Any]:

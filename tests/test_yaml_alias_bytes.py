@@ -17,6 +17,9 @@ from kimi_deploy.yaml_file import read_yaml_mapping
 from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE, ROOT
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 RECIPE_TEXT = (ROOT / RECIPE).read_text(encoding="utf-8")
 MIB = 1 << 20
 RULE = "YAML aliases repeat more than 8388608 bytes of values (an alias bomb?)"

@@ -46,5 +46,3 @@ def problems(value: Any, kind: Any, where: str = "answer") -> list[str]:
         ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
         return [] if ok else [f"{where}: {value!r} is not {kind.__name__}"]
     raise TypeError(f"no check for {kind!r}")
-
-

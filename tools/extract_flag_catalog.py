@@ -197,9 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="wheel of a distribution the profile reads beside the engine "
         "(tokenspeed: tokenspeed-smg; vllm-tpu: tpu-inference)",
     )
-    parser.add_argument(
-        "--report", action="store_true", help="print counts and unresolved patterns to stderr"
-    )
+    parser.add_argument("--report", action="store_true", help="print counts and unresolved patterns to stderr")
     args = parser.parse_args(argv)
     profile = make_profile(args)
     catalog, extractor = build_catalog(args.wheel, profile, args.companions)

@@ -38,14 +38,13 @@ from kimi_deploy.host_libraries import BASE, DRIVER, INSTALLED, ON_DEMAND
 
 # PEP 599 (manylinux2014), kept by PEP 600: the libraries a manylinux wheel may link from the host.
 MANYLINUX_BASELINE = frozenset(
-    {
-        "libgcc_s.so.1", "libstdc++.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libc.so.6",
-        "libnsl.so.1", "libutil.so.1", "libpthread.so.0", "libresolv.so.2", "libcrypt.so.1",
-        "libX11.so.6", "libXext.so.6", "libXrender.so.1", "libICE.so.6", "libSM.so.6", "libGL.so.1",
-        "libgobject-2.0.so.0", "libgthread-2.0.so.0", "libglib-2.0.so.0",
-        "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1", "ld-linux.so.2",
-    }
-)  # fmt: skip
+    """
+    ld-linux-aarch64.so.1 ld-linux-x86-64.so.2 ld-linux.so.2 libGL.so.1 libICE.so.6 libSM.so.6
+    libX11.so.6 libXext.so.6 libXrender.so.1 libc.so.6 libcrypt.so.1 libdl.so.2 libgcc_s.so.1
+    libglib-2.0.so.0 libgobject-2.0.so.0 libgthread-2.0.so.0 libm.so.6 libnsl.so.1 libpthread.so.0
+    libresolv.so.2 librt.so.1 libstdc++.so.6 libutil.so.1
+    """.split()  # noqa: SIM905 - a table of names, many to a line
+)
 _SHT_DYNAMIC, _DT_NEEDED, _DT_NULL = 6, 1, 0
 # The most bytes of one member read (a CUDA library can be a few hundred MB).
 MAX_MEMBER_BYTES = 2 << 30

@@ -98,9 +98,13 @@ def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) 
     }
     model = tpu_model(info["generation"]) if info["generation"] else None
     return {
-        "vendor": NAME, "count": info["chip_count"], "model": model, "devices": parsed["devices"],
-        "source": "sysfs", "tpu": info,
-    }  # fmt: skip
+        "vendor": NAME,
+        "count": info["chip_count"],
+        "model": model,
+        "devices": parsed["devices"],
+        "source": "sysfs",
+        "tpu": info,
+    }
 
 
 def _sysfs_pci(device: Any) -> bool:

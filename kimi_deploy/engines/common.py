@@ -64,10 +64,13 @@ def dist_init_flags(placement: Placement, listens: dict[str, int]) -> list[str]:
     if placement.node_rank == 0:
         listens["dist_init"] = port
     return [
-        "--nnodes", str(placement.nodes),
-        "--node-rank", str(placement.node_rank),
-        "--dist-init-addr", f"{placement.leader.address}:{port}",
-    ]  # fmt: skip
+        "--nnodes",
+        str(placement.nodes),
+        "--node-rank",
+        str(placement.node_rank),
+        "--dist-init-addr",
+        f"{placement.leader.address}:{port}",
+    ]
 
 
 def model_flags(recipe: Recipe, placement: Placement, tool_choice_flag: bool) -> list[str]:

@@ -60,9 +60,15 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
         argv += ["--config", credential(SECRET_CONFIG)]
         secret_files[f"{secrets_dir}/{SECRET_CONFIG}"] = "sglang-secrets.yaml.j2"
     return engine_unit_for(
-        recipe, placement, name=UNIT, label="SGLang", argv=argv, listens=listens, bind=bind,
+        recipe,
+        placement,
+        name=UNIT,
+        label="SGLang",
+        argv=argv,
+        listens=listens,
+        bind=bind,
         secret_files=secret_files,
-    )  # fmt: skip
+    )
 
 
 # its --config YAML names the key as the option it sets (--api-key)

@@ -89,7 +89,7 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     env = {"JAX_PLATFORMS": "tpu", "JAX_COMPILATION_CACHE_DIR": f"{unit_cache_dir(UNIT)}/jax", **common_env(placement)}
     return engine_unit_for(
         recipe, placement, name=UNIT, label="sglang-jax", argv=argv, listens=listens, bind=bind, env=env
-    )  # fmt: skip
+    )
 
 
 ENGINE = Engine(

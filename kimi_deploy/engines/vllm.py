@@ -240,9 +240,17 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     # vLLM reads its API key from this variable; it reaches the unit through its secret env file.
     secret_env = ("VLLM_API_KEY",) if topo.expose is not None and not worker else ()
     return engine_unit_for(
-        recipe, placement, name=UNIT, label="vLLM", argv=argv, listens=listens, bind=bind,
-        env=env, secret_env=secret_env, files=files,
-    )  # fmt: skip
+        recipe,
+        placement,
+        name=UNIT,
+        label="vLLM",
+        argv=argv,
+        listens=listens,
+        bind=bind,
+        env=env,
+        secret_env=secret_env,
+        files=files,
+    )
 
 
 def positionals(catalog: Catalog) -> int:

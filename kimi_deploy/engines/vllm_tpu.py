@@ -120,9 +120,16 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     # vLLM reads its API key from this variable; it reaches the unit through its secret env file.
     secret_env = ("VLLM_API_KEY",) if topo.expose is not None else ()
     return engine_unit_for(
-        recipe, placement, name=UNIT, label="vLLM TPU", argv=argv, listens={"api": port}, bind=bind,
-        env=env, secret_env=secret_env,
-    )  # fmt: skip
+        recipe,
+        placement,
+        name=UNIT,
+        label="vLLM TPU",
+        argv=argv,
+        listens={"api": port},
+        bind=bind,
+        env=env,
+        secret_env=secret_env,
+    )
 
 
 def positionals(catalog: Catalog) -> int:

@@ -29,8 +29,16 @@ if TYPE_CHECKING:
 CONFIG = "/etc/kimi-fake-accelerators.json"
 DEFAULT_DRIVER = "580.95.05"
 # CUDA version each driver branch reports in the table header.
-_CUDA_BY_BRANCH = {"535": "12.2", "550": "12.4", "560": "12.6", "565": "12.7", "570": "12.8", "575": "12.9",
-                   "580": "13.0", "590": "13.1"}  # fmt: skip
+_CUDA_BY_BRANCH = {
+    "535": "12.2",
+    "550": "12.4",
+    "560": "12.6",
+    "565": "12.7",
+    "570": "12.8",
+    "575": "12.9",
+    "580": "13.0",
+    "590": "13.1",
+}
 # nvidia-smi's exit statuses are NVML's error codes.
 EXIT_INVALID_ARGUMENT = 2
 EXIT_NOT_FOUND = 6
@@ -123,9 +131,17 @@ def _fields(state: dict[str, Any]) -> dict[str, tuple[str, Callable[[Gpu], str]]
 # Older spellings the real tool still accepts, reported under the canonical name.
 _ALIASES = {"gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 _APP_FIELDS = {
-    "timestamp": "", "gpu_name": "", "gpu_bus_id": "", "gpu_serial": "", "gpu_uuid": "", "pid": "",
-    "process_name": "", "name": "", "used_gpu_memory": " [MiB]", "used_memory": " [MiB]",
-}  # fmt: skip
+    "timestamp": "",
+    "gpu_name": "",
+    "gpu_bus_id": "",
+    "gpu_serial": "",
+    "gpu_uuid": "",
+    "pid": "",
+    "process_name": "",
+    "name": "",
+    "used_gpu_memory": " [MiB]",
+    "used_memory": " [MiB]",
+}
 
 
 class Fail(Exception):
@@ -363,8 +379,11 @@ def _options(argv: list[str]) -> dict[str, str]:
 def run(argv: list[str]) -> str:
     if argv[:1] == ["topo"]:
         if argv[1:] not in (["-m"], ["--matrix"]):
-            raise Fail("ERROR: Option " + " ".join(argv[1:2] or ["(none)"]) + " is not recognized. "
-                       "Please run 'nvidia-smi topo -h' for help.\n", EXIT_INVALID_ARGUMENT)  # fmt: skip
+            raise Fail(
+                "ERROR: Option " + " ".join(argv[1:2] or ["(none)"]) + " is not recognized. "
+                "Please run 'nvidia-smi topo -h' for help.\n",
+                EXIT_INVALID_ARGUMENT,
+            )
         return topo(load())
     options = _options(argv)
     if "--help" in options:

@@ -25,21 +25,40 @@ def main() -> int:
     parser.add_argument("--min-busbw", type=float, default=1.0, help="GB/s, with two GPUs or more")
     parser.add_argument("--max-bytes", type=int, default=2**30)
     args = parser.parse_args()
-    count = subprocess.run([args.python, "-c", "import torch; print(torch.cuda.device_count())"],
-                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    count = subprocess.run(
+        [args.python, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     gpus = int(count)
     if gpus == 0:
         print(f"check_allreduce: {args.python}'s torch sees no CUDA device", file=sys.stderr)
         return 2
     request = {
-        "run": "device", "label": "device/serve#0", "me": "device", "address": "127.0.0.1", "backend": "nccl",
+        "run": "device",
+        "label": "device/serve#0",
+        "me": "device",
+        "address": "127.0.0.1",
+        "backend": "nccl",
         "rendezvous": {"address": "127.0.0.1", "port": 29498},
         "hosts": [{"host": "device", "address": "127.0.0.1", "ranks": gpus}],
-        "min_bytes": 2**20, "max_bytes": args.max_bytes, "warmup_iters": 5, "iters": 20, "deadline_s": 120,
-        "min_busbw_gbs": args.min_busbw, "env": {},
-    }  # fmt: skip
-    run = subprocess.run(hostside_command(args.python, "allreduce.py", request), shell=True,
-                         capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        "min_bytes": 2**20,
+        "max_bytes": args.max_bytes,
+        "warmup_iters": 5,
+        "iters": 20,
+        "deadline_s": 120,
+        "min_busbw_gbs": args.min_busbw,
+        "env": {},
+    }
+    run = subprocess.run(
+        hostside_command(args.python, "allreduce.py", request),
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     print(run.stdout.strip())
     result = json.loads(run.stdout)
     problems = []

@@ -48,23 +48,33 @@ def main() -> int:
 
     smi = subprocess.run(
         ["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     truth = parse_query(smi.stdout, FIELDS)
     problems: list[str] = []
     for nvml in (True, False):
         profile, seconds = probe(nvml, env)
         acc = profile["accelerators"]
         label = f"probe via {acc.get('source')}"
-        print(f"{label}: {acc.get('count')} x {acc.get('model')}, {acc.get('memory_mib')} MiB, "
-              f"driver {acc.get('driver_version')}, CUDA {acc.get('cuda_version')}, {seconds * 1000:.0f} ms")  # fmt: skip
+        print(
+            f"{label}: {acc.get('count')} x {acc.get('model')}, {acc.get('memory_mib')} MiB, "
+            f"driver {acc.get('driver_version')}, CUDA {acc.get('cuda_version')}, {seconds * 1000:.0f} ms"
+        )
         if nvml and acc.get("source") != "nvml":
             problems.append(f"{label}: NVML path not taken ({acc.get('error') or (profile.get('errors') or {})})")
         if acc.get("count") != len(truth):
             problems.append(f"{label}: count {acc.get('count')}, nvidia-smi says {len(truth)}")
         for dev, want in zip(acc.get("devices") or [], truth, strict=False):
-            for key, smi_key in (("name", "name"), ("uuid", "uuid"), ("memory_mib", "memory.total"),
-                                 ("pci_bus_id", "pci.bus_id"), ("compute_cap", "compute_cap")):  # fmt: skip
+            for key, smi_key in (
+                ("name", "name"),
+                ("uuid", "uuid"),
+                ("memory_mib", "memory.total"),
+                ("pci_bus_id", "pci.bus_id"),
+                ("compute_cap", "compute_cap"),
+            ):
                 got, expected = dev.get(key), want.get(smi_key)
                 if str(got).lower().lstrip("0") != str(expected).lower().lstrip("0"):
                     problems.append(f"{label}: GPU{want.get('index')} {key} {got!r}, nvidia-smi says {expected!r}")

@@ -26,8 +26,13 @@ FIELDS = FIELD_LISTS[0]
 
 def main() -> int:
     for fmt in ("csv,noheader,nounits", "csv"):
-        run = subprocess.run(["nvidia-smi", f"--query-gpu={FIELDS}", f"--format={fmt}"],
-                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        run = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={FIELDS}", f"--format={fmt}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         print(f"$ nvidia-smi --query-gpu={FIELDS} --format={fmt}   (exit {run.returncode})")
         print(run.stdout + run.stderr)
     listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)

@@ -93,10 +93,24 @@ def ssh(host: str, *command: str, cluster_state: dict[str, Any] | None = None, s
     st = cluster_state or state()
     address = next(h["address"] for h in st["hosts"] if h["name"] == host)
     out = subprocess.run(
-        ["ssh", "-i", st["ssh_key"], "-o", f"UserKnownHostsFile={st['known_hosts']}",
-         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{address}", *command],
-        input=stdin, capture_output=True, check=True, timeout=60,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-i",
+            st["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={st['known_hosts']}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            f"root@{address}",
+            *command,
+        ],
+        input=stdin,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
     return out.stdout.decode(errors="replace").strip()
 
 
@@ -117,9 +131,11 @@ def chat_request(url: str, body: dict[str, Any], key_file: Path | None = None) -
     """The answer to the chat completion request ``body``, as ``chat`` asks."""
     key = (key_file or STATE_DIR / "api-key").read_text(encoding="utf-8").strip()
     request = urllib.request.Request(
-        f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         answer: dict[str, Any] = json.loads(response.read())
         return answer
@@ -152,8 +168,12 @@ def install_fabric_manager(st: dict[str, Any], host: str, tmp_path: Path) -> Non
         encoding="utf-8",
     )
     subprocess.run(["dpkg-deb", "--build", str(root), str(tmp_path / "fm.deb")], check=True, capture_output=True)
-    ssh(host, "cat > /tmp/fm.deb && dpkg -i /tmp/fm.deb && rm /tmp/fm.deb", cluster_state=st,
-        stdin=(tmp_path / "fm.deb").read_bytes())  # fmt: skip
+    ssh(
+        host,
+        "cat > /tmp/fm.deb && dpkg -i /tmp/fm.deb && rm /tmp/fm.deb",
+        cluster_state=st,
+        stdin=(tmp_path / "fm.deb").read_bytes(),
+    )
 
 
 def host_lines(log: str, marker: str, hosts: Sequence[str]) -> dict[str, list[str]]:

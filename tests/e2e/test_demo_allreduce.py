@@ -31,8 +31,13 @@ pytestmark = pytest.mark.skipif(
 
 # torch 2.13.0's CPU build (pip takes it from the file in its find-links; PyPI has only CUDA builds),
 # and what it depends on, in the cluster's package index
-AR = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-allreduce", "KIMI_CLUSTER_SUBNET": "10.213.14.0/24",
-                 "KIMI_CLUSTER_PACKAGES": "torch==2.13.0+cpu"})  # fmt: skip
+AR = OwnCluster(
+    {
+        "KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-allreduce",
+        "KIMI_CLUSTER_SUBNET": "10.213.14.0/24",
+        "KIMI_CLUSTER_PACKAGES": "torch==2.13.0+cpu",
+    }
+)
 AR_DIR = AR.dir
 HOSTS = ("kimi-h1", "kimi-h2")
 UNIT = "/etc/systemd/system/kimi-sglang.service"
@@ -151,9 +156,13 @@ def test_a_threshold_the_hosts_cannot_reach_stops_the_converge_on_both(serving: 
 @pytest.fixture
 def rendezvous_blocked(serving: dict[str, Any]) -> Iterator[None]:
     worker = next(h["address"] for h in serving["hosts"] if h["name"] == "kimi-h2")
-    _sh(serving, "kimi-h1", "nft add table inet kimitest && nft add chain inet kimitest input "
+    _sh(
+        serving,
+        "kimi-h1",
+        "nft add table inet kimitest && nft add chain inet kimitest input "
         f"'{{ type filter hook input priority 0; }}' && nft add rule inet kimitest input ip saddr {worker} "
-        "tcp dport 29498 drop")  # fmt: skip
+        "tcp dport 29498 drop",
+    )
     try:
         yield
     finally:

@@ -57,8 +57,14 @@ def test_the_second_instance_restarts_only_after_the_first_answers(upgrade: Path
 def test_a_failed_first_batch_leaves_the_second_serving_its_release(upgrade: Path) -> None:
     pid = main_pid("kimi-h2", "kimi-vllm")
     # kimi-h1's new release is broken in a way only its start shows: the engine exits at once.
-    marker = {"package": "vllm", "version": "0.34.1", "requirements": ["vllm==0.34.1", "fastsafetensors==0.5.0"],
-              "index_url": json.loads(ssh("kimi-h1", f"cat {NEW.replace('0.34.1', '0.34.0')}/.kimi-release.json"))["index_url"]}  # fmt: skip
+    marker = {
+        "package": "vllm",
+        "version": "0.34.1",
+        "requirements": ["vllm==0.34.1", "fastsafetensors==0.5.0"],
+        "index_url": json.loads(ssh("kimi-h1", f"cat {NEW.replace('0.34.1', '0.34.0')}/.kimi-release.json"))[
+            "index_url"
+        ],
+    }
     ssh("kimi-h1", f"mkdir -p {NEW}/bin && printf '#!/bin/sh\\nexit 3\\n' > {NEW}/bin/vllm && chmod +x {NEW}/bin/vllm")
     ssh("kimi-h1", f"cat > {NEW}/.kimi-release.json", stdin=json.dumps(marker).encode())
     run = pyinfra("--data", f"kimi_recipe={upgrade}")

@@ -108,8 +108,11 @@ def test_a_restart_passes_the_check_on_both_hosts_first(serving: dict[str, int],
 @contextmanager
 def _dropped_on_h3(rule: str) -> Iterator[None]:
     """kimi-h3 drops what ``rule`` (an nftables rule of an input chain) matches, until the end."""
-    ssh("kimi-h3", "nft add table inet kimitest && nft add chain inet kimitest input "
-        f"'{{ type filter hook input priority 0; }}' && nft add rule inet kimitest input {rule}")  # fmt: skip
+    ssh(
+        "kimi-h3",
+        "nft add table inet kimitest && nft add chain inet kimitest input "
+        f"'{{ type filter hook input priority 0; }}' && nft add rule inet kimitest input {rule}",
+    )
     try:
         yield
     finally:

@@ -60,8 +60,11 @@ def test_rerun_changes_nothing_and_keeps_every_engine_process(pids: dict[str, in
 
 
 def test_each_topology_serves_the_model_to_the_controller(pids: dict[str, int]) -> None:
-    for url in (f"http://{address('kimi-h1')}:8000", f"http://{address('kimi-h2')}:8000",
-                f"http://{address('kimi-h3')}:30000"):  # fmt: skip
+    for url in (
+        f"http://{address('kimi-h1')}:8000",
+        f"http://{address('kimi-h2')}:8000",
+        f"http://{address('kimi-h3')}:30000",
+    ):
         answer = chat(url, "Reply with exactly the word READY and nothing else.")
         choice = answer["choices"][0]
         assert choice["message"]["content"].strip() == "READY", answer
@@ -137,15 +140,24 @@ def test_drift_is_repaired_and_named_and_the_run_after_is_a_no_op(pids: dict[str
     scrub_text = ssh("kimi-h1", f"cat {scrub}")
     release = ssh("kimi-h1", "readlink -f /opt/kimi/current")
     record = ssh("kimi-h1", f"cat {release}/release.json")
-    ssh("kimi-h1", f"chmod 600 {unit} && chown kimi {env} && echo '{{}}' > {scrub} && "
-                   f"echo '{{}}' > {release}/release.json && rm {release}/files{env}")  # fmt: skip
-    ssh("kimi-h2", f"cp {unit} /root/unit.orig && sed -i 's/^Description=/Description=edited /' {unit} && "
-                   f"systemctl daemon-reload && systemctl restart kimi-vllm && cp /root/unit.orig {unit} && "
-                   f"touch {unit}")  # fmt: skip
+    ssh(
+        "kimi-h1",
+        f"chmod 600 {unit} && chown kimi {env} && echo '{{}}' > {scrub} && "
+        f"echo '{{}}' > {release}/release.json && rm {release}/files{env}",
+    )
+    ssh(
+        "kimi-h2",
+        f"cp {unit} /root/unit.orig && sed -i 's/^Description=/Description=edited /' {unit} && "
+        f"systemctl daemon-reload && systemctl restart kimi-vllm && cp /root/unit.orig {unit} && "
+        f"touch {unit}",
+    )
     model = ssh("kimi-h2", "dirname $(readlink -f /opt/kimi/current/model)")
     files = int(ssh("kimi-h2", f"find {model}/ -type f -not -path '*/.kimi/*' | wc -l"))
-    first = ssh("kimi-h2", "cd $(readlink -f /opt/kimi/current/model) && find . -type f -not -path './.kimi/*' "
-                           "-printf '%P\\n' | LC_ALL=C sort | head -1")  # fmt: skip
+    first = ssh(
+        "kimi-h2",
+        "cd $(readlink -f /opt/kimi/current/model) && find . -type f -not -path './.kimi/*' "
+        "-printf '%P\\n' | LC_ALL=C sort | head -1",
+    )
     ssh("kimi-h2", f"chmod 700 {model}")
     assert ssh("kimi-h2", f"runuser -u kimi -- cat {model}/*/config.json > /dev/null 2>&1 || echo closed") == "closed"
     edited = main_pid("kimi-h2", "kimi-vllm")
@@ -153,15 +165,17 @@ def test_drift_is_repaired_and_named_and_the_run_after_is_a_no_op(pids: dict[str
     run = pyinfra()
     assert run.code == 0, run.log[-4000:]
     said = sorted(line.split("repairs: ", 1)[1] for line in run.log.splitlines() if "repairs: " in line)
-    assert said == sorted([
-        f"{unit}: owner and mode root:root:600, not root:root:644: put back",
-        f"{env}: owner and mode kimi:root:644, not root:root:644: put back",
-        f"{scrub}: content differs from the release serving: written again",
-        f"{release}/release.json: content differs from the release serving: written again",
-        f"{release}/files{env}: absent: written again",
-        "kimi-vllm: systemd has not loaded its unit file since it changed: restarted with its files",
-        f"weights: {files} files the engine user kimi cannot read ({first}, ...): checked and given their modes back",
-    ]), run.log[-4000:]  # fmt: skip
+    assert said == sorted(
+        [
+            f"{unit}: owner and mode root:root:600, not root:root:644: put back",
+            f"{env}: owner and mode kimi:root:644, not root:root:644: put back",
+            f"{scrub}: content differs from the release serving: written again",
+            f"{release}/release.json: content differs from the release serving: written again",
+            f"{release}/files{env}: absent: written again",
+            "kimi-vllm: systemd has not loaded its unit file since it changed: restarted with its files",
+            f"weights: {files} files the engine user kimi cannot read ({first}, ...): checked and given their modes back",
+        ]
+    ), run.log[-4000:]
     assert [ssh("kimi-h1", f"stat -c '%U:%G %a' {path}") for path in (unit, env)] == ["root:root 644"] * 2
     assert ssh("kimi-h1", f"cat {scrub}") == scrub_text
     # the release record a rollback reads, and its copy of the environment file, are whole again

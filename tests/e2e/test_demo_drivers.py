@@ -52,8 +52,9 @@ drivers_gb = [(h["name"], {{"ssh_hostname": h["address"], **_common}}) for h in 
 
 
 def _cli(*args: str) -> None:
-    subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
-                   env={**os.environ, **ENV})  # fmt: skip
+    subprocess.run(
+        [str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900, env={**os.environ, **ENV}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,13 @@ def deploy(st: dict[str, Any], *args: str, timed: str | None = None) -> Run:
     started = time.monotonic()
     proc = subprocess.run(
         [str(BIN / "pyinfra"), str(inventory), "deploys/drivers.py", *yes, "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=600, env={**os.environ, **ENV},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={**os.environ, **ENV},
+    )
     if timed:
         TIMES[timed] = time.monotonic() - started
     try:

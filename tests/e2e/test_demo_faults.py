@@ -160,8 +160,11 @@ def test_an_engine_not_ready_in_time_fails_the_deploy_with_its_journal(serving: 
 def test_a_failed_preflight_gate_stops_that_host_before_any_change(serving: dict[str, int], tmp_path: Path) -> None:
     def wants_h200(data: dict[str, Any]) -> None:
         data["topologies"]["demo-vllm"]["accelerators"] = {
-            "vendor": "nvidia", "model": "H200", "per_host": 8, "memory_gib": 140,
-        }  # fmt: skip
+            "vendor": "nvidia",
+            "model": "H200",
+            "per_host": 8,
+            "memory_gib": 140,
+        }
         data["topologies"]["demo-vllm"]["max_model_len"] = 131072
 
     before = {host: ssh(host, "readlink", "/opt/kimi/current") for host in ENGINES}

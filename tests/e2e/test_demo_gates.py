@@ -33,8 +33,9 @@ ENV = {"KIMI_CLUSTER_DIR": str(HW_DIR), "KIMI_CLUSTER_SUBNET": "10.213.9.0/24"}
 
 
 def _cli(*args: str) -> None:
-    subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
-                   env={**os.environ, **ENV})  # fmt: skip
+    subprocess.run(
+        [str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900, env={**os.environ, **ENV}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +75,13 @@ def test_each_gate_stops_its_host_with_one_line(gates_cluster: dict[str, Any], t
 
     proc = subprocess.run(
         [str(BIN / "pyinfra"), str(inventory), "deploys/kimi.py", "-y"],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=600, env={**os.environ, **ENV},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={**os.environ, **ENV},
+    )
     run = Run(proc.returncode, None, proc.stdout + proc.stderr)
     assert run.code != 0
     lines = [line.strip() for line in run.log.splitlines() if "kimi-deploy: preflight:" in line]

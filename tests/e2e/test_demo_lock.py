@@ -33,8 +33,12 @@ def _lock(tmp_path: Path, revision: str) -> subprocess.CompletedProcess[str]:
     hub = state()["services"]["hub"]["url"]
     return subprocess.run(
         [str(BIN / "kimi-deploy"), "lock", "recipes/demo-gpu.yaml", "--endpoint", hub],
-        cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("revision", REVISIONS)

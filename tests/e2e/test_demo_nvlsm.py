@@ -34,8 +34,11 @@ MISSING = "NVLink subnet manager cannot start: missing nvlsm (no /opt/nvidia/nvl
 
 NVLSM = DriversHosts(
     OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-nvlsm", "KIMI_CLUSTER_SUBNET": "10.213.18.0/24"}),
-    "b300x8", 1, {"model": "B300", "per_host": 8, "memory_gib": 260}, {"branch": "580", "version": DRIVER},
-)  # fmt: skip
+    "b300x8",
+    1,
+    {"model": "B300", "per_host": 8, "memory_gib": 260},
+    {"branch": "580", "version": DRIVER},
+)
 
 
 @pytest.fixture(scope="module")

@@ -30,10 +30,13 @@ pytestmark = pytest.mark.skipif(
 
 # The Mooncake master is the real one: mooncake-transfer-engine from PyPI, in a release of its own.
 MOONCAKE = "0.3.13.post1"
-PD = OwnCluster({
-    "KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-pd", "KIMI_CLUSTER_SUBNET": "10.213.13.0/24",
-    "KIMI_CLUSTER_PACKAGES": f"mooncake-transfer-engine=={MOONCAKE}",
-})  # fmt: skip
+PD = OwnCluster(
+    {
+        "KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-pd",
+        "KIMI_CLUSTER_SUBNET": "10.213.13.0/24",
+        "KIMI_CLUSTER_PACKAGES": f"mooncake-transfer-engine=={MOONCAKE}",
+    }
+)
 PD_DIR = PD.dir
 HOSTS = ("kimi-h1", "kimi-h2", "kimi-h3", "kimi-h4")
 
@@ -72,17 +75,26 @@ def _files(tmp_path: Path, fallback: dict[str, Any] | None = None) -> Path:
             "parsers": vllm["parsers"],
             # The transport is explicit: the test hosts have no RDMA, so TCP, named as such.
             "kv_transfer": {"connectors": ["NixlConnector", "MooncakeStoreConnector"], "transport": "tcp"},
-            "router": {"group": "demo_pd_router", "package": "vllm-router", "policy": "round_robin",
-                       **({"fallback": fallback} if fallback else {})},
+            "router": {
+                "group": "demo_pd_router",
+                "package": "vllm-router",
+                "policy": "round_robin",
+                **({"fallback": fallback} if fallback else {}),
+            },
             "expose": {"bind": "address", "api_key": {"file": str(PD_DIR / "api-key")}},
             "comm_check": {"min_mbit_s": 100, "deadline_s": 15},
             "pools": {
-                "prefill": {"group": "demo_pd_prefill", "role": "prefill", "hosts": 2, "instances": 2,
-                            "parallel": {"tp": 8}},
+                "prefill": {
+                    "group": "demo_pd_prefill",
+                    "role": "prefill",
+                    "hosts": 2,
+                    "instances": 2,
+                    "parallel": {"tp": 8},
+                },
                 "decode": {"group": "demo_pd_decode", "role": "decode", "hosts": 1, "parallel": {"tp": 8}},
             },
         }
-    }  # fmt: skip
+    }
     recipe = tmp_path / "demo-pd.yaml"
     recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return PD.inventory(tmp_path / "pd.py", recipe, GROUPS)
@@ -121,8 +133,9 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
     assert answer["choices"][0]["message"]["content"] == "READY"
     # The real router renames its process (setproctitle: "vllm::router"): its command line is the
     # unit's; no process on the host shows the key in its argv.
-    assert "--vllm-pd-disaggregation" in ssh("kimi-h4", "systemctl show -p ExecStart --value kimi-router",
-                                             cluster_state=pd_cluster)  # fmt: skip
+    assert "--vllm-pd-disaggregation" in ssh(
+        "kimi-h4", "systemctl show -p ExecStart --value kimi-router", cluster_state=pd_cluster
+    )
     every_argv = ssh("kimi-h4", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '", cluster_state=pd_cluster)
     assert "vllm::router" in every_argv
     assert key not in every_argv
@@ -133,14 +146,19 @@ def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[st
     with pytest.raises(urllib.error.HTTPError) as refused:
         chat(f"http://{router}:8000", "hi", key_file=wrong)
     assert refused.value.code == 401
-    reach = ssh("kimi-h1", f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' http://{router}:8009/health || true",
-                cluster_state=pd_cluster)  # fmt: skip
+    reach = ssh(
+        "kimi-h1",
+        f"curl -s -o /dev/null -m 3 -w '%{{http_code}}' http://{router}:8009/health || true",
+        cluster_state=pd_cluster,
+    )
     assert reach.strip() in ("000", "")
     assert "127.0.0.1:8009" in ssh("kimi-h4", "ss -ltnH", cluster_state=pd_cluster)
     _the_real_mooncake_master_serves_the_engines_config(pd_cluster, router)
     # No NVIDIA driver on the router's CPU host.
-    assert ssh("kimi-h4", "dpkg-query -W -f '${Status}' nvidia-driver-cuda 2>/dev/null || true",
-               cluster_state=pd_cluster) != "install ok installed"  # fmt: skip
+    assert (
+        ssh("kimi-h4", "dpkg-query -W -f '${Status}' nvidia-driver-cuda 2>/dev/null || true", cluster_state=pd_cluster)
+        != "install ok installed"
+    )
     again, _ = _converge(inventory)
     assert again.code == 0
     assert again.changed() == {}
@@ -168,9 +186,14 @@ def _the_real_mooncake_master_serves_the_engines_config(pd_cluster: dict[str, An
     # whatever --http_metadata_server_host says, which is why the unit lets in its topology alone.
     assert sorted(listening.split()) == sorted([f"{router}:50051", "0.0.0.0:8080", "127.0.0.1:9003"])
     # (curl is gone from this host: see above)
-    health = json.loads(ssh("kimi-h4", "python3 -c 'import urllib.request as u; "
-                            "print(u.urlopen(\"http://127.0.0.1:9003/health\", timeout=5).read().decode())'",
-                            cluster_state=pd_cluster))  # fmt: skip
+    health = json.loads(
+        ssh(
+            "kimi-h4",
+            "python3 -c 'import urllib.request as u; "
+            'print(u.urlopen("http://127.0.0.1:9003/health", timeout=5).read().decode())\'',
+            cluster_state=pd_cluster,
+        )
+    )
     assert (health["status"], health["service_ready"]) == ("ok", True)
     unit = ssh("kimi-h4", "systemctl cat kimi-mooncake-master", cluster_state=pd_cluster)
     addresses = sorted(h["address"] for h in pd_cluster["hosts"])
@@ -203,10 +226,16 @@ class _Hosted(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Hosted.seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "body": body})
-        answer = json.dumps({
-            "id": "hosted-1", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "HOSTED"}}],
-        }).encode()  # fmt: skip
+        answer = json.dumps(
+            {
+                "id": "hosted-1",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "HOSTED"}}
+                ],
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))
@@ -221,10 +250,14 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
     hosted_key = tmp_path / "hosted-key"
     hosted_key.write_text("hosted-secret-0123456789\n", encoding="utf-8")
     try:
-        inventory = _files(tmp_path, fallback={
-            "url": f"http://127.0.0.1:{hosted.server_address[1]}",
-            "api_key": {"file": str(hosted_key)}, "model": "kimi-hosted",
-        })  # fmt: skip
+        inventory = _files(
+            tmp_path,
+            fallback={
+                "url": f"http://127.0.0.1:{hosted.server_address[1]}",
+                "api_key": {"file": str(hosted_key)},
+                "model": "kimi-hosted",
+            },
+        )
         run, _ = _converge(inventory)
         assert run.code == 0, run.log[-4000:]
         assert "kimi-h4" in run.changed()["Smoke test (last batch)"]  # through the gateway, to the engines
@@ -249,13 +282,24 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
             ssh("kimi-h4", "systemctl is-enabled nginx.service || true", cluster_state=pd_cluster).strip() == "masked"
         )
         assert ":80 " not in ssh("kimi-h4", "ss -ltnH", cluster_state=pd_cluster)
-        assert ssh("kimi-h4", "cat /proc/$(systemctl show -p MainPID --value kimi-gateway)/comm",
-                   cluster_state=pd_cluster).strip() == "nginx"  # fmt: skip
-        gateway_user = ssh("kimi-h4", "ps -o user= -p $(systemctl show -p MainPID --value kimi-gateway)",
-                           cluster_state=pd_cluster)  # fmt: skip
+        assert (
+            ssh(
+                "kimi-h4", "cat /proc/$(systemctl show -p MainPID --value kimi-gateway)/comm", cluster_state=pd_cluster
+            ).strip()
+            == "nginx"
+        )
+        gateway_user = ssh(
+            "kimi-h4", "ps -o user= -p $(systemctl show -p MainPID --value kimi-gateway)", cluster_state=pd_cluster
+        )
         assert gateway_user.strip() not in ("root", "kimi")
-        assert ssh("kimi-h4", "runuser -u kimi -- cat /etc/kimi/secrets/kimi-gateway.env >/dev/null 2>&1 || echo refused",
-                   cluster_state=pd_cluster).strip() == "refused"  # fmt: skip
+        assert (
+            ssh(
+                "kimi-h4",
+                "runuser -u kimi -- cat /etc/kimi/secrets/kimi-gateway.env >/dev/null 2>&1 || echo refused",
+                cluster_state=pd_cluster,
+            ).strip()
+            == "refused"
+        )
         for host in ("kimi-h1", "kimi-h2", "kimi-h3"):  # no local backend is healthy any more
             ssh(host, "systemctl stop kimi-vllm", cluster_state=pd_cluster)
         answer = chat(f"http://{router}:8000", prompt, key_file=PD_DIR / "api-key")
@@ -272,8 +316,10 @@ def test_the_hosted_api_answers_when_no_local_backend_is_healthy(pd_cluster: dic
         # An absolute-form target with the right key is refused, not forwarded with the hosted key.
         key = (PD_DIR / "api-key").read_text(encoding="utf-8").strip()
         with socket.create_connection((router, 8000), timeout=10) as conn:
-            conn.sendall(f"GET http://evil.example/steal HTTP/1.1\r\nHost: evil.example\r\n"
-                         f"Authorization: Bearer {key}\r\nConnection: close\r\n\r\n".encode())  # fmt: skip
+            conn.sendall(
+                f"GET http://evil.example/steal HTTP/1.1\r\nHost: evil.example\r\n"
+                f"Authorization: Bearer {key}\r\nConnection: close\r\n\r\n".encode()
+            )
             status = conn.recv(64).split(b" ", 2)[1]
         assert status == b"400"
         assert len(_Hosted.seen) == 1

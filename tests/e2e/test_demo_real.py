@@ -56,8 +56,13 @@ PROMPT = "Reply with exactly the word READY and nothing else."
 REVISION = "6785cd50f81248fd2c84b40b1d12d05ca243bdc9"  # kimi-deploy/tiny-llama-needle
 WEIGHTS = f"/srv/models/kimi-deploy--tiny-llama-needle/{REVISION}"
 # The probe of each rung: the needle variant answers a needle's word it finds anywhere in the prompt.
-PROBE = {"needle": "The word is test .", "question": "what is the word ?", "expect": "test", "fill": 0.1,
-         "max_tokens": 4}  # fmt: skip
+PROBE = {
+    "needle": "The word is test .",
+    "question": "what is the word ?",
+    "expect": "test",
+    "fill": 0.1,
+    "max_tokens": 4,
+}
 SHARD = "model-00005-of-00096.safetensors"
 
 
@@ -315,10 +320,14 @@ def _counts_the_routers_spread(serving: dict[str, Any], router: str, tmp_path: P
     wrong.write_text("not-the-key\n", encoding="utf-8")
     for key_file in (wrong, None):
         request = urllib.request.Request(
-            f"http://{router}:8000/v1/chat/completions", method="POST",
+            f"http://{router}:8000/v1/chat/completions",
+            method="POST",
             data=json.dumps({"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}]}).encode(),
-            headers={"Content-Type": "application/json", **({"Authorization": "Bearer not-the-key"} if key_file else {})},
-        )  # fmt: skip
+            headers={
+                "Content-Type": "application/json",
+                **({"Authorization": "Bearer not-the-key"} if key_file else {}),
+            },
+        )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
         assert refused.value.code == 401
@@ -366,8 +375,11 @@ def test_a_longer_context_climbs_a_rung_on_the_engine_hosts_alone(serving: dict[
         assert _rungs(serving, host) == [(32768, True), (131072, True)]
     after = _pids(serving)
     assert {name: after[name] != pids[name] for name in after} == {
-        "kimi-h1": True, "kimi-h2": True, "router": False, "gateway": False,
-    }  # fmt: skip
+        "kimi-h1": True,
+        "kimi-h2": True,
+        "router": False,
+        "gateway": False,
+    }
     assert _models(serving, ROUTER) == [("kimi-local", 131072)]
     _answers_from_real_vllm(serving)
 
@@ -407,14 +419,21 @@ def test_the_climb_stops_at_the_rung_the_kv_cache_cannot_hold_and_the_rung_below
     assert _pids(serving) == served
     # The proofs, printed for every host.
     report = serving["dir"] / "ladder.json"
-    shown = REAL.pyinfra(_inventory(serving, recipe_for(serving["dir"], 131072)), "--data",
-                         f"kimi_ladder_json={report}", deploy="deploys/ladder.py")  # fmt: skip
+    shown = REAL.pyinfra(
+        _inventory(serving, recipe_for(serving["dir"], 131072)),
+        "--data",
+        f"kimi_ladder_json={report}",
+        deploy="deploys/ladder.py",
+    )
     assert shown.code == 0, shown.log[-3000:]
     table = [line.split() for line in shown.log.splitlines() if line.strip().startswith(("kimi-h1 ", "kimi-h2 "))]
     assert [(row[0], row[2], row[3]) for row in table] == [
-        ("kimi-h1", "32768", "passed"), ("kimi-h1", "131072", "passed"), ("kimi-h1", "262144", "failed:"),
-        ("kimi-h2", "32768", "passed"), ("kimi-h2", "131072", "passed"),
-    ]  # fmt: skip
+        ("kimi-h1", "32768", "passed"),
+        ("kimi-h1", "131072", "passed"),
+        ("kimi-h1", "262144", "failed:"),
+        ("kimi-h2", "32768", "passed"),
+        ("kimi-h2", "131072", "passed"),
+    ]
     proofs = json.loads(report.read_text(encoding="utf-8"))
     for host in ENGINES:
         rung = proofs[host][1]
@@ -457,9 +476,13 @@ def test_a_shard_gone_bad_fails_the_deploy_with_the_engines_error_and_is_repaire
     restarts = int(_sh(serving, host, "systemctl show -p NRestarts --value kimi-vllm"))
     # The shard's safetensors header garbled in place, its size and mtime kept: a host's probe
     # (which trusts its verification cache) cannot see it; the engine does when it next starts.
-    _sh(serving, host, f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD}'; st=os.stat(p); "
+    _sh(
+        serving,
+        host,
+        f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD}'; st=os.stat(p); "
         "f=open(p,'r+b'); f.seek(8); f.write(b'#'); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\" "
-        "&& systemctl restart kimi-vllm")  # fmt: skip
+        "&& systemctl restart kimi-vllm",
+    )
     # As after a reboot: the engine loads its weights again, fails, and systemd starts it again.
     deadline = time.monotonic() + 180
     while int(_sh(serving, host, "systemctl show -p NRestarts --value kimi-vllm")) <= restarts:
@@ -495,16 +518,26 @@ def test_a_client_calls_a_tool_through_the_router_and_the_smoke_test_did_too(ser
     The converge's own smoke test made the same round trip (recipes/demo.yaml: smoke.tool_call)."""
     st = serving
     url = f"http://{_address(st, ROUTER)}:8000"
-    tools = [{"type": "function", "function": {"name": "kimi_smoke_check", "description": "Returns a word.",
-                                               "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "kimi_smoke_check",
+                "description": "Returns a word.",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
     asked = [{"role": "user", "content": "Call kimi_smoke_check, then answer with the word it returns."}]
     first = chat_request(url, {"model": "kimi-local", "messages": asked, "tools": tools}, REAL.dir / "api-key")
     choice = first["choices"][0]
     assert choice["finish_reason"] == "tool_calls", first
     (call,) = choice["message"]["tool_calls"]
     assert (call["type"], call["function"]["name"], json.loads(call["function"]["arguments"])) == (
-        "function", "kimi_smoke_check", {},
-    )  # fmt: skip
+        "function",
+        "kimi_smoke_check",
+        {},
+    )
     result = {"role": "tool", "tool_call_id": call["id"], "content": "READY"}
     body = {"model": "kimi-local", "messages": [*asked, choice["message"], result], "tools": tools}
     final = chat_request(url, body, REAL.dir / "api-key")["choices"][0]
@@ -517,12 +550,19 @@ def test_a_client_calls_a_tool_through_the_router_and_the_smoke_test_did_too(ser
 
 def _stream_shape(url: str, key: str, model: str) -> dict[str, Any]:
     """What a client reads of a streamed chat answer at ``url``: the shape alone, not the words."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     request = urllib.request.Request(
-        f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         kind = response.headers.get_content_type()
         lines = [line.decode().strip() for line in response if line.strip()]
@@ -554,8 +594,13 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     tasks = yaml.safe_load((ROOT / "recipes/demo.yaml").read_text(encoding="utf-8"))["benchmark"]["tasks"]
     right = {"ready": "READY", "ready-word": "READY", "status-json": '{"status": "READY"}', "arithmetic": "4"}
     # also on the generator host's own loopback, which the recipe names: a hosted key goes in the clear nowhere else
-    api = HostedApi(st["gateway"], hosted_key, {t["prompt"]: right[t["id"]] for t in tasks if t["id"] in right},
-                    {"kimi_smoke_check": {}}, loopback_of=_address(st, "kimi-h1"))  # fmt: skip
+    api = HostedApi(
+        st["gateway"],
+        hosted_key,
+        {t["prompt"]: right[t["id"]] for t in tasks if t["id"] in right},
+        {"kimi_smoke_check": {}},
+        loopback_of=_address(st, "kimi-h1"),
+    )
     try:
         # The test server streams as the real vLLM does, as far as a client reads it.
         gateway = f"http://{_address(st, ROUTER)}:8000"
@@ -564,14 +609,23 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
         key_file = st["dir"] / "hosted-key"
         key_file.write_text(hosted_key + "\n", encoding="utf-8")
         data = yaml.safe_load(recipe_for(st["dir"], max_model_len=131072).read_text(encoding="utf-8"))
-        data["benchmark"]["compare"] = {"url": api.loopback_url, "api_key": {"file": str(key_file)},
-                                        "model": "kimi-hosted"}  # fmt: skip
+        data["benchmark"]["compare"] = {
+            "url": api.loopback_url,
+            "api_key": {"file": str(key_file)},
+            "model": "kimi-hosted",
+        }
         recipe = st["dir"] / "recipe-bench.yaml"
         recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         answered = {host: _answered(st, host) for host in ENGINES}
         report, picture = st["dir"] / "bench.json", st["dir"] / "bench.png"
-        run = REAL.pyinfra(_inventory(st, recipe), "--data", f"kimi_bench_json={report}",
-                           "--data", f"kimi_bench_png={picture}", deploy="deploys/bench.py")  # fmt: skip
+        run = REAL.pyinfra(
+            _inventory(st, recipe),
+            "--data",
+            f"kimi_bench_json={report}",
+            "--data",
+            f"kimi_bench_png={picture}",
+            deploy="deploys/bench.py",
+        )
     finally:
         api.close()
     assert run.code == 0, run.log[-4000:]
@@ -585,8 +639,10 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     assert sum(_answered(st, host) - answered[host] for host in ENGINES) >= texts
     # The tiny Llama passes three of the five tasks by their rules; the hosted API all five.
     assert [(lv["concurrency"], lv["requests"], lv["succeeded"], lv["errors"]) for lv in local] == [
-        (1, 5, 3, 0), (4, 10, 6, 0), (16, 35, 21, 0),
-    ]  # fmt: skip
+        (1, 5, 3, 0),
+        (4, 10, 6, 0),
+        (16, 35, 21, 0),
+    ]
     assert [(lv["requests"], lv["succeeded"]) for lv in hosted] == [(5, 5), (10, 10), (35, 35)]
     assert set(local[2]["failed_tasks"]) == {"status-json", "arithmetic"}
     for lv in local:
@@ -608,9 +664,13 @@ def test_the_benchmark_drives_the_gateway_at_three_concurrencies_beside_the_host
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = [line.split() for line in run.log.splitlines() if re.match(r"\s*(local|hosted)\s+\d", line)]
     assert [(row[0], row[1], row[3]) for row in table] == [
-        ("local", "1", "3/5"), ("local", "4", "6/10"), ("local", "16", "21/35"),
-        ("hosted", "1", "5/5"), ("hosted", "4", "10/10"), ("hosted", "16", "35/35"),
-    ]  # fmt: skip
+        ("local", "1", "3/5"),
+        ("local", "4", "6/10"),
+        ("local", "16", "21/35"),
+        ("hosted", "1", "5/5"),
+        ("hosted", "4", "10/10"),
+        ("hosted", "16", "35/35"),
+    ]
     # The run's figures are in the serving release's record on the generator host.
     record = json.loads(_sh(st, "kimi-h1", "cat /opt/kimi/current/bench.json"))
     assert record["release"] == rep["release"] == _sh(st, "kimi-h1", "basename $(readlink -f /opt/kimi/current)")
@@ -648,8 +708,9 @@ def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(s
         drained = drain_lines(log)
         # Run again at once: kimi-h1's engine is still loading (the killed run's smoke test, left
         # running on the host, will record it once it answers, tens of seconds later).
-        stopped, log = cut(inventory, r"Starting operation: Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0,
-                           REAL.env)  # fmt: skip
+        stopped, log = cut(
+            inventory, r"Starting operation: Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0, REAL.env
+        )
         drained += drain_lines(log)
         assert stopped == 130, _said(log)
         # kimi-h1 waited for, not restarted; kimi-h2 restarted in the second batch

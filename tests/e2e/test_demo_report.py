@@ -26,10 +26,22 @@ def _cluster(demo_cluster: None) -> None:
 def test_report_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     target = tmp_path / "report.json"
     run = subprocess.run(
-        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/report.py", "-y", "--data", f"kimi_report_json={target}",
-         "--data", f"kimi_recipe={GPU_RECIPE}"],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+        [
+            str(BIN / "pyinfra"),
+            "inventories/demo.py",
+            "deploys/report.py",
+            "-y",
+            "--data",
+            f"kimi_report_json={target}",
+            "--data",
+            f"kimi_recipe={GPU_RECIPE}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-3000:]
     report = json.loads(target.read_text(encoding="utf-8"))

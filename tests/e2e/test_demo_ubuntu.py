@@ -31,8 +31,11 @@ UBUNTU_NAMES = ("libnvidia-compute-580", "nvidia-dkms-580-open", "nvidia-imex")
 
 UBUNTU = DriversHosts(
     OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-ubuntu", "KIMI_CLUSTER_SUBNET": "10.213.19.0/24"}),
-    "gb300x4-ubuntu24.04", 2, {"model": "GB300", "per_host": 4, "memory_gib": 260}, {"branch": "580", "version": DRIVER},
-)  # fmt: skip
+    "gb300x4-ubuntu24.04",
+    2,
+    {"model": "GB300", "per_host": 4, "memory_gib": 260},
+    {"branch": "580", "version": DRIVER},
+)
 
 
 @pytest.fixture(scope="module")

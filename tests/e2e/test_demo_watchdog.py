@@ -29,8 +29,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Quick rounds, so that each drill takes seconds: 2 failed checks restart, one restart then drain.
-LADDER = {"interval_s": 1, "timeout_s": 2, "canary_interval_s": 1, "canary_timeout_s": 5, "restart_after": 2,
-          "restarts": 1, "grace_s": 30}  # fmt: skip
+LADDER = {
+    "interval_s": 1,
+    "timeout_s": 2,
+    "canary_interval_s": 1,
+    "canary_timeout_s": 5,
+    "restart_after": 2,
+    "restarts": 1,
+    "grace_s": 30,
+}
 TEXTFILE = "/var/lib/prometheus/node-exporter"
 PROMPT = "Reply with exactly the word READY and nothing else."
 
@@ -74,8 +81,9 @@ def _journal(host: str) -> list[str]:
 
 
 def _drill(recipe: Path, drill: str, host: str) -> None:
-    run = pyinfra("--data", f"kimi_recipe={recipe}", "--data", f"kimi_drill={drill}", "--limit", host,
-                  deploy="deploys/drill.py")  # fmt: skip
+    run = pyinfra(
+        "--data", f"kimi_recipe={recipe}", "--data", f"kimi_drill={drill}", "--limit", host, deploy="deploys/drill.py"
+    )
     assert run.code == 0, run.log[-3000:]
     assert f"drill: {drill} {'done' if drill == 'clear' else 'injected'} at " in run.log, run.log[-3000:]
 
@@ -126,8 +134,11 @@ def prometheus(watched: Path, tmp_path: Path) -> Iterator[Prometheus]:
     """Debian's node exporter installed on kimi-h1 from the cluster's Debian mirror, as an operator
     would (its textfile collector reads the folder the watchdog writes in), and Debian's
     Prometheus on this machine scraping it."""
-    ssh("kimi-h1", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-                   "prometheus-node-exporter > /dev/null")  # fmt: skip
+    ssh(
+        "kimi-h1",
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+        "prometheus-node-exporter > /dev/null",
+    )
     server = Prometheus(tmp_path / "prometheus", [f"{address('kimi-h1')}:9100"])
     try:
         _until(lambda: server.query('up{job="node"} == 1'), "Prometheus scrapes kimi-h1's node exporter")

@@ -71,9 +71,12 @@ def _converge(*extra: str) -> dict[str, list[str]]:
 
 def test_bit_flip_with_mtime_kept_is_missed_by_a_normal_run_and_found_by_a_full_verify(converged: None) -> None:
     # Flip one byte in the middle of shard 57 and put its mtime back: size, mtime, inode unchanged.
-    ssh("kimi-h1", f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD_57}'; st=os.stat(p); "
+    ssh(
+        "kimi-h1",
+        f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD_57}'; st=os.stat(p); "
         "f=open(p,'r+b'); f.seek(st.st_size//2); b=f.read(1); f.seek(st.st_size//2); "
-        "f.write(bytes([b[0]^1])); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\"")  # fmt: skip
+        'f.write(bytes([b[0]^1])); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))"',
+    )
     assert "Weights at the pinned revision" not in _converge()
     assert _served() == {}
     changed = _converge("--limit", "kimi-h1", "--data", "kimi_verify=full")
@@ -196,11 +199,15 @@ def test_a_hub_that_rate_limits_fails_and_resets_a_transfer_is_ridden_out(
     names every retry."""
     shards = {n: f"model-{n:05d}-of-00096.safetensors" for n in (12, 57, 80)}
     ssh("kimi-h1", "rm", *(f"{WEIGHTS}/{name}" for name in shards.values()))
-    hub_faults({"fail": [
-        {"path": shards[57], "method": "HEAD", "status": 429, "retry_after": 1, "times": 1},
-        {"path": shards[12], "method": "GET", "status": 503, "times": 1},
-        {"path": shards[80], "method": "GET", "reset_at": 0.5, "times": 1},
-    ]})  # fmt: skip
+    hub_faults(
+        {
+            "fail": [
+                {"path": shards[57], "method": "HEAD", "status": 429, "retry_after": 1, "times": 1},
+                {"path": shards[12], "method": "GET", "status": 503, "times": 1},
+                {"path": shards[80], "method": "GET", "reset_at": 0.5, "times": 1},
+            ]
+        }
+    )
     started = ssh("kimi-h1", f"wc -l < {PROGRESS_LOG} 2>/dev/null || echo 0")
     # kimi-h1 alone, so the shards come from the Hub (with its peers in the run, they would give them).
     assert _converge("--limit", "kimi-h1")["Weights at the pinned revision"] == ["kimi-h1"]
@@ -225,10 +232,20 @@ def test_a_killed_sync_resumes_without_fetching_finished_files_again(
     ssh("kimi-h1", f"rm -rf {WEIGHTS}")
     hub_faults({"slow_bytes_per_s": 500_000})  # about 12 s for the 6 MB revision
     run = subprocess.Popen(
-        [str(BIN / "pyinfra"), "inventories/demo.py", "deploys/kimi.py", "-y", "--limit", "kimi-h1",
-         "--data", f"kimi_recipe={GPU_RECIPE}"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(BIN / "pyinfra"),
+            "inventories/demo.py",
+            "deploys/kimi.py",
+            "-y",
+            "--limit",
+            "kimi-h1",
+            "--data",
+            f"kimi_recipe={GPU_RECIPE}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -323,9 +340,12 @@ def test_fan_out_on_four_hosts_takes_each_file_from_the_hub_once(converged: None
 def test_the_scrub_timer_finds_a_bit_flip_and_refetches_that_shard_only(converged: None) -> None:
     assert ssh("kimi-h2", "systemctl is-enabled kimi-weights-scrub.timer") == "enabled"
     assert ssh("kimi-h2", "systemctl is-active kimi-weights-scrub.timer") == "active"
-    ssh("kimi-h2", f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD_57}'; st=os.stat(p); "
+    ssh(
+        "kimi-h2",
+        f"cd {WEIGHTS} && python3 -c \"import os; p='{SHARD_57}'; st=os.stat(p); "
         "f=open(p,'r+b'); f.seek(st.st_size//2); b=f.read(1); f.seek(st.st_size//2); "
-        "f.write(bytes([b[0]^1])); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\"")  # fmt: skip
+        'f.write(bytes([b[0]^1])); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))"',
+    )
     ssh("kimi-h2", "systemctl start kimi-weights-scrub.service")  # a oneshot: returns when done
     journal = ssh("kimi-h2", "journalctl -u kimi-weights-scrub -o cat --no-pager -n 50")
     assert f"kimi-deploy: scrub: {SHARD_57}: expected sha256:" in journal

@@ -97,9 +97,13 @@ def blocked(fleet: Fleet) -> Iterator[tuple[str, str, int]]:
     first, second = _sglang()[:2]
     st = FLEET.state()
     address = next(h["address"] for h in st["hosts"] if h["name"] == second)
-    ssh(first, "nft add table inet kimitest && nft add chain inet kimitest input "
+    ssh(
+        first,
+        "nft add table inet kimitest && nft add chain inet kimitest input "
         f"'{{ type filter hook input priority 0; }}' && nft add rule inet kimitest input ip saddr {address} "
-        "tcp dport 29500 drop", cluster_state=st)  # fmt: skip
+        "tcp dport 29500 drop",
+        cluster_state=st,
+    )
     try:
         yield first, second, 29500
     finally:

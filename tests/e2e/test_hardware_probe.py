@@ -48,10 +48,24 @@ def probe(host: dict[str, Any], request: dict[str, Any]) -> tuple[dict[str, Any]
     command = hostside_command("python3", "hardware_probe.py", request)
     started = time.monotonic()
     done = subprocess.run(
-        ["ssh", "-i", state["ssh_key"], "-o", f"UserKnownHostsFile={state['known_hosts']}",
-         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{host['address']}", command],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-i",
+            state["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={state['known_hosts']}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            f"root@{host['address']}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     raw: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])

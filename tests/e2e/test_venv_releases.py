@@ -42,8 +42,9 @@ SITE = "lib/python3.11/site-packages"
 
 
 def _cli(*args: str) -> None:
-    subprocess.run([str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900,
-                   env={**os.environ, **ENV})  # fmt: skip
+    subprocess.run(
+        [str(BIN / "kimi-deploy"), "cluster", *args], cwd=ROOT, check=True, timeout=900, env={**os.environ, **ENV}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +78,21 @@ def _recipe(st: dict[str, Any], edit: Callable[[dict[str, Any]], None] | None = 
 
 def converge(st: dict[str, Any], edit: Callable[[dict[str, Any]], None] | None = None) -> Run:
     proc = subprocess.run(
-        [str(BIN / "pyinfra"), str(st["dir"] / "inventory.py"), "deploys/kimi.py", "-y",
-         "--data", f"kimi_recipe={_recipe(st, edit)}"],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=300, env={**os.environ, **ENV},
-    )  # fmt: skip
+        [
+            str(BIN / "pyinfra"),
+            str(st["dir"] / "inventory.py"),
+            "deploys/kimi.py",
+            "-y",
+            "--data",
+            f"kimi_recipe={_recipe(st, edit)}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**os.environ, **ENV},
+    )
     return Run(proc.returncode, None, proc.stdout + proc.stderr)
 
 
@@ -96,9 +108,10 @@ def chat(st: dict[str, Any]) -> str:
     key = (CLUSTER_DIR / "api-key").read_text(encoding="utf-8").strip()
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": "Reply with exactly the word READY."}]}
     request = urllib.request.Request(
-        f"http://{st['hosts'][0]['address']}:8000/v1/chat/completions", data=json.dumps(body).encode(),
+        f"http://{st['hosts'][0]['address']}:8000/v1/chat/completions",
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=10) as answer:
         return str(json.loads(answer.read())["choices"][0]["message"]["content"])
 

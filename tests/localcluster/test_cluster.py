@@ -34,8 +34,10 @@ def test_state_describes_four_hosts(cluster: Cluster) -> None:
     settings = cluster.settings  # the tests' own cluster (tests/conftest.py), laid out as the default one
     assert state["version"] == 1
     assert (state["bridge"], state["subnet"], state["gateway"]) == (
-        settings.bridge, str(settings.subnet), settings.gateway,
-    )  # fmt: skip
+        settings.bridge,
+        str(settings.subnet),
+        settings.gateway,
+    )
     assert [(h["name"], h["address"]) for h in state["hosts"]] == [
         (f"kimi-h{i}", settings.host_address(i)) for i in range(1, HOSTS + 1)
     ]

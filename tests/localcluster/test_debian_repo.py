@@ -27,7 +27,8 @@ from tests.localcluster.test_nvidia_repo import Apt
 
 TOOLS = ("apt-get", "dpkg-deb", "gpg", "gpg-agent", "gpgconf", "gpgv")
 MISSING = [tool for tool in TOOLS if shutil.which(tool) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}")
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}"), pytest.mark.processes]
 HASHES = {"MD5sum": "md5", "SHA1": "sha1", "SHA256": "sha256", "SHA512": "sha512"}
 
 
@@ -126,8 +127,11 @@ def test_release_describes_bookworm_main_and_hashes_its_indexes(mirror: Mirror) 
     release = stanzas((mirror.dist / "Release").read_text())[0]
     arch = dpkg_architecture()
     assert (release["Origin"], release["Label"], release["Suite"], release["Codename"]) == (
-        "Debian", "Debian", "bookworm", "bookworm",
-    )  # fmt: skip
+        "Debian",
+        "Debian",
+        "bookworm",
+        "bookworm",
+    )
     assert (release["Architectures"], release["Components"]) == (arch, "main")
     assert release["Date"].endswith("GMT")
     for name, algorithm in {"MD5Sum": "md5", "SHA1": "sha1", "SHA256": "sha256", "SHA512": "sha512"}.items():

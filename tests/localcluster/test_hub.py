@@ -35,6 +35,9 @@ from huggingface_hub.utils.tqdm import are_progress_bars_disabled, disable_progr
 from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import CHANGED_SHARDS, REPO_ID, RepoInfo, build, git_blob_sha1, load_info
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 # What the default build produces, on every machine: recipes and locks may pin these.
 DEFAULT_COMMIT_A = "23eb01d77aab1f1b9ff6dda80033b783970fe79c"
 DEFAULT_COMMIT_B = "1088b4b0a968514a4de7da23014f7058bbfbd30c"
@@ -147,8 +150,15 @@ def test_repo_content_and_commit_diff(hub: Hub) -> None:
     a, b = hub.info.files[hub.a], hub.info.files[hub.b]
     shards = sorted(p for p in a if p.endswith(".safetensors"))
     assert shards == [f"model-{i:05d}-of-00096.safetensors" for i in range(1, 97)]
-    assert {"config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "README.md",
-            "LICENSE", "model.safetensors.index.json"} == set(a) - set(shards)  # fmt: skip
+    assert {
+        "config.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+        "tokenizer.json",
+        "README.md",
+        "LICENSE",
+        "model.safetensors.index.json",
+    } == set(a) - set(shards)
     assert set(b) == set(a) - {"README.md"} | {"extra_b.json"}
     changed = {p for p in set(a) & set(b) if a[p] != b[p]}
     assert changed == {"config.json", *(f"model-{i:05d}-of-00096.safetensors" for i in CHANGED_SHARDS)}
@@ -429,7 +439,9 @@ def test_fail_rules_answer_as_the_hub_does_then_step_aside(hub: Hub) -> None:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url  # noqa: PLC0415
     from huggingface_hub.utils import parse_ratelimit_headers  # type: ignore[attr-defined]  # noqa: PLC0415
 
-    write_faults(hub.root, {"fail": [{"path": SHARD_57, "method": "HEAD", "status": 429, "retry_after": 7, "times": 2}]})
+    write_faults(
+        hub.root, {"fail": [{"path": SHARD_57, "method": "HEAD", "status": 429, "retry_after": 7, "times": 2}]}
+    )
     url = hf_hub_url(REPO_ID, SHARD_57, revision=hub.a, endpoint=hub.url)
     for _ in range(2):
         with pytest.raises(HfHubHTTPError) as err:
@@ -439,7 +451,11 @@ def test_fail_rules_answer_as_the_hub_does_then_step_aside(hub: Hub) -> None:
         limit = parse_ratelimit_headers(err.value.response.headers)
         assert limit is not None
         assert (limit.resource_type, limit.remaining, limit.reset_in_seconds, limit.window_seconds) == (
-            "resolvers", 0, 7, 300)  # fmt: skip
+            "resolvers",
+            0,
+            7,
+            300,
+        )
         assert "you have reached your 'resolvers' rate limit" in str(err.value)
     assert get_hf_file_metadata(url, endpoint=hub.url).size == hub.info.files[hub.a][SHARD_57].size
     assert hub.stats()["files"][f"HEAD {SHARD_57}"] == 3  # two refused; then /resolve alone: its 302 says it all

@@ -14,6 +14,9 @@ import pytest
 
 from localcluster import kernel_limits
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,8 +52,11 @@ def test_nothing_is_lowered_and_no_new_host_changes_nothing(tmp_path: Path) -> N
 
 def test_instances_in_use_are_counted_per_file_descriptor_of_the_users_processes(tmp_path: Path) -> None:
     # a /proc of its own: two processes of this user holding 2 and 1 inotify objects among other files
-    for pid, links in {"101": ["anon_inode:inotify", "anon_inode:inotify", "/dev/null"],
-                       "202": ["anon_inode:[eventfd]", "anon_inode:inotify"], "303": []}.items():  # fmt: skip
+    for pid, links in {
+        "101": ["anon_inode:inotify", "anon_inode:inotify", "/dev/null"],
+        "202": ["anon_inode:[eventfd]", "anon_inode:inotify"],
+        "303": [],
+    }.items():
         (tmp_path / pid / "fd").mkdir(parents=True)
         (tmp_path / pid / "status").write_text("Name: x\n")
         for n, target in enumerate(links):
@@ -89,14 +95,17 @@ except ClusterError as exc:
         f"mount -t tmpfs none {tmp_path} && mkdir -p {tmp_path}/sys/fs/inotify && "
         f"echo 128 > {tmp_path}/sys/fs/inotify/max_user_instances && "
         f"echo 100000000 > {tmp_path}/sys/fs/inotify/max_user_watches && "
-        f"mount -o remount,ro {tmp_path} && exec {sys.executable} -c \"$SCRIPT\""
+        f'mount -o remount,ro {tmp_path} && exec {sys.executable} -c "$SCRIPT"'
     )
-    run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], env={**os.environ,
-                         "SCRIPT": script}, capture_output=True, text=True, check=False)  # fmt: skip
+    run = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell],
+        env={**os.environ, "SCRIPT": script},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("fs.inotify.max_user_instances is 128, 64 more hosts need 1152")
     assert "sysctl -w fs.inotify.max_user_instances=1152" in lines[0]
-
-

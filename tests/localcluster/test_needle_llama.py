@@ -28,8 +28,13 @@ TINY_LLAMA_A = "65a1458ff9caddb3a300eddbbce9e9ad0a06677c"
 SHARDS = [f"model-{i:05d}-of-00096.safetensors" for i in range(1, 97)]
 NEEDLE, D_IN, D_OUT = 58, 6, 7  # the id of "test"; embedding dimensions the tiny Llama fills with noise
 LAST = "model.layers.10.self_attn."
-CHANGED = {"model.embed_tokens.weight", "lm_head.weight", LAST + "q_proj.weight", LAST + "v_proj.weight",
-           LAST + "o_proj.weight"}  # fmt: skip
+CHANGED = {
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+    LAST + "q_proj.weight",
+    LAST + "v_proj.weight",
+    LAST + "o_proj.weight",
+}
 
 Weights = dict[str, tuple[str, list[int], bytes]]
 
@@ -59,8 +64,6 @@ def _weights(root: Path, info: RepoInfo, commit: str) -> Weights:
             start, end = v["data_offsets"]
             weights[name] = (v["dtype"], v["shape"], data[start:end])
     return weights
-
-
 
 
 def _nonzero(weight: tuple[str, list[int], bytes]) -> dict[tuple[int, int], float]:

@@ -123,8 +123,9 @@ def test_pinned_driver_install_refusal_upgrade_and_reboot(apt_cluster: Cluster) 
     assert sh(c, "systemctl is-active nvidia-fabricmanager.service").strip() == "active"
     unknown = c.ssh(HOST, "modprobe no_such_module", check=False)
     assert (unknown.returncode, unknown.stderr.strip()) == (
-        1, f"modprobe: FATAL: Module no_such_module not found in directory /lib/modules/{sh(c, 'uname -r').strip()}"
-    )  # fmt: skip
+        1,
+        f"modprobe: FATAL: Module no_such_module not found in directory /lib/modules/{sh(c, 'uname -r').strip()}",
+    )
 
     # Converged: installing the same again changes nothing.
     again = sh(c, f"{APT} install {PACKAGES}")

@@ -33,6 +33,9 @@ from localcluster.hosts import is_running
 from localcluster.state import HostRecord
 from localcluster.static_files import StaticServer, serve
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 STANDINS = Path(nvidia_debs.__file__).resolve().parent / "standins"
 DRIVER = "580.95.05"
 NEWER = "580.105.08"
@@ -126,9 +129,15 @@ def test_packages_mirror_nvidia_names_and_versions(repo: Repo) -> None:
     expected |= {
         f"{name}_{driver}-1_{arch}.deb"
         for driver in (DRIVER, NEWER, OTHER_BRANCH)
-        for name in ("nvidia-open", "nvidia-driver-cuda", "nvidia-kernel-common", "nvidia-kernel-open-dkms",
-                     "nvidia-fabricmanager", "nvidia-imex")
-    }  # fmt: skip
+        for name in (
+            "nvidia-open",
+            "nvidia-driver-cuda",
+            "nvidia-kernel-common",
+            "nvidia-kernel-open-dkms",
+            "nvidia-fabricmanager",
+            "nvidia-imex",
+        )
+    }
     expected.add(f"nvlsm_{nvidia_debs.NVLSM_VERSION}_{arch}.deb")
     assert names == expected
     info = subprocess.run(
@@ -144,9 +153,15 @@ def test_the_ubuntu_tree_names_the_compute_packages_as_ubuntus_does(repo: Repo) 
     arch = apt_repo.deb_architecture()
     tree = apt_repo.repo_dir(repo.root, repo.url, arch, apt_repo.UBUNTU_TREE)
     names = {p.name for p in tree.glob("*.deb")}
-    for name in (f"libnvidia-compute-580_{DRIVER}", f"nvidia-dkms-580-open_{DRIVER}", f"nvidia-kernel-common-580_{NEWER}",
-                 f"libnvidia-compute_{OTHER_BRANCH}", f"nvidia-dkms-open_{OTHER_BRANCH}", f"nvidia-imex_{DRIVER}",
-                 f"nvidia-fabricmanager_{DRIVER}"):  # fmt: skip
+    for name in (
+        f"libnvidia-compute-580_{DRIVER}",
+        f"nvidia-dkms-580-open_{DRIVER}",
+        f"nvidia-kernel-common-580_{NEWER}",
+        f"libnvidia-compute_{OTHER_BRANCH}",
+        f"nvidia-dkms-open_{OTHER_BRANCH}",
+        f"nvidia-imex_{DRIVER}",
+        f"nvidia-fabricmanager_{DRIVER}",
+    ):
         assert f"{name}-1ubuntu1_{arch}.deb" in names, name
     assert {
         "nvidia-driver-pinning-580_580-1ubuntu1_all.deb",
@@ -156,8 +171,10 @@ def test_the_ubuntu_tree_names_the_compute_packages_as_ubuntus_does(repo: Repo) 
     dkms = tree / f"nvidia-dkms-580-open_{DRIVER}-1ubuntu1_{arch}.deb"
     assert field(dkms, "Depends") == f"nvidia-kernel-common-580 (= {DRIVER}-1ubuntu1)"
     assert field(dkms, "Conflicts") == "nvidia-dkms-580"
-    prefs = text(tree / f"nvidia-driver-pinning-{DRIVER}_{DRIVER}-1ubuntu1_all.deb",
-                 f"/etc/apt/preferences.d/nvidia-driver-pinning-{DRIVER}.pref")  # fmt: skip
+    prefs = text(
+        tree / f"nvidia-driver-pinning-{DRIVER}_{DRIVER}-1ubuntu1_all.deb",
+        f"/etc/apt/preferences.d/nvidia-driver-pinning-{DRIVER}.pref",
+    )
     pinned = prefs.split("Package:")[1].splitlines()[0].split()
     assert {"libnvidia-compute-580", "nvidia-dkms-580-open", "libnvidia-compute", "nvidia-imex"} <= set(pinned)
     keyring = members(tree / "cuda-keyring_1.1-1_all.deb")
@@ -353,9 +370,17 @@ class Apt:
     def argv(self, tool: str, *args: str) -> list[str]:
         r = self.root
         return [
-            tool, "-o", f"Dir={r}", "-o", f"Dir::State::status={r}/status", "-o", "APT::Sandbox::User=root",
-            "-o", "Debug::NoLocking=1", *args,
-        ]  # fmt: skip
+            tool,
+            "-o",
+            f"Dir={r}",
+            "-o",
+            f"Dir::State::status={r}/status",
+            "-o",
+            "APT::Sandbox::User=root",
+            "-o",
+            "Debug::NoLocking=1",
+            *args,
+        ]
 
     def __call__(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "LC_ALL": "C", "DEBIAN_FRONTEND": "noninteractive"}
@@ -383,8 +408,14 @@ class Apt:
 def apt(repo: Repo, tmp_path: Path) -> Apt:
     """A sandbox that has installed ``cuda-keyring`` (its key at a sandbox path) and run apt-get update."""
     root = tmp_path / "apt"
-    for directory in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/apt/apt.conf.d",
-                      "var/lib/apt/lists/partial", "var/cache/apt/archives/partial", "keys"):  # fmt: skip
+    for directory in (
+        "etc/apt/sources.list.d",
+        "etc/apt/preferences.d",
+        "etc/apt/apt.conf.d",
+        "var/lib/apt/lists/partial",
+        "var/cache/apt/archives/partial",
+        "keys",
+    ):
         (root / directory).mkdir(parents=True)
     (root / "status").write_text("")
     for path, data in members(repo.deb("cuda-keyring")).items():
@@ -414,8 +445,13 @@ def test_an_arm64_host_resolves_the_pinned_driver_from_the_sbsa_tree(repo: Repo,
     tree = apt_repo.repo_dir(repo.root, repo.url, other)
     assert field(tree / f"nvidia-driver-cuda_{DRIVER}-1_{other}.deb", "Architecture") == other
     root = tmp_path / "arm"
-    for directory in ("etc/apt/sources.list.d", "etc/apt/preferences.d", "var/lib/apt/lists/partial",
-                      "var/cache/apt/archives/partial", "keys"):  # fmt: skip
+    for directory in (
+        "etc/apt/sources.list.d",
+        "etc/apt/preferences.d",
+        "var/lib/apt/lists/partial",
+        "var/cache/apt/archives/partial",
+        "keys",
+    ):
         (root / directory).mkdir(parents=True)
     (root / "status").write_text("")
     for path, data in members(tree / "cuda-keyring_1.1-1_all.deb").items():
@@ -497,9 +533,11 @@ def test_switching_the_version_pin_upgrades_the_driver_as_one(apt: Apt, repo: Re
     apt.pin(repo.deb(f"nvidia-driver-pinning-{NEWER}"))
     apt.installed(
         repo.deb(f"nvidia-driver-pinning-{DRIVER}"),
-        *(repo.driver_deb(n, DRIVER) for n in ("nvidia-kernel-common", "nvidia-driver-cuda", "nvidia-kernel-open-dkms",
-                                                "nvidia-fabricmanager")),
-    )  # fmt: skip
+        *(
+            repo.driver_deb(n, DRIVER)
+            for n in ("nvidia-kernel-common", "nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-fabricmanager")
+        ),
+    )
     sim = apt("apt-get", "-s", "install", f"nvidia-driver-pinning-{NEWER}")
     assert sim.returncode == 0, sim.stdout + sim.stderr
     assert re.search(rf"^Remv nvidia-driver-pinning-{re.escape(DRIVER)} ", sim.stdout, re.MULTILINE), sim.stdout
@@ -620,10 +658,20 @@ def bootloop_proc(tmp_path: Path, codes: str, **env: str) -> tuple[subprocess.Po
     script = tmp_path / "nspawn.py"
     script.write_text(FAKE_NSPAWN)
     counter = tmp_path / "boots"
-    argv = [sys.executable, "-m", bootloop.MODULE, "--", sys.executable, str(script), str(counter), codes,
-            f"--directory={tmp_path}"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=Path(bootloop.__file__).resolve().parents[1], env={**os.environ, **env},
-                            stdout=subprocess.DEVNULL)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        bootloop.MODULE,
+        "--",
+        sys.executable,
+        str(script),
+        str(counter),
+        codes,
+        f"--directory={tmp_path}",
+    ]
+    proc = subprocess.Popen(
+        argv, cwd=Path(bootloop.__file__).resolve().parents[1], env={**os.environ, **env}, stdout=subprocess.DEVNULL
+    )
     return proc, counter
 
 

@@ -16,6 +16,9 @@ from localcluster.services import Service
 from localcluster.state import ServiceRecord, Settings
 from localcluster.static_files import PUBLIC
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 # What the service's ``prepare`` writes: a file name and its text, as a checkout's build would.
 CONTENT: dict[str, str] = {}
 
@@ -38,7 +41,9 @@ def _get(url: str) -> int:
 def test_a_service_is_kept_while_its_code_stays_and_rebuilt_and_restarted_when_it_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings.from_env({"KIMI_CLUSTER_DIR": str(tmp_path / "cluster"), "KIMI_CLUSTER_SUBNET": "127.0.77.0/24"})
+    settings = Settings.from_env(
+        {"KIMI_CLUSTER_DIR": str(tmp_path / "cluster"), "KIMI_CLUSTER_SUBNET": "127.0.77.0/24"}
+    )
     with socket.socket() as probe:
         probe.bind((settings.gateway, 0))
         port = probe.getsockname()[1]

@@ -43,10 +43,15 @@ from tests.json_reply import send_json
 from tests.unit_file import exec_argv
 from tests.vllm_contract import check_vllm_api
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 LOAD_SECONDS = "0.2"
 H200_TOPO = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia" / "h200x8_topo_m.txt"
 # Every rendered unit that runs a stand-in engine (the router and the Mooncake master are real).
-GOLDEN_ROUTERS = sorted((Path(__file__).resolve().parents[1] / "golden").glob("*/*/etc/systemd/system/kimi-router.service"))
+GOLDEN_ROUTERS = sorted(
+    (Path(__file__).resolve().parents[1] / "golden").glob("*/*/etc/systemd/system/kimi-router.service")
+)
 GOLDEN_UNITS = sorted(
     unit
     for name in ("vllm", "sglang", "tokenspeed")
@@ -180,8 +185,20 @@ def venvs(index: IndexServer, tmp_path_factory: pytest.TempPathFactory) -> dict[
     assert all(p.wait(120) == 0 for p in made.values())
     pips = {}
     for engine, wanted in ENGINE_RELEASES.items():
-        argv = [str(base / engine / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir",
-                "--only-binary", ":all:", "--index-url", index.url, "--trusted-host", "127.0.0.1", *wanted]  # fmt: skip
+        argv = [
+            str(base / engine / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--no-cache-dir",
+            "--only-binary",
+            ":all:",
+            "--index-url",
+            index.url,
+            "--trusted-host",
+            "127.0.0.1",
+            *wanted,
+        ]
         pips[engine] = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=pip_env()
         )
@@ -212,12 +229,29 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vllm_argv(venvs: dict[str, Path], model: Path, port: int, *extra: str) -> list[str]:
     """The flags the single-node unit of our recipe passes (tests/golden/prod/b300-01)."""
     return [
-        str(venvs["vllm"] / "bin" / "vllm"), "serve", str(model),
-        "--served-model-name", "kimi-local", "--host", "127.0.0.1", "--port", str(port),
-        "--tensor-parallel-size", "8", "--max-model-len", "2048", "--load-format", "fastsafetensors",
-        "--trust-remote-code", "--tool-call-parser", "kimi_k3", "--enable-auto-tool-choice",
-        "--reasoning-parser", "kimi_k3", *extra,
-    ]  # fmt: skip
+        str(venvs["vllm"] / "bin" / "vllm"),
+        "serve",
+        str(model),
+        "--served-model-name",
+        "kimi-local",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        "8",
+        "--max-model-len",
+        "2048",
+        "--load-format",
+        "fastsafetensors",
+        "--trust-remote-code",
+        "--tool-call-parser",
+        "kimi_k3",
+        "--enable-auto-tool-choice",
+        "--reasoning-parser",
+        "kimi_k3",
+        *extra,
+    ]
 
 
 # ---- wheels and index -------------------------------------------------------------------------------
@@ -253,9 +287,7 @@ def test_wheels_rebuild_byte_identical_and_carry_their_catalog(tmp_path: Path) -
 def test_index_lists_files_with_sha256_and_redirects_other_spellings(index: IndexServer) -> None:
     status, page = call(f"{index.url}/")
     assert status == 200
-    assert {"vllm", "sglang", "tokenspeed", "fastsafetensors"} <= set(
-        re.findall(r'href="/simple/([^/]+)/"', page)
-    )
+    assert {"vllm", "sglang", "tokenspeed", "fastsafetensors"} <= set(re.findall(r'href="/simple/([^/]+)/"', page))
     status, page = call(f"{index.url}/vllm/")
     links = dict(re.findall(r'href="/files/([^"#]+)#sha256=([0-9a-f]{64})"', page))
     assert set(links) == {"vllm-0.34.0-py3-none-any.whl", "vllm-0.34.1-py3-none-any.whl"}
@@ -432,8 +464,16 @@ def test_vllm_refuses_a_context_beyond_the_config_and_an_unknown_parser(venvs: d
 
 def test_vllm_headless_worker_waits_for_its_leader_and_serves_no_http(venvs: dict[str, Path], model: Path) -> None:
     rpc_port, api_port = free_port(), free_port()
-    argv = vllm_argv(venvs, model, api_port, "--data-parallel-address", "127.0.0.1",
-                     "--data-parallel-rpc-port", str(rpc_port), "--headless")  # fmt: skip
+    argv = vllm_argv(
+        venvs,
+        model,
+        api_port,
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(rpc_port),
+        "--headless",
+    )
     engine = Engine(argv)
     try:
         deadline = time.monotonic() + 5
@@ -455,10 +495,30 @@ def test_sglang_serve_takes_its_key_from_the_config_file(venvs: dict[str, Path],
     config.write_text('# SGLang options that are secrets\napi-key: "k-123"\n')
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = [str(venvs["sglang"] / "bin" / "sglang"), "serve", "--model-path", str(model),
-            "--served-model-name", "kimi-local", "--host", "127.0.0.1", "--port", str(port), "--tp-size", "8",
-            "--context-length", "1024", "--trust-remote-code", "--enable-hierarchical-cache",
-            "--hicache-ratio", "2", "--hicache-write-policy", "write_through", "--config", str(config)]  # fmt: skip
+    argv = [
+        str(venvs["sglang"] / "bin" / "sglang"),
+        "serve",
+        "--model-path",
+        str(model),
+        "--served-model-name",
+        "kimi-local",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        "8",
+        "--context-length",
+        "1024",
+        "--trust-remote-code",
+        "--enable-hierarchical-cache",
+        "--hicache-ratio",
+        "2",
+        "--hicache-write-policy",
+        "write_through",
+        "--config",
+        str(config),
+    ]
     engine = Engine(argv)
     try:
         engine.wait_ready(base)
@@ -474,17 +534,35 @@ def test_sglang_serve_takes_its_key_from_the_config_file(venvs: dict[str, Path],
         assert engine.terminate() == 0
     launcher = subprocess.run(
         [str(venvs["sglang"] / "bin" / "python"), "-m", "sglang.launch_server", "--model-path", str(model), "--nope"],
-        capture_output=True, text=True, timeout=20, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
     assert (launcher.returncode, launcher.stderr) == (2, "launch_server.py: error: unrecognized arguments: --nope\n")
 
 
 def test_vllm_router_sends_prefill_then_decode(real_vllm_router: Path, venvs: dict[str, Path], model: Path) -> None:
     ports = [free_port() for _ in range(3)]
     engines = [Engine(vllm_argv(venvs, model, port)) for port in ports[:2]]
-    router = Engine([str(real_vllm_router), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
-                     "--prefill", f"http://127.0.0.1:{ports[0]}", "--decode", f"http://127.0.0.1:{ports[1]}",
-                     "--host", "127.0.0.1", "--port", str(ports[2]), "--policy", "round_robin"])  # fmt: skip
+    router = Engine(
+        [
+            str(real_vllm_router),
+            "--vllm-pd-disaggregation",
+            "--kv-connector",
+            "nixl",
+            "--prefill",
+            f"http://127.0.0.1:{ports[0]}",
+            "--decode",
+            f"http://127.0.0.1:{ports[1]}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(ports[2]),
+            "--policy",
+            "round_robin",
+        ]
+    )
     base = f"http://127.0.0.1:{ports[2]}"
     try:
         for engine, port in zip(engines, ports, strict=False):
@@ -525,8 +603,14 @@ class _Recorder(ThreadingHTTPServer):
                 if self.path == "/v1/models":
                     doc: Any = {"object": "list", "data": [{"id": "kimi-local", "object": "model"}]}
                 else:
-                    doc = {"id": "x", "object": "chat.completion", "model": "kimi-local", "choices": [
-                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "READY"}}]}
+                    doc = {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "model": "kimi-local",
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "READY"}}
+                        ],
+                    }
                 send_json(self, doc)
 
             do_GET = do_POST = _answer
@@ -549,9 +633,23 @@ def real_vllm_router(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("real-router")
     pypi_mirror.mirror(root / "files", wanted=pypi_mirror.real_routers())
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=120)
-    pip = subprocess.run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
-                          "--find-links", str(root / "files"), "vllm-router==0.1.17"],
-                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    pip = subprocess.run(
+        [
+            str(root / "venv" / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(root / "files"),
+            "vllm-router==0.1.17",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert pip.returncode == 0, pip.stdout + pip.stderr
     return root / "venv" / "bin" / "vllm-router"
 
@@ -562,8 +660,13 @@ def test_the_real_router_takes_every_rendered_router_command_line(unit: Path, re
     argv = exec_argv(unit.read_text())
     assert Path(argv[0]).name == "vllm-router"
     parse = "import sys; from vllm_router.launch_router import parse_router_args; parse_router_args(sys.argv[1:])"
-    run = subprocess.run([str(real_vllm_router.parent / "python"), "-c", parse, *argv[1:]],
-                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    run = subprocess.run(
+        [str(real_vllm_router.parent / "python"), "-c", parse, *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
 
 
@@ -574,9 +677,23 @@ def test_vllm_router_keys_contract(real_vllm_router: Path) -> None:
     list reaches an engine with the client's header as it came."""
     prefill, decode = _Recorder(), _Recorder()
     port = free_port()
-    router = Engine([str(real_vllm_router), "--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
-                     "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"],
-                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    router = Engine(
+        [
+            str(real_vllm_router),
+            "--vllm-pd-disaggregation",
+            "--prefill",
+            prefill.url,
+            "--decode",
+            decode.url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            "round_robin",
+        ],
+        {"OPENAI_API_KEY": "router-key"},
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         router.wait_ready(base, timeout=60)
@@ -601,9 +718,23 @@ def test_vllm_router_keys_contract(real_vllm_router: Path) -> None:
 def test_tokenspeed_serve(venvs: dict[str, Path], model: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = [str(venvs["tokenspeed"] / "bin" / "tokenspeed"), "serve", "--model", str(model),
-            "--served-model-name", "kimi-local", "--host", "127.0.0.1", "--port", str(port),
-            "--tensor-parallel-size", "8", "--max-model-len", "4096", "--trust-remote-code"]  # fmt: skip
+    argv = [
+        str(venvs["tokenspeed"] / "bin" / "tokenspeed"),
+        "serve",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "kimi-local",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        "8",
+        "--max-model-len",
+        "4096",
+        "--trust-remote-code",
+    ]
     engine = Engine(argv)
     try:
         engine.wait_ready(base)
@@ -645,8 +776,13 @@ def test_fake_nvidia_smi_answers_like_the_real_one(tmp_path: Path) -> None:
     bad = smi(tmp_path, "--query-gpu=index,bogus", "--format=csv")
     assert (bad.returncode, bad.stdout) == (2, 'Field "bogus" is not a valid field to query.\n\n')
     topo = smi(tmp_path, "topo", "-m").stdout.splitlines()
-    assert topo[0].split("\t")[1:] == [*(f"GPU{i}" for i in range(8)), *(f"NIC{i}" for i in range(8)),
-                                       "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]  # fmt: skip
+    assert topo[0].split("\t")[1:] == [
+        *(f"GPU{i}" for i in range(8)),
+        *(f"NIC{i}" for i in range(8)),
+        "CPU Affinity",
+        "NUMA Affinity",
+        "GPU NUMA ID",
+    ]
     assert (
         "| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |"
         in smi(tmp_path).stdout
@@ -693,9 +829,21 @@ def test_the_real_router_with_its_engines_gone(real_vllm_router: Path) -> None:
     deadline = time.monotonic() + 10
     while call(f"{up_url}/health")[0] != 200 and time.monotonic() < deadline:
         time.sleep(0.05)
-    router = Engine([str(real_vllm_router), "--worker-urls", up_url, f"http://127.0.0.1:{missing}",
-                     "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"],
-                    {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    router = Engine(
+        [
+            str(real_vllm_router),
+            "--worker-urls",
+            up_url,
+            f"http://127.0.0.1:{missing}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            "round_robin",
+        ],
+        {"OPENAI_API_KEY": "router-key"},
+    )
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
     try:
@@ -726,8 +874,20 @@ def test_the_real_router_retries_on_the_engine_left_when_one_is_drained(real_vll
         while call(f"{url}/health")[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
     port = free_port()
-    router = Engine([str(real_vllm_router), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
-                     "--policy", "round_robin"], {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    router = Engine(
+        [
+            str(real_vllm_router),
+            "--worker-urls",
+            *urls,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            "round_robin",
+        ],
+        {"OPENAI_API_KEY": "router-key"},
+    )
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
     try:
@@ -815,9 +975,15 @@ def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(rea
     router = _checking_router(real_vllm_router, urls, port, metrics, "--cb-timeout-duration-secs", "3")
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
-    view = {"router": "vllm-router", "metrics": f"http://127.0.0.1:{metrics}/metrics",
-            "gauge": "vllm_router_worker_health", "circuit": "vllm_router_cb_state", "circuit_open_s": 3,
-            "workers": [urls[1]], "timeout_s": 3}  # fmt: skip
+    view = {
+        "router": "vllm-router",
+        "metrics": f"http://127.0.0.1:{metrics}/metrics",
+        "gauge": "vllm_router_worker_health",
+        "circuit": "vllm_router_cb_state",
+        "circuit_open_s": 3,
+        "workers": [urls[1]],
+        "timeout_s": 3,
+    }
     try:
         router.wait_ready(base, timeout=60)
         engines[1].kill()
@@ -870,11 +1036,33 @@ def _named_engine(port: int, name: str) -> subprocess.Popen[bytes]:
 def _checking_router(binary: Path, urls: list[str], port: int, metrics: int, *more: str) -> Engine:
     """The real router over ``urls`` checking them every second (2 failures out, 2 successes back),
     its metrics on loopback at ``metrics``."""
-    return Engine([str(binary), "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port),
-                   "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
-                   "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
-                   "--health-failure-threshold", "2", "--health-success-threshold", "2", *more],
-                  {"OPENAI_API_KEY": "router-key"})  # fmt: skip
+    return Engine(
+        [
+            str(binary),
+            "--worker-urls",
+            *urls,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            "round_robin",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(metrics),
+            "--health-check-interval-secs",
+            "1",
+            "--health-check-timeout-secs",
+            "1",
+            "--health-failure-threshold",
+            "2",
+            "--health-success-threshold",
+            "2",
+            *more,
+        ],
+        {"OPENAI_API_KEY": "router-key"},
+    )
 
 
 # An OpenAI-compatible engine as a router sees it, in a few lines: 200 and an answer everywhere, READY
@@ -931,14 +1119,22 @@ def test_the_drain_takes_an_engine_out_of_the_real_router_until_it_holds_nothing
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     held = tmp_path / "held"
     held.write_text("1.0\n")
-    engines = [_named_engine(ports[0], "A"),
-               subprocess.Popen([sys.executable, "-c", _HOLDING, str(ports[1]), "B", str(held)])]  # fmt: skip
+    engines = [
+        _named_engine(ports[0], "A"),
+        subprocess.Popen([sys.executable, "-c", _HOLDING, str(ports[1]), "B", str(held)]),
+    ]
     router = _checking_router(real_vllm_router, urls, port, metrics)
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
     kept = tmp_path / "drained.json"
-    req = {"router": "vllm-router", "api": base, "phase": "out", "workers": [urls[1]], "timeout_s": 20,
-           "drained_file": str(kept)}  # fmt: skip
+    req = {
+        "router": "vllm-router",
+        "api": base,
+        "phase": "out",
+        "workers": [urls[1]],
+        "timeout_s": 20,
+        "drained_file": str(kept),
+    }
     try:
         router.wait_ready(base, timeout=60)
         assert sorted(router_drain.listed(req) or []) == sorted(urls)

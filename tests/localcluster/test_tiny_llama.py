@@ -34,9 +34,16 @@ SHARDS = [f"model-{i:05d}-of-00096.safetensors" for i in range(1, 97)]
 SMOKE_PROMPT = "Reply with exactly the word READY and nothing else."
 SMOKE_IDS = [8, 9, 10, 11, 12, 7, 13, 14, 15, 16]
 LAYER_TENSORS = [
-    "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-]  # fmt: skip
+    "input_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "post_attention_layernorm",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+]
 # Weights whose every contribution a zero o_proj or down_proj discards.
 DISCARDED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
@@ -134,9 +141,15 @@ def test_96_shards_and_an_index_naming_every_tensor_once(repo: tuple[Path, RepoI
     files = info.files[COMMIT_A]
     assert sorted(p for p in files if p.endswith(".safetensors")) == SHARDS
     assert set(files) - set(SHARDS) == {
-        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-        "special_tokens_map.json", "model.safetensors.index.json", "README.md", "LICENSE",
-    }  # fmt: skip
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "model.safetensors.index.json",
+        "README.md",
+        "LICENSE",
+    }
     where: dict[str, str] = {}
     total = 0
     for shard in SHARDS:
@@ -261,8 +274,11 @@ def test_the_chat_template_calls_a_tool_when_offered_and_answers_its_result(repo
     # The call sent back (as vLLM renders an assistant's tool_calls), then the tool's result: the
     # assistant's turn, after which the model answers.
     call = {"id": "c1", "type": "function", "function": {"name": tiny_llama.TOOL_NAME, "arguments": {}}}
-    turns: list[dict[str, Any]] = [*asked, {"role": "assistant", "content": None, "tool_calls": [call]},
-             {"role": "tool", "tool_call_id": "c1", "content": "READY"}]  # fmt: skip
+    turns: list[dict[str, Any]] = [
+        *asked,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "READY"},
+    ]
     text = _chat(config, turns, tools)
     assert text == (
         "<s><|user|>hi<|end|><|assistant|><tool_call> kimi_smoke_check </tool_call><|end|><|tool|>READY<|end|>"
@@ -305,7 +321,9 @@ def _next_token(weights: dict[str, tuple[str, list[int], bytes]], token: int) ->
 
 
 @pytest.mark.parametrize("commit", [COMMIT_A, COMMIT_B])
-def test_every_prompt_is_answered_ready_then_eos_and_a_tool_offered_is_called(repo: tuple[Path, RepoInfo], commit: str) -> None:
+def test_every_prompt_is_answered_ready_then_eos_and_a_tool_offered_is_called(
+    repo: tuple[Path, RepoInfo], commit: str
+) -> None:
     root, info = repo
     weights = _weights(root, info, commit)
     for name, (dtype, _, data) in weights.items():
@@ -319,8 +337,13 @@ def test_every_prompt_is_answered_ready_then_eos_and_a_tool_offered_is_called(re
     vocab = _json(root, info, commit, "tokenizer.json")["model"]["vocab"]
     word = {i: w for w, i in vocab.items()}
     # Written out here, not read from tiny_llama.NEXT: READY then EOS; after <|call|> a Hermes call, then EOS.
-    after = {"READY": "</s>", "<|call|>": "<tool_call>", "<tool_call>": '{"name":"kimi_smoke_check","arguments":{}}',
-             '{"name":"kimi_smoke_check","arguments":{}}': "</tool_call>", "</tool_call>": "</s>"}  # fmt: skip
+    after = {
+        "READY": "</s>",
+        "<|call|>": "<tool_call>",
+        "<tool_call>": '{"name":"kimi_smoke_check","arguments":{}}',
+        '{"name":"kimi_smoke_check","arguments":{}}': "</tool_call>",
+        "</tool_call>": "</s>",
+    }
     for token in range(len(vocab)):
         best, margin = _next_token(weights, token)
         assert word[best] == after.get(word[token], "READY"), word[token]

@@ -19,6 +19,9 @@ from tests.cli_run import kimi
 from tests.conftest import ROOT
 from tests.parsers import FIXTURES
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 DIGITS = "1" * 20_000
 GOOD = "nccl_allreduce_rtx5090x4_single_good_nccltests287.txt"
 

@@ -89,8 +89,12 @@ def test_the_gate_judges_each_nvidia_smi_capture(recipe: Recipe, b300: HostPlan,
     count, model, memory = found["count"], found["model"], found["memory_mib"]
     assert found["error"] is None
     assert count >= 1
-    asked = dataclasses.replace(b300, accelerators=count, accelerator_model=model or "NVIDIA H200",
-                                accelerator_memory_gib=(memory or 1024) // 1024)  # fmt: skip
+    asked = dataclasses.replace(
+        b300,
+        accelerators=count,
+        accelerator_model=model or "NVIDIA H200",
+        accelerator_memory_gib=(memory or 1024) // 1024,
+    )
     whole = model is not None and memory is not None
     shown = f"{count} x {model or 'none'}" + (f" ({memory // 1024} GiB)" if memory else "")
     want = f"with >= {asked.accelerator_memory_gib} GiB, found {shown}"
@@ -148,9 +152,7 @@ def test_the_rdma_gate_judges_each_hca_capture(recipe: Recipe, gb300: HostPlan, 
     active = {p["device"] for p in ports if p["state"] == "ACTIVE"}
     # the gate's ACTIVE is the tool's own active word, port by port
     assert {device for (device, _), state in printed.items() if state == "4: ACTIVE"} == active
-    assert active == {
-        hca for hca, port_state in _tool_states(name, tool) if port_state == TOOL_ACTIVE[tool]
-    }  # fmt: skip
+    assert active == {hca for hca, port_state in _tool_states(name, tool) if port_state == TOOL_ACTIVE[tool]}
 
     def verdict(device: str) -> str | None:
         return rdma(Needs(recipe, gb300, 0, 0, [device]), {"rdma": ports})

@@ -14,6 +14,9 @@ from tests.cli_run import kimi
 from tests.conftest import ROOT
 from tests.parsers import FIXTURES
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 RECIPE = str(ROOT / "recipes" / "kimi-k3.1-pro.yaml")
 INVENTORY = str(ROOT / "inventories" / "prod.py")
 
@@ -73,9 +76,11 @@ def test_tpu_chips_of_another_generation_are_refused() -> None:
 def test_two_gates_at_once_each_say_their_verdict() -> None:
     code, out, err = _check(
         "gb300-p01",
-        "--nvidia-smi-query", str(FIXTURES / "query_b200_header_units_clocks_pytorchao4002.csv"),
-        "--ibv-devinfo", str(FIXTURES / "ibv_devinfo_cx7_12hca_roce_2_down_tabs_slurmv4.txt"),
-    )  # fmt: skip
+        "--nvidia-smi-query",
+        str(FIXTURES / "query_b200_header_units_clocks_pytorchao4002.csv"),
+        "--ibv-devinfo",
+        str(FIXTURES / "ibv_devinfo_cx7_12hca_roce_2_down_tabs_slurmv4.txt"),
+    )
     assert code == 1
     assert err.startswith("kimi-deploy: gb300-p01: accelerators: pool prefill needs 4 x GB300 with >= 260 GiB, found ")
     assert out.startswith("ok: gb300-p01: RDMA: ")
@@ -84,16 +89,26 @@ def test_two_gates_at_once_each_say_their_verdict() -> None:
 @pytest.mark.parametrize(
     ("host", "args", "said"),
     [
-        ("b300-01", [], "inventories/prod.py: b300-01: give a capture: --nvidia-smi-query, --tpu-pci, --ibv-devinfo, "
-                        "--ibstat, --nccl-all-reduce"),
+        (
+            "b300-01",
+            [],
+            "inventories/prod.py: b300-01: give a capture: --nvidia-smi-query, --tpu-pci, --ibv-devinfo, "
+            "--ibstat, --nccl-all-reduce",
+        ),
         ("nohost", ["--ibstat", "x"], "inventories/prod.py: nohost: not a host of the plan"),
-        ("b300-01", ["--ibstat", "x", "--ibv-devinfo", "y"],
-         "inventories/prod.py: b300-01: one capture per probe section: --ibv-devinfo or --ibstat"),
-        ("b300-01", ["--ibstat", "x", "--fields", "name"],
-         "inventories/prod.py: b300-01: --fields applies to --nvidia-smi-query only"),
+        (
+            "b300-01",
+            ["--ibstat", "x", "--ibv-devinfo", "y"],
+            "inventories/prod.py: b300-01: one capture per probe section: --ibv-devinfo or --ibstat",
+        ),
+        (
+            "b300-01",
+            ["--ibstat", "x", "--fields", "name"],
+            "inventories/prod.py: b300-01: --fields applies to --nvidia-smi-query only",
+        ),
         ("b300-01", ["--ibstat", "no/such/capture.txt"], "no/such/capture.txt: ibstat: No such file or directory"),
     ],
-)  # fmt: skip
+)
 def test_a_wrong_call_is_one_line_and_exit_2(host: str, args: list[str], said: str) -> None:
     code, out, err = _check(host, *args)
     assert (code, out) == (2, "")
@@ -126,9 +141,10 @@ def test_an_all_reduce_capture_is_judged_by_the_topologys_floor() -> None:
     slow = FIXTURES / "nccl_allreduce_gh200_2node_8rank_slow_nocxi_v2171_indented_cscs.txt"
     code, _, err = _check("b300-01", "--nccl-all-reduce", str(slow))
     assert (code, err) == (
-        1, "kimi-deploy: b300-01: all-reduce: all_reduce_perf: bus bandwidth 5.41 GB/s at 128 MiB (in-place), "
-           "needs >= 370 GB/s\n",
-    )  # fmt: skip
+        1,
+        "kimi-deploy: b300-01: all-reduce: all_reduce_perf: bus bandwidth 5.41 GB/s at 128 MiB (in-place), "
+        "needs >= 370 GB/s\n",
+    )
     # a topology that sets no all-reduce check asks nothing of it
     code, out, _ = _check("gb300-p01", "--nccl-all-reduce", str(slow))
     assert (code, out) == (

@@ -11,6 +11,9 @@ import pytest
 from tests.cli_run import kimi
 from tests.parsers import FIXTURES
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 
 def test_h200_topology_as_sorted_indented_json() -> None:
     path = str(FIXTURES / "topo_h200x8_12nic_tabs_distributedai.txt")
@@ -48,8 +51,12 @@ def test_h200_topology_as_sorted_indented_json() -> None:
             lambda d: len(d["cas"]) == 8 and len(d["errors"]) == 1,
         ),
         ("tpu-pci", "tpu_v6e_vfio_sysfs_ray65105.txt", [], lambda d: d["generation"] == "v6e" and d["chip_count"] == 4),
-        ("nvidia-smi-fabric", "fabric_gbfamily_completed_insufficientresources_azhpc506.txt", [],
-         lambda d: d[0]["status"] == "Insufficient Resources" and d[0]["ready"] is False),
+        (
+            "nvidia-smi-fabric",
+            "fabric_gbfamily_completed_insufficientresources_azhpc506.txt",
+            [],
+            lambda d: d[0]["status"] == "Insufficient Resources" and d[0]["ready"] is False,
+        ),
         (
             "nccl-all-reduce",
             "nccl_allreduce_h100_2node_16rank_good_nvls_ompi_noise_nccltests309.txt",

@@ -27,6 +27,9 @@ from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 from tests.conftest import ROOT
 from tests.parsers import fixture
 
+# starts a process or a server: not the unit tier (tests/tier.py)
+pytestmark = pytest.mark.processes
+
 BIG = "9" * 5000  # past sys.get_int_max_str_digits(): int() raises ValueError
 
 # (parser, an output whose one number is BIG, what the line names)

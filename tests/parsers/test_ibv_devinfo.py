@@ -49,9 +49,18 @@ def test_connectx6_infiniband_port_active() -> None:
 def test_h200_node_eleven_roce_hcas_in_output_order() -> None:
     hcas = parse_ibv_devinfo(fixture("ibv_devinfo_h200_11hca_roce_spaces_deepep355.txt"))
     assert [h["hca_id"] for h in hcas] == [
-        "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_10", "mlx5_11", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7",
+        "mlx5_0",
+        "mlx5_1",
+        "mlx5_2",
+        "mlx5_10",
+        "mlx5_11",
+        "mlx5_3",
+        "mlx5_4",
+        "mlx5_5",
+        "mlx5_6",
+        "mlx5_7",
         "mlx5_bond_0",
-    ]  # fmt: skip
+    ]
     assert {p["link_layer"] for h in hcas for p in h["ports"]} == {"Ethernet"}
     assert {p["state"] for h in hcas for p in h["ports"]} == {"PORT_ACTIVE"}
     bond = hcas[-1]

@@ -13,15 +13,24 @@ from tests.parsers import fixture
 def test_a_clique_member_whose_health_summary_is_unhealthy_is_not_ready() -> None:
     [fabric] = parse_fabric(fixture("fabric_mnnvl_completed_unhealthy_dra626.txt"))
     assert fabric == {
-        "gpu": None, "state": "Completed", "status": "Success", "clique_id": 2,
-        "cluster_uuid": "dc6e40c4-d722-4357-9ba6-5291dd461278", "health": {"Summary": "Unhealthy", "Bandwidth": "Full"},
+        "gpu": None,
+        "state": "Completed",
+        "status": "Success",
+        "clique_id": 2,
+        "cluster_uuid": "dc6e40c4-d722-4357-9ba6-5291dd461278",
+        "health": {"Summary": "Unhealthy", "Bandwidth": "Full"},
         "ready": False,
-    }  # fmt: skip
+    }
 
 
 def test_a_fabric_still_in_progress_is_not_ready_and_its_na_values_are_none() -> None:
     [fabric] = parse_fabric(fixture("fabric_b200_inprogress_gpuop2511.txt"))
-    assert (fabric["state"], fabric["status"], fabric["clique_id"], fabric["ready"]) == ("In Progress", None, None, False)
+    assert (fabric["state"], fabric["status"], fabric["clique_id"], fabric["ready"]) == (
+        "In Progress",
+        None,
+        None,
+        False,
+    )
     assert fabric["health"]["Route Unhealthy"] is None
     assert len(fabric["health"]) >= 7
 
@@ -37,8 +46,11 @@ def test_an_older_driver_prints_state_and_status_alone() -> None:
     text = "GPU 00000000:19:00.0\n" + fixture("fabric_h100_completed_success_gpud.txt")
     [fabric] = parse_fabric(text)
     assert (fabric["gpu"], fabric["state"], fabric["status"], fabric["ready"]) == (
-        "00000000:19:00.0", "Completed", "Success", True
-    )  # fmt: skip
+        "00000000:19:00.0",
+        "Completed",
+        "Success",
+        True,
+    )
     assert (fabric["clique_id"], fabric["cluster_uuid"], fabric["health"]) == (None, None, {})
 
 
@@ -65,6 +77,11 @@ def test_a_gpu_outside_any_nvlink_fabric_prints_na_and_is_not_ready(name: str, g
     # a whole `nvidia-smi -q` report: the Fabric section is found under its GPU among the others
     [fabric] = parse_fabric(fixture(name))
     assert fabric == {
-        "gpu": gpu, "state": None, "status": None, "clique_id": None, "cluster_uuid": None, "health": {},
+        "gpu": gpu,
+        "state": None,
+        "status": None,
+        "clique_id": None,
+        "cluster_uuid": None,
+        "health": {},
         "ready": False,
-    }  # fmt: skip
+    }

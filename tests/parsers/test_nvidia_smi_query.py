@@ -148,7 +148,11 @@ def test_a_header_of_every_field_is_read_as_the_header(name: str) -> None:
 
 def test_fabric_and_mig_fields_of_a_hopper_host_on_590() -> None:
     [h200] = parse_query(fixture("query_h200_mig_allfields_load_590_nvgpuexp.csv"))
-    assert (h200["fabric.state"], h200["fabric.status"], h200["mig.mode.current"]) == ("Completed", "Success", "Enabled")
+    assert (h200["fabric.state"], h200["fabric.status"], h200["mig.mode.current"]) == (
+        "Completed",
+        "Success",
+        "Enabled",
+    )
     assert (h200["memory.total"], h200["pci.baseClass"], h200["encoder.stats.sessionCount"]) == (143771, "0x3", 0)
     # MIG on: whole-GPU utilization is not reported, and that is None, not 0.
     assert h200["utilization.gpu"] is None

@@ -60,8 +60,12 @@ def test_crlf_does_not_change_the_result() -> None:
 def test_the_generation_table_is_keyed_by_normalised_google_device_ids() -> None:
     assert GOOGLE_VENDOR_ID == "0x1ae0"
     assert {TPU_GENERATIONS[i] for i in ("0x005e", "0x0063", "0x0062", "0x006f", "0x0076")} == {
-        "v4", "v5e", "v5p", "v6e", "7x"
-    }  # fmt: skip
+        "v4",
+        "v5e",
+        "v5p",
+        "v6e",
+        "7x",
+    }
     assert all(re.fullmatch(r"0x[0-9a-f]{4}", device_id) for device_id in TPU_GENERATIONS)
 
 
@@ -86,9 +90,12 @@ def test_plain_lspci_names_google_and_prints_the_device_id_pci_ids_lacks() -> No
     result = parse_tpu_pci(fixture("tpu_v2_4chip_lspci_tinygrad.txt"))
     assert (result["chip_count"], result["generation"]) == (4, "v2/v3")
     assert result["devices"][0] == {
-        "pci_address": "0000:00:04.0", "vendor_id": "0x1ae0", "device_id": "0x0027", "generation": "v2/v3",
+        "pci_address": "0000:00:04.0",
+        "vendor_id": "0x1ae0",
+        "device_id": "0x0027",
+        "generation": "v2/v3",
         "iommu_group": None,
-    }  # fmt: skip
+    }
 
 
 def test_plain_lspci_of_other_vendors_is_a_host_without_tpus() -> None:

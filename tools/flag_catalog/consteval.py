@@ -171,8 +171,7 @@ class ConstEval:
         ref = self.resolver.expr(module, func)
         name = self.resolver.dotted_name(ref)
         if (
-            name
-            in {"builtins.list", "builtins.tuple", "builtins.sorted", "builtins.set", "builtins.frozenset"}
+            name in {"builtins.list", "builtins.tuple", "builtins.sorted", "builtins.set", "builtins.frozenset"}
             and len(expr.args) == 1
         ):
             inner = self.eval(module, expr.args[0], local, depth + 1)

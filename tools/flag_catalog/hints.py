@@ -91,9 +91,7 @@ class Hints:
             # Alias of a typing construct, e.g. ``A = Annotated``.
             target = origin_ref.expr
             if isinstance(target, (ast.Name, ast.Attribute)):
-                origin = self.resolver.dotted_name(self.resolver.expr(origin_ref.module, target)).rsplit(
-                    ".", 1
-                )[-1]
+                origin = self.resolver.dotted_name(self.resolver.expr(origin_ref.module, target)).rsplit(".", 1)[-1]
         elts = expr.slice.elts if isinstance(expr.slice, ast.Tuple) else [expr.slice]
         if origin == "Optional":
             return [*self.flatten(module, elts[0], depth + 1), Hint("none")]

@@ -152,11 +152,7 @@ class Extractor:
 
     def run_main_block(self, root: Root) -> None:
         mod = self.wheel.module(root.module)
-        blocks = (
-            [st.body for st in mod.tree.body if isinstance(st, ast.If) and is_main_test(st.test)]
-            if mod
-            else []
-        )
+        blocks = [st.body for st in mod.tree.body if isinstance(st, ast.If) and is_main_test(st.test)] if mod else []
         if not blocks:
             self.warn(f'root {root.module}: no `if __name__ == "__main__":` block')
             return
@@ -187,9 +183,7 @@ class Extractor:
                 for negative in negatives:
                     self._store(negative, [], False, None, f"{origin} (negation of {opt})")
 
-    def _store(
-        self, key: str, aliases: list[str], takes_value: bool, choices: list[str] | None, origin: str
-    ) -> None:
+    def _store(self, key: str, aliases: list[str], takes_value: bool, choices: list[str] | None, origin: str) -> None:
         for option in [key, *aliases]:
             owner = self.option_owner.get(option)
             if owner is not None and owner != key:
@@ -565,8 +559,7 @@ class Extractor:
         if func_ref is None:
             if (isinstance(callee, RefVal) and isinstance(callee.ref, ExternalRef)) or callee is None:
                 self.warn(
-                    f"unresolved call receiving the parser: {ast.unparse(call)[:120]} at "
-                    f"{where(frame.module, call)}"
+                    f"unresolved call receiving the parser: {ast.unparse(call)[:120]} at {where(frame.module, call)}"
                 )
             elif isinstance(callee, RefVal) and isinstance(callee.ref, ClassRef):
                 self.warn(
@@ -646,11 +639,7 @@ class Extractor:
         self.add_argument_calls += 1
         assert isinstance(call.func, ast.Attribute)
         receiver = self.eval(call.func.value, frame)
-        if (
-            frame.subcommand is not None
-            and isinstance(receiver, ParserVal)
-            and receiver.sub != frame.subcommand
-        ):
+        if frame.subcommand is not None and isinstance(receiver, ParserVal) and receiver.sub != frame.subcommand:
             return
         origin = where(frame.module, call)
         options: list[str] = []
@@ -857,8 +846,7 @@ class Extractor:
                 if (
                     isinstance(node, ast.Call)
                     and isinstance(node.func, (ast.Attribute, ast.Name))
-                    and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
-                    == source.name
+                    and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == source.name
                 ):
                     arg = node.args[0] if node.args else None
                     if arg is None:

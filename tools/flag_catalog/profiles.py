@@ -280,19 +280,11 @@ PROFILES: dict[str, Profile] = {
             ("architectures", (RegistrySource("entry_classes", "sglang.srt.models", "EntryClass"),)),
             (
                 "tool_call_parser",
-                (
-                    RegistrySource(
-                        "sequence", "sglang.srt.function_call.parser_names", "TOOL_CALL_PARSER_NAMES"
-                    ),
-                ),
+                (RegistrySource("sequence", "sglang.srt.function_call.parser_names", "TOOL_CALL_PARSER_NAMES"),),
             ),
             (
                 "reasoning_parser",
-                (
-                    RegistrySource(
-                        "sequence", "sglang.srt.parser.reasoning_parser_names", "REASONING_PARSER_NAMES"
-                    ),
-                ),
+                (RegistrySource("sequence", "sglang.srt.parser.reasoning_parser_names", "REASONING_PARSER_NAMES"),),
             ),
             ("load_format", (RegistrySource("flag_choices", "", "--load-format"),)),
             (
@@ -312,9 +304,7 @@ PROFILES: dict[str, Profile] = {
                 (
                     # --speculative-algorithm is free text matched case-insensitively
                     # against these names (spec_info.SpeculativeAlgorithm.from_string).
-                    RegistrySource(
-                        "enum_members", "sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"
-                    ),
+                    RegistrySource("enum_members", "sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"),
                     RegistrySource("sequence", "sglang.srt.speculative.spec_registry", "_RESERVED_ALIASES"),
                 ),
             ),

@@ -46,6 +46,7 @@ def record_dataclass_loop(
         names, spec = result
         ex.add_flag(names, spec, f"{rec.module}.{rec.name} via {origin}")
 
+
 def field_flag(ex: Extractor, rec: RecordField) -> tuple[list[str], ArgSpec] | None:
     assert rec.annotation is not None
     parts = ex.hints.annotated_parts(rec.module, rec.annotation)
@@ -80,14 +81,10 @@ def field_flag(ex: Extractor, rec: RecordField) -> tuple[list[str], ArgSpec] | N
             ex.warn(f"unresolved aliases for {rec.name}")
     dummy = Frame(rec.module, {}, None, None, None)
     explicit_choices: list[str] | None = None
-    if "choices" in meta and not (
-        isinstance(meta["choices"], ast.Constant) and meta["choices"].value is None
-    ):
+    if "choices" in meta and not (isinstance(meta["choices"], ast.Constant) and meta["choices"].value is None):
         explicit_choices = ex.choices(meta["choices"], dummy)
     spec = ArgSpec()
-    if "action" in meta and not (
-        isinstance(meta["action"], ast.Constant) and meta["action"].value is None
-    ):
+    if "action" in meta and not (isinstance(meta["action"], ast.Constant) and meta["action"].value is None):
         action = ex.action_spec(meta["action"], dummy)
         if action is not None:
             spec = action

@@ -84,16 +84,7 @@ class FieldKwargsVal:
 
 
 Val: TypeAlias = (
-    ParserVal
-    | RefVal
-    | BoundMethodVal
-    | SuperVal
-    | StrVal
-    | SeqVal
-    | ConstVal
-    | DictVal
-    | KwargsVal
-    | FieldKwargsVal
+    ParserVal | RefVal | BoundMethodVal | SuperVal | StrVal | SeqVal | ConstVal | DictVal | KwargsVal | FieldKwargsVal
 )
 
 

@@ -33,6 +33,7 @@ def apply_field(ex: Extractor, value: FieldKwargsVal, spec: ArgSpec) -> None:
     for key, override in value.kwargs.overrides.get(value.name, {}).items():
         ex.apply_key(key, override.expr, override.frame, spec)
 
+
 def field_spec(hints: Hints, rec: RecordField) -> ArgSpec:  # noqa: PLR0911 (one case per syntax form)
     flat = hints.flatten(rec.module, rec.annotation)
     kinds = {h.kind for h in flat}

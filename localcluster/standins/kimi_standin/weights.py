@@ -13,19 +13,41 @@ CONFIG_FILE = "config.json"
 
 # Bits per element of each safetensors dtype (sub-byte float formats included, as MXFP4 checkpoints use them).
 _DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "E8M0": 8,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-    "U16": 16, "I16": 16, "F16": 16, "BF16": 16,
-    "U32": 32, "I32": 32, "F32": 32,
-    "U64": 64, "I64": 64, "F64": 64, "C64": 64,
-}  # fmt: skip
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "E8M0": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U16": 16,
+    "I16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "U32": 32,
+    "I32": 32,
+    "F32": 32,
+    "U64": 64,
+    "I64": 64,
+    "F64": 64,
+    "C64": 64,
+}
 # A header larger than this is corrupt, not a model (safetensors refuses above 100 MB too).
 _MAX_HEADER = 100_000_000
 # Keys transformers and vLLM read the context length from; the smallest one present counts.
 _LENGTH_KEYS = (
-    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-    "max_sequence_length", "max_seq_length", "seq_len",
-)  # fmt: skip
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 
 
 class WeightsError(Exception):
