@@ -16,7 +16,6 @@ from __future__ import annotations
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
-from facts.inventory_probe import probe_of
 from kimi_deploy.context_ladder import climb_request
 from kimi_deploy.converge_steps import converge_steps
 from kimi_deploy.drift import drift
@@ -26,6 +25,7 @@ from kimi_deploy.watchdog_units import WATCHDOG_UNIT
 from kimi_pyinfra import dead_peers, fleet_progress, stop_signals
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.host_plan import converge_at, todo_for
+from kimi_pyinfra.inventory_probe import probe_of
 from kimi_pyinfra.rehearsal import Do, converge_host
 from kimi_pyinfra.run_context import run_context
 from operations import commcheck, engine, packages, preflight, releases, serving, units, users, weights

@@ -18,7 +18,6 @@ from pyinfra import logger
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
-from facts.inventory_probe import probe_all, probe_of
 from hostside.probe_types import UnitState
 from kimi_deploy.converge import needs_start
 from kimi_deploy.errors import ConfigError
@@ -27,6 +26,7 @@ from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_
 from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
 from kimi_pyinfra import stop_signals
 from kimi_pyinfra.host_plan import plan_for
+from kimi_pyinfra.inventory_probe import probe_all, probe_of
 from kimi_pyinfra.run_context import run_context
 from operations import preflight, releases
 from operations.start_order import SUFFIXES, start_batch

@@ -35,7 +35,7 @@ from kimi_deploy.parsers import (
 )
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
-from kimi_deploy.preflight import Needs, accelerators, rdma, rdma_asked
+from kimi_deploy.preflight import GATES, Needs, rdma_asked
 from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servability import refusals
@@ -226,7 +226,7 @@ def _facts_check(args: argparse.Namespace) -> int:
         if gate == "all-reduce":
             passed, line = nccl_verdict(recipe, spec, cast(nccl_tests.NcclTestsRun, nccl))
         else:
-            line = {"accelerators": accelerators, "rdma": rdma}[gate](needs, profile)
+            line = {g.__name__: g for g in GATES}[gate](needs, profile)
             passed = _judged(gate, needs, profile) if line is None else ""
         # The lines show what the captures say (GPU names, device names, nvidia-smi's errors): text
         # from the host, shown with its control characters escaped.

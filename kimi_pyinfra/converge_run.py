@@ -2,7 +2,7 @@
 probe request, and the run as the pure step function sees it (``kimi_deploy.converge_steps``).
 
 pyinfra runs the deploy file once per host; the first one to ask probes every host at once
-(``facts.inventory_probe``), and each host's view is built from those answers and the plans, the
+(``kimi_pyinfra.inventory_probe``), and each host's view is built from those answers and the plans, the
 same on every host, so all hosts agree on who fetches weights from whom and who resolves a lock.
 """
 
@@ -14,12 +14,12 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import inventory
 
-from facts.inventory_probe import active_hosts, probe_all
 from kimi_deploy.converge import converge_request
 from kimi_deploy.converge_steps import RunView, plan_fan_outs, run_view
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.driver_plan import probe_request as drivers_request
 from kimi_pyinfra.host_plan import todo_for
+from kimi_pyinfra.inventory_probe import active_hosts, probe_all
 from kimi_pyinfra.run_context import run_context
 
 

@@ -13,9 +13,9 @@ from pyinfra.context import host
 from hostside.commcheck import TOKEN_CREDENTIAL
 from hostside.host_dirs import LOG_DIR
 from kimi_deploy.host_programs import ALLREDUCE, COMMCHECK
+from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from kimi_pyinfra.rehearsal import Do
 from kimi_pyinfra.run_context import run_context
-from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from operations.units import replaced
 
 ALL_REDUCE_LOG = f"{LOG_DIR}/all-reduce.log"

@@ -11,8 +11,8 @@ from pyinfra.context import host
 
 from hostside.probe_types import WeightsFound
 from kimi_deploy.host_programs import WEIGHTS_PEER, WEIGHTS_SYNC
+from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from kimi_deploy.weights_fanout import needs_sync
-from operations.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 
 
 @operation()
