@@ -70,7 +70,8 @@ def parse_profile(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("error"):
         errors["probe"] = str(raw["error"])
     sections: dict[str, dict[str, Any]] = {}
-    for name in ("nvidia", "tpu", "rdma", "host", "disk", "drivers"):
+    kinds = [name for kind in KINDS.values() for name in kind.probe_sections]
+    for name in (*kinds, "rdma", "host", "disk", "drivers"):
         section = raw.get(name)
         section = section if isinstance(section, dict) else {}
         if section.get("error"):

@@ -158,6 +158,8 @@ class AcceleratorKind:
     priced_by_host: bool = False
     # accelerators.model -> the name ``benchmark.cost.accelerator_hour`` prices it under
     price_name: Callable[[str | None], str] = _model
+    # the sections of the hardware probe's answer (``hostside/hardware_probe.py``) it reads
+    probe_sections: tuple[str, ...] = ()
     # the hardware probe's sections (``hostside/hardware_probe.py``) -> the profile's accelerators,
     # None: the host has none of this kind (``errors`` takes what could not be read, by section)
     read_profile: Callable[[Mapping[str, Mapping[str, Any]], dict[str, str]], dict[str, Any] | None] = _none

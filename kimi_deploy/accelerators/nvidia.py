@@ -143,6 +143,7 @@ def _topology(topo: Any) -> dict[str, Any] | None:
 
 KIND = AcceleratorKind(
     name=NAME,
+    probe_sections=("nvidia",),
     gloo=True,
     nccl=True,
     memory_reported=True,

@@ -137,6 +137,7 @@ def _driver_line(recipe: Recipe, spec: HostPlan) -> str:
 
 KIND = AcceleratorKind(
     name=NAME,
+    probe_sections=(NAME,),
     recipe_rule=_recipe_rule,
     devices_per_accelerator=_devices,
     read_profile=_profile,
