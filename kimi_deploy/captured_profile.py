@@ -24,6 +24,8 @@ Raises :class:`~kimi_deploy.parsers.ParseError` (one line) when a capture is not
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kimi_deploy.parsers import ParseError
@@ -133,3 +135,37 @@ def _ibv_rate(port: dict[str, Any]) -> str | None:
         return None
     total = int(lanes) * float(per_lane)
     return f"{total:g} Gb/sec"
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A command output ``facts check`` takes (``--nvidia-smi-query FILE``, by its name here)."""
+
+    gate: str  # the preflight gate it informs (a gate of preflight.GATES by name), or "all-reduce"
+    section: str  # the section of the probe's answer it stands for
+    read: Callable[[str, list[str] | None], dict[str, Any]]  # (text, --fields) -> that section
+
+
+def _all_reduce(text: str, fields: list[str] | None) -> dict[str, Any]:
+    return dict(all_reduce_run(text))
+
+
+def _tpu(text: str, fields: list[str] | None) -> dict[str, Any]:
+    return tpu_section(text)
+
+
+def _rdma(tool: str) -> Callable[[str, list[str] | None], dict[str, Any]]:
+    def read(text: str, fields: list[str] | None) -> dict[str, Any]:
+        return rdma_section(text, tool)
+
+    return read
+
+
+CAPTURES: Mapping[str, Capture] = {
+    "nvidia_smi_query": Capture("accelerators", "nvidia", nvidia_section),
+    "tpu_pci": Capture("accelerators", "tpu", _tpu),
+    "ibv_devinfo": Capture("rdma", "rdma", _rdma("ibv-devinfo")),
+    "ibstat": Capture("rdma", "rdma", _rdma("ibstat")),
+    # not a probe section: the all-reduce check measures what nccl-tests does, before engines start
+    "nccl_all_reduce": Capture("all-reduce", "nccl", _all_reduce),
+}

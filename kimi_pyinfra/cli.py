@@ -13,8 +13,9 @@ from typing import Any, cast
 
 from hostside.boundary_lock import lock_pins
 from hostside.boundary_text import printable
-from kimi_deploy import captured_profile, committed_locks
+from kimi_deploy import committed_locks
 from kimi_deploy.allreduce_plan import nccl_verdict
+from kimi_deploy.captured_profile import CAPTURES
 from kimi_deploy.converge import PYPI
 from kimi_deploy.emitted import emissions
 from kimi_deploy.errors import ConfigError
@@ -165,41 +166,20 @@ def _facts_parse(args: argparse.Namespace) -> int:
     return 0
 
 
-# --CAPTURE of `facts check` -> (the gate it informs, the probe section it stands for).
-_CAPTURES = {
-    "nvidia_smi_query": ("accelerators", "nvidia"),
-    "tpu_pci": ("accelerators", "tpu"),
-    "ibv_devinfo": ("rdma", "rdma"),
-    "ibstat": ("rdma", "rdma"),
-    # not a probe section: the all-reduce check measures what nccl-tests does, before engines start
-    "nccl_all_reduce": ("all-reduce", "nccl"),
-}
-
-
-def _section(name: str, text: str, args: argparse.Namespace) -> dict[str, Any]:
-    if name == "nvidia_smi_query":
-        return captured_profile.nvidia_section(text, _fields(args))
-    if name == "tpu_pci":
-        return captured_profile.tpu_section(text)
-    if name == "nccl_all_reduce":
-        return dict(captured_profile.all_reduce_run(text))
-    return captured_profile.rdma_section(text, name.replace("_", "-"))
-
-
 def _fields(args: argparse.Namespace) -> list[str] | None:
     return [f.strip() for f in args.fields.split(",")] if args.fields else None
 
 
 def _facts_check(args: argparse.Namespace) -> int:
     """The preflight gates a deploy runs on HOST, on what was captured there instead of the probe."""
-    given = {name: getattr(args, name) for name in _CAPTURES if getattr(args, name)}
+    given = {name: getattr(args, name) for name in CAPTURES if getattr(args, name)}
     if not given:
         raise ConfigError(
             args.inventory,
             args.host,
-            "give a capture: " + ", ".join("--" + name.replace("_", "-") for name in _CAPTURES),
+            "give a capture: " + ", ".join("--" + name.replace("_", "-") for name in CAPTURES),
         )
-    if len({_CAPTURES[name][1] for name in given}) < len(given):
+    if len({CAPTURES[name].section for name in given}) < len(given):
         raise ConfigError(args.inventory, args.host, "one capture per probe section: --ibv-devinfo or --ibstat")
     if args.fields and "nvidia_smi_query" not in given:
         raise ConfigError(args.inventory, args.host, "--fields applies to --nvidia-smi-query only")
@@ -213,7 +193,7 @@ def _facts_check(args: argparse.Namespace) -> int:
     for name, path in given.items():
         try:
             text = Path(path).read_bytes().decode("utf-8", errors="replace")
-            raw[_CAPTURES[name][1]] = _section(name, text, args)
+            raw[CAPTURES[name].section] = CAPTURES[name].read(text, _fields(args))
         except OSError as exc:
             raise ConfigError(path, name.replace("_", "-"), exc.strerror or "cannot be read") from exc
         except ParseError as exc:
@@ -222,7 +202,7 @@ def _facts_check(args: argparse.Namespace) -> int:
     profile = parse_profile(raw)
     needs = Needs(recipe, spec, 0, 0, list(host.vars.kimi_rdma_devices or []))
     failed = 0
-    for gate in dict.fromkeys(_CAPTURES[name][0] for name in given):
+    for gate in dict.fromkeys(CAPTURES[name].gate for name in given):
         if gate == "all-reduce":
             passed, line = nccl_verdict(recipe, spec, cast(nccl_tests.NcclTestsRun, nccl))
         else:
