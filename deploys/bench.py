@@ -26,10 +26,10 @@ from pyinfra.operations import python
 
 from facts.bench import BenchRecord
 from hostside.boundary_json import loads
-from kimi_deploy.bench_delta import figures, format_delta
-from kimi_deploy.bench_plan import HOSTED_KEY, bench_request, bench_topology, generator, hosted, local_target
-from kimi_deploy.bench_plot import draw
-from kimi_deploy.bench_report import format_report, report
+from kimi_deploy.benchmark.delta import figures, format_delta
+from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, bench_topology, generator, hosted, local_target
+from kimi_deploy.benchmark.plot import draw
+from kimi_deploy.benchmark.report import format_report, report
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_programs import BENCH_RECORD
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES

@@ -46,7 +46,7 @@ from hostside.unit_usage import cpu_s
 from hostside.whole_file import write_whole
 
 RESULT = f"{STATE_DIR}/bench.json"
-# The hosted API's target (kimi_deploy.bench_plan), whose levels run under a user of their own.
+# The hosted API's target (kimi_deploy.benchmark.plan), whose levels run under a user of their own.
 HOSTED = "hosted"
 # The credential its generator reads the hosted key from ($CREDENTIALS_DIRECTORY).
 HOSTED_CREDENTIAL = "kimi-bench-hosted-key"

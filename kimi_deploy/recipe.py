@@ -1062,7 +1062,7 @@ class Recipe(Strict):
 
     def bench_topology(self, load_generators: Collection[str]) -> str | None:
         """The topology the benchmark drives: its own, or the first served by an engine of
-        ``load_generators`` (``kimi_deploy.bench_plan.bench_topology`` names them)."""
+        ``load_generators`` (``kimi_deploy.benchmark.plan.bench_topology`` names them)."""
         if self.benchmark is not None and self.benchmark.topology is not None:
             return self.benchmark.topology
         return next((name for name, topo in self.topologies.items() if topo.engine in load_generators), None)

@@ -17,7 +17,7 @@ def loaded(request: dict[str, Any], hosted_key: tuple[str, str] | None = None) -
     """
     Send the benchmark's tasks at each concurrency and record every answer and figure.
 
-    + request: ``kimi_deploy.bench_plan.bench_request``'s request (no secret in it)
+    + request: ``kimi_deploy.benchmark.plan.bench_request``'s request (no secret in it)
     + hosted_key: the hosted API's key and the path the host keeps it at while the load runs
       (created empty as root's alone, then filled from standard input: never in argv; renamed
       into place once whole)

@@ -1,5 +1,5 @@
 """The serving benchmark in the release record and against the release it replaced
-(hostside/bench_record.py, kimi_deploy/bench_delta.py)."""
+(hostside/bench_record.py, kimi_deploy/benchmark/delta.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hostside import bench_record
-from kimi_deploy.bench_delta import figures, format_delta
+from kimi_deploy.benchmark.delta import figures, format_delta
 
 REPORT: dict[str, Any] = {
     "run": "r2",

@@ -1,4 +1,4 @@
-"""Each acceptance rule of a benchmark task (kimi_deploy/bench_judge.py): success is counted from
+"""Each acceptance rule of a benchmark task (kimi_deploy/benchmark/judge.py): success is counted from
 the answer, and each failure says why."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.bench_judge import judge
+from kimi_deploy.benchmark.judge import judge
 from kimi_deploy.recipe import BenchTask
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

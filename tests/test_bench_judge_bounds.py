@@ -1,4 +1,4 @@
-"""A model's answer built to break the judge (kimi_deploy/bench_judge.py): an answer nested
+"""A model's answer built to break the judge (kimi_deploy/benchmark/judge.py): an answer nested
 100,000 levels deep, in the text a JSON Schema rule reads or in a tool call's arguments, is judged
 a failed task with its reason, and the level's report is made: never an exception that loses the
 benchmark's report.
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.bench_judge import judge
-from kimi_deploy.bench_report import level_report
+from kimi_deploy.benchmark.judge import judge
+from kimi_deploy.benchmark.report import level_report
 from kimi_deploy.recipe import Benchmark, BenchTask
 
 DEEP = "[" * 100_000

@@ -1,4 +1,4 @@
-"""What the serving benchmark sends, from which host, to which endpoint (kimi_deploy/bench_plan.py):
+"""What the serving benchmark sends, from which host, to which endpoint (kimi_deploy/benchmark/plan.py):
 the demo's real-vLLM topology alone, and behind the router and gateway as the end-to-end tests
 serve it."""
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from hostside import bench_load
-from kimi_deploy.bench_plan import HOSTED_KEY, bench_request, generator, hosted, local_target, rows
+from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, generator, hosted, local_target, rows
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe

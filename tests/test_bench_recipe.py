@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.bench_plan import bench_topology
+from kimi_deploy.benchmark.plan import bench_topology
 from kimi_deploy.recipe_file import load_recipe
 from tests.test_recipe_errors import BASE, _error, _write
 

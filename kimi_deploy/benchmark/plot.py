@@ -26,7 +26,7 @@ def _series(levels: list[Mapping[str, Any]], field: str) -> tuple[list[int], lis
 
 
 def draw(rep: Mapping[str, Any], path: Path) -> None:
-    """Write the report ``rep`` (``kimi_deploy.bench_report.report``) as a PNG at ``path``."""
+    """Write the report ``rep`` (``kimi_deploy.benchmark.report.report``) as a PNG at ``path``."""
     fig, (lat, tput, ok, cost) = plt.subplots(1, 4, figsize=(18, 4.6), dpi=100)
     levels_seen: set[int] = set()
     currency = None
