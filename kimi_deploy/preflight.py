@@ -16,12 +16,12 @@ from packaging.version import InvalidVersion, Version
 
 from hostside.boundary_text import printable
 from kimi_deploy.accelerators import accelerator
+from kimi_deploy.accelerators.interface import GIB, size_text
 from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.host_profile import port_active
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
 
-GIB = 2**30
 # Free space kept beyond the weights themselves: logs, caches, a partial download's overlap.
 DISK_MARGIN_PERCENT = 5
 # Share of host RAM the HiCache host pool may take; the rest runs the OS and the engine.
@@ -37,11 +37,6 @@ class Needs:
     weights_bytes: int
     missing_bytes: int
     rdma_devices: list[str]
-
-
-def _gib(n: float) -> str:
-    """Sizes as operators read them: GiB, or MiB below one GiB (a small demo model)."""
-    return f"{n / GIB:.0f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def accelerators(needs: Needs, profile: dict[str, Any]) -> str | None:
@@ -62,10 +57,12 @@ def disk(needs: Needs, profile: dict[str, Any]) -> str | None:
     where = f"{d.get('path')} ({d.get('fs_type')})"
     need_now = needs.missing_bytes * (100 + DISK_MARGIN_PERCENT) // 100
     if needs.missing_bytes and free < need_now:
-        return f"disk: {where} needs {_gib(need_now)} free for the weights, found {_gib(free)} free"
+        return f"disk: {where} needs {size_text(need_now)} free for the weights, found {size_text(free)} free"
     need_ever = 2 * needs.weights_bytes * (100 + DISK_MARGIN_PERCENT) // 100
     if total < need_ever:
-        return f"disk: {where} needs {_gib(need_ever)} in all (weights and a rollback copy), found {_gib(total)}"
+        return (
+            f"disk: {where} needs {size_text(need_ever)} in all (weights and a rollback copy), found {size_text(total)}"
+        )
     return None
 
 
@@ -78,8 +75,8 @@ def host_ram(needs: Needs, profile: dict[str, Any]) -> str | None:
     total = int((profile.get("memory") or {}).get("total_bytes") or 0)
     if need > total * HICACHE_RAM_PERCENT // 100:
         return (
-            f"host RAM: HiCache ratio {topo.hicache.ratio:g} needs {_gib(need)} "
-            f"({HICACHE_RAM_PERCENT}% of RAM at most), found {_gib(total)}"
+            f"host RAM: HiCache ratio {topo.hicache.ratio:g} needs {size_text(need)} "
+            f"({HICACHE_RAM_PERCENT}% of RAM at most), found {size_text(total)}"
         )
     return None
 

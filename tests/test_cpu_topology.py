@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kimi_deploy.accelerators.interface import GIB
 from kimi_deploy.catalog import load_catalog
 from kimi_deploy.converge import plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.engines.vllm import host_packages
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.planner import argv_positionals, plan
-from kimi_deploy.preflight import GIB, Needs, accelerators
+from kimi_deploy.preflight import Needs, accelerators
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.servespec import HostPlan, Plan

@@ -7,18 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kimi_deploy.accelerators.interface import AcceleratorKind, matches_words
+from kimi_deploy.accelerators.interface import GIB, AcceleratorKind, matches_words, size_text
 from kimi_deploy.servespec import CPU_ANY
 
 if TYPE_CHECKING:
     from kimi_deploy.servespec import HostPlan
 
 NAME = "cpu"
-GIB = 2**30
-
-
-def _gib(n: float) -> str:
-    return f"{n / GIB:.0f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def _preflight(kind: AcceleratorKind, spec: HostPlan, profile: Mapping[str, Any]) -> str | None:
@@ -30,7 +25,7 @@ def _preflight(kind: AcceleratorKind, spec: HostPlan, profile: Mapping[str, Any]
     model = spec.accelerator_model if spec.accelerator_model != CPU_ANY else None
     each = f"{spec.accelerator_memory_gib} GiB of RAM"
     want = f"pool {spec.pool} needs {spec.accelerators} x {model or 'CPU'} rank with {each}"
-    found = f"{cpu.get('count') or '?'} x {cpu.get('model') or 'unknown CPU'} with {_gib(ram)} of RAM"
+    found = f"{cpu.get('count') or '?'} x {cpu.get('model') or 'unknown CPU'} with {size_text(ram)} of RAM"
     if (model is not None and not matches_words(str(cpu.get("model") or ""), model)) or ram < need:
         return f"accelerators: {want}, found {found}"
     return None

@@ -23,6 +23,12 @@ if TYPE_CHECKING:  # the schema and the plan use the kinds: their types only, at
     from kimi_deploy.servespec import HostPlan
 
 _TOKEN = re.compile(r"[a-z0-9.]+")
+GIB = 2**30
+
+
+def size_text(n: float) -> str:
+    """Sizes as operators read them: GiB, or MiB below one GiB (a small demo model)."""
+    return f"{n / GIB:.0f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True)

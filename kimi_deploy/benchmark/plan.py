@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.converge import unit_key
-from kimi_deploy.engines import ENGINES
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.recipe import Benchmark, Recipe, RouterFallback
+from kimi_deploy.recipe_file import RULES
 from kimi_deploy.servespec import HostPlan, Unit
 
 # Where the generator host keeps the hosted API's key while the benchmark runs (root's alone;
@@ -80,8 +80,8 @@ def local_target(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan) -
 
 def bench_topology(recipe: Recipe) -> str | None:
     """The topology the benchmark drives: its own, or the first served by an engine whose
-    release holds the load generator (``Engine.load_generator``)."""
-    return recipe.bench_topology(tuple(name for name, engine in ENGINES.items() if engine.load_generator))
+    release holds the load generator (``Engine.load_generator``, as the recipe's rules name them)."""
+    return recipe.bench_topology(RULES.load_generators())
 
 
 def hosted(recipe: Recipe) -> RouterFallback | None:
