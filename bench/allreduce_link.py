@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.demo_recipes import recipe_for
+from harness.own_cluster import OwnCluster
+from kimi_deploy.hostside_command import hostside_command
 
-from harness.demo_recipes import recipe_for  # noqa: E402
-from harness.own_cluster import OwnCluster  # noqa: E402
-from kimi_deploy.hostside_command import hostside_command  # noqa: E402 - after the path is set
+ROOT = Path(__file__).resolve().parent.parent
+
 
 BENCH = OwnCluster(
     {

@@ -29,10 +29,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from harness.interrupted import (  # noqa: E402
+from harness.interrupted import (
     EngineRounds,
     GatewayLoad,
     Tunnelled,
@@ -42,7 +39,10 @@ from harness.interrupted import (  # noqa: E402
     rebooted,
     tunnel,
 )
-from harness.own_cluster import OwnCluster, Run  # noqa: E402
+from harness.own_cluster import OwnCluster, Run
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 CLUSTER = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-bad-days", "KIMI_CLUSTER_SUBNET": "10.213.22.0/24"})
 ENGINES, ROUTER = ("kimi-h1", "kimi-h2"), "kimi-h3"

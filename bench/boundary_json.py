@@ -18,11 +18,8 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from hostside.boundary_json import loads
+from kimi_deploy.hostside.boundary_json import loads
 
 
 def _benign(size: int) -> str:

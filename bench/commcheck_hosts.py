@@ -20,11 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kimi_deploy.hostside_command import hostside_command
+from localcluster.state import Settings
 
-from kimi_deploy.hostside_command import hostside_command  # noqa: E402 - after the path is set
-from localcluster.state import Settings  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_check(state: dict[str, Any], hosts: list[dict[str, Any]], ports: int, size: int) -> tuple[float, list[int]]:

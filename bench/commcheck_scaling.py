@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kimi_deploy.hostside_command import hostside_command
 
-from kimi_deploy.hostside_command import hostside_command  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 CHECK, DIST, NIXL = 21499, 21500, 21501
 

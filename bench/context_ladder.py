@@ -29,17 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from client_load import free_port
+from vllm_restart import _get, _stop, ensure_venv
+
+from kimi_deploy.hostside import context_probe
+from kimi_deploy.hostside.smoke import _first_exception
+from kimi_deploy.recipe_file import load_recipe
+from localcluster import hub_content, needle_llama
+from localcluster.hub_repo import load_info, materialize
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from client_load import free_port  # noqa: E402 - beside this file
-from vllm_restart import _get, _stop, ensure_venv  # noqa: E402 - beside this file
-
-from hostside import context_probe  # noqa: E402 - after the path is set
-from hostside.smoke import _first_exception  # noqa: E402
-from kimi_deploy.recipe_file import load_recipe  # noqa: E402
-from localcluster import hub_content, needle_llama  # noqa: E402
-from localcluster.hub_repo import load_info, materialize  # noqa: E402
 
 RECIPE = "recipes/demo.yaml"
 TOPOLOGY = "demo-vllm"

@@ -66,15 +66,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from harness.demo_recipes import demo_gpu_data
+from harness.hosted_api import HostedApi
+from harness.own_cluster import OwnCluster, Run, hub_json
+from localcluster.hub import write_faults
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
-
-from harness.demo_recipes import demo_gpu_data  # noqa: E402
-from harness.hosted_api import HostedApi  # noqa: E402
-from harness.own_cluster import OwnCluster, Run, hub_json  # noqa: E402
-from localcluster.hub import write_faults  # noqa: E402
 
 CLUSTER = OwnCluster({"KIMI_CLUSTER_DIR": "/var/lib/kimi-cluster-drills", "KIMI_CLUSTER_SUBNET": "10.213.21.0/24"})
 ENGINES = ("kimi-h1", "kimi-h2")

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from harness.own_cluster import host_ssh as ssh
+from harness.own_cluster import hub_json as hub
+from harness.shaping import tbf
+from localcluster.state import Settings
 
-from harness.own_cluster import host_ssh as ssh  # noqa: E402 - after the path is set
-from harness.own_cluster import hub_json as hub  # noqa: E402
-from harness.shaping import tbf  # noqa: E402
-from localcluster.state import Settings  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 HOSTS = 4

@@ -27,8 +27,6 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from harness.fleet import FLEET, failed, hub, inventory, timed
 from harness.own_cluster import host_ssh
 from harness.shaping import shaped_from_ports, tbf, tbf_argv

@@ -19,18 +19,16 @@ import argparse
 import json
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from client_load import big_headers, connect, free_port, half_sent, measure, proc_status
+
+from harness.gateway_local import nginx, render
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from client_load import big_headers, connect, free_port, half_sent, measure, proc_status  # noqa: E402 - beside this file
-
-from harness.gateway_local import nginx, render  # noqa: E402 - after the path is set
 
 
 def _state(s: socket.socket) -> str:

@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from kimi_deploy.hostside_command import bundle, pack
 from localcluster.hub import serve, write_faults
 from localcluster.hub_repo import Commit, write_repo

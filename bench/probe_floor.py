@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pyinfra.context import host
 
-from facts.host_state import KimiHostState
 from kimi_pyinfra.converge_run import probe_request
+from kimi_pyinfra.facts.host_state import KimiHostState
 
 host.get_fact(KimiHostState, **probe_request(host))

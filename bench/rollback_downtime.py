@@ -31,10 +31,10 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from localcluster.state import Settings
 
-from localcluster.state import Settings  # noqa: E402 - after the path is set
+ROOT = Path(__file__).resolve().parent.parent
+
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 

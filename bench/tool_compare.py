@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from harness.fleet import FLEET, fleet_arguments, for_each_size, timed
 from harness.own_cluster import OWN_INVENTORY
 

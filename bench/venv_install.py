@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kimi_deploy.hostside import state_probe, venv_install
+from kimi_deploy.hostside_command import hostside_command
+from localcluster.pypi_mirror import DEMO_RECIPE
+from localcluster.state import Settings
 
-from hostside import state_probe, venv_install  # noqa: E402 - after the path is set
-from kimi_deploy.hostside_command import hostside_command  # noqa: E402
-from localcluster.pypi_mirror import DEMO_RECIPE  # noqa: E402
-from localcluster.state import Settings  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 REQUIREMENTS = ["vllm==0.34.0", "fastsafetensors==0.5.0"]
 SCRATCH = "/var/tmp/kimi-venv-bench"  # noqa: S108 - on the test host, made and removed here
@@ -145,7 +145,7 @@ def main() -> None:
             resolve_s.append(host.run(f"rm -rf {path} && " + _uv(index_url, path, uv, None))[0])
             locked_s.append(host.run(f"rm -rf {path} && " + _uv(index_url, path, uv, lock))[0])
         files = len(json.loads(host.run(f"cat {path}/{venv_install.MANIFEST}")[1])["files"])
-        code = base64.b64encode((ROOT / "hostside/state_probe.py").read_bytes()).decode()
+        code = base64.b64encode((ROOT / "kimi_deploy/hostside/state_probe.py").read_bytes()).decode()
         probe_small = float(host.run(f"python3 -c {shlex.quote(_TIME_MARKER)} {code} {path}")[1])
     finally:
         host.run(f"rm -rf {SCRATCH}")

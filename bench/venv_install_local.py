@@ -28,11 +28,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kimi_deploy.hostside_command import bundle
+from localcluster import pkgindex, pypi_mirror
 
-from kimi_deploy.hostside_command import bundle  # noqa: E402 - after the path is set
-from localcluster import pkgindex, pypi_mirror  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cpu() -> float:

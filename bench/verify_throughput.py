@@ -27,7 +27,7 @@ SHARDS = 96
 
 
 def _load_sync() -> Any:
-    spec = importlib.util.spec_from_file_location("weights_sync", ROOT / "hostside" / "weights_sync.py")
+    spec = importlib.util.spec_from_file_location("weights_sync", ROOT / "kimi_deploy" / "hostside" / "weights_sync.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)

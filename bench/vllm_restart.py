@@ -37,15 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from client_load import free_port
+
+from kimi_deploy.recipe import EngineRelease
+from kimi_deploy.recipe_file import load_recipe
+from localcluster import hub_content
+from localcluster.hub_repo import materialize
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from client_load import free_port  # noqa: E402 - beside this file
-
-from kimi_deploy.recipe import EngineRelease  # noqa: E402
-from kimi_deploy.recipe_file import load_recipe  # noqa: E402 - after the path is set
-from localcluster import hub_content  # noqa: E402
-from localcluster.hub_repo import materialize  # noqa: E402
 
 RECIPE = "recipes/demo.yaml"
 TOPOLOGY = "demo-vllm"

@@ -23,12 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from client_load import big_headers, connect, free_port, half_sent, measure, proc_status
+
+from kimi_deploy.hostside_command import bundle, pack
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from client_load import big_headers, connect, free_port, half_sent, measure, proc_status  # noqa: E402 - beside this file
-
-from kimi_deploy.hostside_command import bundle, pack  # noqa: E402 - after the path is set
 
 
 def _closed_by_peer(s: socket.socket) -> bool:
@@ -99,7 +98,7 @@ def main() -> None:
             "key_file": str(folder / "key"),
             "idle_exit_s": 300,
         }
-        result: dict[str, object] = {"program": str(args.program or "hostside/weights_peer.py")}
+        result: dict[str, object] = {"program": str(args.program or "kimi_deploy/hostside/weights_peer.py")}
         result |= measure(
             [sys.executable, str(program), pack(request)],
             port,

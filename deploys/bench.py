@@ -24,19 +24,19 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 from pyinfra.operations import python
 
-from facts.bench import BenchRecord
-from hostside.boundary_json import loads
 from kimi_deploy.benchmark.delta import figures, format_delta
 from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, bench_topology, generator, hosted, local_target
 from kimi_deploy.benchmark.plot import draw
 from kimi_deploy.benchmark.report import format_report, report
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_programs import BENCH_RECORD
+from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 from kimi_deploy.secrets import read_secret
+from kimi_pyinfra.facts.bench import BenchRecord
 from kimi_pyinfra.host_plan import plan_for
+from kimi_pyinfra.operations import bench
 from kimi_pyinfra.run_context import run_context
-from operations import bench
 
 try:
     deploy = plan_for(inventory, host)

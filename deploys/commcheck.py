@@ -18,9 +18,9 @@ from kimi_deploy.allreduce_plan import all_reduce_request, why_not
 from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.host_plan import plan_for
+from kimi_pyinfra.operations import commcheck
 from kimi_pyinfra.rehearsal import perform
 from kimi_pyinfra.run_context import run_context
-from operations import commcheck
 
 try:
     deploy = plan_for(inventory, host)

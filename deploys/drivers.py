@@ -19,10 +19,10 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
 from kimi_deploy.errors import ConfigError
+from kimi_pyinfra.driver_steps import driver_steps, planned
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.inventory_probe import answered
 from kimi_pyinfra.rehearsal import converge_host
-from operations.driver_steps import driver_steps, planned
 
 try:
     deploy = plan_for(inventory, host)

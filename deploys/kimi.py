@@ -24,13 +24,13 @@ from kimi_deploy.watchdog_report import release_time, watchdog_lines
 from kimi_deploy.watchdog_units import WATCHDOG_UNIT
 from kimi_pyinfra import dead_peers, fleet_progress, stop_signals
 from kimi_pyinfra.converge_run import probe_request, view_of
+from kimi_pyinfra.driver_steps import driver_steps, planned
 from kimi_pyinfra.host_plan import converge_at, todo_for
 from kimi_pyinfra.inventory_probe import probe_of
+from kimi_pyinfra.operations import commcheck, engine, packages, preflight, releases, serving, units, users, weights
 from kimi_pyinfra.rehearsal import Do, converge_host
 from kimi_pyinfra.run_context import run_context
-from operations import commcheck, engine, packages, preflight, releases, serving, units, users, weights
-from operations.driver_steps import driver_steps, planned
-from operations.start_order import SUFFIXES, start_batch, unless_failed
+from kimi_pyinfra.start_order import SUFFIXES, start_batch, unless_failed
 
 context = run_context()
 # Ctrl-C and SIGTERM stop the run once the step under way ends on every host (kimi_pyinfra.stop_signals).

@@ -18,18 +18,18 @@ from pyinfra import logger
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
-from hostside.probe_types import UnitState
 from kimi_deploy.converge import needs_start
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.probe_types import UnitState
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
 from kimi_pyinfra import stop_signals
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.inventory_probe import probe_all, probe_of
+from kimi_pyinfra.operations import preflight, releases
 from kimi_pyinfra.run_context import run_context
-from operations import preflight, releases
-from operations.start_order import SUFFIXES, start_batch
+from kimi_pyinfra.start_order import SUFFIXES, start_batch
 
 
 def paths_of(h: Host) -> Paths:

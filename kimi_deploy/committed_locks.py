@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hostside.boundary_lock import check_lock
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.boundary_lock import check_lock
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.release_lock import WITHOUT_HEADER, HostPlatform, LockError, resolve
 from kimi_deploy.release_set import CommittedLock, VenvRelease, topology_releases

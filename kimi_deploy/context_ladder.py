@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hostside.probe_types import HostState, LadderProof
 from kimi_deploy.converge import Converge, UnitTarget, needs_start, unit_state
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.probe_types import HostState, LadderProof
 from kimi_deploy.recipe import Recipe
 
 

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hostside.probe_types import HostState, Listener, UnitState
 from kimi_deploy.committed_locks import with_committed
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.engine_guard import PACKAGES as GUARD_PACKAGES
@@ -24,6 +23,7 @@ from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
 from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER, NIXL_CLIENT
 from kimi_deploy.host_libraries import packages as library_packages
 from kimi_deploy.host_paths import checkpoint_dir, tool_dir
+from kimi_deploy.hostside.probe_types import HostState, Listener, UnitState
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
@@ -365,7 +365,7 @@ def _pins(recipe: Recipe, spec: HostPlan, checkpoints: tuple[WeightsTarget, ...]
     return pins
 
 
-# The watchdog starts after every other unit of its host (operations.start_order.STAGES).
+# The watchdog starts after every other unit of its host (kimi_pyinfra.start_order.STAGES).
 WATCHDOG_STAGE = 4
 # It runs with the host's own Python (a stdlib program, like the probe).
 HOST_PYTHON = "/usr/bin/python3"

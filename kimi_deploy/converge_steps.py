@@ -16,7 +16,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from hostside.probe_types import HostState, ReleaseMarker, UnitState, WeightsFound
 from kimi_deploy.allreduce_plan import all_reduce_request, members
 from kimi_deploy.allreduce_plan import label as instance_label
 from kimi_deploy.allreduce_plan import why_not as all_reduce_why_not
@@ -33,6 +32,7 @@ from kimi_deploy.converge import (
 )
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import tool_dir
+from kimi_deploy.hostside.probe_types import HostState, ReleaseMarker, UnitState, WeightsFound
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.release_set import VenvRelease
 from kimi_deploy.render import RenderedFile

@@ -51,8 +51,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hostside.shared_queries import blocks, installed
 from kimi_deploy.accelerators import KINDS, NONE
+from kimi_deploy.hostside.shared_queries import blocks, installed
 from kimi_deploy.parsers import count_of
 
 SERVICES = ("nvidia-fabricmanager", "nvidia-imex")

@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
+HOSTSIDE = Path(__file__).resolve().parent / "hostside"
 # The most the controller decodes of a host program's JSON answer (a host is outside the recipe:
 # its answer goes through ``hostside.boundary_json`` like any other, on the controller's one event
 # loop). The largest a real host sends is the state probe's: with 200 release records, 200 ladder
@@ -49,7 +49,7 @@ def _without_docstrings(source: str) -> str:
 
 _BOOT = _without_docstrings((HOSTSIDE / "boot.py").read_text(encoding="utf-8"))
 
-# Registers the bundled modules as ``hostside.<name>``, then runs the program as ``__main__``.
+# Registers the bundled modules as ``kimi_deploy.hostside.<name>``, then runs the program as ``__main__``.
 # Every module is compiled first, through the boot's cache when run from argv (hostside/boot.py).
 _LOADER = """\
 import sys, types
@@ -57,28 +57,31 @@ compiled = globals().get("KIMI_COMPILE") or (lambda source, name: compile(source
 codes = {"hostside/" + name + ".py": compiled(source, "hostside/" + name + ".py") for name, source in MODULES.items()}
 program = compiled(PROGRAM, PATH)
 globals().get("KIMI_KEEP", lambda: None)()
-package = sys.modules.setdefault("hostside", types.ModuleType("hostside"))
+top = sys.modules.setdefault("kimi_deploy", types.ModuleType("kimi_deploy"))
+top.__path__ = []
+package = sys.modules.setdefault("kimi_deploy.hostside", types.ModuleType("kimi_deploy.hostside"))
 package.__path__ = []
+top.hostside = package
 for name in MODULES:
-    module = types.ModuleType("hostside." + name)
+    module = types.ModuleType("kimi_deploy.hostside." + name)
     module.__file__ = "hostside/" + name + ".py"
-    sys.modules["hostside." + name] = module
+    sys.modules["kimi_deploy.hostside." + name] = module
     exec(codes[module.__file__], module.__dict__)
     setattr(package, name, module)
 exec(program, {"__name__": "__main__", "__file__": PATH})
 """
 
 
-# ``from hostside.X import ...`` (any indentation), ``from hostside import X, Y`` and ``import
-# hostside.X``: the forms a host program imports its modules by. Read line by line rather than
+# ``from kimi_deploy.hostside.X import ...`` (any indentation), ``from kimi_deploy.hostside import X, Y``
+# and ``import kimi_deploy.hostside.X``: the forms a host program imports its modules by. Read line by line rather than
 # parsed: the probe's command is built for every host of a run, and parsing every program's
 # modules each time cost the controller 7 ms per host.
-_FROM_MODULE = re.compile(r"^[ \t]*from[ \t]+hostside\.(\w+)[ \t]+import\b", re.MULTILINE)
+_FROM_MODULE = re.compile(r"^[ \t]*from[ \t]+kimi_deploy\.hostside\.(\w+)[ \t]+import\b", re.MULTILINE)
 # (names in brackets may span lines; without, the line ends the list)
 _FROM_PACKAGE = re.compile(
-    r"^[ \t]*from[ \t]+hostside[ \t]+import[ \t]+(?:\(([\w \t,\n]+)\)|([\w \t,]+))", re.MULTILINE
+    r"^[ \t]*from[ \t]+kimi_deploy\.hostside[ \t]+import[ \t]+(?:\(([\w \t,\n]+)\)|([\w \t,]+))", re.MULTILINE
 )
-_IMPORT = re.compile(r"^[ \t]*import[ \t]+hostside\.(\w+)", re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+kimi_deploy\.hostside\.(\w+)", re.MULTILINE)
 # A module-level ``if TYPE_CHECKING:`` block and the indented (or blank) lines under it: what it
 # imports is for type checkers (the host programs set ``TYPE_CHECKING = False``), not the bundle.
 _TYPING_ONLY = re.compile(r"^if TYPE_CHECKING:[^\n]*\n(?:(?:[ \t][^\n]*)?\n)*", re.MULTILINE)

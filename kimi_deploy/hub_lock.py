@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from hostside.boundary_names import BadName, check_name
-from hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.boundary_names import BadName, check_name
+from kimi_deploy.hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.lockfile import Lock, LockedFile, read_config
 from kimi_deploy.recipe import Checkpoint

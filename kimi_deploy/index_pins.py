@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from packaging.version import InvalidVersion, Version
 
-from hostside.boundary_index import project_versions
+from kimi_deploy.hostside.boundary_index import project_versions
 from kimi_deploy.recipe import Recipe
 
 # field of the recipe, distribution, version

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from hostside.boundary_text import control_char, shown
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.boundary_text import control_char, shown
 from kimi_deploy.recipe import AbsPath
 from kimi_deploy.safe_text import check_address, is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hostside.boundary_text import shown
+from kimi_deploy.hostside.boundary_text import shown
 
 COLUMNS = (
     "host",

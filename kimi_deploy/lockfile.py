@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostside.boundary_names import BadName, check_name
-from hostside.boundary_text import shown
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.boundary_names import BadName, check_name
+from kimi_deploy.hostside.boundary_text import shown
 from kimi_deploy.recipe import Checkpoint
 
 LOCK_DIR = "recipes/locks"

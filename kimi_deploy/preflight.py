@@ -14,11 +14,11 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from hostside.boundary_text import printable
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.accelerators.interface import GIB, size_text
 from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.host_profile import port_active
+from kimi_deploy.hostside.boundary_text import printable
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
 

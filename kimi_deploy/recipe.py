@@ -30,9 +30,9 @@ from pydantic import (
     model_validator,
 )
 
-from hostside.boundary_text import shown
-from hostside.xid import APPLICATION_XIDS
 from kimi_deploy.host_os import HostOs, platform_of
+from kimi_deploy.hostside.boundary_text import shown
+from kimi_deploy.hostside.xid import APPLICATION_XIDS
 from kimi_deploy.release_lock import HostPlatform
 from kimi_deploy.safe_text import is_address, refuse_control
 

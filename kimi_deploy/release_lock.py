@@ -30,9 +30,9 @@ from pathlib import Path
 
 from uv import find_uv_bin
 
-from hostside.boundary_lock import check_lock, is_name
-from hostside.boundary_text import shown
-from hostside.uv_process import environment, reason
+from kimi_deploy.hostside.boundary_lock import check_lock, is_name
+from kimi_deploy.hostside.boundary_text import shown
+from kimi_deploy.hostside.uv_process import environment, reason
 
 # The platforms uv resolves for (``--python-platform``): Linux on these machines, manylinux
 # from glibc 2.17 to 2.40 (a wheel for an older glibc runs on a newer one).

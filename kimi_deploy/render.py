@@ -23,11 +23,11 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from hostside.boundary_text import control_char, shown
-from hostside.host_dirs import STATE_DIR
 from kimi_deploy.credentials import CredentialPath
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import unit_cache_dir
+from kimi_deploy.hostside.boundary_text import control_char, shown
+from kimi_deploy.hostside.host_dirs import STATE_DIR
 from kimi_deploy.nginx_quote import nginx_string
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan, Unit

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hostside.boundary_text import printable
 from kimi_deploy.host_profile import port_active
+from kimi_deploy.hostside.boundary_text import printable
 
 GIB = 2**30
 

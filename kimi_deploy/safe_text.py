@@ -15,7 +15,7 @@ import ipaddress
 import re
 from typing import Any
 
-from hostside.boundary_text import control_char, shown
+from kimi_deploy.hostside.boundary_text import control_char, shown
 
 _LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 

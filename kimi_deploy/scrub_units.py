@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hostside.host_dirs import LOG_DIR
 from kimi_deploy.host_programs import WEIGHTS_SYNC
+from kimi_deploy.hostside.host_dirs import LOG_DIR
 from kimi_deploy.recipe import Scrub
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 

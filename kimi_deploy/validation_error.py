@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from hostside.boundary_text import shown
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.boundary_text import shown
 
 _PREFIXES = ("Value error, ", "Assertion failed, ")
 _MAPPING_TYPES = {"model_type", "model_attributes_type", "dict_type"}

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hostside.probe_types import Damage
+from kimi_deploy.hostside.probe_types import Damage
 
 LOCK_FILE = ".kimi-lock.txt"
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hostside.boundary_text import shown
+from kimi_deploy.hostside.boundary_text import shown
 
 # A state file older than this many rounds: the watchdog is not running (or hangs).
 STALE_ROUNDS = 3

@@ -14,9 +14,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hostside.host_dirs import STATE_DIR
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.host_programs import WATCHDOG
+from kimi_deploy.hostside.host_dirs import STATE_DIR
 from kimi_deploy.recipe import Recipe, Watchdog
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 from kimi_deploy.servespec import HostPlan

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hostside.probe_types import WeightsFound
+from kimi_deploy.hostside.probe_types import WeightsFound
 
 # How many hosts before it in its chain a fetcher may fall back to, and how many sources after.
 UPSTREAM = 3

@@ -11,8 +11,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from hostside.boundary_lock import lock_pins
-from hostside.boundary_text import printable
 from kimi_deploy import committed_locks
 from kimi_deploy.allreduce_plan import nccl_verdict
 from kimi_deploy.captured_profile import CAPTURES
@@ -21,6 +19,8 @@ from kimi_deploy.emitted import emissions
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.fidelity_ledger import gaps, read_citations, render
 from kimi_deploy.host_profile import parse_profile, port_active
+from kimi_deploy.hostside.boundary_lock import lock_pins
+from kimi_deploy.hostside.boundary_text import printable
 from kimi_deploy.hub_lock import make_lock
 from kimi_deploy.index_pins import missing_pins
 from kimi_deploy.lockfile import lock_path
@@ -343,9 +343,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cluster(argv: Sequence[str]) -> int:
-    # Imported only here: the cluster needs root and system tools that no other command touches.
-    from localcluster.cli import main as cluster_main  # noqa: PLC0415
-
+    # The cluster is the lab's (lab/pyproject.toml), a distribution of its own that a checkout's
+    # scripts install; imported only here: it needs root and system tools no other command touches.
+    try:
+        from localcluster.cli import main as cluster_main  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        if exc.name != "localcluster":
+            raise
+        print(
+            "kimi-deploy: cluster: the local test cluster is not installed: from a checkout, "
+            "run scripts/demo (or pip install -e ./lab)",
+            file=sys.stderr,
+        )
+        return 2
     return cluster_main(argv, prog="kimi-deploy cluster")
 
 

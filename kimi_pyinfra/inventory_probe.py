@@ -17,7 +17,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
-from facts.host_state import KimiHostState
+from kimi_pyinfra.facts.host_state import KimiHostState
 from kimi_pyinfra.run_context import Probe, run_context
 
 

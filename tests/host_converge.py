@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from hostside.probe_types import HostState, ReleaseMarker, TimerState, UnitState, WeightsFound
 from kimi_deploy import converge
 from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.hostside.probe_types import HostState, ReleaseMarker, TimerState, UnitState, WeightsFound
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe

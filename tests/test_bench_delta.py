@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from hostside import bench_record
 from kimi_deploy.benchmark.delta import figures, format_delta
+from kimi_deploy.hostside import bench_record
 
 REPORT: dict[str, Any] = {
     "run": "r2",

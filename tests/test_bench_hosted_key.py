@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from hostside import bench_load
+from kimi_deploy.hostside import bench_load
 
 HOSTED_KEY = "sk-hosted-7f3c9e21d0b84a56"
 LOCAL_KEY = "sk-kimi-d41c9a0e77b2"
@@ -135,7 +135,7 @@ def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[FakeGenerat
         procs.append(proc)
         return proc
 
-    monkeypatch.setattr("hostside.bench_load.subprocess.Popen", popen)
+    monkeypatch.setattr("kimi_deploy.hostside.bench_load.subprocess.Popen", popen)
     # the host's folders, here under the test's own
     for name in ("state", "run"):
         (tmp_path / name).mkdir()

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from hostside import bench_load
 from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, generator, hosted, local_target, rows
+from kimi_deploy.hostside import bench_load
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostside.boundary_http import MAX_HEADERS, Refused, Unanswered, ask, parse_head
-from hostside.boundary_json import depth, loads
+from kimi_deploy.hostside.boundary_http import MAX_HEADERS, Refused, Unanswered, ask, parse_head
+from kimi_deploy.hostside.boundary_json import depth, loads
 from tests.hostile_http import Hostile
 
 

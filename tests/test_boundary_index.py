@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from hostside.boundary_index import listed_versions
+from kimi_deploy.hostside.boundary_index import listed_versions
 from tests.conftest import ROOT
 
 # starts a process or a server: not the unit tier (tests/tier.py)
@@ -58,7 +58,7 @@ HOSTILE = {
 @pytest.mark.parametrize(("expression", "expected"), list(HOSTILE.values()), ids=list(HOSTILE))
 def test_a_hostile_mebibyte_page_is_read_in_time(expression: str, expected: str) -> None:
     program = textwrap.dedent(f"""
-        from hostside.boundary_index import listed_versions
+        from kimi_deploy.hostside.boundary_index import listed_versions
         N = {N}
         PAGE = '<a href="../vllm-2.0-py3-none-any.whl#sha256=00">vllm-2.0</a>'
         print(listed_versions({expression}, "vllm"))

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from facts.host_state import KimiHostState
-from hostside.boundary_json import depth, loads
+from kimi_deploy.hostside.boundary_json import depth, loads
+from kimi_pyinfra.facts.host_state import KimiHostState
 from tests.conftest import ROOT
 
 # starts a process or a server: not the unit tier (tests/tier.py)
@@ -28,7 +28,7 @@ def _in_time(expression: str, expected: str, seconds: float = 20) -> None:
     """Evaluate ``expression`` (a 1 MiB text through ``loads``) in a process of its own, with a
     deadline generous for a linear decoder: the verdict it prints must be ``expected``."""
     program = textwrap.dedent(f"""
-        from hostside.boundary_json import loads
+        from kimi_deploy.hostside.boundary_json import loads
         N = {N}
         try:
             value = loads({expression}, "kimi-h2's answer", max_bytes=4 * N)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostside.boundary_names import BadName, check_name, check_names, inside
-from hostside.boundary_text import shown
+from kimi_deploy.hostside.boundary_names import BadName, check_name, check_names, inside
+from kimi_deploy.hostside.boundary_text import shown
 
 REAL_NAMES = [
     "model-00001-of-00096.safetensors",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from hostside.boundary_text import control_char, shown
+from kimi_deploy.hostside.boundary_text import control_char, shown
 
 
 def test_a_huge_value_is_shown_cut_short_without_reading_all_of_it() -> None:

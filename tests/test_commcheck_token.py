@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pyinfra.api.command import StringCommand
 
-from hostside.commcheck import TOKEN_CREDENTIAL
-from operations import commcheck
+from kimi_deploy.hostside.commcheck import TOKEN_CREDENTIAL
+from kimi_pyinfra.operations import commcheck
 from tests.test_commcheck import HELLO_BYTES, TOKEN, topology
 from tests.test_commcheck_phases import _command, _step, listeners
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from hostside.probe_types import HostState
 from kimi_deploy.context_ladder import (
     climb_for,
     climb_request,
@@ -24,6 +23,7 @@ from kimi_deploy.context_ladder import (
 from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.probe_types import HostState
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import ContextProbe, Recipe
 from kimi_deploy.recipe_file import load_recipe

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hostside import context_probe
+from kimi_deploy.hostside import context_probe
 from kimi_deploy.recipe import ContextProbe
 from tests.hostile_http import BAD_STATUS, ENDLESS, LONG_LINE, Hostile, answer, within
 from tests.json_reply import send_json

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from hostside.probe_types import Listener
 from kimi_deploy.converge import Converge, needs_start
 from kimi_deploy.converge_steps import Steps, WeightsSteps, converge_steps, plan_fan_outs, run_view
 from kimi_deploy.deploy_plan import DeployPlan, part_of
+from kimi_deploy.hostside.probe_types import Listener
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Recipe

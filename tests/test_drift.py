@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hostside.probe_types import HostState
 from kimi_deploy.converge import Converge, needs_start, unit_state
 from kimi_deploy.drift import drift
+from kimi_deploy.hostside.probe_types import HostState
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from tests.host_converge import LOCK, host_converge, lock_stands_in, probe_answer

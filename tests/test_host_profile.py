@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from facts.hardware import HostHardware
 from kimi_deploy.host_profile import matches_model, parse_profile
 from kimi_deploy.hostside_command import hostside_command
+from kimi_pyinfra.facts.hardware import HostHardware
 from localcluster.fake_nvidia import describe
 from tests.parsers import fixture
 
@@ -31,7 +31,7 @@ from tests.parsers import fixture
 pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN_SMI = ROOT / "localcluster" / "standins" / "nvidia_smi.py"
+STANDIN_SMI = ROOT / "lab" / "localcluster" / "standins" / "nvidia_smi.py"
 NVRM = (
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  "
     "(dvs-builder@U22-I3-AE18-23-3)  Wed Sep 24 23:03:22 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"

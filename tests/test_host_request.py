@@ -8,8 +8,8 @@ import zlib
 
 import pytest
 
-from hostside.request import MAX_BYTES, BadRequest, read_request
 from kimi_deploy.host_programs import PROGRAMS
+from kimi_deploy.hostside.request import MAX_BYTES, BadRequest, read_request
 from kimi_deploy.hostside_command import pack
 from tests.conftest import ROOT
 
@@ -43,7 +43,7 @@ def test_a_request_that_inflates_past_the_bound_is_refused_before_it_is_read() -
 def test_no_host_program_decodes_its_argv_by_itself() -> None:
     decoding = [
         str(p.relative_to(ROOT))
-        for p in sorted((ROOT / "hostside").glob("*.py"))
+        for p in sorted((ROOT / "kimi_deploy" / "hostside").glob("*.py"))
         if p.name != "request.py" and "b64decode(sys.argv" in p.read_text(encoding="utf-8")
     ]
     assert not decoding, f"{decoding} read argv themselves: use hostside.request.read_request"
@@ -51,6 +51,10 @@ def test_no_host_program_decodes_its_argv_by_itself() -> None:
 
 def test_every_host_program_is_named_once_in_the_registry() -> None:
     """boot.py is the loader a bundle runs through, not a program of its own."""
-    programs = {p.name for p in (ROOT / "hostside").glob("*.py") if "\ndef main(" in p.read_text(encoding="utf-8")}
+    programs = {
+        p.name
+        for p in (ROOT / "kimi_deploy" / "hostside").glob("*.py")
+        if "\ndef main(" in p.read_text(encoding="utf-8")
+    }
     assert programs - {"boot.py"} == {p.script for p in PROGRAMS}
     assert len({p.script for p in PROGRAMS}) == len(PROGRAMS)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from facts.drivers import DriversState
-from facts.host_state import KimiHostState
+from kimi_pyinfra.facts.drivers import DriversState
+from kimi_pyinfra.facts.host_state import KimiHostState
 
 
 def test_a_drivers_probe_error_fails_the_host_probe_as_it_fails_the_drivers_fact() -> None:

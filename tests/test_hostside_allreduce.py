@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hostside import allreduce
+from kimi_deploy.hostside import allreduce
 from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.parsers.nccl_tests import parse_nccl_tests
 

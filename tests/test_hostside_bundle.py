@@ -1,5 +1,5 @@
 """A host program travels alone, with the ``hostside`` modules it imports bundled into one source:
-run from argv (``hostside_command``) or from a file, it sees them as ``hostside.<name>``."""
+run from argv (``hostside_command``) or from a file, it sees them as ``kimi_deploy.hostside.<name>``."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ pytestmark = pytest.mark.processes
 @pytest.fixture
 def programs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "boundary_a.py").write_text(
-        "from __future__ import annotations\nfrom hostside.boundary_b import twice\n\n\n"
+        "from __future__ import annotations\nfrom kimi_deploy.hostside.boundary_b import twice\n\n\n"
         "def shout(text: str) -> str:\n    return twice(text.upper())\n"
     )
     (tmp_path / "boundary_b.py").write_text('def twice(text: str) -> str:\n    """Doc."""\n    return text * 2\n')
     (tmp_path / "prog.py").write_text(
         '"""A program."""\n\nfrom __future__ import annotations\n\nimport sys\n\n'
-        "from hostside.boundary_a import shout\n\n"
+        "from kimi_deploy.hostside.boundary_a import shout\n\n"
         'if __name__ == "__main__":\n    print(shout(sys.argv[1]), __name__)\n'
     )
     (tmp_path / "alone.py").write_text('import sys\nprint("alone", sys.argv[1:])\n')
@@ -62,8 +62,8 @@ def test_a_program_without_hostside_imports_travels_as_it_is(programs: Path) -> 
 
 def test_imports_for_type_checkers_only_stay_out_of_the_bundle(programs: Path) -> None:
     (programs / "typed.py").write_text(
-        "from __future__ import annotations\n\nfrom hostside import boundary_b\n\n"
-        "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from typing import Any\n\n    from hostside.boundary_a import shout\n\n"
+        "from __future__ import annotations\n\nfrom kimi_deploy.hostside import boundary_b\n\n"
+        "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from typing import Any\n\n    from kimi_deploy.hostside.boundary_a import shout\n\n"
         "if __name__ == '__main__':\n    print(boundary_b.twice('x'), 'boundary_a' in __import__('sys').modules)\n"
     )
     assert list(hc._modules((programs / "typed.py").read_text())) == ["boundary_b"]

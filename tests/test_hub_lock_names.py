@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hostside.hub_access import token_line
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.hub_access import token_line
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.cli import main

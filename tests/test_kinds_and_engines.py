@@ -25,10 +25,12 @@ from tests.conftest import ROOT
 from tests.test_recipe_errors import BASE
 
 # Where the product's code lives: the core, the controller's side and the host programs.
-PRODUCT = ("kimi_deploy", "kimi_pyinfra", "operations", "facts", "deploys", "hostside")
+PRODUCT = ("kimi_deploy", "kimi_pyinfra", "deploys")
 VENDORS = frozenset(KINDS)
 # Words that are a kind's name and something else too, where they mean the other thing.
-HOMONYMS = {("hostside/hardware_probe.py", "cpu"): "a key of /proc/cpuinfo (the CPU's model on some machines)"}
+HOMONYMS = {
+    ("kimi_deploy/hostside/hardware_probe.py", "cpu"): "a key of /proc/cpuinfo (the CPU's model on some machines)"
+}
 ENGINE_NAMES = frozenset(ENGINES)
 
 

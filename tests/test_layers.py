@@ -18,11 +18,14 @@ from tests.conftest import ROOT
 
 CORE = "kimi_deploy"
 # What the core never imports: the controller's side and what only it may use.
-OUTSIDE_CORE = ("pyinfra", "pyinfra_cli", "gevent", "facts", "operations", "deploys", "kimi_pyinfra", "localcluster")
+OUTSIDE_CORE = ("pyinfra", "pyinfra_cli", "gevent", "deploys", "kimi_pyinfra", "localcluster", "harness")
+# The programs the hosts run (shipped alone, with the host modules they import: their own layer)
+HOSTSIDE = "kimi_deploy/hostside"
 
 
-def _sources(*folders: str) -> list[Path]:
-    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+def _sources(*folders: str, but: str | None = None) -> list[Path]:
+    found = (p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+    return sorted(p for p in found if but is None or not p.is_relative_to(ROOT / but))
 
 
 def _rel(path: Path) -> str:
@@ -46,7 +49,17 @@ def test_the_core_imports_nothing_of_the_controllers_side(path: Path) -> None:
     assert not bad, f"{_rel(path)} imports {', '.join(bad)}: the core stays pure"
 
 
-@pytest.mark.parametrize("path", _sources(CORE), ids=_rel)
+@pytest.mark.parametrize("path", _sources(HOSTSIDE), ids=_rel)
+def test_a_host_program_imports_only_the_standard_library_and_host_modules(path: Path) -> None:
+    """A host program travels alone, with the host modules it imports (the bundle): anything else
+    of the product is not on the host. (The weights sync's huggingface_hub is the release venv's.)"""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    ours = ("kimi_deploy", "kimi_pyinfra", "localcluster", "harness", "deploys", "tests")
+    bad = [n for n in _imports(tree) if n.split(".")[0] in ours and not n.startswith("kimi_deploy.hostside")]
+    assert not bad, f"{_rel(path)} imports {', '.join(bad)}: a host has only kimi_deploy.hostside"
+
+
+@pytest.mark.parametrize("path", _sources(CORE, but=HOSTSIDE), ids=_rel)
 def test_the_core_reads_no_environment_nor_argv_and_makes_no_secrets(path: Path) -> None:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found = []
@@ -100,7 +113,7 @@ def module_state(source: str) -> list[str]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("path", _sources(CORE, "kimi_pyinfra", "facts", "operations"), ids=_rel)
+@pytest.mark.parametrize("path", _sources(CORE, "kimi_pyinfra", but=HOSTSIDE), ids=_rel)
 def test_no_module_keeps_mutable_state_at_module_level(path: Path) -> None:
     found = module_state(path.read_text(encoding="utf-8"))
     assert not found, f"{_rel(path)}: module-level state {', '.join(found)}: it belongs in the run context"
@@ -115,7 +128,23 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert _imports(ast.parse("from pyinfra.api import host\n")) == ["pyinfra.api"]
 
 
-@pytest.mark.parametrize("path", _sources("bench", "harness"), ids=_rel)
+@pytest.mark.parametrize("path", _sources("bench", "lab/harness"), ids=_rel)
 def test_benchmarks_and_their_harness_import_nothing_from_the_tests(path: Path) -> None:
     bad = [n for n in _imports(ast.parse(path.read_text(encoding="utf-8"))) if n.split(".")[0] == "tests"]
     assert not bad, f"{_rel(path)} imports {', '.join(bad)}: what bench/ shares with tests/ lives in harness/"
+
+
+@pytest.mark.parametrize("path", _sources("bench", "tools", "lab"), ids=_rel)
+def test_scripts_import_from_installed_packages_without_changing_the_path(path: Path) -> None:
+    """bench/ and tools/ run as scripts of the installed product and lab (scripts/test installs
+    both): no ``sys.path`` insertion stands in for an install."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    ]
+    assert not found, f"{_rel(path)}: sys.path at line(s) {found}: import from the installed packages"

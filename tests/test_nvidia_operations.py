@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.nvidia import apt_install, candidate_is
+from kimi_pyinfra.operations.nvidia import apt_install, candidate_is
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes

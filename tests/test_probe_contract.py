@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from facts.drivers import DriversState
-from facts.host_state import KimiHostState
-from hostside import driver_probe, state_probe, venv_install
-from hostside.probe_types import DriversAnswer, HardwareAnswer, HostState, StateAnswer
+from kimi_deploy.hostside import driver_probe, state_probe, venv_install
+from kimi_deploy.hostside.probe_types import DriversAnswer, HardwareAnswer, HostState, StateAnswer
 from kimi_deploy.hostside_command import hostside_command, pack
+from kimi_pyinfra.facts.drivers import DriversState
+from kimi_pyinfra.facts.host_state import KimiHostState
 from tests.typed_check import problems
 
 # starts a process or a server: not the unit tier (tests/tier.py)

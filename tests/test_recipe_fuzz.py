@@ -24,8 +24,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostside.boundary_text import printable
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.boundary_text import printable
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.cli import main

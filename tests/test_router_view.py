@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from hostside.router_view import health, wait
+from kimi_deploy.hostside.router_view import health, wait
 from tests.hostile_http import (
     BAD_STATUS,
     Hostile,

@@ -24,13 +24,13 @@ from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import write_stdin
 
-from hostside import state_probe
 from kimi_deploy.converge import Converge, converge_request, needs_start, unit_state
+from kimi_deploy.hostside import state_probe
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
 from kimi_deploy.render import RenderedFile, render_host
-from operations import units
+from kimi_pyinfra.operations import units
 from tests.conftest import RECIPE, ROOT, sglang_slice
 from tests.host_converge import host_converge, probe_answer
 
@@ -267,7 +267,7 @@ def test_a_write_cut_short_fails_and_leaves_the_previous_file_whole(tmp_path: Pa
 _DEPLOY = """
 import os
 from kimi_deploy.render import RenderedFile
-from operations import units
+from kimi_pyinfra.operations import units
 out = os.environ["KIMI_TEST_OUT"]
 units.rendered(name="Files", group="root", current={}, owners={}, files=[
     RenderedFile(out + "/secrets/kimi-router.env", "VLLM_API_KEY=sk-kimi-d41c9a0e77b2\\n", 0o600, "root", secret=True),

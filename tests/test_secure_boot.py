@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from hostside.driver_probe import SECURE_BOOT_VAR, secure_boot
 from kimi_deploy.accelerators.nvidia_drivers import DKMS_KEYS
 from kimi_deploy.driver_plan import plan_drivers, probe_request
+from kimi_deploy.hostside.driver_probe import SECURE_BOOT_VAR, secure_boot
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Drivers, NvidiaDriver, Recipe
 from kimi_deploy.servespec import Plan

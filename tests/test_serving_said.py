@@ -10,7 +10,7 @@ from typing import Any
 
 from pyinfra.context import ctx_host
 
-from operations import serving
+from kimi_pyinfra.operations import serving
 
 CHECK = {
     "unit": "kimi-vllm",

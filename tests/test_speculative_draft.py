@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from hostside import state_probe
 from kimi_deploy import converge
 from kimi_deploy.converge import converge_request
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import checkpoint_dir, model_dir
+from kimi_deploy.hostside import state_probe
 from kimi_deploy.hub_lock import remote_tokenizer
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.lockfile import Lock, LockedFile, lock_path, read_lock

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hostside.boundary_index import normalized
+from kimi_deploy.hostside.boundary_index import normalized
 from kimi_deploy.index_pins import recipe_pins
 from kimi_deploy.recipe_file import load_recipe
 from tests.cli_run import kimi

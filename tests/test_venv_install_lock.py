@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from hostside.boundary_lock import check_lock, freeze_pins, lock_pins
-from hostside.boundary_text import shown
+from kimi_deploy.hostside.boundary_lock import check_lock, freeze_pins, lock_pins
+from kimi_deploy.hostside.boundary_text import shown
 from tests.bundled import bundled_program
 
 # starts a process or a server: not the unit tier (tests/tier.py)

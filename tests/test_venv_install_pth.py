@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from hostside.boundary_lock import freeze_pins
+from kimi_deploy.hostside.boundary_lock import freeze_pins
 from kimi_deploy.recipe_file import load_recipe
 from localcluster import pkgindex, pypi_mirror
 from tests.bundled import bundled_program

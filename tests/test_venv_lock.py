@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from hostside import state_probe, uv_process, venv_install
-from hostside.boundary_lock import lock_pins
-from hostside.probe_types import ReleaseMarker
+from kimi_deploy.hostside import state_probe, uv_process, venv_install
+from kimi_deploy.hostside.boundary_lock import lock_pins
+from kimi_deploy.hostside.probe_types import ReleaseMarker
 from kimi_deploy.release_lock import HostPlatform, LockError
 from kimi_deploy.venv_lock import LockSource, damage_line, lock_source
+from kimi_pyinfra.operations import engine
 from kimi_pyinfra.run_context import RunContext
-from operations import engine
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes

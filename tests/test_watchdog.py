@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from harness.hosted_api import HostedApi
-from hostside import watchdog
-from hostside.watchdog import Canary, Ladder, accelerators, canary
+from kimi_deploy.hostside import watchdog
+from kimi_deploy.hostside.watchdog import Canary, Ladder, accelerators, canary
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.watchdog_report import release_time, watchdog_lines

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hostside.hub_access import gated_line, token_line
+from kimi_deploy.hostside.hub_access import gated_line, token_line
 from localcluster.hub import HubServer, serve, write_faults
 from tests.test_weights_hub_relay import COMMIT, REPO, _write_repo
 from tests.test_weights_peer import key_file

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from hostside.revision_files import partial_path
+from kimi_deploy.hostside.revision_files import partial_path
 from localcluster.hub import HubServer, serve, write_faults
 from tests.test_weights_hub_relay import COMMIT, REPO, _write_repo
 from tests.test_weights_hub_weather import SHARDS

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from hostside.revision_files import load_cache, partial_path
+from kimi_deploy.hostside.revision_files import load_cache, partial_path
 from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import git_blob_sha1
 from tests.test_weights_peer import key_file

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from hostside.boundary_http import MAX_HEAD, MAX_HEADERS, MAX_LINE
-from hostside.weights_peer import BUSY, HEAD_S, MAX_CONNECTIONS, WAIT_S
+from kimi_deploy.hostside.boundary_http import MAX_HEAD, MAX_HEADERS, MAX_LINE
+from kimi_deploy.hostside.weights_peer import BUSY, HEAD_S, MAX_CONNECTIONS, WAIT_S
 from kimi_deploy.hostside_command import pack
 from tests.bundled import bundled_program
 

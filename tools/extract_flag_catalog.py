@@ -71,14 +71,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from flag_catalog.interpreter import Extractor
+from flag_catalog.profiles import PROFILES, Fallthrough, PinnedName, Profile, RegistrySource, Root
+from flag_catalog.wheel import Wheel, sha256_of
+
 EXTRACTOR = "tools/extract_flag_catalog.py"
 
-# The extractor's package sits beside this script (run as a script or loaded by the tests).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from flag_catalog.interpreter import Extractor  # noqa: E402
-from flag_catalog.profiles import PROFILES, Fallthrough, PinnedName, Profile, RegistrySource, Root  # noqa: E402
-from flag_catalog.wheel import Wheel, sha256_of  # noqa: E402
 
 # --------------------------------------------------------------------------
 # Catalog assembly.

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hostside.boundary_text import shown
 from kimi_deploy.benchmark.report import number
+from kimi_deploy.hostside.boundary_text import shown
 
 # what a run keeps per target and concurrency
 KEPT = ("requests", "succeeded", "success_rate", "ttft_p50_s", "ttft_p95_s", "itl_p50_ms", "output_tok_s")

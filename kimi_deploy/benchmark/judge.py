@@ -15,8 +15,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from hostside.boundary_json import loads
-from hostside.boundary_text import shown
+from kimi_deploy.hostside.boundary_json import loads
+from kimi_deploy.hostside.boundary_text import shown
 from kimi_deploy.recipe import BenchTask
 
 # The JSON an answer may hold: far more than a task's schema or tool asks for (the generator keeps

@@ -19,9 +19,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hostside.boundary_text import shown
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.benchmark.judge import judge
+from kimi_deploy.hostside.boundary_text import shown
 from kimi_deploy.recipe import Benchmark, Cost
 from kimi_deploy.servespec import HostPlan
 

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hostside.watchdog import FIELD_LISTS, accelerators  # noqa: E402
+from kimi_deploy.hostside.watchdog import FIELD_LISTS, accelerators  # noqa: E402
 
 FIELDS = FIELD_LISTS[0]
 

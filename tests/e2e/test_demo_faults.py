@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hostside.hub_access import gated_line
+from kimi_deploy.hostside.hub_access import gated_line
 from localcluster.hub import write_faults
 from tests.e2e.demo import STATE_DIR, address, chat, demo_recipe, main_pid, pyinfra, ssh, state
 

@@ -39,7 +39,7 @@ import yaml
 from harness.hosted_api import HostedApi
 from harness.interrupted import EngineRounds, GatewayLoad, Tunnelled, cut, drain_lines, rebooted, tunnel
 from harness.own_cluster import ROOT, OwnCluster, Run
-from hostside.boundary_lock import lock_pins
+from kimi_deploy.hostside.boundary_lock import lock_pins
 from localcluster import pypi_mirror, wheels
 from tests.e2e.demo import chat, chat_request, ssh
 from tests.tool_module import load_tool

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from harness.own_cluster import BIN, ROOT, Run
-from hostside.boundary_lock import freeze_pins, lock_pins
+from kimi_deploy.hostside.boundary_lock import freeze_pins, lock_pins
 from localcluster.hub import write_faults
 from tests.e2e.demo import gpu_recipe_data, ssh
 from tests.wheel_file import pure_wheel

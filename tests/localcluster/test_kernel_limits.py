@@ -83,7 +83,7 @@ def test_this_process_inotify_objects_are_seen_on_the_machine() -> None:
 def test_a_limit_that_cannot_be_raised_stops_with_one_line_naming_it(tmp_path: Path) -> None:
     # a /proc/sys that refuses writes, as in a container: a read-only mount of a private namespace
     script = f"""
-import sys; sys.path.insert(0, {str(ROOT)!r})
+import sys
 from localcluster import kernel_limits
 from localcluster.state import ClusterError
 try:

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from hostside import router_drain, router_view
+from kimi_deploy.hostside import router_drain, router_view
 from localcluster import pypi_mirror
 from localcluster.fake_nvidia import CONFIG_PATH, NVIDIA_SMI_PATH, install
 from localcluster.pkgindex import IndexServer, serve

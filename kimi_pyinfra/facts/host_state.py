@@ -1,0 +1,66 @@
+"""The host's converge state, read by one probe round-trip (hostside/host_probe.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api.facts import FactBase
+
+from kimi_deploy.host_profile import parse_profile
+from kimi_deploy.host_programs import HOST_PROBE
+from kimi_deploy.hostside.boundary_json import loads
+from kimi_deploy.hostside.probe_types import HostState
+from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
+from kimi_pyinfra.facts.drivers import parse as parse_drivers
+
+
+class KimiHostState(FactBase[HostState]):
+    """Everything a converge decides on, in one round-trip: ``hostside.probe_types.HostState``.
+
+    .. code:: python
+
+        {
+            "user": True,
+            "venvs": {"/opt/kimi/engines/vllm-0.34.0": {"package": "vllm", ...} | None},
+            "weights": {"/srv/models/<org>--<name>/<commit>": {"exists": True, "missing": [], "unverified": [],
+                        "extra": []}},  # each checkpoint the host holds: the model, a draft
+            "files": {"/etc/systemd/system/kimi-vllm.service": "<sha256>" | None},
+            "units": {"kimi-vllm": {"active": "active", "pid": 1234, "applied": "<digest>", ...}},
+            "timers": {"kimi-weights-scrub": {"active": "active", "enabled": "enabled"}},
+            "revisions": {"/srv/models/<org>--<name>": {"present": ["<commit>"], "history": ["<commit>"]}},
+            "listeners": {"8000": {"pid": 1234, "comm": "vllm", "unit": "kimi-vllm"}},
+            "packages": {"nginx": True},
+            "current": "/opt/kimi/releases/<id>" | None,
+            "last_release": ["<time>", "/opt/kimi/releases/<id>", "serving"] | None,
+            "releases": {"entries": [...], "records": {...}} | None,
+            "hardware": <HostProfile, see facts/hardware.py> | None,
+            "drivers": <see facts/drivers.py> | None,
+        }
+
+    With ``hardware`` (``drivers``) in the request, the hardware (drivers) probe runs in the same
+    round-trip and the same process (hostside/host_probe.py).
+    """
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "python3"
+
+    def command(
+        self, request: dict[str, Any], hardware: dict[str, Any] | None = None, drivers: dict[str, Any] | None = None
+    ) -> str:
+        # One process (hostside/host_probe.py) for every part: one tagged JSON line each.
+        parts: dict[str, Any] = {"state": request}
+        if hardware is not None:
+            parts["hardware"] = hardware
+        if drivers:
+            parts["drivers"] = drivers
+        return HOST_PROBE.command("python3", parts)
+
+    def process(self, output: list[str]) -> HostState:
+        lines = dict(line.split(" ", 1) for line in output if " " in line)
+        result: HostState = loads(lines["state"], "state probe", max_bytes=ANSWER_MAX_BYTES)
+        hardware = lines.get("hardware")
+        result["hardware"] = (
+            parse_profile(loads(hardware, "hardware probe", max_bytes=ANSWER_MAX_BYTES)) if hardware else None
+        )
+        result["drivers"] = parse_drivers(lines["drivers"]) if "drivers" in lines else None
+        return result

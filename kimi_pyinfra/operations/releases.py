@@ -1,0 +1,109 @@
+"""The host's current release: one symlink, switched atomically, naming what runs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Generator
+from typing import Any
+
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from kimi_deploy.hostside.host_dirs import STATE_DIR
+
+
+@operation()
+def current(
+    *,
+    link: str,
+    release_dir: str,
+    record: dict[str, Any],
+    links: dict[str, str],
+    found: str | None,
+    run: str,
+    outcome: str = "switched",
+) -> Generator[str, None, None]:
+    """
+    Point ``link`` (``/opt/kimi/current``) at ``release_dir``, which records this release.
+
+    + link: the ``current`` symlink
+    + release_dir: ``/opt/kimi/releases/<id>``, the id a digest of everything the release runs
+    + record: what ``release.json`` in it says (engine, weights revision, unit digests, which
+      leave secret contents out: the file is world-readable)
+    + links: names in ``release_dir`` -> what they point to (``engine``, ``model``)
+    + found: where ``link`` points now (from the host probe)
+    + run: this run's id (``kimi_deploy.run_id``), logged with the switch
+    + outcome: the word logged (``switched``; ``rolled-back`` by a rollback)
+
+    A release folder is written once, with a copy of every file it renders but secrets (under
+    ``files/``, for a rollback); switching is a rename of a new symlink over the old one, so
+    ``link`` always names a complete release. The switch is appended to the host's release log.
+    """
+    if found == release_dir:
+        host.noop(f"{link} is {release_dir}")
+        return
+    q = shlex.quote
+    steps = [f"install -d -m 0755 {q(release_dir)}"]
+    steps += [f"ln -sfn {q(target)} {q(release_dir)}/{q(name)}" for name, target in sorted(links.items())]
+    text = json.dumps(record, sort_keys=True)
+    files = [q(path) for path in record.get("files", [])]
+    if files:
+        copies = f"{q(release_dir)}/files"
+        # With the files' own times: a rollback puts them back with these, and a unit that kept
+        # running through this release (its files unchanged) must not read as started before them.
+        steps.append(f"install -d -m 0755 {copies} && cp --parents --preserve=timestamps {' '.join(files)} {copies}/")
+    steps += [
+        f"printf '%s\\n' {q(text)} > {q(release_dir)}/release.json",
+        f"ln -sfn {q(release_dir)} {q(link)}.new",
+        f"mv -T {q(link)}.new {q(link)}",
+        f"install -d -m 0755 {STATE_DIR}",
+        _log(release_dir, outcome, run),
+    ]
+    yield " && ".join(steps)
+
+
+LOG = f"{STATE_DIR}/releases.log"
+
+
+def _log(release_dir: str, outcome: str, run: str) -> str:
+    """Append ``<UTC time> <release dir> <outcome> <run id>`` to the host's release log."""
+    q = shlex.quote
+    stamp = '"$(date -u +%Y-%m-%dT%H:%M:%SZ)"'
+    return f"printf '%s %s %s %s\\n' {stamp} {q(release_dir)} {q(outcome)} {q(run)} >> {LOG}"
+
+
+@operation()
+def serving(*, release_dir: str, last: list[str] | None, run: str) -> Generator[str, None, None]:
+    """
+    Record in the host's release log that ``release_dir`` serves (its smoke tests passed).
+
+    + release_dir: the release now current
+    + last: the log's last entry as the probe read it (``[time, release dir, outcome]``)
+    + run: this run's id
+
+    A converge that stops before this leaves the release marked only ``switched``: a rollback
+    goes back to the latest release that was recorded serving.
+    """
+    if last is not None and last[1:] == [release_dir, "serving"]:
+        host.noop(f"{release_dir} is recorded serving")
+        return
+    yield f"install -d -m 0755 {STATE_DIR} && " + _log(release_dir, "serving", run)
+
+
+@operation()
+def restored(*, release_dir: str, files: list[str]) -> Generator[str, None, None]:
+    """
+    Put the files a release rendered back in place from its copies, and tell systemd.
+
+    + release_dir: the release to go back to (``/opt/kimi/releases/<id>``)
+    + files: the paths it recorded (never a secret: secrets stay as they are)
+    """
+    if not files:
+        host.noop(f"{release_dir} recorded no files")
+        return
+    q = shlex.quote
+    relative = " ".join(q(path.lstrip("/")) for path in files)
+    # With the copies' times: a unit that keeps running (its release the same in both) reads no
+    # file written after its start, so the next converge does not restart it (state_probe).
+    yield f"cd {q(release_dir)}/files && cp --parents --preserve=timestamps {relative} / && systemctl daemon-reload"
