@@ -24,7 +24,8 @@ from typing import Any
 from kimi_deploy.converge import Converge, UnitTarget, needs_start, unit_state
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.hostside.probe_types import HostState, LadderProof
+from kimi_deploy.hostside.probe_types import LadderProof
+from kimi_deploy.profile_types import HostProfile, HostState
 from kimi_deploy.recipe import Recipe
 
 
@@ -50,17 +51,17 @@ def recipe_at(recipe: Recipe, topology: str, length: int) -> Recipe:
     return recipe.model_copy(update={"topologies": {**recipe.topologies, topology: topo}})
 
 
-def hardware_label(profile: Mapping[str, Any] | None) -> str:
+def hardware_label(profile: HostProfile | None) -> str:
     """What of a host's hardware a proof holds for: its accelerators, or its CPU and memory."""
     if not profile:
         return "unknown"
-    acc = profile.get("accelerators") or {}
-    if acc.get("count"):
-        return f"{acc.get('count')} x {acc.get('model')} ({acc.get('memory_mib')} MiB)"
-    cpu = profile.get("cpu") or {}
-    total = (profile.get("memory") or {}).get("total_bytes")
-    gib = f"{total >> 30} GiB" if isinstance(total, int) else "unknown memory"
-    return f"cpu: {cpu.get('count')} x {cpu.get('model')}, {gib}"
+    acc = profile["accelerators"]
+    if acc["count"]:
+        return f"{acc['count']} x {acc['model']} ({acc['memory_mib']} MiB)"
+    cpu = profile["cpu"]
+    total = profile["memory"]["total_bytes"]
+    gib = f"{total >> 30} GiB" if total is not None else "unknown memory"
+    return f"cpu: {cpu['count']} x {cpu['model']}, {gib}"
 
 
 def proof_key(deploy: DeployPlan, hardware: str) -> str:

@@ -23,11 +23,12 @@ from kimi_deploy.gateway import PACKAGES as GATEWAY_PACKAGES
 from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER, NIXL_CLIENT
 from kimi_deploy.host_libraries import packages as library_packages
 from kimi_deploy.host_paths import checkpoint_dir, tool_dir
-from kimi_deploy.hostside.probe_types import HostState, Listener, UnitState
+from kimi_deploy.hostside.probe_types import Listener, UnitState
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
 from kimi_deploy.preflight import Needs
+from kimi_deploy.profile_types import HostState
 from kimi_deploy.recipe import Checkpoint, Recipe, RouterFallback
 from kimi_deploy.release_set import VenvRelease, engine_releases, router_releases
 from kimi_deploy.render import RenderedFile, render_host

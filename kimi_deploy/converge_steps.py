@@ -32,8 +32,10 @@ from kimi_deploy.converge import (
 )
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import tool_dir
-from kimi_deploy.hostside.probe_types import HostState, ReleaseMarker, UnitState, WeightsFound
+from kimi_deploy.host_profile import parse_profile
+from kimi_deploy.hostside.probe_types import ReleaseMarker, UnitState, WeightsFound
 from kimi_deploy.preflight import check as preflight_check
+from kimi_deploy.profile_types import HostState
 from kimi_deploy.release_set import VenvRelease
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.router_drain_plan import drain_request, readmit_request
@@ -446,7 +448,9 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
     return Steps(
         # Before any change on any host: starting would fail, and the running release must stay.
         refusal=f"{spec.host}: {conflicts[0]}" if conflicts else None,
-        preflight_failures=preflight_check(preflight_needs(todo, deploy, found), found["hardware"] or {}),
+        preflight_failures=preflight_check(
+            preflight_needs(todo, deploy, found), found["hardware"] or parse_profile({})
+        ),
         releases=releases,
         platform=found.get("platform"),
         uv=recipe.tools.uv,

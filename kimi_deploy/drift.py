@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kimi_deploy.converge import Converge
-from kimi_deploy.hostside.probe_types import HostState
+from kimi_deploy.profile_types import HostState
 from kimi_deploy.render import RenderedFile
 
 

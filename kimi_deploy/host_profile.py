@@ -1,6 +1,7 @@
 """A host's hardware profile, made from the raw JSON of ``hostside/hardware_probe.py``.
 
-:func:`parse_profile` returns a plain JSON-able dict (every key always present)::
+:func:`parse_profile` returns a ``HostProfile`` (``kimi_deploy.profile_types``), a plain JSON-able
+dict with every key always present::
 
     {"accelerators": {
          "vendor": "nvidia" | "tpu" | "none",
@@ -53,7 +54,8 @@ from typing import Any
 
 from kimi_deploy.accelerators import KINDS, NONE
 from kimi_deploy.hostside.shared_queries import blocks, installed
-from kimi_deploy.parsers import count_of
+from kimi_deploy.parsers import count_of, text_of
+from kimi_deploy.profile_types import Accelerators, Disk, Drivers, HostProfile, RdmaPort
 
 SERVICES = ("nvidia-fabricmanager", "nvidia-imex")
 # The packages of the profile: the driver's, the fabric manager's and IMEX's.
@@ -63,13 +65,15 @@ _KB = re.compile(r"\s*(\d{1,20})\s*kB\s*")
 _NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
 
 
-def parse_profile(raw: dict[str, Any]) -> dict[str, Any]:
+def parse_profile(raw: Mapping[str, Any]) -> HostProfile:
     """The HostProfile (shape in the module docstring) of one probe answer; never raises on a
-    well-formed probe answer, whatever its sections hold."""
+    well-formed probe answer, whatever its sections hold: a value of another type than the
+    record's reads as unknown (None)."""
     errors: dict[str, str] = {}
     if raw.get("error"):
         errors["probe"] = str(raw["error"])
-    sections: dict[str, dict[str, Any]] = {}
+    # the probe's sections: JSON objects as the host sent them, read below into the record
+    sections: dict[str, Mapping[str, Any]] = {}
     kinds = [name for kind in KINDS.values() for name in kind.probe_sections]
     for name in (*kinds, "rdma", "host", "disk", "drivers"):
         section = raw.get(name)
@@ -78,22 +82,24 @@ def parse_profile(raw: dict[str, Any]) -> dict[str, Any]:
             errors[name] = str(section["error"])
         sections[name] = section
     host = sections["host"]
+    meminfo = _object(host.get("meminfo"))
+    os_release = _object(host.get("os_release"))
     return {
         "accelerators": _accelerators(sections, errors),
         "rdma": _rdma(sections["rdma"]),
         "memory": {
-            "total_bytes": _kib(host.get("meminfo", {}).get("MemTotal")),
-            "available_bytes": _kib(host.get("meminfo", {}).get("MemAvailable")),
+            "total_bytes": _kib(meminfo.get("MemTotal")),
+            "available_bytes": _kib(meminfo.get("MemAvailable")),
         },
         # A kernel without NUMA shows no node directories: all its memory is one node.
         "numa_nodes": max(count_of(host.get("numa_nodes")) or 0, 1),
-        "cpu": {"model": host.get("cpu_model"), "count": host.get("cpu_count")},
+        "cpu": {"model": text_of(host.get("cpu_model")), "count": count_of(host.get("cpu_count"))},
         "os": {
-            "id": host.get("os_release", {}).get("ID"),
-            "version_id": host.get("os_release", {}).get("VERSION_ID"),
-            "pretty": host.get("os_release", {}).get("PRETTY_NAME"),
-            "kernel": host.get("kernel"),
-            "python": host.get("python"),
+            "id": text_of(os_release.get("ID")),
+            "version_id": text_of(os_release.get("VERSION_ID")),
+            "pretty": text_of(os_release.get("PRETTY_NAME")),
+            "kernel": text_of(host.get("kernel")),
+            "python": text_of(host.get("python")),
         },
         "disk": _disk(sections["disk"], errors),
         "drivers": _drivers(sections["drivers"]),
@@ -108,9 +114,14 @@ def matches_model(profile_model: str | None, wanted: str) -> bool:
     return any(kind.matches_model(profile_model, wanted) for kind in KINDS.values())
 
 
-def _accelerators(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> dict[str, Any]:
+def _object(value: Any) -> Mapping[str, Any]:
+    """A JSON object of the answer, or an empty one for anything else."""
+    return value if isinstance(value, dict) else {}
+
+
+def _accelerators(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> Accelerators:
     """The first kind's devices the probe found (``KINDS``, in order), on every key of the shape."""
-    out: dict[str, Any] = {
+    out: Accelerators = {
         "vendor": NONE.name,
         "count": 0,
         "model": None,
@@ -128,34 +139,39 @@ def _accelerators(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, s
     for kind in KINDS.values():
         found = kind.read_profile(sections, errors)
         if found is not None:
-            return out | found
+            out.update(found)
+            return out
     return out
 
 
 # The rest ---------------------------------------------------------------------------------------
 
 
-def _rdma(rdma: dict[str, Any]) -> list[dict[str, Any]]:
-    ports = []
-    for port in rdma.get("ports") or []:
-        number = str(port.get("port", ""))
-        rate = _RATE.match(port.get("rate") or "")
+def _rdma(rdma: Mapping[str, Any]) -> list[RdmaPort]:
+    ports: list[RdmaPort] = []
+    listed = rdma.get("ports")
+    for port in listed if isinstance(listed, list) else []:
+        if not isinstance(port, dict):
+            continue
+        number = port.get("port", "")
+        number = str(number) if isinstance(number, int | str) and not isinstance(number, bool) else ""
+        rate = _RATE.match(text_of(port.get("rate")) or "")
         ports.append(
             {
-                "device": port.get("device"),
-                "port": count_of(number) if number.isdecimal() else number,
-                "state": _sysfs_state(port.get("state")),
-                "phys_state": _sysfs_state(port.get("phys_state")),
+                "device": text_of(port.get("device")),
+                "port": count_of(number) if number.isdecimal() else (number or None),
+                "state": _sysfs_state(text_of(port.get("state"))),
+                "phys_state": _sysfs_state(text_of(port.get("phys_state"))),
                 "rate_gbps": (float(rate.group(1)) if "." in rate.group(1) else int(rate.group(1))) if rate else None,
-                "link_layer": port.get("link_layer"),
+                "link_layer": text_of(port.get("link_layer")),
             }
         )
     return ports
 
 
-def port_active(port: dict[str, Any]) -> bool:
+def port_active(port: RdmaPort) -> bool:
     """Whether an RDMA port of the profile is active (``ACTIVE``, or ``ACTIVE_DEFER``)."""
-    return "ACTIVE" in str(port.get("state") or "").upper()
+    return "ACTIVE" in (port["state"] or "").upper()
 
 
 def _sysfs_state(value: str | None) -> str | None:
@@ -166,12 +182,12 @@ def _sysfs_state(value: str | None) -> str | None:
     return state.strip() if colon and code.strip().isdecimal() else value.strip()
 
 
-def _kib(value: str | None) -> int | None:
-    match = _KB.fullmatch(value or "")
+def _kib(value: Any) -> int | None:
+    match = _KB.fullmatch(text_of(value) or "")
     return int(match.group(1)) * 1024 if match else None
 
 
-def _disk(disk: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+def _disk(disk: Mapping[str, Any], errors: dict[str, str]) -> Disk:
     read = disk.get("read")
     read_mb_s = None
     if isinstance(read, dict):
@@ -183,25 +199,25 @@ def _disk(disk: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
             except (ArithmeticError, TypeError):  # a number past a float, or not a number
                 errors["disk.read"] = "the read measurement is not a number of bytes and seconds"
     return {
-        "path": disk.get("path"),
-        "fs_type": disk.get("fs_type"),
-        "total_bytes": disk.get("total_bytes"),
-        "free_bytes": disk.get("free_bytes"),
+        "path": text_of(disk.get("path")),
+        "fs_type": text_of(disk.get("fs_type")),
+        "total_bytes": count_of(disk.get("total_bytes")),
+        "free_bytes": count_of(disk.get("free_bytes")),
         "read_mb_s": read_mb_s,
     }
 
 
-def _drivers(drivers: dict[str, Any]) -> dict[str, Any]:
-    version = _NVRM.search(drivers.get("proc_version") or "")
+def _drivers(drivers: Mapping[str, Any]) -> Drivers:
+    version = _NVRM.search(text_of(drivers.get("proc_version")) or "")
     dpkg = drivers.get("dpkg")
-    found = installed(dpkg.get("stdout") or "") if isinstance(dpkg, dict) else {}
+    found = installed(text_of(dpkg.get("stdout")) or "") if isinstance(dpkg, dict) else {}
     # the probe asks for every nvidia-* package (the drivers step's query); the profile keeps these
     packages = {name: p["version"] for name, p in found.items() if name.startswith(PACKAGES)}
     active: dict[str, str | None] = dict.fromkeys(SERVICES)
     services = drivers.get("services")
     if isinstance(services, dict):
         # ``systemctl show``'s blocks (no systemd: none names a unit)
-        for props in blocks(services.get("stdout") or ""):
+        for props in blocks(text_of(services.get("stdout")) or ""):
             unit = props.get("Id", "").removesuffix(".service")
             if unit in active and props.get("ActiveState"):
                 active[unit] = props["ActiveState"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -19,6 +18,7 @@ from kimi_deploy.accelerators.interface import GIB, size_text
 from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.host_profile import port_active
 from kimi_deploy.hostside.boundary_text import printable
+from kimi_deploy.profile_types import HostProfile
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
 
@@ -39,7 +39,7 @@ class Needs:
     rdma_devices: list[str]
 
 
-def accelerators(needs: Needs, profile: dict[str, Any]) -> str | None:
+def accelerators(needs: Needs, profile: HostProfile) -> str | None:
     """The accelerators the plan gives an engine host, as its kind reads the profile."""
     spec = needs.spec
     if spec.role == "router":
@@ -47,14 +47,14 @@ def accelerators(needs: Needs, profile: dict[str, Any]) -> str | None:
     return accelerator(spec.accelerator_vendor).check_host(spec, profile)
 
 
-def disk(needs: Needs, profile: dict[str, Any]) -> str | None:
+def disk(needs: Needs, profile: HostProfile) -> str | None:
     """Room for what is missing of this revision now, and for a second copy (the rollback) ever."""
     spec = needs.spec
     if spec.role == "router":
         return None
-    d = profile.get("disk") or {}
-    free, total = int(d.get("free_bytes") or 0), int(d.get("total_bytes") or 0)
-    where = f"{d.get('path')} ({d.get('fs_type')})"
+    d = profile["disk"]
+    free, total = d["free_bytes"] or 0, d["total_bytes"] or 0
+    where = f"{d['path']} ({d['fs_type']})"
     need_now = needs.missing_bytes * (100 + DISK_MARGIN_PERCENT) // 100
     if needs.missing_bytes and free < need_now:
         return f"disk: {where} needs {size_text(need_now)} free for the weights, found {size_text(free)} free"
@@ -66,13 +66,13 @@ def disk(needs: Needs, profile: dict[str, Any]) -> str | None:
     return None
 
 
-def host_ram(needs: Needs, profile: dict[str, Any]) -> str | None:
+def host_ram(needs: Needs, profile: HostProfile) -> str | None:
     topo = needs.recipe.topologies[needs.spec.topology]
     if topo.hicache is None or needs.spec.role == "router":
         return None
     hbm = needs.spec.accelerators * needs.spec.accelerator_memory_gib * GIB
     need = int(topo.hicache.ratio * hbm)
-    total = int((profile.get("memory") or {}).get("total_bytes") or 0)
+    total = profile["memory"]["total_bytes"] or 0
     if need > total * HICACHE_RAM_PERCENT // 100:
         return (
             f"host RAM: HiCache ratio {topo.hicache.ratio:g} needs {size_text(need)} "
@@ -87,20 +87,20 @@ def rdma_asked(needs: Needs) -> bool:
     return topo.kv_transfer is not None and topo.kv_transfer.transport == "rdma" and needs.spec.role != "router"
 
 
-def rdma(needs: Needs, profile: dict[str, Any]) -> str | None:
+def rdma(needs: Needs, profile: HostProfile) -> str | None:
     if not rdma_asked(needs):
         return None
-    ports = profile.get("rdma") or []
+    ports = profile["rdma"]
     for device in needs.rdma_devices:
         name = device.split(":", 1)[0]
-        states = [str(p.get("state") or "state unknown") for p in ports if p.get("device") == name]
-        if not any(port_active(p) for p in ports if p.get("device") == name):
+        states = [p["state"] or "state unknown" for p in ports if p["device"] == name]
+        if not any(port_active(p) for p in ports if p["device"] == name):
             found = ", ".join(states) if states else "no such device"
             return f"RDMA: {name} needs an ACTIVE port for KV transfer, found {found}"
     return None
 
 
-def python(needs: Needs, profile: dict[str, Any]) -> str | None:
+def python(needs: Needs, profile: HostProfile) -> str | None:
     """The host's python3, which every release is installed with, against the Pythons the
     engine's release installs on (its wheel's Requires-Python, in its catalog): a host it cannot
     install on is named before anything changes, not by the resolver's error at install."""
@@ -109,7 +109,7 @@ def python(needs: Needs, profile: dict[str, Any]) -> str | None:
         return None
     engine = needs.recipe.topologies[spec.topology].engine
     catalog = engine_catalog(needs.recipe, engine)
-    found = (profile.get("os") or {}).get("python")
+    found = profile["os"]["python"]
     if catalog.requires_python is None or not found:
         return None
     try:
@@ -125,7 +125,7 @@ def python(needs: Needs, profile: dict[str, Any]) -> str | None:
     )
 
 
-GATES: tuple[Callable[[Needs, dict[str, Any]], str | None], ...] = (
+GATES: tuple[Callable[[Needs, HostProfile], str | None], ...] = (
     accelerators,
     python,
     disk,
@@ -134,7 +134,7 @@ GATES: tuple[Callable[[Needs, dict[str, Any]], str | None], ...] = (
 )
 
 
-def check(needs: Needs, profile: dict[str, Any]) -> list[str]:
+def check(needs: Needs, profile: HostProfile) -> list[str]:
     """Every failed gate, as ``HOST: gate: expected, found`` lines (empty: the host may proceed);
     what the host reported in them is shown with its control characters escaped (``printable``)."""
     return [printable(f"{needs.spec.host}: {line}") for gate in GATES if (line := gate(needs, profile)) is not None]

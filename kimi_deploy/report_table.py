@@ -2,60 +2,60 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kimi_deploy.host_profile import port_active
 from kimi_deploy.hostside.boundary_text import printable
+from kimi_deploy.profile_types import Accelerators, HostProfile
 
 GIB = 2**30
 
 
-def _accelerators(acc: dict[str, Any]) -> str:
-    if acc.get("error"):
+def _accelerators(acc: Accelerators) -> str:
+    if acc["error"]:
         return f"error: {acc['error']}"[:60]
-    if not acc.get("count"):
+    if not acc["count"]:
         return "none"
-    memory = f" {acc['memory_mib'] // 1024} GiB" if acc.get("memory_mib") else ""
-    return f"{acc['count']} x {acc.get('model')}{memory}"
+    memory = f" {acc['memory_mib'] // 1024} GiB" if acc["memory_mib"] else ""
+    return f"{acc['count']} x {acc['model']}{memory}"
 
 
-def _links(acc: dict[str, Any]) -> str:
-    topo = acc.get("topology") or {}
-    matrix: dict[str, dict[str, str]] = topo.get("matrix") or {}
-    gpus = [g["name"] for g in topo.get("gpus") or []]
+def _links(acc: Accelerators) -> str:
+    topo = acc["topology"]
+    matrix = topo["matrix"] if topo else {}
+    gpus = [g["name"] for g in topo["gpus"]] if topo else []
     kinds = sorted({matrix.get(a, {}).get(b, "?") for a in gpus for b in gpus if a != b})
     parts = []
     if kinds:
         parts.append("/".join(kinds))
-    if acc.get("nvlink_active"):
+    if acc["nvlink_active"]:
         parts.append(f"{acc['nvlink_active']} NVLink up")
-    if acc.get("fabric"):
+    if acc["fabric"]:
         parts.append("fabric " + ",".join(str(f.get("state")) for f in acc["fabric"][:1]))
-    if acc.get("tpu"):
+    if acc["tpu"]:
         tpu = acc["tpu"]
-        parts.append(f"TPU {tpu.get('generation')} {tpu.get('accelerator_type') or ''}".strip())
+        parts.append(f"TPU {tpu['generation']} {tpu['accelerator_type'] or ''}".strip())
     return " ".join(parts) or "-"
 
 
-def _nics(profile: dict[str, Any]) -> str:
-    up = [p for p in profile.get("rdma") or [] if port_active(p)]
-    if not profile.get("rdma"):
+def _nics(profile: HostProfile) -> str:
+    up = [p for p in profile["rdma"] if port_active(p)]
+    if not profile["rdma"]:
         return "-"
     # a port whose rate is not known (short ibv_devinfo prints none) adds no rate
-    rates = sorted({str(p["rate_gbps"]) for p in up if p.get("rate_gbps") is not None})
+    rates = sorted({str(p["rate_gbps"]) for p in up if p["rate_gbps"] is not None})
     return f"{len(up)}/{len(profile['rdma'])} active" + (f" @{'/'.join(rates)}G" if rates else "")
 
 
-def _affinity(profile: dict[str, Any]) -> list[str]:
+def _affinity(profile: HostProfile) -> list[str]:
     """For each GPU, the NICs closest to it (PIX/PXB), from the topology matrix."""
-    topo = (profile.get("accelerators") or {}).get("topology") or {}
-    matrix: dict[str, dict[str, str]] = topo.get("matrix") or {}
-    legend: dict[str, str] = topo.get("nic_legend") or {}
+    topo = profile["accelerators"]["topology"]
+    if topo is None:
+        return []
+    matrix, legend = topo["matrix"], topo["nic_legend"]
     out = []
-    for gpu in topo.get("gpus") or []:
+    for gpu in topo["gpus"]:
         near = [
             legend.get(n["name"]) or n["name"]
-            for n in topo.get("nics") or []
+            for n in topo["nics"]
             if matrix.get(gpu["name"], {}).get(n["name"]) in ("PIX", "PXB")
         ]
         if near:
@@ -63,25 +63,24 @@ def _affinity(profile: dict[str, Any]) -> list[str]:
     return out
 
 
-def format_report(profiles: dict[str, dict[str, Any]]) -> str:
+def format_report(profiles: dict[str, HostProfile]) -> str:
     header = ("HOST", "ACCELERATORS", "LINKS", "RDMA", "RAM", "NUMA", "DISK FREE", "READ", "OS", "DRIVER")
     rows = [header]
     for host, p in profiles.items():
-        acc = p.get("accelerators") or {}
-        disk = p.get("disk") or {}
-        read = disk.get("read_mb_s")
+        acc, disk = p["accelerators"], p["disk"]
+        read = disk["read_mb_s"]
         rows.append(
             (
                 host,
                 _accelerators(acc),
                 _links(acc),
                 _nics(p),
-                f"{int((p.get('memory') or {}).get('total_bytes') or 0) / GIB:.0f} GiB",
-                str(p.get("numa_nodes") or "-"),
-                f"{int(disk.get('free_bytes') or 0) / GIB:.1f} GiB {disk.get('fs_type') or ''}".strip(),
-                f"{read:.0f} MB/s" if isinstance(read, (int, float)) else "-",
-                str((p.get("os") or {}).get("pretty") or "-"),
-                str(acc.get("driver_version") or (p.get("drivers") or {}).get("nvidia") or "-"),
+                f"{(p['memory']['total_bytes'] or 0) / GIB:.0f} GiB",
+                str(p["numa_nodes"] or "-"),
+                f"{(disk['free_bytes'] or 0) / GIB:.1f} GiB {disk['fs_type'] or ''}".strip(),
+                f"{read:.0f} MB/s" if read is not None else "-",
+                p["os"]["pretty"] or "-",
+                acc["driver_version"] or p["drivers"]["nvidia"] or "-",
             )
         )
     # Each cell is what a host reported (GPU names, driver and OS strings): shown, never acted on.

@@ -37,6 +37,7 @@ from kimi_deploy.parsers import (
 from kimi_deploy.plan_table import format_plan
 from kimi_deploy.planner import plan
 from kimi_deploy.preflight import GATES, Needs, rdma_asked
+from kimi_deploy.profile_types import HostProfile
 from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.render import render_host
 from kimi_deploy.servability import refusals
@@ -218,12 +219,12 @@ def _facts_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _judged(gate: str, needs: Needs, profile: dict[str, Any]) -> str:
+def _judged(gate: str, needs: Needs, profile: HostProfile) -> str:
     """What a passed gate found, in its own words."""
     spec = needs.spec
     if gate == "accelerators":
         acc = profile["accelerators"]
-        memory = f" ({acc['memory_mib'] // 1024} GiB)" if acc.get("memory_mib") else ""
+        memory = f" ({acc['memory_mib'] // 1024} GiB)" if acc["memory_mib"] else ""
         want = f"pool {spec.pool} needs {spec.accelerators} x {spec.accelerator_model}"
         return f"accelerators: {want}, found {acc['count']} x {acc['model']}{memory}"
     if not rdma_asked(needs):

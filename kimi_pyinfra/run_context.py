@@ -23,6 +23,7 @@ from kimi_deploy.converge import Converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
+from kimi_deploy.profile_types import HostProfile
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import Plan
 from kimi_deploy.weights_fanout import FanOutPart
@@ -81,7 +82,7 @@ class RunContext:
     # whether this run prints step lines (``kimi_pyinfra.fleet_progress``)
     step_lines: bool = False
     # host name -> its hardware profile (deploys/report.py)
-    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    profiles: dict[str, HostProfile] = field(default_factory=dict)
     # deploys/ladder.py: each host's context ladder proofs, read so far
     ladders: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 

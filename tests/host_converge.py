@@ -12,9 +12,10 @@ import pytest
 from kimi_deploy import converge
 from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.hostside.probe_types import HostState, ReleaseMarker, TimerState, UnitState, WeightsFound
+from kimi_deploy.hostside.probe_types import ReleaseMarker, TimerState, UnitState, WeightsFound
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
+from kimi_deploy.profile_types import HostState
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.release_set import VenvRelease
 from tests.conftest import RECIPE

@@ -23,20 +23,17 @@ from kimi_deploy.context_ladder import (
 from kimi_deploy.converge import Converge, plan_converge
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.hostside.probe_types import HostState
 from kimi_deploy.planner import plan
+from kimi_deploy.profile_types import HostState
 from kimi_deploy.recipe import ContextProbe, Recipe
 from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.host_converge import probe_answer
+from tests.profiles import profile_of
 from tests.test_cpu_topology import DEMO, INVENTORY
 
 LADDER = [32768, 131072, 262144, 1048576]
-CPU_HOST = {
-    "accelerators": {"vendor": "none", "count": 0},
-    "cpu": {"model": "Xeon", "count": 2},
-    "memory": {"total_bytes": 24 << 30},
-}
+CPU_HOST = profile_of(cpu={"model": "Xeon", "count": 2}, memory={"total_bytes": 24 << 30})
 
 
 def test_a_raise_climbs_each_rung_above_the_one_serving_up_to_the_new_length() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,10 +19,12 @@ from kimi_deploy.engines.vllm import host_packages
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.planner import argv_positionals, plan
 from kimi_deploy.preflight import Needs, accelerators
+from kimi_deploy.profile_types import HostProfile
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.servespec import HostPlan, Plan
 from kimi_pyinfra.inventory_file import load_inventory
+from tests.profiles import profile_of
 
 DEMO = "recipes/demo.yaml"
 INVENTORY = """
@@ -85,22 +88,17 @@ def _needs(recipe: Recipe, spec: HostPlan) -> Needs:
     return Needs(recipe=recipe, spec=spec, weights_bytes=0, missing_bytes=0, rdma_devices=[])
 
 
-def _profile(ram_gib: float, cpu: str = "Intel(R) Xeon(R) Processor") -> dict[str, object]:
-    # a host without GPUs: what hostside/hardware_probe.py reports there
-    return {
-        "accelerators": {"vendor": "none", "count": 0, "model": None},
-        "cpu": {"model": cpu, "count": 2},
-        "memory": {"total_bytes": int(ram_gib * GIB)},
-    }
+def _profile(ram_gib: float, cpu: str = "Intel(R) Xeon(R) Processor", **parts: Any) -> HostProfile:
+    # a host without GPUs (unless ``parts`` gives it some): what hostside/hardware_probe.py reports there
+    return profile_of(cpu={"model": cpu, "count": 2}, memory={"total_bytes": int(ram_gib * GIB)}, **parts)
 
 
 def test_the_cpu_gate_asks_for_the_ranks_ram_whatever_gpus_the_host_has(demo: tuple[Recipe, Plan, str]) -> None:
     recipe, full, _ = demo
     spec = _host(full, "kimi-h1")
     assert accelerators(_needs(recipe, spec), _profile(24)) is None
-    assert (
-        accelerators(_needs(recipe, spec), {**_profile(24), "accelerators": {"vendor": "nvidia", "count": 8}}) is None
-    )
+    eight_gpus = _profile(24, accelerators={"vendor": "nvidia", "count": 8})
+    assert accelerators(_needs(recipe, spec), eight_gpus) is None
     assert accelerators(_needs(recipe, spec), _profile(1)) == (
         "accelerators: pool serve needs 1 x CPU rank with 2 GiB of RAM, "
         "found 2 x Intel(R) Xeon(R) Processor with 1 GiB of RAM"

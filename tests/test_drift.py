@@ -7,8 +7,8 @@ import pytest
 
 from kimi_deploy.converge import Converge, needs_start, unit_state
 from kimi_deploy.drift import drift
-from kimi_deploy.hostside.probe_types import HostState
 from kimi_deploy.inventory import Inventory
+from kimi_deploy.profile_types import HostState
 from kimi_deploy.recipe import Recipe
 from tests.host_converge import LOCK, host_converge, lock_stands_in, probe_answer
 

@@ -39,6 +39,7 @@ from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.servespec import HostPlan, Plan
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.conftest import PROD, RECIPE, ROOT
+from tests.profiles import profile_of
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "driver_probe"
 LOCAL_REPO = "http://10.213.11.1:8767/compute/cuda/repos"
@@ -552,12 +553,13 @@ def test_upstream_versions() -> None:
 
 def test_the_drivers_step_takes_over_the_fabric_manager_and_imex_gates(recipe: Recipe, full_plan: Plan) -> None:
     spec = full_plan.for_host("gb300-p01")
-    profile = {
-        "accelerators": {"vendor": "nvidia", "count": 4, "model": "NVIDIA GB300", "memory_mib": 284208},
-        "disk": {"path": "/srv/models", "fs_type": "xfs", "free_bytes": 10**13, "total_bytes": 10**13},
-        "drivers": {"nvidia": "580.95.05", "packages": {"nvidia-fabricmanager": "580.82.07-1"}, "imex_active": None},
-        "rdma": [{"device": f"mlx5_{i}", "state": "ACTIVE"} for i in range(4)],
-    }
+    port = {"port": 1, "phys_state": "LinkUp", "rate_gbps": 400, "link_layer": "InfiniBand"}
+    profile = profile_of(
+        accelerators={"vendor": "nvidia", "count": 4, "model": "NVIDIA GB300", "memory_mib": 284208},
+        disk={"path": "/srv/models", "fs_type": "xfs", "free_bytes": 10**13, "total_bytes": 10**13},
+        drivers={"nvidia": "580.95.05", "packages": {"nvidia-fabricmanager": "580.82.07-1"}, "imex_active": None},
+        rdma=[{"device": f"mlx5_{i}", "state": "ACTIVE", **port} for i in range(4)],
+    )
     # A fabric manager of another version and no IMEX do not stop the host before the drivers step,
     # which installs both at the driver's version (or refuses the host with its own line).
     needs = Needs(recipe, spec, 10**9, 0, ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"])

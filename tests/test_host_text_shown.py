@@ -21,6 +21,7 @@ from kimi_deploy.report_table import format_report
 from kimi_pyinfra.cli import main
 from kimi_pyinfra.operations import preflight
 from tests.conftest import PROD, RECIPE
+from tests.profiles import profile_of
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes
@@ -75,13 +76,13 @@ def test_a_preflight_refusal_prints_a_hostile_gpu_name_and_driver_error_escaped(
 ) -> None:
     spec = plan(recipe, RECIPE, prod).for_host("b300-01")
     needs = Needs(recipe, spec, 1_560_000_000_000, 0, [])
-    profile = {
-        "accelerators": {"vendor": "nvidia", "count": 8, "model": HOSTILE_NAME, "memory_mib": 81559, "error": None},
-        "disk": {"path": "/srv/models", "fs_type": "xfs\x1b[8m", "free_bytes": 30 * 10**12, "total_bytes": 30 * 10**12},
-        "memory": {"total_bytes": 2048 * 2**30},
-    }
+    profile = profile_of(
+        accelerators={"vendor": "nvidia", "count": 8, "model": HOSTILE_NAME, "memory_mib": 81559},
+        disk={"path": "/srv/models", "fs_type": "xfs\x1b[8m", "free_bytes": 30 * 10**12, "total_bytes": 30 * 10**12},
+        memory={"total_bytes": 2048 * 2**30},
+    )
     broken = copy.deepcopy(profile)
-    broken["accelerators"] = {"vendor": "nvidia", "count": 0, "error": "Failed to initialize NVML\x1b[1A\x1b[2K"}
+    broken["accelerators"].update({"count": 0, "model": None, "error": "Failed to initialize NVML\x1b[1A\x1b[2K"})
     for found in (profile, broken):
         failures = check(needs, found)
         assert failures
@@ -97,17 +98,17 @@ def test_a_preflight_refusal_prints_a_hostile_gpu_name_and_driver_error_escaped(
 
 
 def test_the_topology_report_shows_hostile_host_strings_escaped() -> None:
-    profile = {
-        "accelerators": {
+    profile = profile_of(
+        accelerators={
             "vendor": "nvidia",
             "count": 8,
             "model": HOSTILE_NAME,
             "memory_mib": 81559,
             "driver_version": "550.54.15\x1b[8m",
         },
-        "os": {"pretty": "Ubuntu\x1b]0;pwned\x07 24.04"},
-        "disk": {"free_bytes": 10**12, "fs_type": "xfs"},
-    }
+        os={"pretty": "Ubuntu\x1b]0;pwned\x07 24.04"},
+        disk={"free_bytes": 10**12, "fs_type": "xfs"},
+    )
     table = format_report({"gpu-07": profile})
     assert RAW_CONTROL.search(table) is None
     assert "8 x NVIDIA H100 80GB HBM3\\x1b[2J" in table

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, check
+from kimi_deploy.profile_types import HostProfile
 from kimi_deploy.recipe import HiCache, Recipe
 from kimi_deploy.servespec import Plan
 from tests.conftest import RECIPE, sglang_slice
+from tests.profiles import profile_of
 
 TB = 10**12
 GIB = 2**30
@@ -23,14 +24,15 @@ def full(recipe: Recipe, prod: Inventory) -> Plan:
     return plan(recipe, RECIPE, prod)
 
 
-def _profile(count: int, model: str, memory_mib: int, *, vendor: str = "nvidia") -> dict[str, Any]:
-    return {
-        "accelerators": {"vendor": vendor, "count": count, "model": model, "memory_mib": memory_mib, "error": None},
-        "disk": {"path": "/srv/models", "fs_type": "xfs", "free_bytes": 30 * TB, "total_bytes": 30 * TB},
-        "memory": {"total_bytes": 2048 * GIB},
-        "rdma": [{"device": f"mlx5_{i}", "port": 1, "state": "4: ACTIVE"} for i in range(4)],
-        "drivers": {"nvidia": "580.95.05", "packages": {}, "imex_active": "active"},
-    }
+def _profile(count: int, model: str, memory_mib: int, *, vendor: str = "nvidia") -> HostProfile:
+    port = {"port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "rate_gbps": 400, "link_layer": "InfiniBand"}
+    return profile_of(
+        accelerators={"vendor": vendor, "count": count, "model": model, "memory_mib": memory_mib},
+        disk={"path": "/srv/models", "fs_type": "xfs", "free_bytes": 30 * TB, "total_bytes": 30 * TB},
+        memory={"total_bytes": 2048 * GIB},
+        rdma=[{"device": f"mlx5_{i}", **port} for i in range(4)],
+        drivers={"nvidia": "580.95.05", "imex_active": "active"},
+    )
 
 
 B300 = _profile(8, "NVIDIA B300 SXM6 AC", 275040)
@@ -65,7 +67,7 @@ def test_a_host_whose_python_the_engine_release_does_not_install_on_is_named(
 ) -> None:
     spec = full.for_host(host)
     profile = _profile(4, "TPU7x", 0, vendor="tpu") if spec.accelerator_vendor == "tpu" else copy.deepcopy(B300)
-    profile["os"] = {"id": "ubuntu", "python": python}
+    profile["os"]["python"] = python
     assert [f for f in check(_needs(recipe, full, host), profile) if ": python3: " in f] == ([line] if line else [])
 
 
@@ -88,23 +90,23 @@ def test_b300_is_not_a_gb300(recipe: Recipe, full: Plan) -> None:
 
 def test_driver_error_is_named(recipe: Recipe, full: Plan) -> None:
     broken = copy.deepcopy(B300)
-    broken["accelerators"] = {"vendor": "nvidia", "count": 0, "error": "Driver/library version mismatch"}
+    broken["accelerators"].update({"count": 0, "model": None, "error": "Driver/library version mismatch"})
     (line,) = check(_needs(recipe, full, "b300-01"), broken)
     assert line.endswith("found an error: Driver/library version mismatch")
 
 
 def test_disk_too_small_now_and_for_a_rollback_copy(recipe: Recipe, full: Plan) -> None:
     small = copy.deepcopy(B300)
-    small["disk"].update(free_bytes=1 * TB, total_bytes=4 * TB)
+    small["disk"].update({"free_bytes": 1 * TB, "total_bytes": 4 * TB})
     assert check(_needs(recipe, full, "b300-01"), small) == [
         "b300-01: disk: /srv/models (xfs) needs 1526 GiB free for the weights, found 931 GiB free"
     ]
-    small["disk"].update(free_bytes=2 * TB, total_bytes=3 * TB)
+    small["disk"].update({"free_bytes": 2 * TB, "total_bytes": 3 * TB})
     assert check(_needs(recipe, full, "b300-01"), small) == [
         "b300-01: disk: /srv/models (xfs) needs 3051 GiB in all (weights and a rollback copy), found 2794 GiB"
     ]
     # Weights already in place need no free space now.
-    small["disk"].update(free_bytes=0, total_bytes=4 * TB)
+    small["disk"].update({"free_bytes": 0, "total_bytes": 4 * TB})
     assert check(_needs(recipe, full, "b300-01", missing=0), small) == []
 
 
@@ -119,7 +121,7 @@ def test_hicache_needs_host_ram(recipe: Recipe, prod: Inventory) -> None:
 
 def test_kv_over_rdma_needs_active_ports(recipe: Recipe, full: Plan) -> None:
     down = copy.deepcopy(GB300)
-    down["rdma"][2]["state"] = "1: DOWN"
+    down["rdma"][2]["state"] = "DOWN"
     assert check(_needs(recipe, full, "gb300-d01"), down) == [
-        "gb300-d01: RDMA: mlx5_2 needs an ACTIVE port for KV transfer, found 1: DOWN"
+        "gb300-d01: RDMA: mlx5_2 needs an ACTIVE port for KV transfer, found DOWN"
     ]

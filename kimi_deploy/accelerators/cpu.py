@@ -4,29 +4,29 @@ of the CPU's model name."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kimi_deploy.accelerators.interface import GIB, AcceleratorKind, matches_words, size_text
 from kimi_deploy.servespec import CPU_ANY
 
 if TYPE_CHECKING:
+    from kimi_deploy.profile_types import HostProfile
     from kimi_deploy.servespec import HostPlan
 
 NAME = "cpu"
 
 
-def _preflight(kind: AcceleratorKind, spec: HostPlan, profile: Mapping[str, Any]) -> str | None:
+def _preflight(kind: AcceleratorKind, spec: HostPlan, profile: HostProfile) -> str | None:
     """The CPU model (when the recipe names one) and the RAM the ranks take, whatever
     accelerators the host also has."""
-    cpu = profile.get("cpu") or {}
-    ram = int((profile.get("memory") or {}).get("total_bytes") or 0)
+    cpu = profile["cpu"]
+    ram = profile["memory"]["total_bytes"] or 0
     need = spec.accelerators * spec.accelerator_memory_gib * GIB
     model = spec.accelerator_model if spec.accelerator_model != CPU_ANY else None
     each = f"{spec.accelerator_memory_gib} GiB of RAM"
     want = f"pool {spec.pool} needs {spec.accelerators} x {model or 'CPU'} rank with {each}"
-    found = f"{cpu.get('count') or '?'} x {cpu.get('model') or 'unknown CPU'} with {size_text(ram)} of RAM"
-    if (model is not None and not matches_words(str(cpu.get("model") or ""), model)) or ram < need:
+    found = f"{cpu['count'] or '?'} x {cpu['model'] or 'unknown CPU'} with {size_text(ram)} of RAM"
+    if (model is not None and not matches_words(cpu["model"] or "", model)) or ram < need:
         return f"accelerators: {want}, found {found}"
     return None
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the schema and the plan use the kinds: their types only, at run time nothing
     from kimi_deploy.accelerators.nvidia_drivers import NvidiaPlan
+    from kimi_deploy.profile_types import AcceleratorsFound, HostProfile
     from kimi_deploy.recipe import Recipe
     from kimi_deploy.render import RenderedFile
     from kimi_deploy.servespec import HostPlan
@@ -85,7 +86,7 @@ def _model(model: str | None) -> str:
     return model or ""
 
 
-def _none(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> dict[str, Any] | None:
+def _none(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> AcceleratorsFound | None:
     return None
 
 
@@ -109,10 +110,10 @@ def _gib(mib: Any) -> str:
     return f" ({mib // 1024} GiB)" if isinstance(mib, int) and mib else ""
 
 
-def devices_gate(kind: AcceleratorKind, spec: HostPlan, profile: Mapping[str, Any]) -> str | None:
+def devices_gate(kind: AcceleratorKind, spec: HostPlan, profile: HostProfile) -> str | None:
     """The preflight of a kind whose devices the probe counts: the count and the model the plan
     gives the host, and each device's memory where the kind reports it (``memory_reported``)."""
-    acc = profile.get("accelerators") or {}
+    acc = profile["accelerators"]
     want = (
         f"pool {spec.pool} needs {spec.accelerators} x {spec.accelerator_model} "
         f"with >= {spec.accelerator_memory_gib} GiB"
@@ -168,11 +169,11 @@ class AcceleratorKind:
     probe_sections: tuple[str, ...] = ()
     # the hardware probe's sections (``hostside/hardware_probe.py``) -> the profile's accelerators,
     # None: the host has none of this kind (``errors`` takes what could not be read, by section)
-    read_profile: Callable[[Mapping[str, Mapping[str, Any]], dict[str, str]], dict[str, Any] | None] = _none
+    read_profile: Callable[[Mapping[str, Mapping[str, Any]], dict[str, str]], AcceleratorsFound | None] = _none
     # (the model the profile reports, the recipe's) -> whether they are one model
     matches_model: Callable[[str | None, str], bool] = matches_words
     # (host plan, host profile) -> the preflight's line, None: the host may serve
-    preflight: Callable[[AcceleratorKind, HostPlan, Mapping[str, Any]], str | None] = devices_gate
+    preflight: Callable[[AcceleratorKind, HostPlan, HostProfile], str | None] = devices_gate
     # what the drivers step asks ``hostside/driver_probe.py`` on an engine host
     drivers_request: Callable[[Recipe, HostPlan], dict[str, Any]] = _no_request
     # the drivers step of an engine host
@@ -180,7 +181,7 @@ class AcceleratorKind:
     # what the drivers step installs on an engine host, as ``kimi-deploy plan`` shows it
     driver_line: Callable[[Recipe, HostPlan], str | None] = _no_line
 
-    def check_host(self, spec: HostPlan, profile: Mapping[str, Any]) -> str | None:
+    def check_host(self, spec: HostPlan, profile: HostProfile) -> str | None:
         """The preflight's accelerators line for an engine host of this kind, None: it may serve."""
         return self.preflight(self, spec, profile)
 

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kimi_deploy.accelerators.interface import AcceleratorKind, DriversPlan, DriversStep, SysctlPlan, matches_words
-from kimi_deploy.parsers import ParseError, count_of
+from kimi_deploy.parsers import ParseError, count_of, text_of
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
+from kimi_deploy.profile_types import AcceleratorsFound, TpuInfo
 from kimi_deploy.render import RenderedFile
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def _devices(model: str | None) -> int:
     return DEVICES_PER_CHIP.get((model or "").lower(), 1)
 
 
-def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> dict[str, Any] | None:
+def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> AcceleratorsFound | None:
     tpu = sections.get("tpu") or {}
     reported = tpu.get("pci")
     reported = reported if isinstance(reported, list) else []
@@ -89,15 +90,16 @@ def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) 
         return None
     if not parsed["chip_count"]:
         return None
-    metadata = tpu.get("metadata") or {}
-    info = {
+    metadata = tpu.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    info: TpuInfo = {
         "generation": parsed["generation"],
         "chip_count": parsed["chip_count"],
-        "accelerator_type": metadata.get("accelerator-type") or None,
+        "accelerator_type": text_of(metadata.get("accelerator-type")) or None,
         "worker": count_of(metadata.get("agent-worker-number")),
     }
     model = tpu_model(info["generation"]) if info["generation"] else None
-    return {
+    found: AcceleratorsFound = {
         "vendor": NAME,
         "count": info["chip_count"],
         "model": model,
@@ -105,6 +107,7 @@ def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) 
         "source": "sysfs",
         "tpu": info,
     }
+    return found
 
 
 def _sysfs_pci(device: Any) -> bool:

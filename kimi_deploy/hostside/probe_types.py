@@ -328,12 +328,3 @@ class HardwareAnswer(TypedDict):
     disk: DiskSection | SectionError
     drivers: DriversSection
     elapsed_s: float
-
-
-class HostState(StateAnswer):
-    """``KimiHostState``: the state probe's answer with the hardware and drivers probes' of the
-    same round-trip (``kimi_deploy.host_profile.parse_profile``, ``facts.drivers.parse``), None
-    when the request did not ask for them."""
-
-    hardware: dict[str, Any] | None
-    drivers: DriversAnswer | None

@@ -42,6 +42,11 @@ def read_int(digits: str, where: str) -> int:
     return int(digits)
 
 
+def text_of(value: Any) -> str | None:
+    """A text a host reported, or None for anything that is not a string."""
+    return value if isinstance(value, str) else None
+
+
 def count_of(value: Any) -> int | None:
     """A non-negative count a host reported, as an int or as digits; None for anything else."""
     if isinstance(value, str) and value.strip().isdecimal() and len(value.strip()) <= MAX_DIGITS:

@@ -29,9 +29,9 @@ entry for a NIC the matrix lacks) raises :class:`~kimi_deploy.parsers.ParseError
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from kimi_deploy.parsers import ParseError, read_int
+from kimi_deploy.profile_types import TopoGpu, Topology, TopoNic
 
 Row = dict[str, str]
 
@@ -50,7 +50,7 @@ _LINK = re.compile(r"X|[A-Z][A-Z0-9]*")
 _LEGEND_ENTRY = re.compile(r"(\S+)\s*=\s*(\S.*)")
 
 
-def parse_topo(text: str) -> dict[str, Any]:
+def parse_topo(text: str) -> Topology:
     """The topology ``nvidia-smi topo -m`` printed in ``text`` (shape in the module docstring)."""
     lines = [_ANSI.sub("", line) for line in text.splitlines()]
     start = _header_index(lines)
@@ -78,12 +78,20 @@ def parse_topo(text: str) -> dict[str, Any]:
     for nic in nic_legend:
         if nic not in devices:
             raise ParseError(f"the NIC Legend names {nic}, which the matrix lacks")
-    gpus: list[dict[str, Any]] = []
-    nics: list[dict[str, Any]] = []
+    gpus: list[TopoGpu] = []
+    nics: list[TopoNic] = []
     for name in devices:
         gpu = _GPU.fullmatch(name)
         if gpu:
-            gpus.append({"name": name, "index": read_int(gpu.group(1), f"header column {name[:40]}"), **affinity[name]})
+            entry: TopoGpu = {"name": name, "index": read_int(gpu.group(1), f"header column {name[:40]}")}
+            columns_of = affinity[name]  # the affinity columns the header has, each a key of TopoGpu
+            if "cpu_affinity" in columns_of:
+                entry["cpu_affinity"] = columns_of["cpu_affinity"]
+            if "numa_affinity" in columns_of:
+                entry["numa_affinity"] = columns_of["numa_affinity"]
+            if "gpu_numa_id" in columns_of:
+                entry["gpu_numa_id"] = columns_of["gpu_numa_id"]
+            gpus.append(entry)
         else:
             own = None if _NIC.fullmatch(name) else name
             nics.append({"name": name, "device": nic_legend.get(name, own)})

@@ -10,9 +10,10 @@ from kimi_deploy.host_profile import parse_profile
 from kimi_deploy.host_programs import HARDWARE_PROBE
 from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
+from kimi_deploy.profile_types import HostProfile
 
 
-class HostHardware(FactBase[dict[str, Any]]):
+class HostHardware(FactBase[HostProfile]):
     """Accelerators, RDMA ports, memory, CPU, OS, the weights disk and NVIDIA driver state, in one
     round-trip of at most a few seconds (see ``kimi_deploy.host_profile`` for every key).
 
@@ -48,5 +49,5 @@ class HostHardware(FactBase[dict[str, Any]]):
     def command(self, request: dict[str, Any] | None = None) -> str:
         return HARDWARE_PROBE.command("python3", request or {})
 
-    def process(self, output: list[str]) -> dict[str, Any]:
+    def process(self, output: list[str]) -> HostProfile:
         return parse_profile(loads(output[-1], "hardware probe", max_bytes=ANSWER_MAX_BYTES))

@@ -9,8 +9,8 @@ from pyinfra.api.facts import FactBase
 from kimi_deploy.host_profile import parse_profile
 from kimi_deploy.host_programs import HOST_PROBE
 from kimi_deploy.hostside.boundary_json import loads
-from kimi_deploy.hostside.probe_types import HostState
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
+from kimi_deploy.profile_types import HostState
 from kimi_pyinfra.facts.drivers import parse as parse_drivers
 
 

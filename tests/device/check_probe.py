@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -27,11 +26,12 @@ sys.path.insert(0, str(ROOT))
 from kimi_deploy.host_profile import parse_profile  # noqa: E402
 from kimi_deploy.hostside_command import hostside_command  # noqa: E402
 from kimi_deploy.parsers.nvidia_smi_query import parse_query  # noqa: E402
+from kimi_deploy.profile_types import HostProfile  # noqa: E402
 
 FIELDS = ["index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "compute_cap"]
 
 
-def probe(nvml: bool, env: dict[str, str]) -> tuple[dict[str, Any], float]:
+def probe(nvml: bool, env: dict[str, str]) -> tuple[HostProfile, float]:
     command = hostside_command(sys.executable, "hardware_probe.py", {"weights_dir": "/tmp", "nvml": nvml})
     started = time.perf_counter()
     out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True, env=env, timeout=60)
@@ -82,8 +82,9 @@ def main() -> int:
             problems.append(
                 f"{label}: driver {acc.get('driver_version')}, nvidia-smi says {truth[0].get('driver_version')}"
             )
-        topo = acc.get("topology") or {}
-        print(f"{label}: topo -m parsed: {len(topo.get('gpus') or [])} GPUs, {len(topo.get('nics') or [])} NICs")
+        topo = acc["topology"]
+        gpus, nics = (len(topo["gpus"]), len(topo["nics"])) if topo else (0, 0)
+        print(f"{label}: topo -m parsed: {gpus} GPUs, {nics} NICs")
     for line in problems:
         print(f"MISMATCH {line}")
     print("probe matches nvidia-smi" if not problems else f"{len(problems)} mismatches")

@@ -34,11 +34,13 @@ from kimi_deploy.parsers.nvidia_smi_query import find_failure
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
 from kimi_deploy.planner import plan
 from kimi_deploy.preflight import Needs, accelerators, rdma
+from kimi_deploy.profile_types import HostProfile
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.report_table import format_report
 from kimi_deploy.servespec import HostPlan
 from tests.conftest import RECIPE
 from tests.parsers import FIXTURES, fixture
+from tests.profiles import profile_of
 
 QUERIES = sorted(p.name for p in FIXTURES.glob("query_*"))
 # The --query-gpu lists of the captures printed without a header (SOURCES.md quotes the commands).
@@ -66,7 +68,7 @@ def _fields(name: str, text: str) -> list[str]:
     return [cell.strip().split(" [")[0] for cell in header.split(",")]
 
 
-def _verdict(recipe: Recipe, spec: HostPlan, profile: dict[str, object]) -> str | None:
+def _verdict(recipe: Recipe, spec: HostPlan, profile: HostProfile) -> str | None:
     return accelerators(Needs(recipe, spec, 0, 0, []), profile)
 
 
@@ -81,7 +83,7 @@ def test_the_gate_judges_each_nvidia_smi_capture(recipe: Recipe, b300: HostPlan,
     assert parse_profile({"nvidia": nvidia_section(text, NOHEADER.get(name))})["accelerators"] == found
     if failure:
         assert (found["vendor"], found["count"], found["error"]) == ("nvidia", 0, failure["message"])
-        assert _verdict(recipe, b300, {"accelerators": found}) == (
+        assert _verdict(recipe, b300, profile_of(accelerators=found)) == (
             f"accelerators: pool {b300.pool} needs {b300.accelerators} x {b300.accelerator_model} with >= "
             f"{b300.accelerator_memory_gib} GiB, found an error: {failure['message']}"
         )
@@ -99,11 +101,11 @@ def test_the_gate_judges_each_nvidia_smi_capture(recipe: Recipe, b300: HostPlan,
     shown = f"{count} x {model or 'none'}" + (f" ({memory // 1024} GiB)" if memory else "")
     want = f"with >= {asked.accelerator_memory_gib} GiB, found {shown}"
     # a pool asking what the capture shows: it passes when the capture tells the model and memory
-    assert _verdict(recipe, asked, {"accelerators": found}) == (
+    assert _verdict(recipe, asked, profile_of(accelerators=found)) == (
         None if whole else f"accelerators: pool {asked.pool} needs {count} x {asked.accelerator_model} {want}"
     )
     more = dataclasses.replace(asked, accelerators=count + 1)
-    assert _verdict(recipe, more, {"accelerators": found}) == (
+    assert _verdict(recipe, more, profile_of(accelerators=found)) == (
         f"accelerators: pool {asked.pool} needs {count + 1} x {asked.accelerator_model} {want}"
     )
 
@@ -125,9 +127,9 @@ def test_the_gate_judges_each_tpu_capture_the_probe_reads_as_pci(recipe: Recipe,
     assert (found["vendor"], found["count"]) == ("tpu", parsed["chip_count"])
     model = tpu_model(parsed["generation"])
     asked = dataclasses.replace(b300, accelerator_vendor="tpu", accelerators=found["count"], accelerator_model=model)
-    assert _verdict(recipe, asked, {"accelerators": found}) is None
+    assert _verdict(recipe, asked, profile_of(accelerators=found)) is None
     more = dataclasses.replace(asked, accelerators=found["count"] + 1)
-    assert _verdict(recipe, more, {"accelerators": found}) == (
+    assert _verdict(recipe, more, profile_of(accelerators=found)) == (
         f"accelerators: pool {asked.pool} needs {found['count'] + 1} x {model} with >= "
         f"{asked.accelerator_memory_gib} GiB, found {found['count']} x {model}"
     )
@@ -149,17 +151,18 @@ def test_the_rdma_gate_judges_each_hca_capture(recipe: Recipe, gb300: HostPlan, 
     ports = parse_profile({"rdma": section})["rdma"]
     # every state in the kernel's words; None where the capture does not print one (cut short)
     assert all(p["state"] in KERNEL_STATES or p["state"] is None for p in ports), [p["state"] for p in ports]
-    active = {p["device"] for p in ports if p["state"] == "ACTIVE"}
+    assert all(p["device"] for p in ports)
+    active = {str(p["device"]) for p in ports if p["state"] == "ACTIVE"}
     # the gate's ACTIVE is the tool's own active word, port by port
     assert {device for (device, _), state in printed.items() if state == "4: ACTIVE"} == active
     assert active == {hca for hca, port_state in _tool_states(name, tool) if port_state == TOOL_ACTIVE[tool]}
 
     def verdict(device: str) -> str | None:
-        return rdma(Needs(recipe, gb300, 0, 0, [device]), {"rdma": ports})
+        return rdma(Needs(recipe, gb300, 0, 0, [device]), profile_of(rdma=ports))
 
     for device in sorted(active):
         assert verdict(device) is None
-    for device in sorted({p["device"] for p in ports} - active):
+    for device in sorted({str(p["device"]) for p in ports} - active):
         states = ", ".join(str(p["state"] or "state unknown") for p in ports if p["device"] == device)
         assert verdict(device) == f"RDMA: {device} needs an ACTIVE port for KV transfer, found {states}"
     assert verdict("mlx5_99") == "RDMA: mlx5_99 needs an ACTIVE port for KV transfer, found no such device"
@@ -167,7 +170,7 @@ def test_the_rdma_gate_judges_each_hca_capture(recipe: Recipe, gb300: HostPlan, 
         up = sum(1 for p in ports if p["state"] == "ACTIVE")
         rates = sorted({str(p["rate_gbps"]) for p in ports if p["state"] == "ACTIVE" and p["rate_gbps"] is not None})
         shown = f" {up}/{len(ports)} active" + (f" @{'/'.join(rates)}G" if rates else "") + " "
-        assert shown in format_report({"h": {"rdma": ports}})
+        assert shown in format_report({"h": profile_of(rdma=ports)})
 
 
 def _tool_states(name: str, tool: str) -> list[tuple[str, str]]:

@@ -167,7 +167,9 @@ def test_huge_numbers_in_a_probe_answer_read_as_unknown() -> None:
     assert profile["rdma"] == [
         {"device": "mlx5_0", "port": None, "state": "ACTIVE", "phys_state": None, "rate_gbps": None, "link_layer": None}
     ]
-    assert profile["accelerators"]["tpu"]["worker"] is None
+    tpu = profile["accelerators"]["tpu"]
+    assert tpu is not None
+    assert tpu["worker"] is None
     assert profile["disk"]["read_mb_s"] is None
     assert profile["errors"]["disk.read"] == "the read measurement is not a number of bytes and seconds"
 

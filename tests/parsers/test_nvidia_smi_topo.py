@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Literal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.nvidia_smi_topo import parse_topo
+from kimi_deploy.profile_types import Topology
 from tests.parsers import FIXTURES, fixture
 
 H200 = "topo_h200x8_12nic_tabs_distributedai.txt"
@@ -23,7 +24,7 @@ RTX4090 = "topo_rtx4090x8_2nic_tabs_nolegend_gpuallocator17.txt"
 ALL = sorted(p.name for p in FIXTURES.glob("topo_*.txt"))
 
 
-def names(topo: dict[str, Any], kind: str) -> list[str]:
+def names(topo: Topology, kind: Literal["gpus", "nics"]) -> list[str]:
     return [device["name"] for device in topo[kind]]
 
 
