@@ -28,6 +28,7 @@ from kimi_deploy.benchmark.delta import figures, format_delta
 from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, bench_topology, generator, hosted, local_target
 from kimi_deploy.benchmark.plot import draw
 from kimi_deploy.benchmark.report import format_report, report
+from kimi_deploy.benchmark.types import Report, ReportMeta
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_programs import BENCH_RECORD
 from kimi_deploy.hostside.boundary_json import loads
@@ -61,7 +62,7 @@ except ConfigError as exc:
     raise PyinfraError(str(exc)) from None
 
 
-def _record(rep: dict[str, object]) -> dict[str, object]:
+def _record(rep: Report) -> dict[str, object]:
     """Put the run's figures in the serving release's record on the generator host; what it
     answers: the release's name and the latest run of another release (``hostside/bench_record.py``)."""
     request = {"figures": figures(rep), "current": recipe.paths.current, "releases": recipe.paths.releases}
@@ -78,7 +79,7 @@ def _report() -> None:
     figures in the serving release's record, with the difference from the release it replaced."""
     assert recipe.benchmark is not None
     found = host.get_fact(BenchRecord)
-    meta = {"topology": name, "endpoint": endpoint, "generator": host.name, "recipe": deploy.recipe_file}
+    meta: ReportMeta = {"topology": name, "endpoint": endpoint, "generator": host.name, "recipe": deploy.recipe_file}
     rep = report(recipe.benchmark, found, deploy.topology, meta)
     logger.info("\n" + format_report(rep))
     recorded = _record(rep)

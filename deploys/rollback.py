@@ -21,6 +21,7 @@ from pyinfra.context import host, inventory, state
 from kimi_deploy.converge import needs_start
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hostside.probe_types import UnitState
+from kimi_deploy.hostside.requests import SmokePlan
 from kimi_deploy.recipe import Paths
 from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
@@ -112,7 +113,7 @@ def my_units(batch: int) -> list[tuple[int, str, str, UnitState | None]]:
     ]
 
 
-def my_checks(batch: int) -> list[dict[str, Any]]:
+def my_checks(batch: int) -> list[SmokePlan]:
     if plan.target is None:
         return []
     return [
@@ -121,6 +122,8 @@ def my_checks(batch: int) -> list[dict[str, Any]]:
             "url": smoke["url"],
             "request": smoke["request"],
             "restarted": needs_start(record["units"][name], found["units"].get(name)),
+            "restarts": 0,
+            "only": None,
         }
         for name, smoke in sorted(record.get("smoke", {}).items())
         if batch_of_unit(name) == batch

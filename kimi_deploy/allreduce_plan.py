@@ -12,8 +12,8 @@ rendezvous. A router host is no instance's member.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from kimi_deploy.hostside.requests import AllReduceRequest
 from kimi_deploy.parsers.nccl_tests import NcclTestsRun, check_bus_bandwidth, format_bytes, lowest_bus_bandwidth
 from kimi_deploy.recipe import AllReduce, Recipe
 from kimi_deploy.servespec import HostPlan
@@ -58,7 +58,7 @@ def rendezvous_host(recipe: Recipe, host: HostPlan) -> bool:
     return check is not None and host.role != "router" and host.node_rank == 0 and host.nodes > 1
 
 
-def all_reduce_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: str) -> dict[str, Any] | None:
+def all_reduce_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: str) -> AllReduceRequest | None:
     """``me``'s request to ``hostside/allreduce.py``; ``hosts`` are the topology's hosts in the run.
     None when ``why_not`` says why."""
     check = recipe.topologies[me.topology].comm_check.all_reduce

@@ -26,14 +26,50 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
+from kimi_deploy.hostside.probe_types import RdmaPort, RdmaSection
 from kimi_deploy.parsers import ParseError
-from kimi_deploy.parsers.ibstat import parse_ibstat
-from kimi_deploy.parsers.ibv_devinfo import parse_ibv_devinfo
+from kimi_deploy.parsers.ibstat import IbstatPort, parse_ibstat
+from kimi_deploy.parsers.ibv_devinfo import IbvPort, parse_ibv_devinfo
 from kimi_deploy.parsers.nccl_tests import NcclTestsRun, parse_nccl_tests
 from kimi_deploy.parsers.nvidia_smi_query import find_failure, parse_query
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
+
+
+class CapturedRun(TypedDict):
+    """A captured output as the probe's record of a command run (``CommandRun``): its output, of a
+    run that exited 0; a capture has no argv or error to give."""
+
+    stdout: str
+    stderr: str
+    rc: int
+
+
+class CapturedNvidia(TypedDict):
+    """The keys of the probe's ``nvidia`` section (``NvidiaSection``) a ``--query-gpu`` capture gives."""
+
+    smi_query: CapturedRun
+    smi_fields: list[str]
+
+
+class CapturedPci(TypedDict):
+    """A PCI device as the probe reads it from sysfs (``PciDevice``)."""
+
+    address: str
+    vendor: str
+    # None: the listing printed the device's vendor and not its device id (the probe reads both)
+    device: str | None
+
+
+class CapturedTpu(TypedDict):
+    """The key of the probe's ``tpu`` section (``TpuSection``) a PCI listing gives."""
+
+    pci: list[CapturedPci]
+
+
+# What a capture stands for: the part of a probe section it gives, or an all-reduce run.
+Section = CapturedNvidia | CapturedTpu | RdmaSection | NcclTestsRun
 
 # The port state as each tool prints it -> the kernel's "code: NAME" (drivers/infiniband/core/sysfs.c).
 _STATES = {
@@ -66,7 +102,7 @@ _PHYS_STATES = {
 }
 
 
-def nvidia_section(text: str, fields: list[str] | None) -> dict[str, Any]:
+def nvidia_section(text: str, fields: list[str] | None) -> CapturedNvidia:
     """The probe's ``nvidia`` section for a ``--query-gpu`` capture."""
     if find_failure(text):
         # nvidia-smi printed a failure instead of a table: the probe's answer holds it as it is
@@ -76,7 +112,7 @@ def nvidia_section(text: str, fields: list[str] | None) -> dict[str, Any]:
     return {"smi_query": {"stdout": text, "stderr": "", "rc": 0}, "smi_fields": names}
 
 
-def tpu_section(text: str) -> dict[str, Any]:
+def tpu_section(text: str) -> CapturedTpu:
     """The probe's ``tpu`` section for a PCI listing of a TPU host."""
     parsed = parse_tpu_pci(text)
     if parsed["chip_count"] and not parsed["devices"]:
@@ -84,7 +120,9 @@ def tpu_section(text: str) -> dict[str, Any]:
             f"shows {parsed['chip_count']} TPU chips without their PCI ids: the gate judges a listing "
             "with them (lspci -nn, or sysfs's vendor and device files)"
         )
-    pci = [{"address": d["pci_address"], "vendor": d["vendor_id"], "device": d["device_id"]} for d in parsed["devices"]]
+    pci: list[CapturedPci] = [
+        {"address": d["pci_address"], "vendor": d["vendor_id"], "device": d["device_id"]} for d in parsed["devices"]
+    ]
     return {"pci": pci}
 
 
@@ -100,36 +138,36 @@ def all_reduce_run(text: str) -> NcclTestsRun:
     return run
 
 
-def rdma_section(text: str, tool: str) -> dict[str, Any]:
+def rdma_section(text: str, tool: str) -> RdmaSection:
     """The probe's ``rdma`` section for an ``ibv_devinfo`` or ``ibstat`` capture (``tool``)."""
-    ports: list[dict[str, Any]] = []
+    ports: list[RdmaPort] = []
     if tool == "ibv-devinfo":
         for hca in parse_ibv_devinfo(text):
             for port in hca["ports"]:
                 ports.append(_port(hca["hca_id"], port, _ibv_rate(port)))
     else:
         for ca in parse_ibstat(text)["cas"]:
-            for port in ca["ports"]:
-                rate = port.get("rate")
-                ports.append(_port(ca["name"], port, None if rate is None else f"{rate} Gb/sec"))
+            for ca_port in ca["ports"]:
+                rate = ca_port["rate"]
+                ports.append(_port(ca["name"], ca_port, None if rate is None else f"{rate} Gb/sec"))
     return {"ports": ports}
 
 
-def _port(device: str, port: dict[str, Any], rate: str | None) -> dict[str, Any]:
-    state, phys = port.get("state"), port.get("physical_state")
+def _port(device: str, port: IbvPort | IbstatPort, rate: str | None) -> RdmaPort:
+    state, phys = port["state"], port["physical_state"]
     return {
         "device": device,
         "port": str(port["port"]),
         "state": None if state is None else _STATES.get(state, state),
         "phys_state": None if phys is None else _PHYS_STATES.get(phys, phys),
         "rate": rate,
-        "link_layer": port.get("link_layer"),
+        "link_layer": port["link_layer"],
     }
 
 
-def _ibv_rate(port: dict[str, Any]) -> str | None:
+def _ibv_rate(port: IbvPort) -> str | None:
     """``ibv_devinfo -v``'s active_width x active_speed (``4X`` x ``25.0 Gbps``) as sysfs's rate."""
-    width, speed = str(port.get("active_width") or ""), str(port.get("active_speed") or "")
+    width, speed = port["active_width"] or "", port["active_speed"] or ""
     lanes, per_lane = width.removesuffix("X"), speed.split(" ", maxsplit=1)[0]
     if not lanes.isdecimal() or not speed.endswith("Gbps") or not per_lane.replace(".", "", 1).isdecimal():
         return None
@@ -143,19 +181,19 @@ class Capture:
 
     gate: str  # the preflight gate it informs (a gate of preflight.GATES by name), or "all-reduce"
     section: str  # the section of the probe's answer it stands for
-    read: Callable[[str, list[str] | None], dict[str, Any]]  # (text, --fields) -> that section
+    read: Callable[[str, list[str] | None], Section]  # (text, --fields) -> that section
 
 
-def _all_reduce(text: str, fields: list[str] | None) -> dict[str, Any]:
-    return dict(all_reduce_run(text))
+def _all_reduce(text: str, fields: list[str] | None) -> NcclTestsRun:
+    return all_reduce_run(text)
 
 
-def _tpu(text: str, fields: list[str] | None) -> dict[str, Any]:
+def _tpu(text: str, fields: list[str] | None) -> CapturedTpu:
     return tpu_section(text)
 
 
-def _rdma(tool: str) -> Callable[[str, list[str] | None], dict[str, Any]]:
-    def read(text: str, fields: list[str] | None) -> dict[str, Any]:
+def _rdma(tool: str) -> Callable[[str, list[str] | None], RdmaSection]:
+    def read(text: str, fields: list[str] | None) -> RdmaSection:
         return rdma_section(text, tool)
 
     return read

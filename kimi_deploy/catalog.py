@@ -74,6 +74,7 @@ class Catalog:
         return out
 
 
+# a catalog's JSON (kimi_deploy/catalogs/) of any shape: the accessors below read it
 def _merge(base: dict[str, Any], additions: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     merged["flags"] = {**base.get("flags", {}), **additions.get("flags", {})}
@@ -90,6 +91,7 @@ def catalogs(engine: str) -> list[str]:
     return sorted(p.stem for p in CATALOG_DIR.glob(f"{engine}-*.json") if p.stem[len(engine) + 1 :][:1].isdigit())
 
 
+# a catalog file's JSON: the accessors below read its fields
 def _read(engine: str, version: str) -> dict[str, Any]:
     path = CATALOG_DIR / f"{engine}-{version}.json"
     if not path.is_file():
@@ -98,6 +100,7 @@ def _read(engine: str, version: str) -> dict[str, Any]:
             f"no flag catalog for {engine} {version} (have: {', '.join(have) or 'none'}); "
             "extract one with tools/extract_flag_catalog.py"
         )
+    # the catalog's JSON as written by tools/extract_flag_catalog.py
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     if data.get("base"):
         data = {**_merge(_read(engine, data["base"]), data.get("additions") or {}), "version": version}

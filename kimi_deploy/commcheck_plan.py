@@ -13,10 +13,10 @@ same time and exchange results, so a failure anywhere fails every host of the to
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from kimi_deploy.allreduce_plan import rendezvous_host
 from kimi_deploy.engine_guard import admitted
+from kimi_deploy.hostside.requests import CommCheckRequest, ProbePort
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
@@ -27,7 +27,7 @@ def needs_check(hosts: Sequence[HostPlan]) -> bool:
     return len(hosts) > 1 and any(h.nodes > 1 or h.role != "serve" for h in hosts)
 
 
-def reachable_ports(host: HostPlan, by: str | None = None) -> list[dict[str, Any]]:
+def reachable_ports(host: HostPlan, by: str | None = None) -> list[ProbePort]:
     """The ports other hosts reach on ``host`` (once its units run), labelled for the report; with
     ``by``, those the host at that address may reach (an engine's guarded API admits its router's)."""
     ports: dict[int, str] = {}
@@ -41,7 +41,7 @@ def reachable_ports(host: HostPlan, by: str | None = None) -> list[dict[str, Any
     return [{"port": port, "label": label} for port, label in sorted(ports.items())]
 
 
-def checked_ports(recipe: Recipe, host: HostPlan, by: str | None = None) -> list[dict[str, Any]]:
+def checked_ports(recipe: Recipe, host: HostPlan, by: str | None = None) -> list[ProbePort]:
     """``reachable_ports`` and, on an instance leader, the all-reduce check's rendezvous port."""
     ports = reachable_ports(host, by)
     if rendezvous_host(recipe, host):
@@ -51,7 +51,7 @@ def checked_ports(recipe: Recipe, host: HostPlan, by: str | None = None) -> list
     return ports
 
 
-def check_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: str) -> dict[str, Any]:
+def check_request(recipe: Recipe, me: HostPlan, hosts: Sequence[HostPlan], run: str) -> CommCheckRequest:
     """``me``'s request to ``hostside/commcheck.py``; ``hosts`` are every host of its topology."""
     topology = recipe.topologies[me.topology]
     check = topology.comm_check

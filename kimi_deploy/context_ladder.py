@@ -19,14 +19,15 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kimi_deploy.converge import Converge, UnitTarget, needs_start, unit_state
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hostside.probe_types import LadderProof
+from kimi_deploy.hostside.requests import LadderRequest, Rung
 from kimi_deploy.profile_types import HostProfile, HostState
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.render import RenderedFile
 
 
 @dataclass(frozen=True)
@@ -133,13 +134,13 @@ def climb_for(deploy: DeployPlan, todo: Converge, found: HostState, proofs: Iter
     return Climb(unit.name, rungs, serving, key, hardware)
 
 
-def _unit_files(todo: Converge, unit: str) -> dict[str, Any]:
+def _unit_files(todo: Converge, unit: str) -> dict[str, RenderedFile]:
     return {f.path: f for f in todo.files if f"/{unit}." in f.path}
 
 
 def climb_request(
     climb: Climb, deploy: DeployPlan, todo: Converge, at: Mapping[int, Converge], run_id: str
-) -> dict[str, Any]:
+) -> LadderRequest:
     """``hostside/ladder.py``'s request: ``at`` is this host's converge at each of
     ``climb.lengths()`` (``recipe_at``), ``todo`` its converge at the topology's length."""
     recipe, spec = deploy.recipe, deploy.spec
@@ -159,7 +160,7 @@ def climb_request(
                 f"{path} changes with the context length and is not a plain file of root's: the ladder cannot climb",
             )
 
-    def rung(length: int) -> dict[str, Any]:
+    def rung(length: int) -> Rung:
         conv = at[length]
         unit = next(u for u in conv.units if u.name == climb.unit)
         files = _unit_files(conv, climb.unit)
@@ -179,8 +180,16 @@ def climb_request(
         "unit": climb.unit,
         "rungs": [rung(r) for r in climb.rungs],
         "back": rung(climb.back) if climb.back is not None else None,
-        "smoke": {"unit": climb.unit, "url": smoke.url, **smoke.request},
-        "probe": probe.model_dump(mode="json"),
+        "smoke": {**smoke.request, "unit": climb.unit, "url": smoke.url},
+        "probe": {
+            "needle": probe.needle,
+            "question": probe.question,
+            "expect": probe.expect,
+            "fill": probe.fill,
+            "depth": probe.depth,
+            "max_tokens": probe.max_tokens,
+            "timeout_s": probe.timeout_s,
+        },
         "proof": {
             "key": climb.key,
             "topology": spec.topology,

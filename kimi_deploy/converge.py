@@ -24,6 +24,14 @@ from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER, NIXL_CL
 from kimi_deploy.host_libraries import packages as library_packages
 from kimi_deploy.host_paths import checkpoint_dir, tool_dir
 from kimi_deploy.hostside.probe_types import Listener, UnitState
+from kimi_deploy.hostside.requests import (
+    ReleaseIdentity,
+    ReleaseRecord,
+    SmokeAsk,
+    StateRequest,
+    SyncRequest,
+    UnitAsk,
+)
 from kimi_deploy.hub_token import controller_token
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.lockfile import read_lock
@@ -68,7 +76,7 @@ class WeightsTarget:
     field: str = "model"
 
 
-def sync_request(target: WeightsTarget) -> dict[str, Any]:
+def sync_request(target: WeightsTarget) -> SyncRequest:
     """``hostside/weights_sync.py``'s request for ``target``'s revision, the same for a converge's
     sync and the scrub's; a converge adds ``full``, ``peers`` and ``peer_key_file``."""
     return {
@@ -86,7 +94,7 @@ def sync_request(target: WeightsTarget) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SmokeCheck:
     url: str
-    request: dict[str, Any]
+    request: SmokeAsk
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ class Release:
 
     link: str
     dir: str
-    record: dict[str, Any]
+    record: ReleaseRecord
     links: dict[str, str]
     # what the release folder holds once written (``operations.releases.current``): its record and
     # the copy of every file it renders but secrets, for a rollback; probed like the files
@@ -312,24 +320,25 @@ def _smoke(recipe: Recipe, spec: HostPlan, unit: Unit, weights: WeightsTarget | 
     topology = recipe.topologies[spec.topology]
     falls_back = unit.kind == "gateway" and topology.router is not None and topology.router.fallback is not None
     backend = f"http://{LOOPBACK}:{topology.ports.router_backend}" if falls_back else None
-    return SmokeCheck(
-        url=f"http://{host}:{api}",
-        request={
-            "served_name": recipe.model.served_name,
-            "prompt": recipe.smoke.prompt,
-            "expect": recipe.smoke.expect,
-            "timeout_s": recipe.smoke.timeout_s,
-            "max_tokens": smoke_budget(recipe.smoke.max_tokens, recipe.topologies[spec.topology].max_model_len),
-            "key_file": key_file,
-            "key_var": key_var,
-            **({"verify_cache": verify_cache} if verify_cache else {}),
-            **({"tool": tool.model_dump()} if tool else {}),
-            # a gateway with a hosted fallback answers /health (and everything) while its router
-            # is not up yet: the check waits for the router itself first, so that what answers it
-            # is the router and the engines behind it
-            **({"backend": backend} if backend else {}),
-        },
-    )
+    ask: SmokeAsk = {
+        "served_name": recipe.model.served_name,
+        "prompt": recipe.smoke.prompt,
+        "expect": recipe.smoke.expect,
+        "timeout_s": recipe.smoke.timeout_s,
+        "max_tokens": smoke_budget(recipe.smoke.max_tokens, recipe.topologies[spec.topology].max_model_len),
+        "key_file": key_file,
+        "key_var": key_var,
+    }
+    if verify_cache:
+        ask["verify_cache"] = verify_cache
+    if tool:
+        ask["tool"] = {"prompt": tool.prompt, "name": tool.name, "result": tool.result}
+    if backend:
+        # a gateway with a hosted fallback answers /health (and everything) while its router is
+        # not up yet: the check waits for the router itself first, so that what answers it is the
+        # router and the engines behind it
+        ask["backend"] = backend
+    return SmokeCheck(url=f"http://{host}:{api}", request=ask)
 
 
 def _units(
@@ -380,7 +389,7 @@ def _watchdog(
     if recipe.watchdog is None or not engines:
         return []
     smoke = {u.name: u.smoke for u in units}
-    plain = {
+    plain: UnitAsk = {
         "served_name": recipe.model.served_name,
         "prompt": recipe.smoke.prompt,
         "expect": recipe.smoke.expect,
@@ -414,7 +423,7 @@ def _release(
     besides its id: the files to put back (never a secret), the start order, the smoke checks,
     and the recipe pins."""
     recipe, spec = deploy.recipe, deploy.spec
-    record: dict[str, Any] = {
+    identity: ReleaseIdentity = {
         # 2: the release folder holds what a rollback needs (files, stages, batch, smoke checks, pins)
         "format": 2,
         "topology": spec.topology,
@@ -426,8 +435,9 @@ def _release(
         "revision": recipe.model.revision if checkpoints else None,
         "units": {u.name: u.release for u in units},
     }
-    release_id = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
-    record |= {
+    release_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    record: ReleaseRecord = {
+        **identity,
         "files": sorted(f.path for f in files if not f.secret),
         "stages": {u.name: u.stage for u in units},
         # the batch its units (re)start in, which a rollback to this release keeps
@@ -505,10 +515,10 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
     )
 
 
-def converge_request(todo: Converge) -> dict[str, Any]:
+def converge_request(todo: Converge) -> StateRequest:
     """What the host probe must read for this converge."""
     files = todo.files + todo.release.files + ([todo.weights.token] if todo.weights and todo.weights.token else [])
-    return {
+    request: StateRequest = {
         "user": todo.user,
         "venvs": [v.path for v in todo.venvs],
         "weights": [{"dir": c.path, "lock": c.lock} for c in todo.checkpoints],
@@ -521,8 +531,10 @@ def converge_request(todo: Converge) -> dict[str, Any]:
         "ports": sorted(port for u in todo.units for port in u.ports),
         "link": todo.release.link,
         "packages": todo.packages,
-        **({"router": True} if todo.router_api else {}),
     }
+    if todo.router_api:
+        request["router"] = True
+    return request
 
 
 def port_conflicts(

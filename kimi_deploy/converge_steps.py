@@ -34,6 +34,15 @@ from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.host_paths import tool_dir
 from kimi_deploy.host_profile import parse_profile
 from kimi_deploy.hostside.probe_types import ReleaseMarker, UnitState, WeightsFound
+from kimi_deploy.hostside.requests import (
+    AllReduceRequest,
+    CommCheckRequest,
+    DrainRequest,
+    PeerSource,
+    RouterViewRequest,
+    SmokePlan,
+    SyncRequest,
+)
 from kimi_deploy.preflight import check as preflight_check
 from kimi_deploy.profile_types import HostState
 from kimi_deploy.release_set import VenvRelease
@@ -81,10 +90,10 @@ class WeightsSteps:
 
     # ``hostside/weights_sync.py``'s request, the python of the Hub client, and what the probe
     # found of the folder
-    sync: dict[str, Any]
+    sync: SyncRequest
     python: str
     current: WeightsFound | None
-    mirror: list[dict[str, str]]
+    mirror: list[PeerSource]
     # every file re-hashed, not only those the verification cache does not vouch for
     full_verify: bool
     # the run's transfer key, written where this host serves or fetches from peers
@@ -98,7 +107,7 @@ class WeightsSteps:
     path: str
     lock: dict[str, list[Any]]
     # from these peers in turn, each ``{"host", "url"}``
-    peers: list[dict[str, str]]
+    peers: list[PeerSource]
 
 
 @dataclass(frozen=True)
@@ -121,17 +130,17 @@ class BatchStep:
     # this host's units of this batch: (stage, unit, release, current state)
     units: list[tuple[int, str, str, UnitState | None]]
     # their smoke checks (``operations.serving.verified``)
-    checks: list[dict[str, Any]]
+    checks: list[SmokePlan]
     # the engine unit of this batch that climbs the context ladder instead (left out of ``units``
     # and ``checks``: hostside/ladder.py starts and checks it rung by rung)
     climbs: bool = False
     # on a router host, after the smoke tests: the engines of this batch its router must send to
     # again before the next batch goes (``kimi_deploy.router_view_plan``), or None
-    router_view: dict[str, Any] | None = None
+    router_view: RouterViewRequest | None = None
     # on a router host, around the batch: the engines of this batch its running router stops
     # sending to before they restart and sends to again once they answer
     # (``kimi_deploy.router_drain_plan``), or None
-    drain: dict[str, Any] | None = None
+    drain: DrainRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -152,22 +161,22 @@ class Steps:
     # the communication check of a topology whose hosts talk to each other: its request (None:
     # nothing of the topology (re)starts, ``comm_check_why`` says so); absent for other topologies
     comm_check: bool
-    comm_check_request: dict[str, Any] | None
+    comm_check_request: CommCheckRequest | None
     comm_check_why: str
-    all_reduce_request: dict[str, Any] | None
+    all_reduce_request: AllReduceRequest | None
     all_reduce_why: str
     batches: list[BatchStep]
     # before the first batch: the smoke checks of this host's units still starting (running what
     # the plan says, but not found serving since they last (re)started: a converge that stopped
     # before their smoke test, or systemd's restart after a crash), waited for before any unit of
     # the topology restarts; and the topology's hosts that wait so (a failure there stops the batches)
-    waiting: list[dict[str, Any]]
+    waiting: list[SmokePlan]
     waiting_hosts: tuple[str, ...]
     # the topology's instances, ``(pool, instance)``, that do not serve now: they restart first
     down: frozenset[tuple[str, int]]
     # on a router host, before the first batch: the engines a drain took out of its router and
     # did not put back (a converge that stopped in between), put back (``kimi_deploy.router_drain_plan``)
-    readmit: dict[str, Any] | None
+    readmit: DrainRequest | None
     # each checkpoint's old revisions, once the planned ones serve
     collect: list[CollectStep]
     # the units this converge (re)starts on this host
@@ -296,7 +305,7 @@ def starting(u: UnitTarget, state: UnitState | None) -> bool:
     return not state["verified"] or state["restarts"] > state["restarts_verified"]
 
 
-def _check(u: UnitTarget, restarted: bool, restarts: int, only: str | None) -> dict[str, Any]:
+def _check(u: UnitTarget, restarted: bool, restarts: int, only: str | None) -> SmokePlan:
     """The smoke check of ``u`` (``operations.serving.verified``); ``only`` kept for an engine."""
     assert u.smoke is not None
     return {
@@ -309,13 +318,13 @@ def _check(u: UnitTarget, restarted: bool, restarts: int, only: str | None) -> d
     }
 
 
-def _smoke_checks(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[dict[str, Any]]:
+def _smoke_checks(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[SmokePlan]:
     """The smoke checks of ``units`` in their batch: those this converge (re)starts are checked.
     ``only``: the pool (``TOPOLOGY/POOL``) of which they are the only instance, else None."""
     return [_check(u, needs_start(u.release, unit_state(u, found)), 0, only) for u in units if u.smoke is not None]
 
 
-def _waiting(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[dict[str, Any]]:
+def _waiting(units: Sequence[UnitTarget], found: HostState, only: str | None = None) -> list[SmokePlan]:
     """The smoke checks of ``units`` still starting (``starting``), waited for before the batches."""
     checks = []
     for u in units:

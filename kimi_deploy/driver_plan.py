@@ -8,11 +8,12 @@ from typing import Any
 
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.accelerators.interface import DriversPlan, DriversStep
+from kimi_deploy.hostside.requests import DriversRequest
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.servespec import HostPlan
 
 
-def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
+def probe_request(recipe: Recipe, spec: HostPlan) -> DriversRequest:
     """What ``hostside/driver_probe.py`` reads for this host (a router host has no accelerator)."""
     if spec.role == "router":
         return {}

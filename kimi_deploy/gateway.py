@@ -21,7 +21,7 @@ The packages come from the host's own Debian archive: ``nginx`` and ``libnginx-m
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 from kimi_deploy.engine_guard import cleared
@@ -63,7 +63,41 @@ HOSTED = " with the hosted API as fallback"
 ROUTES = {"/v1/chat/completions": "POST", "/v1/completions": "POST", "/v1/models": "GET"}
 
 
-def upstream(url: str) -> dict[str, Any]:
+class Upstream(TypedDict):
+    scheme: str
+    host: str
+    netloc: str
+    prefix: str
+
+
+class GatewayConfig(TypedDict):
+    """What ``gateway.nginx.conf.j2`` renders (``config_data``)."""
+
+    bind: str
+    port: int
+    backend: str
+    fallback: Upstream | None
+    served_name: str
+    hosted_model: str | None
+    runtime_dir: str
+    keys_file: str
+    js_file: str
+    njs_module: str
+    fallback_log: str
+    max_connections: int
+    worker_connections: int
+    one_address: int
+    per_address: int
+    health_per_address: int
+    hosted_max_tokens: int | None
+    header_timeout_s: int
+    idle_timeout_s: int
+    timeout_s: int
+    max_body_mb: int
+    routes: dict[str, str]
+
+
+def upstream(url: str) -> Upstream:
     """What the templates need of an upstream URL (the recipe checked its form): scheme, host,
     ``host:port`` as the Host header, and its path prefix without the trailing ``/``."""
     parts = urlsplit(url)
@@ -96,7 +130,7 @@ def config_data(
     timeout_s: int = TIMEOUT_S,
     per_address: int = PER_ADDRESS,
     hosted_max_tokens: int | None = None,
-) -> dict[str, Any]:
+) -> GatewayConfig:
     """The data ``gateway.nginx.conf.j2`` renders; the defaults are the host's paths and limits.
     ``hosted_max_tokens`` bounds each fallback answer (required with ``fallback_url``)."""
     if fallback_url is not None and hosted_max_tokens is None:

@@ -65,7 +65,7 @@ class Device(TypedDict, total=False):
     vendor_id: str | None
     device_id: str | None
     generation: str | None
-    iommu_group: str | None
+    iommu_group: int | None
 
 
 class TpuInfo(TypedDict):

@@ -436,6 +436,7 @@ class ToolCallExpect(Strict):
     ``arguments`` at that value (the call may carry more)."""
 
     name: FunctionName
+    # the call's JSON arguments: any shape the function takes
     arguments: dict[str, Any] = {}
 
 
@@ -447,6 +448,7 @@ class TaskExpect(Strict):
 
     exact: str | None = None
     regex: Annotated[str, StringConstraints(min_length=1, max_length=1000)] | None = None
+    # a JSON Schema: any schema (jsonschema checks the schema itself)
     json_schema: dict[str, Any] | None = None
     tool_call: ToolCallExpect | None = None
 
@@ -475,6 +477,7 @@ class BenchTask(Strict):
     id: Name
     prompt: Annotated[str, StringConstraints(min_length=1, max_length=100_000)]
     max_tokens: Annotated[int, Field(ge=1, le=32768)] = 256
+    # OpenAI chat ``tools`` entries, passed to the endpoint as JSON
     tools: list[dict[str, Any]] = []
     expect: TaskExpect
 

@@ -23,6 +23,7 @@ class Rollback:
     """One host's part: ``target`` (None: nothing to do, ``why`` says why) and its record."""
 
     target: str | None
+    # a release record as the host kept it (any format a release had): read with .get where used
     record: dict[str, Any]
     why: str = ""
 
@@ -33,6 +34,7 @@ def latest_run(logs: Iterable[Sequence[Sequence[str]]]) -> str | None:
     return max(runs) if runs else None
 
 
+# ``record``: a release record as the host kept it, read with .get
 def describe(record: dict[str, Any]) -> str:
     """``vllm 0.34.0, weights 23eb01d77aab`` for messages."""
     what = f"{record.get('engine')} {record.get('engine_version')}"
@@ -41,7 +43,12 @@ def describe(record: dict[str, Any]) -> str:
 
 
 def plan_rollback(
-    host: str, current: str | None, entries: Sequence[Sequence[str]], records: dict[str, Any], run: str | None
+    host: str,
+    current: str | None,
+    entries: Sequence[Sequence[str]],
+    # the host's release records by folder, as its probe read them (any format a release had)
+    records: dict[str, Any],
+    run: str | None,
 ) -> Rollback:
     """``host``'s rollback; ``RollbackError`` when the release to go back to is not whole on it."""
     switched = [i for i, e in enumerate(entries) if e[1] == current and e[2] == "switched" and run and e[3] == run]
@@ -54,6 +61,7 @@ def plan_rollback(
     found = records.get(target)
     if not found or not found.get("record"):
         raise RollbackError(f"{host}: rollback target {target} is no longer on this host")
+    # as the host kept it: each field checked where it is used
     record: dict[str, Any] = found["record"]
     gone = []
     if record.get("format", 1) < 2:

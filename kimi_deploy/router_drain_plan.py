@@ -15,8 +15,8 @@ it was not streaming).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
 
+from kimi_deploy.hostside.requests import DrainRequest
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.router_units import worker_url
 from kimi_deploy.router_view_plan import batch_workers
@@ -45,7 +45,7 @@ def readmit_request(
     drained: Sequence[str],
     *,
     down: Collection[tuple[str, int]] = (),
-) -> dict[str, Any] | None:
+) -> DrainRequest | None:
     """On router host ``spec``, whose probe found ``drained`` (the engines a drain took out of its
     router and did not put back: a converge that stopped in between), the drain's "in" request for
     those of them the router should send to. Those of instances that do not serve now (``down``)
@@ -77,7 +77,7 @@ def drain_request(
     restarting: Collection[str],
     running: bool,
     down: Collection[tuple[str, int]] = (),
-) -> dict[str, Any] | None:
+) -> DrainRequest | None:
     """``hostside/router_drain.py``'s request (its ``phase`` "out"; "in" puts them back) on router
     host ``spec`` for ``batch``, or None: no drain there.
 

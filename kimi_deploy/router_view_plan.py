@@ -12,8 +12,8 @@ the default of ``ports.router_metrics`` too.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
 
+from kimi_deploy.hostside.requests import RouterViewRequest
 from kimi_deploy.recipe import Recipe, Topology
 from kimi_deploy.router_units import CIRCUIT_GAUGES, HEALTH_GAUGES, worker_url
 from kimi_deploy.servespec import HostPlan
@@ -56,7 +56,7 @@ def view_request(
     restarting: Collection[str],
     running: bool,
     down: Collection[tuple[str, int]] = (),
-) -> dict[str, Any] | None:
+) -> RouterViewRequest | None:
     """``hostside/router_view.py``'s request on router host ``spec`` after ``batch``, or None.
 
     + topology: every host of the topology, in plan order

@@ -10,10 +10,10 @@ recipe says ``repair``. It fails (``systemctl --failed`` shows it) when corrupti
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from kimi_deploy.host_programs import WEIGHTS_SYNC
 from kimi_deploy.hostside.host_dirs import LOG_DIR
+from kimi_deploy.hostside.requests import SyncRequest
 from kimi_deploy.recipe import Scrub
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 
@@ -22,7 +22,7 @@ PROGRESS_LOG = f"{LOG_DIR}/weights.log"
 
 
 def scrub_files(
-    scrub: Scrub, *, config_dir: str, tools_dir: str, python: str, request: dict[str, Any]
+    scrub: Scrub, *, config_dir: str, tools_dir: str, python: str, request: SyncRequest
 ) -> list[RenderedFile]:
     """The scrub's files for a host holding the revision ``request`` names (a sync request)."""
     jinja = environment()
@@ -30,7 +30,7 @@ def scrub_files(
     config = f"{config_dir}/{SCRUB_UNIT}.json"
     service = f"{UNIT_DIR}/{SCRUB_UNIT}.service"
     timer = f"{UNIT_DIR}/{SCRUB_UNIT}.timer"
-    body = {**request, "scrub": True, "repair": scrub.repair, "peers": [], "full": True}
+    body: SyncRequest = {**request, "scrub": True, "repair": scrub.repair, "peers": [], "full": True}
     return [
         RenderedFile(script, WEIGHTS_SYNC.source(), 0o644, "root"),
         RenderedFile(config, json.dumps(body, sort_keys=True, indent=1) + "\n", 0o644, "root"),

@@ -15,9 +15,9 @@ Where a host's lock comes from:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from kimi_deploy.hostside.probe_types import Damage
+from kimi_deploy.hostside.probe_types import Damage, ReleaseMarker
 
 LOCK_FILE = ".kimi-lock.txt"
 
@@ -29,14 +29,14 @@ class LockSource:
     sha256: str | None = None
 
 
-def lock_source(marker: Any) -> LockSource | None:
+def lock_source(marker: ReleaseMarker | None) -> LockSource | None:
     """Where a host whose probe found ``marker`` in a release's folder takes the release's lock
     from; None: nothing to install (a complete, undamaged release)."""
-    if marker is not None and not (isinstance(marker, dict) and marker.get("damaged")):
+    if marker is not None and not marker.get("damaged"):
         return None
-    found: dict[str, Any] = marker or {}
-    own = found.get("lock") or {}
-    if (found.get("damaged") or {}).get("lock_intact") and own.get("sha256"):
+    own = (marker or {}).get("lock") or {}
+    damaged = (marker or {}).get("damaged")
+    if damaged is not None and damaged.get("lock_intact") and own.get("sha256"):
         return LockSource("own", own["sha256"])
     return LockSource("controller")
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.host_programs import WATCHDOG
 from kimi_deploy.hostside.host_dirs import STATE_DIR
+from kimi_deploy.hostside.requests import UnitAsk, WatchdogConfig
 from kimi_deploy.recipe import Recipe, Watchdog
 from kimi_deploy.render import UNIT_DIR, RenderedFile, environment
 from kimi_deploy.servespec import HostPlan
@@ -30,9 +30,9 @@ def watchdog_config(
     recipe: Recipe,
     watchdog: Watchdog,
     spec: HostPlan,
-    checks: Sequence[tuple[str, str | None, dict[str, Any]]],
+    checks: Sequence[tuple[str, str | None, UnitAsk]],
     scrub: str | None,
-) -> dict[str, Any]:
+) -> WatchdogConfig:
     """The program's config: ``checks`` are (unit, URL of its API or None, its smoke request)."""
     return {
         "interval_s": watchdog.interval_s,
@@ -49,9 +49,14 @@ def watchdog_config(
                 "unit": unit,
                 "url": url,
                 "reads_weights": True,
-                **{k: request[k] for k in ("served_name", "prompt", "expect", "max_tokens", "key_file", "key_var")},
+                "served_name": ask["served_name"],
+                "prompt": ask["prompt"],
+                "expect": ask["expect"],
+                "max_tokens": ask["max_tokens"],
+                "key_file": ask["key_file"],
+                "key_var": ask["key_var"],
             }
-            for unit, url, request in checks
+            for unit, url, ask in checks
         ],
         # The GPUs the plan gives the host, and the kernel's log where the driver reports their
         # faults (Xid events), for a kind whose health the watchdog reads (a TPU host's chips have
@@ -63,7 +68,7 @@ def watchdog_config(
 
 
 def watchdog_files(
-    watchdog: Watchdog, config: dict[str, Any], *, config_dir: str, tools_dir: str, python: str
+    watchdog: Watchdog, config: WatchdogConfig, *, config_dir: str, tools_dir: str, python: str
 ) -> list[RenderedFile]:
     """The watchdog's program, config and unit for a host."""
     script = f"{tools_dir}/{WATCHDOG_UNIT}.py"

@@ -127,6 +127,7 @@ def _expanded_values(root: yaml.Node, shown: str) -> int:
     return size(root)[0]
 
 
+# a YAML mapping of any shape: the schema that reads it (pydantic) checks it
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Return the top-level mapping of a YAML file, or raise ``ConfigError``."""
     shown = str(path)

@@ -14,6 +14,7 @@ from kimi_deploy.accelerators.interface import DriversPlan
 from kimi_deploy.deploy_plan import DeployPlan
 from kimi_deploy.driver_plan import plan_drivers, probe_request
 from kimi_deploy.hostside.probe_types import DriversAnswer
+from kimi_deploy.hostside.requests import DriversRequest
 from kimi_pyinfra.facts.drivers import DriversState
 from kimi_pyinfra.operations import nvidia, preflight, sysctl, units
 from kimi_pyinfra.rehearsal import Do
@@ -21,7 +22,7 @@ from kimi_pyinfra.rehearsal import Do
 
 def planned(
     deploy: DeployPlan, probed: DriversAnswer | None
-) -> tuple[DriversPlan, DriversAnswer | dict[str, Any], dict[str, Any]]:
+) -> tuple[DriversPlan, DriversAnswer | dict[str, Any], DriversRequest]:
     """This host's drivers plan, the drivers probe's answer and its request; ``probed`` is that
     answer when the host probe has read it already in its round-trip (None: read it here)."""
     request = probe_request(deploy.recipe, deploy.spec)
@@ -38,7 +39,7 @@ def planned(
 
 
 def driver_steps(
-    do: Do, deploy: DeployPlan, todo: DriversPlan, found: Mapping[str, Any], request: dict[str, Any]
+    do: Do, deploy: DeployPlan, todo: DriversPlan, found: Mapping[str, Any], request: DriversRequest
 ) -> None:
     """Every operation of the drivers step, through ``do`` (``kimi_pyinfra.rehearsal``)."""
     do(preflight.passed, name="Drivers: checks", failures=list(todo.refusals))

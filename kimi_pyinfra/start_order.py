@@ -10,11 +10,11 @@ joined, and a router once its engines answer, so the smoke tests come after the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from pyinfra.context import host, state
 
 from kimi_deploy.hostside.probe_types import UnitState
+from kimi_deploy.hostside.requests import DrainRequest, LadderRequest, RouterViewRequest, SmokePlan
 from kimi_deploy.start_batches import ROUTERS
 from kimi_pyinfra.operations import ladder, serving, units
 from kimi_pyinfra.rehearsal import Do, perform
@@ -27,13 +27,13 @@ SUFFIXES = ("", " (second batch)", " (last batch)")
 def start_batch(
     batch: int,
     mine: list[tuple[int, str, str, UnitState | None]],
-    checks: list[dict[str, Any]],
+    checks: list[SmokePlan],
     go: Callable[[], bool] | None = None,
     do: Do = perform,
     *,
-    climb: dict[str, Any] | None = None,
-    router_view: dict[str, Any] | None = None,
-    drain: dict[str, Any] | None = None,
+    climb: LadderRequest | None = None,
+    router_view: RouterViewRequest | None = None,
+    drain: DrainRequest | None = None,
 ) -> None:
     """Start this host's units of ``batch`` in stage order, then smoke test them.
 

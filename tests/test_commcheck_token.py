@@ -11,12 +11,13 @@ import subprocess
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pyinfra.api.command import StringCommand
 
 from kimi_deploy.hostside.commcheck import TOKEN_CREDENTIAL
+from kimi_deploy.hostside.requests import CommCheckRequest
 from kimi_pyinfra.operations import commcheck
 from tests.test_commcheck import HELLO_BYTES, TOKEN, topology
 from tests.test_commcheck_phases import _command, _step, listeners
@@ -90,7 +91,8 @@ def test_a_local_user_cannot_forge_what_its_own_hosts_probe_found() -> None:
 
 def test_the_steps_carry_the_token_on_standard_input_never_in_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     topo = topology(2)
-    request = topo.requests[0]
+    # the host program's own test topology (tests/test_commcheck.py): a request as the program reads it
+    request = cast(CommCheckRequest, topo.requests[0])
     token = "c2VjcmV0LXRva2VuLW9mLXRoZS1jaGVjaw"
     monkeypatch.setattr(commcheck, "host", SimpleNamespace(noop=lambda _: None))
     steps = [commcheck.listening, commcheck.probed, commcheck.passed]

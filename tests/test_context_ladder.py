@@ -114,6 +114,7 @@ def test_a_converge_raising_the_length_climbs_and_is_asked_to_write_the_unit_alo
         (unit,) = rung["files"]
         assert unit["path"] == "/etc/systemd/system/kimi-vllm.service"
         assert f" --max-model-len {length} " in unit["content"]
+    assert request["back"] is not None
     assert " --max-model-len 32768 " in request["back"]["files"][0]["content"]
     # The new length's rung is the converge's own unit: what ``Rendered units`` put in place.
     target = next(f for f in todo.files if f.path == "/etc/systemd/system/kimi-vllm.service")

@@ -148,3 +148,30 @@ def test_scripts_import_from_installed_packages_without_changing_the_path(path: 
         and node.value.id == "sys"
     ]
     assert not found, f"{_rel(path)}: sys.path at line(s) {found}: import from the installed packages"
+
+
+UNTYPED = "dict[str, Any]"
+
+
+def untyped_without_reason(source: str) -> list[int]:
+    """The lines holding ``dict[str, Any]`` with no comment on them or on the line above."""
+    lines = source.splitlines()
+    return [
+        n + 1
+        for n, line in enumerate(lines)
+        if UNTYPED in line and "#" not in line and not (n and lines[n - 1].lstrip().startswith("#"))
+    ]
+
+
+@pytest.mark.parametrize("path", _sources(CORE, but=HOSTSIDE), ids=_rel)
+def test_every_untyped_dict_in_the_core_says_why(path: Path) -> None:
+    """The core's records are typed (TypedDicts, dataclasses); a ``dict[str, Any]`` is JSON of any
+    shape (a recipe's JSON Schema, a host's text before it is checked), and says so."""
+    found = untyped_without_reason(path.read_text(encoding="utf-8"))
+    assert not found, f"{_rel(path)}: {UNTYPED} at line(s) {found} with no comment saying why it is untyped"
+
+
+def test_the_untyped_scan_finds_what_it_refuses() -> None:
+    assert untyped_without_reason("def f(x: dict[str, Any]) -> None:\n") == [1]
+    assert untyped_without_reason("# any JSON\ndef f(x: dict[str, Any]) -> None:\n") == []
+    assert untyped_without_reason("x: dict[str, Any] = {}  # any JSON\n") == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+from kimi_deploy.hostside.requests import RouterViewRequest
 from kimi_deploy.hostside.router_view import health, wait
 from tests.hostile_http import (
     BAD_STATUS,
@@ -54,7 +55,7 @@ def test_a_metrics_page_answered_by_something_else_fails_the_wait_in_one_line(
     sent: bytes, endless: tuple[str, ...], said: str
 ) -> None:
     with Hostile(default=sent, endless=endless) as server:
-        request = {
+        request: RouterViewRequest = {
             "router": "vllm-router",
             "metrics": f"{server.url}/metrics",
             "gauge": GAUGE,
@@ -73,7 +74,7 @@ def test_a_metrics_page_answered_by_something_else_fails_the_wait_in_one_line(
 def test_a_router_that_answers_again_is_waited_for() -> None:
     page = answer(PAGE.replace(f'{GAUGE}{{worker="{B}"}} 0', f'{GAUGE}{{worker="{B}"}} 1').encode(), kind="text/plain")
     with Hostile(default=BAD_STATUS) as server:
-        request = {
+        request: RouterViewRequest = {
             "router": "vllm-router",
             "metrics": f"{server.url}/metrics",
             "gauge": GAUGE,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.hostside.requests import SyncRequest
 from kimi_deploy.hostside_command import bundle
 from kimi_deploy.recipe import Scrub
 from kimi_deploy.recipe_file import load_recipe
@@ -19,7 +20,7 @@ from kimi_deploy.scrub_units import scrub_files
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes
 
-REQUEST = {
+REQUEST: SyncRequest = {
     "repo": "moonshotai/Kimi-K3.1-Pro",
     "revision": "a" * 40,
     "dir": "/srv/models/moonshotai--Kimi-K3.1-Pro/" + "a" * 40,

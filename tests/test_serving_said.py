@@ -10,12 +10,21 @@ from typing import Any
 
 from pyinfra.context import ctx_host
 
+from kimi_deploy.hostside.requests import DrainRequest, SmokePlan
 from kimi_pyinfra.operations import serving
 
-CHECK = {
+CHECK: SmokePlan = {
     "unit": "kimi-vllm",
     "url": "http://127.0.0.1:8000",
-    "request": {"served_name": "kimi-local"},
+    "request": {
+        "served_name": "kimi-local",
+        "prompt": "Reply with exactly the word READY and nothing else.",
+        "expect": "READY",
+        "timeout_s": 600,
+        "max_tokens": 64,
+        "key_file": None,
+        "key_var": None,
+    },
     "restarted": True,
     "restarts": 0,
     "only": None,
@@ -42,7 +51,7 @@ class _Host:
         self.said.append(text)
 
 
-def _run(host: _Host, check: dict[str, Any], print_output: bool = False) -> bool:
+def _run(host: _Host, check: SmokePlan, print_output: bool = False) -> bool:
     with ctx_host.use(host):
         command = serving._smoke(check)
     done: bool = command.function(SimpleNamespace(print_output=print_output), host)
@@ -78,7 +87,13 @@ def test_a_failed_smoke_test_says_the_programs_own_lines_once() -> None:
 
 def test_a_drain_runs_with_the_operations_sudo_and_its_own_bound() -> None:
     host = _Host(True, ['{"ok": true, "drained_s": {"http://10.0.0.11:8000": 0.6}}'], [])
-    request = {"router": "vllm-router", "api": "http://127.0.0.1:8009", "workers": [], "timeout_s": 120}
+    request: DrainRequest = {
+        "router": "vllm-router",
+        "api": "http://127.0.0.1:8009",
+        "phase": "out",
+        "workers": [],
+        "timeout_s": 120,
+    }
     with ctx_host.use(host):
         command = serving._drain(request, "out")
     assert command.function(SimpleNamespace(print_output=False), host)

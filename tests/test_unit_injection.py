@@ -23,6 +23,7 @@ import yaml
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host_paths import checkpoint_dir
+from kimi_deploy.hostside.requests import SyncRequest
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, Scrub, SecretRef
@@ -306,6 +307,19 @@ def test_values_systemd_would_expand_reach_the_engine_as_written(tmp_path: Path,
     _systemd_accepts(tmp_path, service)
 
 
+def _sync_request() -> SyncRequest:
+    return {
+        "repo": "a/b",
+        "revision": "a" * 40,
+        "dir": "/srv/models/a--b/" + "a" * 40,
+        "lock": {},
+        "endpoint": None,
+        "token_file": None,
+        "retries": 2,
+        "progress_log": "/var/log/kimi/weights.log",
+    }
+
+
 def test_scrub_unit_paths_with_specifiers_and_variables_reach_the_program_as_written(tmp_path: Path) -> None:
     """Paths reach the scrub's ExecStart= from code as well as from the recipe: quoted all the same."""
     config_dir = "/etc/kimi %n ${HOME} $$ 'q'"
@@ -314,7 +328,7 @@ def test_scrub_unit_paths_with_specifiers_and_variables_reach_the_program_as_wri
         config_dir=config_dir,
         tools_dir="/opt/kimi/tools",
         python="/opt/kimi/tools/hh-1!2.0 %n/bin/python",
-        request={"repo": "a/b", "revision": "a" * 40, "dir": "/srv/models/a--b/" + "a" * 40},
+        request=_sync_request(),
     )
     service = next(f.content for f in files if f.path.endswith(".service"))
     assert systemd_argv(service) == [
@@ -335,7 +349,7 @@ def test_a_scrub_command_systemd_would_not_run_as_written_is_refused(python: str
             config_dir="/etc/kimi",
             tools_dir="/opt/kimi/tools",
             python=python,
-            request={"repo": "a/b", "revision": "a" * 40, "dir": "/srv/models/a--b/" + "a" * 40},
+            request=_sync_request(),
         )
     assert str(info.value) == (
         "/etc/systemd/system/kimi-weights-scrub.service: ExecStart: the command must be an absolute path "

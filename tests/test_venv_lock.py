@@ -20,7 +20,7 @@ import pytest
 
 from kimi_deploy.hostside import state_probe, uv_process, venv_install
 from kimi_deploy.hostside.boundary_lock import lock_pins
-from kimi_deploy.hostside.probe_types import ReleaseMarker
+from kimi_deploy.hostside.probe_types import Damage, ReleaseMarker
 from kimi_deploy.release_lock import HostPlatform, LockError
 from kimi_deploy.venv_lock import LockSource, damage_line, lock_source
 from kimi_pyinfra.operations import engine
@@ -32,12 +32,15 @@ pytestmark = pytest.mark.processes
 PATH = "/opt/kimi/engines/vllm-0.34.0+fastsafetensors-0.5.0"
 REQS = ["vllm==0.34.0", "fastsafetensors==0.5.0"]
 INDEX = "http://10.213.7.1:8766/simple"
-HOLDS = {"requirements": REQS, "lock": {"sha256": "a" * 64, "platform": "cp311-x86_64"}, "damaged": None}
-DAMAGED = {
+HOLDS: ReleaseMarker = {"requirements": REQS, "lock": {"sha256": "a" * 64, "platform": "cp311-x86_64"}, "damaged": None}
+DAMAGED: ReleaseMarker = {
     **HOLDS,
     "damaged": {"count": 1, "first": ["lib/python3.11/site-packages/vllm/__init__.py"], "lock_intact": True},
 }
-LOCK_GONE = {**HOLDS, "damaged": {"count": 2, "first": [".kimi-lock.txt", "bin/vllm"], "lock_intact": False}}
+LOCK_GONE: ReleaseMarker = {
+    **HOLDS,
+    "damaged": {"count": 2, "first": [".kimi-lock.txt", "bin/vllm"], "lock_intact": False},
+}
 
 
 def test_a_host_holding_its_release_installs_nothing() -> None:
@@ -49,7 +52,15 @@ def test_a_damaged_release_is_rebuilt_from_its_own_lock() -> None:
 
 
 def test_any_other_install_takes_the_controllers_lock_whatever_other_hosts_hold() -> None:
-    old = {"package": "vllm", "version": "0.34.0", "requirements": REQS, "index_url": INDEX, "damaged": {"count": 1}}
+    # an older release's marker: no lock of its own to rebuild from, whatever the damage
+    damage: Damage = {"count": 1, "first": ["bin/vllm"], "lock_intact": True}
+    old: ReleaseMarker = {
+        "package": "vllm",
+        "version": "0.34.0",
+        "requirements": REQS,
+        "index_url": INDEX,
+        "damaged": damage,
+    }
     for marker in (None, LOCK_GONE, old):
         assert lock_source(marker) == LockSource("controller")
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the schema and the plan use the kinds: their types only, at run time nothing
     from kimi_deploy.accelerators.nvidia_drivers import NvidiaPlan
+    from kimi_deploy.hostside.requests import DriversRequest, WatchedDevices
     from kimi_deploy.profile_types import AcceleratorsFound, HostProfile
     from kimi_deploy.recipe import Recipe
     from kimi_deploy.render import RenderedFile
@@ -90,11 +91,11 @@ def _none(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> 
     return None
 
 
-def _no_watch(spec: HostPlan) -> dict[str, Any]:
+def _no_watch(spec: HostPlan) -> WatchedDevices:
     return {"accelerators": None, "kmsg": None}
 
 
-def _no_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
+def _no_request(recipe: Recipe, spec: HostPlan) -> DriversRequest:
     return {}
 
 
@@ -175,7 +176,7 @@ class AcceleratorKind:
     # (host plan, host profile) -> the preflight's line, None: the host may serve
     preflight: Callable[[AcceleratorKind, HostPlan, HostProfile], str | None] = devices_gate
     # what the drivers step asks ``hostside/driver_probe.py`` on an engine host
-    drivers_request: Callable[[Recipe, HostPlan], dict[str, Any]] = _no_request
+    drivers_request: Callable[[Recipe, HostPlan], DriversRequest] = _no_request
     # the drivers step of an engine host
     plan_drivers: Callable[[DriversStep], DriversPlan] = _no_drivers
     # what the drivers step installs on an engine host, as ``kimi-deploy plan`` shows it
@@ -185,7 +186,7 @@ class AcceleratorKind:
         """The preflight's accelerators line for an engine host of this kind, None: it may serve."""
         return self.preflight(self, spec, profile)
 
-    def watchdog(self, spec: HostPlan) -> dict[str, Any]:
+    def watchdog(self, spec: HostPlan) -> WatchedDevices:
         """What the watchdog reads of the host's devices (``hostside/watchdog.py``'s config)."""
         if not self.device_health:
             return _no_watch(spec)

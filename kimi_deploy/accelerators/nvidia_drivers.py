@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kimi_deploy.accelerators.interface import DriversPlan, DriversStep
+from kimi_deploy.hostside.probe_types import InstalledPackage
+from kimi_deploy.hostside.requests import DriversRequest
 from kimi_deploy.recipe import NvidiaDriver, Recipe
 from kimi_deploy.render import RenderedFile
 from kimi_deploy.servespec import HostPlan
@@ -173,7 +175,7 @@ def pin_package(want: NvidiaDriver) -> str:
     return PIN_PREFIX + (want.version or want.branch)
 
 
-def probe_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
+def probe_request(recipe: Recipe, spec: HostPlan) -> DriversRequest:
     """What ``hostside/driver_probe.py`` reads for an NVIDIA engine host."""
     if recipe.drivers.nvidia is None:
         return {}
@@ -395,7 +397,7 @@ def plan_nvidia(
             return nodes
         imex_nodes = nodes
     managed = driver + extras
-    installed: dict[str, dict[str, Any]] = found.get("packages") or {}
+    installed: dict[str, InstalledPackage] = found.get("packages") or {}
 
     def version_of(name: str) -> str | None:
         return upstream(installed[name]["version"]) if name in installed else None

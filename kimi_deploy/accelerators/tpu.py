@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kimi_deploy.accelerators.interface import AcceleratorKind, DriversPlan, DriversStep, SysctlPlan, matches_words
+from kimi_deploy.hostside.requests import DriversRequest
 from kimi_deploy.parsers import ParseError, count_of, text_of
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
-from kimi_deploy.profile_types import AcceleratorsFound, TpuInfo
+from kimi_deploy.profile_types import AcceleratorsFound, Device, TpuInfo
 from kimi_deploy.render import RenderedFile
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) 
         "vendor": NAME,
         "count": info["chip_count"],
         "model": model,
-        "devices": parsed["devices"],
+        # five of Device's keys (iommu_group None: the listing names no group); cast, as mypy cannot widen a TypedDict
+        "devices": cast(list[Device], parsed["devices"]),
         "source": "sysfs",
         "tpu": info,
     }
@@ -122,7 +124,7 @@ def _sysfs_pci(device: Any) -> bool:
     )
 
 
-def _drivers_request(recipe: Recipe, spec: HostPlan) -> dict[str, Any]:
+def _drivers_request(recipe: Recipe, spec: HostPlan) -> DriversRequest:
     return {"files": [TPU_SYSCTL_FILE], "sysctl": sorted(TPU_SYSCTL)}
 
 

@@ -56,8 +56,10 @@ def judge(task: BenchTask, text: str, tool_calls: list[Any] | None = None) -> st
     return _tool_call(rule.tool_call.name, rule.tool_call.arguments, tool_calls or [])
 
 
+# ``arguments``: the recipe's expected JSON arguments (``ToolCallExpect.arguments``), any shape
 def _tool_call(name: str, arguments: dict[str, Any], calls: list[Any]) -> str | None:
-    """None when one of ``calls`` (OpenAI ``tool_calls``) calls ``name`` with ``arguments``."""
+    """None when one of ``calls`` (OpenAI ``tool_calls``) calls ``name`` with ``arguments`` (JSON
+    values, as the recipe types them: ``ToolCallExpect.arguments``)."""
     seen: list[str] = []
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from kimi_deploy.accelerators import accelerator
+from kimi_deploy.benchmark.types import BenchRequest, RequestTarget
 from kimi_deploy.converge import unit_key
 from kimi_deploy.listen import LOOPBACK
 from kimi_deploy.recipe import Benchmark, Recipe, RouterFallback
@@ -93,7 +94,11 @@ def hosted(recipe: Recipe) -> RouterFallback | None:
     return bench.compare or (router.fallback if router is not None else None)
 
 
-def bench_request(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan, run: str) -> dict[str, object]:
+def _target(t: Target) -> RequestTarget:
+    return {"name": t.name, "url": t.url, "model": t.model, "key_file": t.key_file, "key_var": t.key_var}
+
+
+def bench_request(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan, run: str) -> BenchRequest:
     """``hostside/bench_load.py``'s request on the generator host ``at``: no secret, only where
     the keys are on that host."""
     bench = recipe.benchmark
@@ -116,7 +121,7 @@ def bench_request(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan, 
         "tasks": [
             {"id": t.id, "prompt": t.prompt, "max_tokens": t.max_tokens, "tools": list(t.tools)} for t in bench.tasks
         ],
-        "targets": [vars(t) for t in targets],
+        "targets": [_target(t) for t in targets],
         "levels": [{"concurrency": c, "rows": rows(bench, c)} for c in bench.concurrency],
         "engine": {
             "unit": engine.name,

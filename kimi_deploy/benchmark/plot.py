@@ -8,11 +8,12 @@ successful task. Drawn with matplotlib's Agg backend (no display), as a PNG.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import matplotlib
+
+from kimi_deploy.benchmark.types import LevelReport, Report
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after the backend is chosen
@@ -20,20 +21,22 @@ import matplotlib.pyplot as plt  # after the backend is chosen
 COLORS = {"local": "#1f77b4", "hosted": "#d62728"}
 
 
-def _series(levels: list[Mapping[str, Any]], field: str) -> tuple[list[int], list[float]]:
-    points = [(lv["concurrency"], lv[field]) for lv in levels if lv.get(field) is not None and lv.get("concurrency")]
+def _series(
+    levels: list[LevelReport], field: Literal["ttft_p50_s", "ttft_p95_s", "output_tok_s", "success_rate"]
+) -> tuple[list[int], list[float]]:
+    points = [(c, v) for lv in levels if (v := lv[field]) is not None and (c := lv["concurrency"])]
     return [c for c, _ in points], [v for _, v in points]
 
 
-def draw(rep: Mapping[str, Any], path: Path) -> None:
+def draw(rep: Report, path: Path) -> None:
     """Write the report ``rep`` (``kimi_deploy.benchmark.report.report``) as a PNG at ``path``."""
     fig, (lat, tput, ok, cost) = plt.subplots(1, 4, figsize=(18, 4.6), dpi=100)
     levels_seen: set[int] = set()
     currency = None
-    for name, levels in rep.get("targets", {}).items():
+    for name, levels in rep["targets"].items():
         color = COLORS.get(name, "#555555")
         label = "this deployment" if name == "local" else "hosted API"
-        levels_seen |= {lv["concurrency"] for lv in levels if lv.get("concurrency")}
+        levels_seen |= {c for lv in levels if (c := lv["concurrency"])}
         x, p50 = _series(levels, "ttft_p50_s")
         lat.plot(x, p50, "o-", color=color, label=f"{label} p50")
         x, p95 = _series(levels, "ttft_p95_s")
@@ -45,10 +48,12 @@ def draw(rep: Mapping[str, Any], path: Path) -> None:
         priced = [
             (lv["concurrency"], lv["cost"]["per_success"])
             for lv in levels
-            if lv.get("cost") and lv["cost"].get("per_success") is not None
+            if lv["cost"] and lv["cost"]["per_success"] is not None
         ]
         if priced:
-            currency = levels[0]["cost"]["currency"]
+            first = levels[0]["cost"]
+            assert first is not None  # the recipe prices every level or none
+            currency = first["currency"]
             cost.plot([c for c, _ in priced], [v for _, v in priced], "o-", color=color, label=label)
     panels = [
         (lat, "Time to first token", "seconds"),
@@ -70,7 +75,7 @@ def draw(rep: Mapping[str, Any], path: Path) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=8)
     ok.set_ylim(0, 105)
-    fig.suptitle(f"Serving benchmark: {rep.get('topology')} via {rep.get('endpoint')} ({rep.get('at')})")
+    fig.suptitle(f"Serving benchmark: {rep['topology']} via {rep['endpoint']} ({rep['at']})")
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)

@@ -52,10 +52,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from kimi_deploy.hostside.boundary_text import shown
+
+if TYPE_CHECKING:
+    from kimi_deploy.hostside.requests import SyncRequest
+
 
 # Statuses a later try may not meet (the client's own backoff retries these, utils/_http.py).
 PASSING = frozenset({408, 429, 500, 502, 503, 504})
@@ -150,7 +154,7 @@ class HubFiles:
     """The files of ``repo`` at ``revision`` from ``endpoint``, with the token of the environment
     (``HF_TOKEN_PATH``, set by the caller before huggingface_hub is imported)."""
 
-    def __init__(self, req: dict[str, Any], note: Callable[[str], None], weather: Weather) -> None:
+    def __init__(self, req: SyncRequest, note: Callable[[str], None], weather: Weather) -> None:
         from huggingface_hub import constants  # noqa: PLC0415
         from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # noqa: PLC0415
 

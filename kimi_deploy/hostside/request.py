@@ -26,8 +26,9 @@ class BadRequest(ValueError):
     """argv holds no request: missing, not base64, not zlib, too large, not a JSON object."""
 
 
-def read_request(argv: list[str] | None = None) -> dict[str, Any]:
-    """The request in ``argv[1]`` (``sys.argv`` by default), as a JSON object."""
+def read_request(argv: list[str] | None = None) -> Any:
+    """The request in ``argv[1]`` (``sys.argv`` by default), a JSON object: of the type the program
+    names for it (``kimi_deploy.hostside.requests``), which the controller built it as."""
     args = sys.argv if argv is None else argv
     if len(args) < 2:
         raise BadRequest("no request: expected one argument")

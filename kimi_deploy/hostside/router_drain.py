@@ -44,6 +44,11 @@ from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.host_dirs import ROUTER_DRAINED
 from kimi_deploy.hostside.request import read_request
 
+TYPE_CHECKING = False  # for type checkers only: a host imports no more than it runs
+if TYPE_CHECKING:
+    from kimi_deploy.hostside.requests import DrainRequest
+
+
 MAX_BYTES = 4 << 20
 REQUEST_S = 5.0
 # adding an engine: the router checks its health first (at once for one that answers)
@@ -53,7 +58,7 @@ POLL_S = 0.5
 IN_FLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
-def _kept(req: dict[str, Any]) -> list[str]:
+def _kept(req: DrainRequest) -> list[str]:
     try:
         with open(req.get("drained_file") or ROUTER_DRAINED, "rb") as f:
             found = loads(f.read(MAX_BYTES), "the drained engines' file")
@@ -62,7 +67,7 @@ def _kept(req: dict[str, Any]) -> list[str]:
     return [u for u in found if isinstance(u, str)] if isinstance(found, list) else []
 
 
-def _keep(req: dict[str, Any], urls: list[str]) -> None:
+def _keep(req: DrainRequest, urls: list[str]) -> None:
     """Record ``urls`` as out of the router (none: remove the record), replacing the file whole."""
     path = req.get("drained_file") or ROUTER_DRAINED
     if not urls:
@@ -79,7 +84,7 @@ class Failed(Exception):
     pass
 
 
-def listed(req: dict[str, Any]) -> list[str] | None:
+def listed(req: DrainRequest) -> list[str] | None:
     """The engines the router lists (``GET /list_workers``), or None when no router answers."""
     try:
         answer = ask(f"{req['api']}/list_workers", what=req["router"], timeout_s=REQUEST_S, max_bytes=MAX_BYTES)
@@ -96,7 +101,7 @@ def listed(req: dict[str, Any]) -> list[str] | None:
     return urls
 
 
-def _post(req: dict[str, Any], path: str, url: str, timeout_s: float) -> None:
+def _post(req: DrainRequest, path: str, url: str, timeout_s: float) -> None:
     target = f"{req['api']}/{path}?url={urllib.parse.quote(url, safe='')}"
     try:
         answer = ask(target, what=req["router"], body={}, timeout_s=timeout_s, max_bytes=MAX_BYTES)
@@ -129,7 +134,7 @@ def _held(url: str) -> float | None:
     return in_flight(answer.body.decode("utf-8", errors="replace")) if answer.status == 200 else None
 
 
-def out(req: dict[str, Any]) -> dict[str, Any]:
+def out(req: DrainRequest) -> dict[str, Any]:
     workers: list[str] = list(req["workers"])
     started = time.monotonic()
     found = listed(req)
@@ -167,7 +172,7 @@ def out(req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "drained_s": drained}
 
 
-def back_in(req: dict[str, Any]) -> dict[str, Any]:
+def back_in(req: DrainRequest) -> dict[str, Any]:
     workers: list[str] = list(req["workers"])
     found = listed(req)
     if found is None:
@@ -183,7 +188,7 @@ def back_in(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    req = read_request()
+    req: DrainRequest = read_request()
     try:
         said = out(req) if req["phase"] == "out" else back_in(req)
     except Failed as exc:

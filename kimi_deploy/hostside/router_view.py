@@ -35,6 +35,11 @@ from typing import Any
 from kimi_deploy.hostside.boundary_http import Unanswered, ask
 from kimi_deploy.hostside.request import read_request
 
+TYPE_CHECKING = False  # for type checkers only: a host imports no more than it runs
+if TYPE_CHECKING:
+    from kimi_deploy.hostside.requests import RouterViewRequest
+
+
 MAX_BYTES = 8 << 20
 POLL_S = 0.5
 REQUEST_S = 2.0
@@ -72,7 +77,7 @@ def _page(url: str, router: str) -> str | None:
     return answer.body.decode("utf-8", errors="replace") if 200 <= answer.status < 300 else ""
 
 
-def wait(req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def wait(req: RouterViewRequest) -> tuple[int, dict[str, Any]]:
     workers: list[str] = list(req["workers"])
     started = time.monotonic()
     deadline = started + float(req["timeout_s"])
@@ -112,7 +117,7 @@ def wait(req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 def main() -> None:
-    req = read_request()
+    req: RouterViewRequest = read_request()
     code, said = wait(req)
     print(json.dumps(said))
     if code:

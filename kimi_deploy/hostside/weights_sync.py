@@ -57,6 +57,11 @@ from kimi_deploy.hostside.hub_fetch import BadToken, HubFiles, OutOfTries, Refus
 from kimi_deploy.hostside.request import read_request
 from kimi_deploy.hostside.revision_files import CACHE, META, load_cache, meta, partial_path
 
+TYPE_CHECKING = False  # for type checkers only: a host imports no more than it runs
+if TYPE_CHECKING:
+    from kimi_deploy.hostside.requests import PeerSource, SyncRequest
+
+
 # Every file of a revision is readable by all (the engines run as a user of their own), written by root.
 FILE_MODE = 0o644
 READABLE = 0o444
@@ -207,11 +212,11 @@ def _link_from_siblings(root: str, lock: dict[str, list[Any]], cache: dict[str, 
     return linked
 
 
-def _open_source(source: dict[str, str], rel: str, key: str | None) -> Any:
+def _open_source(source: PeerSource, rel: str, key: str | None) -> Any:
     """A readable stream of ``rel`` from a source: a peer's URL, or a local folder (a mount)."""
     if "path" in source:
         return open(inside(source["path"], rel), "rb")
-    url = source["url"]
+    url = source.get("url", "")
     if not url.startswith("http://"):
         raise ValueError(f"peer URL {url!r} is not http://")
     request = urllib.request.Request(f"{url}/{urllib.parse.quote(rel)}", headers={"Authorization": f"Bearer {key}"})  # noqa: S310 - checked above
@@ -281,7 +286,7 @@ def _receive(
 
 
 def _fetch_from(
-    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None, *, weather: Weather
+    root: str, rel: str, entry: list[Any], source: PeerSource, key: str | None, *, weather: Weather
 ) -> tuple[list[Any], int]:
     """``_receive`` of one file from a source: a peer's URL or a local folder."""
 
@@ -294,7 +299,7 @@ def _fetch_from(
 
 
 def _fetch_busy(
-    root: str, rel: str, entry: list[Any], source: dict[str, str], key: str | None, *, weather: Weather
+    root: str, rel: str, entry: list[Any], source: PeerSource, key: str | None, *, weather: Weather
 ) -> tuple[list[Any], int]:
     """``_fetch_from``, waiting its turn while the source says it is busy (503 with Retry-After:
     it serves as many hosts at once as it may), for up to ``BUSY_WAIT_S``: a busy source is no
@@ -312,7 +317,7 @@ def _fetch_busy(
 
 
 def _from_peers(
-    root: str, lock: dict[str, list[Any]], bad: list[str], req: dict[str, Any], cache: dict[str, list[Any]]
+    root: str, lock: dict[str, list[Any]], bad: list[str], req: SyncRequest, cache: dict[str, list[Any]]
 ) -> tuple[list[str], dict[str, int], dict[str, str]]:
     """Fetch ``bad`` files from the sources (a local mirror folder, the run's peers), each from
     the first that gives it; returns the files placed, the bytes each source gave, and for each file no source could
@@ -321,8 +326,9 @@ def _from_peers(
     if not peers or not bad:
         return [], {}, {}
     key = None
-    if any("url" in p for p in peers):
-        with open(req["peer_key_file"], encoding="utf-8") as f:
+    key_file = req.get("peer_key_file")
+    if any("url" in p for p in peers) and key_file:
+        with open(key_file, encoding="utf-8") as f:
             key = f.read().strip()
     given: dict[str, int] = {}
     causes: dict[str, str] = {}
@@ -431,15 +437,18 @@ def _exclusive(root: str) -> Iterator[None]:
                 pass
 
 
-def _request(argv: list[str]) -> dict[str, Any]:
+def _request(argv: list[str]) -> SyncRequest:
+    """The request in argv, or in the file the scrub's unit names (``--config FILE``): the
+    controller wrote both (``kimi_deploy.converge.sync_request``)."""
     if len(argv) == 3 and argv[1] == "--config":
         with open(argv[2], encoding="utf-8") as f:
-            data: dict[str, Any] = json.load(f)
+            data: SyncRequest = json.load(f)
             return data
-    return read_request(argv)
+    request: SyncRequest = read_request(argv)
+    return request
 
 
-def check_request(req: dict[str, Any]) -> None:
+def check_request(req: SyncRequest) -> None:
     """Every lock name is a relative path inside the revision folder (symlinks resolved), every
     entry ``[size, digest]``; ``BadName`` otherwise. Run before anything is removed or written."""
     root, lock = req["dir"], req["lock"]
@@ -482,7 +491,8 @@ def main() -> None:
             status = _status_of(gated)
             line = gated_line(req["repo"], req.get("endpoint") or HUB, status)
             _fail({"error": "gated", "status": status, "message": line}, f"{label}: {where}: {line}", 5)
-        sent = bool(req.get("token_file")) and os.path.exists(req["token_file"])
+        token_file = req.get("token_file")
+        sent = bool(token_file) and os.path.exists(token_file or "")
         refused = next(
             (
                 e
@@ -518,16 +528,17 @@ def _remove(root: str, names: list[str]) -> None:
             os.remove(path)
 
 
-def _hub_environment(req: dict[str, Any]) -> None:
+def _hub_environment(req: SyncRequest) -> None:
     """huggingface_hub's settings, before it is imported: the endpoint, the token file, the HTTP
     path (not Xet), no telemetry, no progress bars, no chatter that would bury the one line."""
     os.environ["HF_HUB_DISABLE_XET"] = "1"
     os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    if req.get("endpoint"):
-        os.environ["HF_ENDPOINT"] = req["endpoint"]
-    if req.get("token_file") and os.path.exists(req["token_file"]):
-        os.environ["HF_TOKEN_PATH"] = req["token_file"]
+    endpoint, token_file = req.get("endpoint"), req.get("token_file")
+    if endpoint:
+        os.environ["HF_ENDPOINT"] = endpoint
+    if token_file and os.path.exists(token_file):
+        os.environ["HF_TOKEN_PATH"] = token_file
     from huggingface_hub.utils import logging as hf_logging  # noqa: PLC0415
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
@@ -545,11 +556,10 @@ class HubOutcome:
     down: str | None = None
 
 
-def _weather(req: dict[str, Any]) -> Weather:
+def _weather(req: SyncRequest) -> Weather:
     """The request's bounds on tries and time, each the default where it names none."""
 
-    def given(key: str, default: float) -> float:
-        value = req.get(key)
+    def given(value: float | None, default: float) -> float:
         return default if value is None else float(value)
 
     base = Weather()
@@ -557,16 +567,16 @@ def _weather(req: dict[str, Any]) -> Weather:
     deadline = req.get("hub_deadline_s")
     return Weather(
         attempts=base.attempts if attempts is None else int(attempts),
-        backoff_s=given("hub_backoff_s", base.backoff_s),
-        budget_s=given("hub_wait_budget_s", base.budget_s),
-        min_bytes_per_s=given("min_bytes_per_s", base.min_bytes_per_s),
-        floor_s=given("file_floor_s", base.floor_s),
+        backoff_s=given(req.get("hub_backoff_s"), base.backoff_s),
+        budget_s=given(req.get("hub_wait_budget_s"), base.budget_s),
+        min_bytes_per_s=given(req.get("min_bytes_per_s"), base.min_bytes_per_s),
+        floor_s=given(req.get("file_floor_s"), base.floor_s),
         sync_s=None if deadline is None else float(deadline),
     )
 
 
 def _from_hub(
-    req: dict[str, Any],
+    req: SyncRequest,
     *,
     root: str,
     lock: dict[str, list[Any]],
@@ -637,7 +647,7 @@ def _from_hub(
     return HubOutcome(fetched, sorted(mismatched), out_of_tries, dict(sorted(hub.retried.items())), hub.down)
 
 
-def sync(req: dict[str, Any]) -> None:
+def sync(req: SyncRequest) -> None:
     root, lock = req["dir"], req["lock"]
     started = time.monotonic()
     scrub = bool(req.get("scrub"))

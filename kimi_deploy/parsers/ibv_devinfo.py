@@ -28,44 +28,89 @@ is not a number, or when an attribute comes before the ``hca_id:`` or port heade
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Literal, TypedDict
 
 from kimi_deploy.parsers import ParseError, read_int
 
-# Attribute -> how its value is read: "str" as printed, "enum" without its "(n)" code, "int".
-HCA_FIELDS = {
-    "transport": "enum",
-    "fw_ver": "str",
-    "node_guid": "str",
-    "sys_image_guid": "str",
-    "vendor_id": "str",
-    "vendor_part_id": "int",
-    "hw_ver": "str",
-    "board_id": "str",
-    "phys_port_cnt": "int",
+
+class IbvPort(TypedDict):
+    """A port of an HCA; None: the output does not print the attribute."""
+
+    port: int
+    state: str | None
+    max_mtu: int | None
+    active_mtu: int | None
+    sm_lid: int | None
+    port_lid: int | None
+    port_lmc: str | None
+    link_layer: str | None
+    # -v output only, as are the gids
+    active_width: str | None
+    active_speed: str | None
+    physical_state: str | None
+    gids: list[str]
+
+
+class IbvHca(TypedDict):
+    """An ``hca_id`` block; None: the output does not print the attribute."""
+
+    hca_id: str
+    transport: str | None
+    fw_ver: str | None
+    node_guid: str | None
+    sys_image_guid: str | None
+    vendor_id: str | None
+    vendor_part_id: int | None
+    hw_ver: str | None
+    board_id: str | None
+    phys_port_cnt: int | None
+    ports: list[IbvPort]
+
+
+HcaText = Literal["transport", "fw_ver", "node_guid", "sys_image_guid", "vendor_id", "hw_ver", "board_id"]
+HcaInt = Literal["vendor_part_id", "phys_port_cnt"]
+PortText = Literal["state", "port_lmc", "link_layer", "active_width", "active_speed", "physical_state"]
+PortInt = Literal["max_mtu", "active_mtu", "sm_lid", "port_lid"]
+# How an attribute's value is read: "str" as printed, "enum" without its "(n)" code.
+TextKind = Literal["str", "enum"]
+
+# Attribute -> its key, and how its value is read; one table per type of value, so that each key
+# is typed. phys_state's key is physical_state.
+HCA_TEXT: dict[str, tuple[HcaText, TextKind]] = {
+    "transport": ("transport", "enum"),
+    "fw_ver": ("fw_ver", "str"),
+    "node_guid": ("node_guid", "str"),
+    "sys_image_guid": ("sys_image_guid", "str"),
+    "vendor_id": ("vendor_id", "str"),
+    "hw_ver": ("hw_ver", "str"),
+    "board_id": ("board_id", "str"),
 }
-PORT_FIELDS = {
-    "state": "enum",
-    "max_mtu": "int",
-    "active_mtu": "int",
-    "sm_lid": "int",
-    "port_lid": "int",
-    "port_lmc": "str",
-    "link_layer": "str",
-    "active_width": "enum",
-    "active_speed": "enum",
-    "phys_state": "enum",
+HCA_INTS: dict[str, HcaInt] = {"vendor_part_id": "vendor_part_id", "phys_port_cnt": "phys_port_cnt"}
+PORT_TEXT: dict[str, tuple[PortText, TextKind]] = {
+    "state": ("state", "enum"),
+    "port_lmc": ("port_lmc", "str"),
+    "link_layer": ("link_layer", "str"),
+    "active_width": ("active_width", "enum"),
+    "active_speed": ("active_speed", "enum"),
+    "phys_state": ("physical_state", "enum"),
 }
-_RENAMED = {"phys_state": "physical_state"}
+PORT_INTS: dict[str, PortInt] = {
+    "max_mtu": "max_mtu",
+    "active_mtu": "active_mtu",
+    "sm_lid": "sm_lid",
+    "port_lid": "port_lid",
+}
+_HCA_ATTRIBUTES = HCA_TEXT.keys() | HCA_INTS.keys()
+_PORT_ATTRIBUTES = PORT_TEXT.keys() | PORT_INTS.keys()
 _INT = re.compile(r"\d+")
 _GID = re.compile(r"GID\[\s*\d+\]")
 NO_DEVICES = "No IB devices found"
 
 
-def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
+def parse_ibv_devinfo(text: str) -> list[IbvHca]:
     """The HCAs ``ibv_devinfo`` (short or ``-v``) printed in ``text`` (shape in the module docstring)."""
-    hcas: list[dict[str, Any]] = []
-    port: dict[str, Any] | None = None
+    hcas: list[IbvHca] = []
+    port: IbvPort | None = None
     for number, line in enumerate(text.splitlines(), start=1):
         # "key: value"; split by hand, since a pattern with lazy groups backtracks over a long line.
         key, colon, value = line.partition(":")
@@ -77,7 +122,7 @@ def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
             port = None
             continue
         if not hcas:
-            if key in HCA_FIELDS or key in PORT_FIELDS:
+            if key in _HCA_ATTRIBUTES or key in _PORT_ATTRIBUTES:
                 raise ParseError(f"line {number}: {key} before any 'hca_id:' line (the output's start is missing)")
             continue
         hca = hcas[-1]
@@ -88,13 +133,19 @@ def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
             port = _new_port(read_int(value, f"{where}: port"))
             hca["ports"].append(port)
         elif port is not None:
-            if key in PORT_FIELDS:
-                port[_RENAMED.get(key, key)] = _read(PORT_FIELDS[key], value, f"{where} port {port['port']}: {key}")
+            if key in PORT_TEXT:
+                port_key, kind = PORT_TEXT[key]
+                port[port_key] = _text(kind, value)
+            elif key in PORT_INTS:
+                port[PORT_INTS[key]] = _int(value, f"{where} port {port['port']}: {key}")
             elif _GID.fullmatch(key):
                 port["gids"].append(value)
-        elif key in HCA_FIELDS:
-            hca[key] = _read(HCA_FIELDS[key], value, f"{where}: {key}")
-        elif key in PORT_FIELDS:
+        elif key in HCA_TEXT:
+            hca_key, kind = HCA_TEXT[key]
+            hca[hca_key] = _text(kind, value)
+        elif key in HCA_INTS:
+            hca[HCA_INTS[key]] = _int(value, f"{where}: {key}")
+        elif key in _PORT_ATTRIBUTES:
             raise ParseError(f"{where}: {key} before any 'port:' line")
     if not hcas:
         said = [line.strip() for line in text.splitlines() if line.strip()]
@@ -104,22 +155,45 @@ def parse_ibv_devinfo(text: str) -> list[dict[str, Any]]:
     return hcas
 
 
-def _new_hca(hca_id: str) -> dict[str, Any]:
-    hca: dict[str, Any] = {"hca_id": hca_id, **dict.fromkeys(HCA_FIELDS), "ports": []}
-    return hca
+def _new_hca(hca_id: str) -> IbvHca:
+    return {
+        "hca_id": hca_id,
+        "transport": None,
+        "fw_ver": None,
+        "node_guid": None,
+        "sys_image_guid": None,
+        "vendor_id": None,
+        "vendor_part_id": None,
+        "hw_ver": None,
+        "board_id": None,
+        "phys_port_cnt": None,
+        "ports": [],
+    }
 
 
-def _new_port(number: int) -> dict[str, Any]:
-    port: dict[str, Any] = {"port": number, **{_RENAMED.get(k, k): None for k in PORT_FIELDS}, "gids": []}
-    return port
+def _new_port(number: int) -> IbvPort:
+    return {
+        "port": number,
+        "state": None,
+        "max_mtu": None,
+        "active_mtu": None,
+        "sm_lid": None,
+        "port_lid": None,
+        "port_lmc": None,
+        "link_layer": None,
+        "active_width": None,
+        "active_speed": None,
+        "physical_state": None,
+        "gids": [],
+    }
 
 
-def _read(kind: str, value: str, where: str) -> str | int:
-    if kind == "str":
-        return value
+def _text(kind: TextKind, value: str) -> str:
+    return value if kind == "str" else _without_code(value)
+
+
+def _int(value: str, where: str) -> int:
     plain = _without_code(value)
-    if kind == "enum":
-        return plain
     if not _INT.fullmatch(plain):
         raise ParseError(f"{where}: {value!r} is not a number")
     return read_int(plain, where)

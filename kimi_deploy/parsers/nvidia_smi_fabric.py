@@ -25,23 +25,42 @@ text without a ``Fabric`` section raises :class:`~kimi_deploy.parsers.ParseError
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Literal, TypedDict
 
 from kimi_deploy.parsers import ParseError, read_int
 from kimi_deploy.parsers.nvidia_smi_query import NvidiaSmiFailure, find_failure
 
+
+class FabricSection(TypedDict):
+    """A ``Fabric`` section: a GPU's NVLink fabric state (shape in the module docstring)."""
+
+    gpu: str | None
+    state: str | None
+    status: str | None
+    clique_id: int | None
+    cluster_uuid: str | None
+    # the Health subsection's names as printed -> their values, None for N/A
+    health: dict[str, str | None]
+    ready: bool
+
+
 _GPU_HEADING = re.compile(r"GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])")
-_KEYS = {"State": "state", "Status": "status", "CliqueId": "clique_id", "ClusterUUID": "cluster_uuid"}
+# The lines kept as printed, by name -> key; CliqueId, a number, is the other line read.
+_TEXT: dict[str, Literal["state", "status", "cluster_uuid"]] = {
+    "State": "state",
+    "Status": "status",
+    "ClusterUUID": "cluster_uuid",
+}
 
 
-def parse_fabric(text: str) -> list[dict[str, Any]]:
+def parse_fabric(text: str) -> list[FabricSection]:
     """The ``Fabric`` sections of ``nvidia-smi -q`` output (shape in the module docstring)."""
     failure = find_failure(text)
     if failure:
         raise NvidiaSmiFailure(failure)
-    sections: list[dict[str, Any]] = []
+    sections: list[FabricSection] = []
     gpu: str | None = None
-    section: dict[str, Any] | None = None
+    section: FabricSection | None = None
     indent = health = -1
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
@@ -51,7 +70,16 @@ def parse_fabric(text: str) -> list[dict[str, Any]]:
             gpu, section = heading.group(1), None
             continue
         if stripped == "Fabric":
-            section = {"gpu": gpu, **dict.fromkeys(_KEYS.values()), "health": {}}
+            # ready is decided once the section is read
+            section = {
+                "gpu": gpu,
+                "state": None,
+                "status": None,
+                "clique_id": None,
+                "cluster_uuid": None,
+                "health": {},
+                "ready": False,
+            }
             sections.append(section)
             indent, health = depth, -1
             continue
@@ -69,9 +97,12 @@ def parse_fabric(text: str) -> list[dict[str, Any]]:
             raise ParseError(f"line {number}: {stripped!r} in a Fabric section is not 'name : value'")
         if health >= 0 and depth > health:
             section["health"][key] = None if value == "N/A" else value
-        elif key in _KEYS:
+        elif key in _TEXT:
             health = -1
-            section[_KEYS[key]] = _value(key, value, number)
+            section[_TEXT[key]] = None if value == "N/A" else value
+        elif key == "CliqueId":
+            health = -1
+            section["clique_id"] = _clique_id(value, number)
     if not sections:
         raise ParseError("no 'Fabric' section (nvidia-smi -q prints one under each GPU)")
     for section in sections:
@@ -80,11 +111,9 @@ def parse_fabric(text: str) -> list[dict[str, Any]]:
     return sections
 
 
-def _value(key: str, value: str, number: int) -> str | int | None:
+def _clique_id(value: str, number: int) -> int | None:
     if value == "N/A":
         return None
-    if key == "CliqueId":
-        if not value.isdigit():
-            raise ParseError(f"line {number}: CliqueId {value!r} is not a number")
-        return read_int(value, f"line {number}: CliqueId")
-    return value
+    if not value.isdigit():
+        raise ParseError(f"line {number}: CliqueId {value!r} is not a number")
+    return read_int(value, f"line {number}: CliqueId")

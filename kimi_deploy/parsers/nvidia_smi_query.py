@@ -31,14 +31,32 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal, TypedDict
 
 from kimi_deploy.parsers import ParseError, read_int
 from kimi_deploy.parsers.nvidia_smi_fields import QUERY_GPU_FIELDS
 
 Value = str | int | float | None
+FailureKind = Literal[
+    "driver_library_mismatch", "driver_unreachable", "no_devices", "gpu_lost", "device_handle_error", "nvml_init_failed"
+]
+
+
+class _Failure(TypedDict):
+    kind: FailureKind
+    message: str
+
+
+class SmiFailure(_Failure, total=False):
+    """A failure text nvidia-smi printed: its kind and line, and the NVML library's version when it says."""
+
+    # total=False, not NotRequired: Python 3.11's TypedDict reads NotRequired only from an evaluated
+    # annotation, and this module's are strings
+    nvml_library_version: str
+
 
 # (kind, text nvidia-smi prints): the specific texts first, the generic NVML one last.
-FAILURES = (
+FAILURES: tuple[tuple[FailureKind, str], ...] = (
     ("driver_library_mismatch", "Failed to initialize NVML: Driver/library version mismatch"),
     ("driver_unreachable", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
     ("no_devices", "No devices were found"),
@@ -76,14 +94,14 @@ _NVML_VERSION = re.compile(r"NVML library version:\s*(\S+)")
 class NvidiaSmiFailure(ParseError):
     """nvidia-smi printed a failure instead of a table; ``failure`` is :func:`find_failure`'s dict."""
 
-    def __init__(self, failure: dict[str, str]) -> None:
+    def __init__(self, failure: SmiFailure) -> None:
         self.failure = failure
         version = failure.get("nvml_library_version")
         detail = f" (NVML library version {version})" if version else ""
         super().__init__(f"nvidia-smi failed: {failure['message']}{detail}")
 
 
-def find_failure(text: str) -> dict[str, str] | None:
+def find_failure(text: str) -> SmiFailure | None:
     """``{"kind", "message"[, "nvml_library_version"]}`` for a known nvidia-smi failure text, else None.
 
     ``kind`` is one of ``driver_library_mismatch``, ``driver_unreachable``, ``no_devices``,
@@ -93,7 +111,7 @@ def find_failure(text: str) -> dict[str, str] | None:
     for kind, needle in FAILURES:
         for line in lines:
             if needle in line:
-                failure = {"kind": kind, "message": line}
+                failure: SmiFailure = {"kind": kind, "message": line}
                 version = _NVML_VERSION.search(text)
                 if version:
                     failure["nvml_library_version"] = version.group(1)

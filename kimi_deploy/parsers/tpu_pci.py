@@ -44,9 +44,58 @@ wraps the type onto a second line, and counting the rows left would report chips
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypedDict
 
 from kimi_deploy.parsers import ParseError, read_int
+
+
+class TpuPciDevice(TypedDict):
+    """A PCI device of Google's vendor id."""
+
+    pci_address: str
+    vendor_id: str
+    # None: the listing printed the device's vendor file and not its device file
+    device_id: str | None
+    # None: not a TPU (a gVNIC), or no device id
+    generation: str | None
+    iommu_group: int | None
+
+
+class TpuNode(TypedDict):
+    """An accelerator device node; ``major`` and ``minor`` are None for a bare path."""
+
+    path: str
+    major: int | None
+    minor: int | None
+
+
+class TpuInfoChip(TypedDict):
+    """A row of tpu-info's "TPU Chips" table."""
+
+    path: str
+    generation: str
+
+
+class TpuListing(TypedDict):
+    """What :func:`parse_tpu_pci` found (shape in the module docstring)."""
+
+    devices: list[TpuPciDevice]
+    nodes: list[TpuNode]
+    chips: list[TpuInfoChip]
+    generation: str | None
+    chip_count: int
+
+
+class _ListedDevice(TypedDict):
+    """A PCI device as listed, of any vendor, before the Google ones are kept."""
+
+    pci_address: str
+    vendor_id: str | None
+    device_id: str | None
+    iommu_group: int | None
+    # plain lspci named it (its vendor in words), so a missing id is not a listing that hides it
+    named: bool
+
 
 GOOGLE_VENDOR_ID = "0x1ae0"
 # PCI device id of each TPU generation's chip (vendor 0x1ae0): the one table of them. Sources:
@@ -83,12 +132,12 @@ _UNNAMED_DEVICE = re.compile(r"Device ([0-9a-fA-F]{4})\b")
 _TPU_INFO_TYPE = re.compile(r"TPU ?(v?[0-9][0-9a-z/]*) chip")
 
 
-def parse_tpu_pci(text: str) -> dict[str, Any]:
+def parse_tpu_pci(text: str) -> TpuListing:
     """TPU devices, device nodes and tpu-info chips listed in ``text`` (shape in the module docstring)."""
-    devices: list[dict[str, Any]] = []
-    nodes: list[dict[str, Any]] = []
-    chips: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
+    devices: list[_ListedDevice] = []
+    nodes: list[TpuNode] = []
+    chips: list[TpuInfoChip] = []
+    current: _ListedDevice | None = None
     directory = ""
     paths_listed = False
     in_chip_table = False
@@ -132,7 +181,10 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
             devices.append(current)
         if current is not None:
             for field, value in _ID_FIELD.findall(stripped):
-                current[f"{field}_id"] = _id(value)
+                if field == "vendor":
+                    current["vendor_id"] = _id(value)
+                else:
+                    current["device_id"] = _id(value)
     if unread_rows:
         raise ParseError(
             f"tpu-info's TPU Chips table has {len(unread_rows)} line(s) not of the form '/dev/vfio/0 | TPU v6e chip'"
@@ -145,12 +197,21 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
             f"PCI devices {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''} listed without their vendor"
             " and device ids: list them with lspci -nn, or sysfs' vendor and device files"
         )
-    google = [d for d in devices if d["vendor_id"] == GOOGLE_VENDOR_ID]
-    for device in google:
-        device["generation"] = TPU_GENERATIONS.get(device["device_id"])
+    google: list[TpuPciDevice] = [
+        {
+            "pci_address": d["pci_address"],
+            "vendor_id": GOOGLE_VENDOR_ID,
+            "device_id": d["device_id"],
+            "generation": TPU_GENERATIONS.get(d["device_id"] or ""),
+            "iommu_group": d["iommu_group"],
+        }
+        for d in devices
+        if d["vendor_id"] == GOOGLE_VENDOR_ID
+    ]
     if not devices and not nodes and not chips and not paths_listed:
         raise ParseError("no PCI device, no /dev/vfio or /dev/accel node and no tpu-info chip listed")
     tpus = [d for d in google if d["generation"]]
+    generations: set[str | None]
     if devices:
         generations = {d["generation"] for d in tpus}
         # one chip per PCI slot (domain:bus:device), its functions together, as tpu-info counts them
@@ -159,7 +220,7 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
         generations = {c["generation"] for c in chips}
         count = len(chips) if chips else len(nodes)
     return {
-        "devices": [{key: d[key] for key in _DEVICE_KEYS} for d in google],
+        "devices": google,
         "nodes": nodes,
         "chips": chips,
         "generation": generations.pop() if len(generations) == 1 else None,
@@ -167,10 +228,10 @@ def parse_tpu_pci(text: str) -> dict[str, Any]:
     }
 
 
-def _pci_device(line: str, address: str) -> dict[str, Any]:
+def _pci_device(line: str, address: str) -> _ListedDevice:
     """The device a line names: its ids from ``[vvvv:dddd]``, or from plain lspci's names."""
     group = _IOMMU_GROUP.search(line)
-    device: dict[str, Any] = {
+    device: _ListedDevice = {
         "pci_address": address if address.count(":") == 2 else f"0000:{address}",
         "vendor_id": None,
         "device_id": None,
@@ -194,7 +255,7 @@ def _pci_device(line: str, address: str) -> dict[str, Any]:
     return device
 
 
-def _tpu_info_row(line: str) -> dict[str, Any] | None:
+def _tpu_info_row(line: str) -> TpuInfoChip | None:
     """A row of tpu-info's "TPU Chips" table (``│ /dev/accel0 │ TPU v4 chip │ 1 │ 130007 │``), else None."""
     cells = [cell.strip() for cell in line.replace("│", "|").strip("|").split("|")]
     if len(cells) < 2 or not _ACCELERATOR_NODE.fullmatch(cells[0]):
@@ -220,9 +281,6 @@ def _is_data_row(line: str) -> bool:
     if all(set(cell) <= set("-: ") for cell in cells):
         return False
     return cells[0] not in ("Chip", "Device")
-
-
-_DEVICE_KEYS = ("pci_address", "vendor_id", "device_id", "generation", "iommu_group")
 
 
 def _heading(line: str) -> str | None:

@@ -9,6 +9,7 @@ from pyinfra.api.facts import FactBase
 from kimi_deploy.host_programs import DRIVER_PROBE
 from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.probe_types import DriversAnswer
+from kimi_deploy.hostside.requests import DriversRequest
 from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 
 
@@ -36,7 +37,7 @@ class DriversState(FactBase[DriversAnswer]):
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "python3"
 
-    def command(self, request: dict[str, Any]) -> str:
+    def command(self, request: DriversRequest) -> str:
         return DRIVER_PROBE.command("python3", request)
 
     def process(self, output: list[str]) -> DriversAnswer:

@@ -8,12 +8,13 @@ from typing import Any
 from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 
+from kimi_deploy.benchmark.types import BenchRequest
 from kimi_deploy.host_programs import BENCH_LOAD
 from kimi_pyinfra.operations.units import replaced
 
 
 @operation()
-def loaded(request: dict[str, Any], hosted_key: tuple[str, str] | None = None) -> Generator[Any, None, None]:
+def loaded(request: BenchRequest, hosted_key: tuple[str, str] | None = None) -> Generator[Any, None, None]:
     """
     Send the benchmark's tasks at each concurrency and record every answer and figure.
 

@@ -13,6 +13,7 @@ from pyinfra.context import host
 from kimi_deploy.host_programs import ALLREDUCE, COMMCHECK
 from kimi_deploy.hostside.commcheck import TOKEN_CREDENTIAL
 from kimi_deploy.hostside.host_dirs import LOG_DIR
+from kimi_deploy.hostside.requests import AllReduceRequest, CommCheckRequest
 from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from kimi_pyinfra.operations.units import replaced
 from kimi_pyinfra.rehearsal import Do
@@ -32,7 +33,7 @@ LIFETIME_S = 900
 TOKEN_FILE = "/run/kimi-commcheck.token"  # noqa: S105 - a path, not the token
 
 
-def check_steps(do: Do, request: dict[str, Any] | None, why_not: str = "", token: str | None = None) -> None:
+def check_steps(do: Do, request: CommCheckRequest | None, why_not: str = "", token: str | None = None) -> None:
     """The communication check as three steps, each taken by every host of the topology before
     the next starts on any (``hostside/commcheck.py``'s phases): the listeners, the probes, the
     verdict. No step waits for another host to start, however many hosts the run drives.
@@ -50,7 +51,7 @@ def check_steps(do: Do, request: dict[str, Any] | None, why_not: str = "", token
 
 
 @operation()
-def listening(*, request: dict[str, Any] | None, token: str = "", why_not: str = "") -> Generator[Any, None, None]:
+def listening(*, request: CommCheckRequest | None, token: str = "", why_not: str = "") -> Generator[Any, None, None]:
     """
     Listen on every port this host's peers will reach, as the transient ``kimi-commcheck``
     service (a user of its own, sandboxed), until the verdict step stops it; the step returns
@@ -74,7 +75,7 @@ def listening(*, request: dict[str, Any] | None, token: str = "", why_not: str =
 
 
 @operation()
-def probed(*, request: dict[str, Any] | None, token: str = "", why_not: str = "") -> Generator[Any, None, None]:
+def probed(*, request: CommCheckRequest | None, token: str = "", why_not: str = "") -> Generator[Any, None, None]:
     """
     Reach every port of every peer (all listen by now) and measure the bandwidth to each; send
     the findings to every peer's listener and this host's own. Fails only on a bad request: the
@@ -90,7 +91,7 @@ def probed(*, request: dict[str, Any] | None, token: str = "", why_not: str = ""
 
 
 @operation()
-def passed(*, request: dict[str, Any] | None, token: str = "", why_not: str = "") -> Generator[Any, None, None]:
+def passed(*, request: CommCheckRequest | None, token: str = "", why_not: str = "") -> Generator[Any, None, None]:
     """
     Check that this host and every other host of its topology reach each other's ports, with
     enough bandwidth; fail (on every host of the topology) otherwise, naming the first failure.
@@ -109,7 +110,7 @@ def passed(*, request: dict[str, Any] | None, token: str = "", why_not: str = ""
 
 @operation()
 def all_reduce_passed(
-    *, request: dict[str, Any] | None, python: str = "", user: str = "", why_not: str = ""
+    *, request: AllReduceRequest | None, python: str = "", user: str = "", why_not: str = ""
 ) -> Generator[str, None, None]:
     """
     Run an all-reduce across the hosts of this host's engine instance, with the engine release's

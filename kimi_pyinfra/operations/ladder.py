@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
 
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from kimi_deploy.host_programs import LADDER
+from kimi_deploy.hostside.requests import LadderRequest
 
 
 @operation()
-def climbed(request: dict[str, Any] | None) -> Generator[str, None, None]:
+def climbed(request: LadderRequest | None) -> Generator[str, None, None]:
     """
     Climb the rungs of ``request`` (``kimi_deploy.context_ladder.climb_request``) one at a time.
 

@@ -28,6 +28,7 @@ from kimi_deploy.accelerators.nvidia_drivers import (
     upstream,
 )
 from kimi_deploy.hostside.host_dirs import LOG_DIR
+from kimi_deploy.hostside.requests import DriversRequest
 from kimi_pyinfra.facts.drivers import DriversState
 
 APT_ENV = "DEBIAN_FRONTEND=noninteractive"
@@ -185,7 +186,7 @@ def _log(line: str) -> str:
 
 @operation()
 def rebooted(
-    reboot: Reboot, allowed: bool, driver_package: str, request: dict[str, Any], timeout_s: int = 1800
+    reboot: Reboot, allowed: bool, driver_package: str, request: DriversRequest, timeout_s: int = 1800
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """
     Run the installed driver: reboot the host when the loaded one differs, then check NVML agrees.

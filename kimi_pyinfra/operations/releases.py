@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Generator, Mapping
 
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from kimi_deploy.hostside.host_dirs import STATE_DIR
+from kimi_deploy.hostside.requests import ReleaseRecord
 
 
 @operation()
@@ -18,7 +18,7 @@ def current(
     *,
     link: str,
     release_dir: str,
-    record: dict[str, Any],
+    record: ReleaseRecord | Mapping[str, object],
     links: dict[str, str],
     found: str | None,
     run: str,
@@ -30,7 +30,8 @@ def current(
     + link: the ``current`` symlink
     + release_dir: ``/opt/kimi/releases/<id>``, the id a digest of everything the release runs
     + record: what ``release.json`` in it says (engine, weights revision, unit digests, which
-      leave secret contents out: the file is world-readable)
+      leave secret contents out: the file is world-readable): the converge's, or for a rollback
+      the one the host kept (its ``files`` taken only as a list of strings)
     + links: names in ``release_dir`` -> what they point to (``engine``, ``model``)
     + found: where ``link`` points now (from the host probe)
     + run: this run's id (``kimi_deploy.run_id``), logged with the switch
@@ -47,7 +48,8 @@ def current(
     steps = [f"install -d -m 0755 {q(release_dir)}"]
     steps += [f"ln -sfn {q(target)} {q(release_dir)}/{q(name)}" for name, target in sorted(links.items())]
     text = json.dumps(record, sort_keys=True)
-    files = [q(path) for path in record.get("files", [])]
+    listed = record.get("files")
+    files = [q(p) for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
     if files:
         copies = f"{q(release_dir)}/files"
         # With the files' own times: a rollback puts them back with these, and a unit that kept

@@ -15,6 +15,7 @@ from pyinfra.context import host
 
 from kimi_deploy.host_programs import ROUTER_DRAIN, ROUTER_VIEW, SMOKE
 from kimi_deploy.hostside.boundary_json import loads
+from kimi_deploy.hostside.requests import DrainRequest, RouterViewRequest, SmokePlan, SmokeRequest
 from kimi_deploy.hostside.state_probe import APPLIED
 
 # Beyond a drain's own bound: the router's answers and the program's start.
@@ -49,12 +50,17 @@ def _said(command: str, what: str, line: Callable[[Any], str], timeout_s: int | 
     return FunctionCommand(run, (), {})
 
 
-def _smoke(check: dict[str, Any]) -> FunctionCommand:
+def _smoke(check: SmokePlan) -> FunctionCommand:
     """``hostside/smoke.py`` for ``check``, its success said with how long the unit was without
     service (for the only instance of a pool: the gap the converge caused its clients)."""
     # Where the smoke test records the restarts of systemd's own it found serving.
-    record = {"restarts": check.get("restarts", 0), "restarts_file": f"{APPLIED}/{check['unit']}.restarts"}
-    request = {"unit": check["unit"], "url": check["url"], **check["request"], **record}
+    request: SmokeRequest = {
+        **check["request"],
+        "unit": check["unit"],
+        "url": check["url"],
+        "restarts": check["restarts"],
+        "restarts_file": f"{APPLIED}/{check['unit']}.restarts",
+    }
     return _said(
         SMOKE.command("python3", request),
         "smoke test",
@@ -74,7 +80,7 @@ def smoke_line(unit: str, only: str | None, said: Any) -> str:
 
 
 @operation()
-def verified(checks: list[dict[str, Any]]) -> Generator[FunctionCommand, None, None]:
+def verified(checks: list[SmokePlan]) -> Generator[FunctionCommand, None, None]:
     """
     Wait (bounded) until each (re)started unit is ready, then check /v1/models and a chat completion.
 
@@ -98,7 +104,7 @@ def verified(checks: list[dict[str, Any]]) -> Generator[FunctionCommand, None, N
 
 
 @operation()
-def routed(request: dict[str, Any] | None) -> Generator[str, None, None]:
+def routed(request: RouterViewRequest | None) -> Generator[str, None, None]:
     """
     Wait (bounded) until the router sends to the engines a batch (re)started, before the next
     batch stops anything (``hostside/router_view.py``).
@@ -112,7 +118,7 @@ def routed(request: dict[str, Any] | None) -> Generator[str, None, None]:
     yield ROUTER_VIEW.command("python3", request)
 
 
-def _drain(request: dict[str, Any], phase: str) -> FunctionCommand:
+def _drain(request: DrainRequest, phase: str) -> FunctionCommand:
     """``hostside/router_drain.py`` in ``phase``, its outcome said in one line on the router host."""
     command = ROUTER_DRAIN.command("python3", request | {"phase": phase})
     return _said(
@@ -140,7 +146,7 @@ def drain_line(router: str, phase: str, said: Any) -> str:
 
 
 @operation()
-def drained(request: dict[str, Any] | None) -> Generator[FunctionCommand, None, None]:
+def drained(request: DrainRequest | None) -> Generator[FunctionCommand, None, None]:
     """
     Before a batch restarts engines behind a running router: the router sends them no new
     request, and the requests in flight on them end (bounded; ``hostside/router_drain.py``).
@@ -155,7 +161,7 @@ def drained(request: dict[str, Any] | None) -> Generator[FunctionCommand, None, 
 
 
 @operation()
-def readmitted(request: dict[str, Any] | None) -> Generator[FunctionCommand, None, None]:
+def readmitted(request: DrainRequest | None) -> Generator[FunctionCommand, None, None]:
     """
     Once a batch's engines answer their smoke tests: the router sends to them again.
 

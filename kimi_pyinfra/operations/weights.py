@@ -11,6 +11,7 @@ from pyinfra.context import host
 
 from kimi_deploy.host_programs import WEIGHTS_PEER, WEIGHTS_SYNC
 from kimi_deploy.hostside.probe_types import WeightsFound
+from kimi_deploy.hostside.requests import PeerSource, SyncRequest
 from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from kimi_deploy.weights_fanout import needs_sync
 
@@ -18,11 +19,11 @@ from kimi_deploy.weights_fanout import needs_sync
 @operation()
 def revision(
     *,
-    request: dict[str, Any],
+    request: SyncRequest,
     python: str,
     current: WeightsFound | None,
     full_verify: bool = False,
-    peers: list[dict[str, str]] | None = None,
+    peers: list[PeerSource] | None = None,
     peer_key_file: str | None = None,
     in_order: bool = False,
 ) -> Generator[str, None, None]:
@@ -50,7 +51,13 @@ def revision(
         repo, revision = request["repo"], request["revision"]
         host.noop(f"{repo}@{revision[:12]}: all {len(request['lock'])} files verified in {request['dir']}")
         return
-    sync = {**request, "full": full_verify, "peers": peers or [], "peer_key_file": peer_key_file, "in_order": in_order}
+    sync: SyncRequest = {
+        **request,
+        "full": full_verify,
+        "peers": peers or [],
+        "peer_key_file": peer_key_file,
+        "in_order": in_order,
+    }
     yield WEIGHTS_SYNC.command(python, sync)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from kimi_deploy.hostside import router_drain, router_view
+from kimi_deploy.hostside.requests import DrainRequest, RouterViewRequest
 from localcluster import pypi_mirror
 from localcluster.fake_nvidia import CONFIG_PATH, NVIDIA_SMI_PATH, install
 from localcluster.pkgindex import IndexServer, serve
@@ -975,7 +976,7 @@ def test_the_router_view_waits_until_the_real_router_sends_to_an_engine_back(rea
     router = _checking_router(real_vllm_router, urls, port, metrics, "--cb-timeout-duration-secs", "3")
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
-    view = {
+    view: RouterViewRequest = {
         "router": "vllm-router",
         "metrics": f"http://127.0.0.1:{metrics}/metrics",
         "gauge": "vllm_router_worker_health",
@@ -1127,7 +1128,7 @@ def test_the_drain_takes_an_engine_out_of_the_real_router_until_it_holds_nothing
     base = f"http://127.0.0.1:{port}"
     body = {"model": "kimi-local", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
     kept = tmp_path / "drained.json"
-    req = {
+    req: DrainRequest = {
         "router": "vllm-router",
         "api": base,
         "phase": "out",

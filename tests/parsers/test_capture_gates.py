@@ -125,6 +125,7 @@ def test_the_gate_judges_each_tpu_capture_the_probe_reads_as_pci(recipe: Recipe,
         return
     assert parse_profile({"tpu": tpu_section(fixture(name))})["accelerators"] == found
     assert (found["vendor"], found["count"]) == ("tpu", parsed["chip_count"])
+    assert parsed["generation"] is not None
     model = tpu_model(parsed["generation"])
     asked = dataclasses.replace(b300, accelerator_vendor="tpu", accelerators=found["count"], accelerator_model=model)
     assert _verdict(recipe, asked, profile_of(accelerators=found)) is None
@@ -173,7 +174,7 @@ def test_the_rdma_gate_judges_each_hca_capture(recipe: Recipe, gb300: HostPlan, 
         assert shown in format_report({"h": profile_of(rdma=ports)})
 
 
-def _tool_states(name: str, tool: str) -> list[tuple[str, str]]:
+def _tool_states(name: str, tool: str) -> list[tuple[str, str | None]]:
     """(HCA, port state) as the tool printed them, read straight from its parser's output."""
     if tool == "ibstat":
         return [(ca["name"], p["state"]) for ca in parse_ibstat(fixture(name))["cas"] for p in ca["ports"]]
