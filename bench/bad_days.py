@@ -54,10 +54,10 @@ REVISIONS = {
 }
 A, B = REVISIONS
 CUTS = (
-    ("sync", B, r"Starting operation: Weights at the pinned revision", signal.SIGKILL, 0.0),
-    ("first batch's restart", A, r"Starting operation: Services: leaders\s*$", signal.SIGKILL, 2.0),
-    ("first batch's smoke test", B, r"Starting operation: Smoke test\s*$", signal.SIGKILL, 2.0),
-    ("first batch's smoke test, Ctrl-C", A, r"Starting operation: Smoke test\s*$", signal.SIGINT, 2.0),
+    ("sync", B, r"Starting operation: kimi \| Weights at the pinned revision", signal.SIGKILL, 0.0),
+    ("first batch's restart", A, r"Starting operation: kimi \| Services: leaders\s*$", signal.SIGKILL, 2.0),
+    ("first batch's smoke test", B, r"Starting operation: kimi \| Smoke test\s*$", signal.SIGKILL, 2.0),
+    ("first batch's smoke test, Ctrl-C", A, r"Starting operation: kimi \| Smoke test\s*$", signal.SIGINT, 2.0),
 )
 
 

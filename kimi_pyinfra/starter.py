@@ -1,8 +1,9 @@
 """``kimi-deploy init DIR``: a repository of one's own, to run the installed deploys from.
 
-It holds what a user changes (recipes, their locks, inventories) and, in ``deploys/``, one small
-file per deploy that includes kimi-deploy's own, as installed: ``pyinfra inventories/prod.py
-deploys/kimi.py`` then runs from DIR exactly as from a checkout. Nothing is overwritten.
+It holds what a user changes (recipes, their locks, inventories) and, in ``deploys/``, one
+two-line file per deploy that calls kimi-deploy's own ``@deploy`` function, as installed (the
+same files a checkout's ``deploys/`` holds): ``pyinfra inventories/prod.py deploys/kimi.py`` then
+runs from DIR exactly as from a checkout. Nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -17,28 +18,26 @@ from kimi_pyinfra.shipped import shipped
 
 ENTRY = '''"""{summary}
 
-kimi-deploy's own deploys/{name}, as installed (written by ``kimi-deploy init``).
+kimi-deploy's own deploy ({function} in kimi_pyinfra/deploys/{name}.py), as installed.
 """
 
-from kimi_pyinfra.shipped import run_deploy
+from kimi_pyinfra.deploys.{name} import {function}
 
-run_deploy("{name}")
+{function}()
 '''
+DEPLOYS = Path(__file__).resolve().parent / "deploys"
 
 
-def _summary(deploy: Path) -> str:
-    """The first line of a deploy's docstring."""
-    doc = ast.get_docstring(ast.parse(deploy.read_text(encoding="utf-8"))) or f"deploys/{deploy.name}"
-    return doc.splitlines()[0]
+def deploy_caller(module: Path) -> str:
+    """The two-line file that runs the ``@deploy`` function of ``kimi_pyinfra/deploys/<name>.py``
+    (``deploy_<name>``), with the first line of its docstring."""
+    doc = ast.get_docstring(ast.parse(module.read_text(encoding="utf-8"))) or f"deploys/{module.name}"
+    return ENTRY.format(summary=doc.splitlines()[0], name=module.stem, function=f"deploy_{module.stem}")
 
 
 def starter_files() -> dict[str, str]:
     """Every file ``init`` writes, by path relative to DIR."""
-    files = {
-        f"deploys/{d.name}": ENTRY.format(summary=_summary(d), name=d.name)
-        for d in sorted(shipped("deploys").glob("*.py"))
-        if not d.name.startswith("_")
-    }
+    files = {f"deploys/{d.name}": deploy_caller(d) for d in sorted(DEPLOYS.glob("*.py")) if not d.name.startswith("_")}
     for folder in ("recipes", "inventories"):
         base = shipped(folder)
         for path in sorted(base.rglob("*")):

@@ -19,6 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+def in_deploy(name: str) -> str:
+    """An operation's name as its deploy names it: pyinfra puts the ``@deploy``'s name before it
+    (``kimi | Preflight`` -> ``Preflight``; ``kimi | drivers | NVIDIA services`` -> ``drivers |
+    NVIDIA services``)."""
+    return name.split(" | ", 1)[1] if " | " in name else name
+
+
 @dataclass(frozen=True)
 class Run:
     code: int
@@ -26,17 +33,19 @@ class Run:
     log: str
 
     def changed(self) -> dict[str, list[str]]:
-        """Operation name -> hosts where it changed (or, in a dry run, would change)."""
+        """Operation name (``in_deploy``) -> hosts where it changed (or, in a dry run, would change)."""
         assert self.payload is not None, self.log[-3000:]
         if self.payload.get("results") is None:
-            return {op["name"]: op["hosts_with_change"] for op in self.payload["plan"] if op["hosts_with_change"]}
+            plan = self.payload["plan"]
+            return {in_deploy(op["name"]): op["hosts_with_change"] for op in plan if op["hosts_with_change"]}
         ops = self.payload["results"]["operations"] if isinstance(self.payload["results"], dict) else []
-        return {op["name"]: op["success"] for op in ops if op["success"]}
+        return {in_deploy(op["name"]): op["success"] for op in ops if op["success"]}
 
     def errors(self) -> dict[str, list[str]]:
+        """Operation name (``in_deploy``) -> hosts where it failed."""
         assert self.payload is not None, self.log[-3000:]
         assert self.payload.get("results") is not None, self.log[-3000:]
-        return {op["name"]: op["error"] for op in self.payload["results"]["operations"] if op["error"]}
+        return {in_deploy(op["name"]): op["error"] for op in self.payload["results"]["operations"] if op["error"]}
 
 
 # The head of an inventory for a cluster of a test's own: every host with the cluster's SSH key,

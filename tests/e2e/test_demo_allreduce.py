@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from harness.demo_recipes import recipe_for
-from harness.own_cluster import OwnCluster, Run
+from harness.own_cluster import OwnCluster, Run, in_deploy
 from tests.e2e.demo import chat, host_lines, ssh
 
 pytestmark = pytest.mark.skipif(
@@ -61,7 +61,7 @@ def _failed(run: Run) -> dict[str, list[str]]:
     op = ""
     for line in run.log.splitlines():
         if line.startswith("--> Starting operation: "):
-            op = line.split(": ", 1)[1].strip()
+            op = in_deploy(line.split(": ", 1)[1].strip())
         found = re.search(r"\[(kimi-h\d)\] (?:Error: |kimi-deploy: )", line)
         if found:
             out.setdefault(op, set()).add(found.group(1))

@@ -226,7 +226,7 @@ def test_a_host_that_drops_off_during_the_run_fails_alone_and_its_instance_is_no
     try:
         code, log = run_until(
             ["inventories/demo.py", "deploys/kimi.py", "--data", f"kimi_recipe={recipe}"],
-            r"Starting operation: Rendered units and configs\s*$",
+            r"Starting operation: kimi \| Rendered units and configs\s*$",
             lambda _: subprocess.run(["ip", "link", "set", veth, "down"], check=True),
             0.0,
             {},

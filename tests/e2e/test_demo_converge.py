@@ -43,6 +43,11 @@ def pids(fresh_cluster: None) -> dict[str, int]:
     first = pyinfra()
     assert first.code == 0, first.log[-4000:]
     assert first.errors() == {}
+    # the installed @deploy function's operations, named as pyinfra names a packaged deploy's
+    assert first.payload is not None
+    names = [op["name"] for op in first.payload["results"]["operations"]]
+    assert names
+    assert all(n.startswith("kimi | ") for n in names), names
     return {host: main_pid(host, unit) for host, unit in ENGINES.items()}
 
 

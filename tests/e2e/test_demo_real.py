@@ -703,13 +703,13 @@ def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(s
     recipe = recipe_for(st["dir"], probe=False, env={"KIMI_BAD_DAY": "0"})
     inventory = _inventory(st, recipe)
     try:
-        killed, log = cut(inventory, r"Starting operation: Smoke test\s*$", signal.SIGKILL, 2.0, REAL.env)
+        killed, log = cut(inventory, r"Starting operation: kimi \| Smoke test\s*$", signal.SIGKILL, 2.0, REAL.env)
         assert killed == -signal.SIGKILL, _said(log)
         drained = drain_lines(log)
         # Run again at once: kimi-h1's engine is still loading (the killed run's smoke test, left
         # running on the host, will record it once it answers, tens of seconds later).
         stopped, log = cut(
-            inventory, r"Starting operation: Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0, REAL.env
+            inventory, r"Starting operation: kimi \| Smoke test \(second batch\)\s*$", signal.SIGINT, 2.0, REAL.env
         )
         drained += drain_lines(log)
         assert stopped == 130, _said(log)
@@ -717,7 +717,7 @@ def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(s
         assert re.search(r"--> Smoke test of units still starting: 1 changed", log), log[-6000:]
         assert re.search(r"--> Services: leaders: 0 changed", log), log[-6000:]
         assert re.search(r"--> Services: leaders \(second batch\): 1 changed", log), log[-6000:]
-        assert "kimi-deploy: SIGINT: stopped after step 'Smoke test (second batch)'" in log, log[-4000:]
+        assert "kimi-deploy: SIGINT: stopped after step 'kimi | Smoke test (second batch)'" in log, log[-4000:]
         assert re.search(r"kimi-deploy: \[kimi-h2\] changed by: .*Services: leaders \(second batch\)", log), log
         # how long each engine was without service, from its stop to its smoke test's answer (kimi-h1's
         # across the killed run)
