@@ -26,7 +26,7 @@ from typing import Any
 
 from harness.demo_recipes import recipe_for
 from harness.own_cluster import OwnCluster
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host.command import hostside_command
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host.command import hostside_command
 from localcluster.state import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host.command import hostside_command
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kimi_deploy.hostside_command import bundle, pack
+from kimi_deploy.host.command import bundle, pack
 from localcluster.hub import serve, write_faults
 from localcluster.hub_repo import Commit, write_repo
 

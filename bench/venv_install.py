@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from kimi_deploy.host.command import hostside_command
 from kimi_deploy.hostside import state_probe, venv_install
-from kimi_deploy.hostside_command import hostside_command
 from localcluster.pypi_mirror import DEMO_RECIPE
 from localcluster.state import Settings
 

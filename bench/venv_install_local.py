@@ -8,7 +8,7 @@ PEP 503 index (``localcluster.pkgindex``) over the wheels ``localcluster.pypi_mi
 installed ``--runs`` times from that lock, as every host after the resolver installs it. Prints
 each run's wall and CPU seconds (the install and what it starts) and their medians. ``--program``
 (repeatable): a bundled ``venv_install.py`` to time instead of this checkout's
-(``kimi_deploy.hostside_command.bundle``); several are timed in turn, run by run, so that a busy
+(``kimi_deploy.host.command.bundle``); several are timed in turn, run by run, so that a busy
 machine weighs on each alike.
 """
 
@@ -28,7 +28,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from kimi_deploy.hostside_command import bundle
+from kimi_deploy.host.command import bundle
 from localcluster import pkgindex, pypi_mirror
 
 ROOT = Path(__file__).resolve().parent.parent

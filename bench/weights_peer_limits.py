@@ -25,7 +25,7 @@ from pathlib import Path
 
 from client_load import big_headers, connect, free_port, half_sent, measure, proc_status
 
-from kimi_deploy.hostside_command import bundle, pack
+from kimi_deploy.host.command import bundle, pack
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@
 Pure: built from a pyinfra inventory by ``kimi_pyinfra.inventory_file``; nothing here talks to hosts.
 A host's address (``kimi_address``, else ``ssh_hostname``, else its name) is an IP address or a DNS
 hostname, and no host name or ``kimi_*`` string holds a control character: all of them reach the
-host's unit files (``kimi_deploy.safe_text``).
+host's unit files (``kimi_deploy.render.safe_text``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hostside.boundary_text import control_char, shown
 from kimi_deploy.recipe import AbsPath
-from kimi_deploy.safe_text import check_address, is_address, refuse_control
+from kimi_deploy.render.safe_text import check_address, is_address, refuse_control
 from kimi_deploy.validation_error import first_error_line
 
 IfName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")]
@@ -54,7 +54,7 @@ class HostVars(BaseModel):
     # (default kimi-bench.json and kimi-bench.png)
     kimi_bench_json: Annotated[str, StringConstraints(min_length=1)] | None = None
     kimi_bench_png: Annotated[str, StringConstraints(min_length=1)] | None = None
-    # deploys/drill.py: the drill to inject on the hosts it runs on (kimi_deploy.drills), and the
+    # deploys/drill.py: the drill to inject on the hosts it runs on (kimi_deploy.converge.drills), and the
     # commands that inject the drills the deploy does not itself: {NAME: {"inject": CMD, "clear": CMD}}
     kimi_drill: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,40}$")] | None = None
     # link-cut: the host of this host's topology it is cut from, and for how long at most

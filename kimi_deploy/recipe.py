@@ -4,7 +4,7 @@ The schema is strict: unknown keys are typos, types are not coerced, and every r
 checked without an inventory is checked here, the engines' and accelerator kinds' own rules
 through the ``Rules`` the reader passes in. ``kimi_deploy.recipe_file.load_recipe`` is the only
 way in; it returns a frozen ``Recipe`` or raises one ``ConfigError`` line. No string of a recipe
-holds a control character (``kimi_deploy.safe_text``): any of them may reach a unit file.
+holds a control character (``kimi_deploy.render.safe_text``): any of them may reach a unit file.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from pydantic import (
     model_validator,
 )
 
-from kimi_deploy.host_os import HostOs, platform_of
 from kimi_deploy.hostside.boundary_text import shown
 from kimi_deploy.hostside.xid import APPLICATION_XIDS
-from kimi_deploy.release_lock import HostPlatform
-from kimi_deploy.safe_text import is_address, refuse_control
+from kimi_deploy.releases.host_os import HostOs, platform_of
+from kimi_deploy.releases.lock import HostPlatform
+from kimi_deploy.render.safe_text import is_address, refuse_control
 
 EngineName = Literal["vllm", "sglang", "sglang-jax", "vllm-tpu", "tokenspeed"]
 RouterName = Literal["vllm-router", "sglang-router"]
@@ -171,7 +171,7 @@ class Checkpoint(Strict):
     shards: Positive
     size_bytes: SizeBytes
     # ``architectures[0]`` of the checkpoint's config.json: each topology's engine release must
-    # register it (``kimi_deploy.servability``)
+    # register it (``kimi_deploy.releases.servability``)
     architecture: Architecture | None = None
     license: License
 
@@ -775,7 +775,7 @@ class Ports(Strict):
     # the router of a prefill/decode topology, on loopback behind the gateway that takes ``router``
     router_backend: Port = 8009
     # an exposed engine of a topology without a router, on loopback behind the gateway that takes
-    # ``api`` on its host (``kimi_deploy.listen``)
+    # ``api`` on its host (``kimi_deploy.plan.listen``)
     api_backend: Port = 8010
     # the router's Prometheus metrics, on loopback (the routers' own default): the converge reads its
     # engines' health there between batches
@@ -843,7 +843,7 @@ class Topology(Strict):
     ports: Ports = Ports()
     comm_check: CommCheck = CommCheck()
     env: dict[EnvName, str] = {}
-    # The hosts' operating system (``kimi_deploy.host_os``), when it is not the recipe's ``os``,
+    # The hosts' operating system (``kimi_deploy.releases.host_os``), when it is not the recipe's ``os``,
     # and their CPU architecture, when their accelerator does not imply it.
     os: HostOs | None = None
     machine: Literal["x86_64", "aarch64"] | None = None
@@ -963,7 +963,7 @@ class Recipe(Strict):
     paths: Paths = Paths()
     context_ladder: Annotated[list[Positive], Field(min_length=1)]
     # With it, raising a topology's max_model_len climbs the ladder a rung at a time, each rung
-    # probed (kimi_deploy.context_ladder); without it, the engine restarts at the new length.
+    # probed (kimi_deploy.serving.context_ladder); without it, the engine restarts at the new length.
     context_probe: ContextProbe | None = None
     benchmark: Benchmark | None = None
     # The hosts' operating system, for every topology that names none: with it, each release's

@@ -11,19 +11,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from kimi_deploy import committed_locks
-from kimi_deploy.allreduce_plan import nccl_verdict
-from kimi_deploy.captured_profile import CAPTURES
-from kimi_deploy.converge import PYPI
-from kimi_deploy.emitted import emissions
+from kimi_deploy.converge.plan import PYPI
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.fidelity_ledger import gaps, read_citations, render
-from kimi_deploy.host_profile import parse_profile, port_active
+from kimi_deploy.host.captured import CAPTURES
+from kimi_deploy.host.preflight import GATES, Needs, rdma_asked
+from kimi_deploy.host.profile import parse_profile, port_active
+from kimi_deploy.host.profile_types import HostProfile
 from kimi_deploy.hostside.boundary_lock import lock_pins
 from kimi_deploy.hostside.boundary_text import printable
-from kimi_deploy.hub_lock import make_lock
-from kimi_deploy.index_pins import missing_pins
-from kimi_deploy.lockfile import lock_path
 from kimi_deploy.parsers import (
     ParseError,
     ibstat,
@@ -34,14 +29,19 @@ from kimi_deploy.parsers import (
     nvidia_smi_topo,
     tpu_pci,
 )
-from kimi_deploy.plan_table import format_plan
-from kimi_deploy.planner import plan
-from kimi_deploy.preflight import GATES, Needs, rdma_asked
-from kimi_deploy.profile_types import HostProfile
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import Plan
+from kimi_deploy.plan.table import format_plan
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.render import render_host
-from kimi_deploy.servability import refusals
-from kimi_deploy.servespec import Plan
+from kimi_deploy.releases import committed_locks
+from kimi_deploy.releases.index_pins import missing_pins
+from kimi_deploy.releases.servability import refusals
+from kimi_deploy.render.emitted import emissions
+from kimi_deploy.render.fidelity_ledger import gaps, read_citations, render
+from kimi_deploy.render.files import render_host
+from kimi_deploy.serving.allreduce import nccl_verdict
+from kimi_deploy.weights.hub_lock import make_lock
+from kimi_deploy.weights.lockfile import lock_path
 from kimi_pyinfra.inventory_file import load_inventory
 from kimi_pyinfra.starter import init
 
@@ -55,7 +55,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
 def _validate(args: argparse.Namespace) -> int:
     recipe, result = _plan(args)
     topologies = sorted({h.topology for h in result.hosts})
-    # the engine release of each topology must load the model (kimi_deploy.servability)
+    # the engine release of each topology must load the model (kimi_deploy.releases.servability)
     refused = refusals(recipe, args.recipe, topologies)
     for refusal in refused.values():
         print(refusal, file=sys.stderr)

@@ -1,5 +1,5 @@
 """What ``deploys/kimi.py`` reads of the whole run before it decides a host's steps: every host's
-probe request, and the run as the pure step function sees it (``kimi_deploy.converge_steps``).
+probe request, and the run as the pure step function sees it (``kimi_deploy.converge.steps``).
 
 pyinfra runs the deploy file once per host; the first one to ask probes every host at once
 (``kimi_pyinfra.inventory_probe``), and each host's view is built from those answers and the plans, the
@@ -14,10 +14,10 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import inventory
 
-from kimi_deploy.converge import converge_request
-from kimi_deploy.converge_steps import RunView, plan_fan_outs, run_view
-from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.driver_plan import probe_request as drivers_request
+from kimi_deploy.converge.plan import converge_request
+from kimi_deploy.converge.steps import RunView, plan_fan_outs, run_view
+from kimi_deploy.host.drivers import probe_request as drivers_request
+from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.inventory_probe import active_hosts, probe_all
 from kimi_pyinfra.run_context import run_context

@@ -11,10 +11,10 @@ from typing import Any
 from pyinfra.context import host
 
 from kimi_deploy.accelerators.interface import DriversPlan
-from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.driver_plan import plan_drivers, probe_request
+from kimi_deploy.host.drivers import plan_drivers, probe_request
 from kimi_deploy.hostside.probe_types import DriversAnswer
 from kimi_deploy.hostside.requests import DriversRequest
+from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_pyinfra.facts.drivers import DriversState
 from kimi_pyinfra.operations import nvidia, preflight, sysctl, units
 from kimi_pyinfra.rehearsal import Do

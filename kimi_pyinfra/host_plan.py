@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kimi_deploy.context_ladder import recipe_at
-from kimi_deploy.converge import Converge, plan_converge
-from kimi_deploy.deploy_plan import DEFAULT_RECIPE, DeployPlan, part_of
-from kimi_deploy.planner import plan
+from kimi_deploy.converge.plan import Converge, plan_converge
+from kimi_deploy.plan.deploy_plan import DEFAULT_RECIPE, DeployPlan, part_of
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.servability import refusals
+from kimi_deploy.releases.servability import refusals
+from kimi_deploy.serving.context_ladder import recipe_at
 from kimi_pyinfra.inventory_file import from_pyinfra
 from kimi_pyinfra.run_context import run_context
 

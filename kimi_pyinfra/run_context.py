@@ -19,14 +19,14 @@ from typing import Any
 from gevent.event import Event  # type: ignore[import-untyped]
 from pyinfra.context import ctx_state
 
-from kimi_deploy.converge import Converge
-from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.converge.plan import Converge
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host.profile_types import HostProfile
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.profile_types import HostProfile
+from kimi_deploy.plan.deploy_plan import DeployPlan
+from kimi_deploy.plan.servespec import Plan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import Plan
-from kimi_deploy.weights_fanout import FanOutPart
+from kimi_deploy.weights.fanout import FanOutPart
 from kimi_pyinfra.all_at_once import aligned, widen_pools
 
 
@@ -63,7 +63,7 @@ class RunContext:
     # (recipe file, inventory label) -> the whole inventory's plan, planned once per run and recipe
     plans: dict[tuple[str, str], tuple[Recipe, Inventory, Plan]] = field(default_factory=dict)
     # (recipe file, topology) -> why its engine release cannot load its checkpoints, None: it can
-    # (``kimi_deploy.servability``: each lock read once per run, not once per host)
+    # (``kimi_deploy.releases.servability``: each lock read once per run, not once per host)
     refused: dict[tuple[str, str], ConfigError | None] = field(default_factory=dict)
     # host name -> its part of the plan and its converge
     todos: dict[str, tuple[DeployPlan, Converge]] = field(default_factory=dict)
@@ -71,7 +71,7 @@ class RunContext:
     fan_out: list[dict[str, FanOutPart]] | None = None
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
-    # a release's lock for one platform (``kimi_deploy.release_lock``: requirements, without,
+    # a release's lock for one platform (``kimi_deploy.releases.lock``: requirements, without,
     # index, platform) -> its text, or the ``LockError`` resolving it raised: made once for all
     # hosts that install it
     locks: dict[tuple[Any, ...], Once] = field(default_factory=dict)

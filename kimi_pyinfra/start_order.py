@@ -15,12 +15,12 @@ from pyinfra.context import host, state
 
 from kimi_deploy.hostside.probe_types import UnitState
 from kimi_deploy.hostside.requests import DrainRequest, LadderRequest, RouterViewRequest, SmokePlan
-from kimi_deploy.start_batches import ROUTERS
+from kimi_deploy.plan.start_batches import ROUTERS
 from kimi_pyinfra.operations import ladder, serving, units
 from kimi_pyinfra.rehearsal import Do, perform
 
-STAGES = ("stores", "leaders", "workers", "routers", "watchdogs")  # kimi_deploy.servespec.Unit.stage
-# The batches' names in operation names (kimi_deploy.start_batches): the first, the second, the routers'.
+STAGES = ("stores", "leaders", "workers", "routers", "watchdogs")  # kimi_deploy.plan.servespec.Unit.stage
+# The batches' names in operation names (kimi_deploy.plan.start_batches): the first, the second, the routers'.
 SUFFIXES = ("", " (second batch)", " (last batch)")
 
 

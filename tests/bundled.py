@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kimi_deploy.hostside_command import bundle
+from kimi_deploy.host.command import bundle
 
 
 def bundled_program(script: str, folder: Path) -> Path:

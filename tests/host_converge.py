@@ -1,5 +1,5 @@
 """One host's converge of the example recipe and inventory as ``deploys/kimi.py`` plans it
-(``kimi_deploy.converge.plan_converge``), without pyinfra."""
+(``kimi_deploy.converge.plan.plan_converge``), without pyinfra."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy import converge
-from kimi_deploy.converge import Converge, plan_converge
-from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.converge import plan as converge
+from kimi_deploy.converge.plan import Converge, plan_converge
+from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.hostside.probe_types import ReleaseMarker, TimerState, UnitState, WeightsFound
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
-from kimi_deploy.profile_types import HostState
+from kimi_deploy.plan.deploy_plan import DeployPlan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.release_set import VenvRelease
+from kimi_deploy.releases.venvs import VenvRelease
 from tests.conftest import RECIPE
 from tests.test_preflight import B300, GB300
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from kimi_deploy.host_profile import parse_profile
-from kimi_deploy.profile_types import HostProfile
+from kimi_deploy.host.profile import parse_profile
+from kimi_deploy.host.profile_types import HostProfile
 
 
 def profile_of(**parts: Any) -> HostProfile:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kimi_deploy.allreduce_plan import all_reduce_request, members, why_not
-from kimi_deploy.commcheck_plan import check_request
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import AllReduce, Recipe
+from kimi_deploy.serving.allreduce import all_reduce_request, members, why_not
+from kimi_deploy.serving.commcheck import check_request
 
 
 def _with(recipe: Recipe, topology: str, check: AllReduce | None) -> Recipe:

@@ -13,10 +13,10 @@ import yaml
 
 from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, generator, hosted, local_target, rows
 from kimi_deploy.hostside import bench_load
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.servespec import HostPlan
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.conftest import ROOT
 

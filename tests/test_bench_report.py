@@ -15,10 +15,10 @@ import pytest
 from kimi_deploy.benchmark.plot import draw
 from kimi_deploy.benchmark.report import HOURS_PER_MONTH, format_report, report
 from kimi_deploy.benchmark.types import ReportMeta
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import Benchmark, Cost
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.servespec import HostPlan
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.conftest import ROOT
 from tests.test_cpu_topology import DEMO, INVENTORY

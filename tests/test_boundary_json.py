@@ -115,7 +115,7 @@ def _nesting(value: Any) -> int:
 
 
 def test_a_host_probe_answer_past_what_a_probe_sends_is_refused_in_one_line() -> None:
-    """A real state answer is some 1.2 MB at most (kimi_deploy/hostside_command.py); a host that
+    """A real state answer is some 1.2 MB at most (kimi_deploy/host/command.py); a host that
     sends 9 MiB of escaped quotes is refused before its text is scanned."""
     files = {f"/opt/kimi/models/m/model-{i:05d}.safetensors": "ab" * 32 for i in range(12_000)}
     real = json.dumps({"user": True, "files": files})

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy import catalog as catalog_module
-from kimi_deploy.catalog import CatalogMissing, load_catalog
+from kimi_deploy.releases import catalog as catalog_module
+from kimi_deploy.releases.catalog import CatalogMissing, load_catalog
 from tests.tool_module import load_tool
 
 # starts a process or a server: not the unit tier (tests/tier.py)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.hostside_command import HOSTSIDE, hostside_command
+from kimi_deploy.host.command import HOSTSIDE, hostside_command
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host.command import hostside_command
 from tests.test_commcheck import TOKEN, topology
 
 # starts a process or a server: not the unit tier (tests/tier.py)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kimi_deploy.commcheck_plan import check_request, needs_check, reachable_ports
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.serving.commcheck import check_request, needs_check, reachable_ports
 
 
 def test_hosts_that_talk_to_each_other_are_checked_and_independent_ones_are_not(

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import yaml
 
-from kimi_deploy import committed_locks
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hostside.boundary_lock import lock_pins
 from kimi_deploy.hostside.uv_process import _nearest, reason
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.release_lock import HostPlatform
-from kimi_deploy.release_set import CommittedLock
-from kimi_deploy.venv_lock import LockSource
+from kimi_deploy.releases import committed_locks
+from kimi_deploy.releases.lock import HostPlatform
+from kimi_deploy.releases.venv_lock import LockSource
+from kimi_deploy.releases.venvs import CommittedLock
 from kimi_pyinfra.operations import engine
 from kimi_pyinfra.run_context import RunContext
 from localcluster import pkgindex, wheels

@@ -1,4 +1,4 @@
-"""Which rungs of the context ladder a converge climbs (kimi_deploy/context_ladder.py), decided
+"""Which rungs of the context ladder a converge climbs (kimi_deploy/serving/context_ladder.py), decided
 from the recipe and the host's probe, and what the host is asked to write at each rung: the
 demo's real-vLLM topology (one host an instance, on CPUs)."""
 
@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.context_ladder import (
+from kimi_deploy.converge.plan import Converge, plan_converge
+from kimi_deploy.errors import ConfigError
+from kimi_deploy.host.profile_types import HostState
+from kimi_deploy.plan.deploy_plan import DeployPlan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.recipe import ContextProbe, Recipe
+from kimi_deploy.recipe_file import load_recipe
+from kimi_deploy.serving.context_ladder import (
     climb_for,
     climb_request,
     hardware_label,
@@ -20,13 +27,6 @@ from kimi_deploy.context_ladder import (
     recipe_at,
     rungs_to_climb,
 )
-from kimi_deploy.converge import Converge, plan_converge
-from kimi_deploy.deploy_plan import DeployPlan
-from kimi_deploy.errors import ConfigError
-from kimi_deploy.planner import plan
-from kimi_deploy.profile_types import HostState
-from kimi_deploy.recipe import ContextProbe, Recipe
-from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.host_converge import probe_answer
 from tests.profiles import profile_of

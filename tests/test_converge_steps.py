@@ -1,4 +1,4 @@
-"""The steps of a converge, decided without pyinfra (``kimi_deploy.converge_steps``): for the cases
+"""The steps of a converge, decided without pyinfra (``kimi_deploy.converge.steps``): for the cases
 the end-to-end tests run on real hosts (a new host, a no-op, an engine change, a revision change,
 going back to earlier pins, a host of the second batch), on the example recipe's prefill/decode
 topology (gb300-pd: three prefill instances over two hosts each, one decode instance over four,
@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.converge import Converge, needs_start
-from kimi_deploy.converge_steps import Steps, WeightsSteps, converge_steps, plan_fan_outs, run_view
-from kimi_deploy.deploy_plan import DeployPlan, part_of
+from kimi_deploy.converge.plan import Converge, needs_start
+from kimi_deploy.converge.steps import Steps, WeightsSteps, converge_steps, plan_fan_outs, run_view
 from kimi_deploy.hostside.probe_types import Listener
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.deploy_plan import DeployPlan, part_of
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
 from tests.conftest import RECIPE
 from tests.host_converge import LOCK, host_converge, lock_stands_in

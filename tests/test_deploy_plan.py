@@ -18,7 +18,7 @@ from pyinfra_cli.inventory import make_inventory_from_files
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
 from kimi_pyinfra.host_plan import plan_for
 from tests.conftest import PROD, RECIPE, ROOT

@@ -1,14 +1,14 @@
-"""What a converge names before it repairs it on a host it converged before (kimi_deploy/drift.py),
+"""What a converge names before it repairs it on a host it converged before (kimi_deploy/converge/drift.py),
 and what it restarts for it: the example recipe's B300 host, as its probe would find it."""
 
 from __future__ import annotations
 
 import pytest
 
-from kimi_deploy.converge import Converge, needs_start, unit_state
-from kimi_deploy.drift import drift
+from kimi_deploy.converge.drift import drift
+from kimi_deploy.converge.plan import Converge, needs_start, unit_state
+from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.profile_types import HostState
 from kimi_deploy.recipe import Recipe
 from tests.host_converge import LOCK, host_converge, lock_stands_in, probe_answer
 

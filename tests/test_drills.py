@@ -1,4 +1,4 @@
-"""The fault drills' commands (``kimi_deploy.drills``, run by ``deploys/drill.py``): what each
+"""The fault drills' commands (``kimi_deploy.converge.drills``, run by ``deploys/drill.py``): what each
 injects on a host, that the shard corruption is silent (size and mtime kept, bytes changed), and
 one line for a drill a host cannot run. The drills under load are bench/drills.py's; the
 watchdog meeting them on real hosts is tests/e2e/test_demo_watchdog.py's."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.converge import Converge
-from kimi_deploy.drills import HEAL_ALL, DrillError, Faults, drill_commands, shard_of
+from kimi_deploy.converge.drills import HEAL_ALL, DrillError, Faults, drill_commands, shard_of
+from kimi_deploy.converge.plan import Converge
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
 from localcluster.fault_knobs import FAULT_KNOBS

@@ -29,14 +29,14 @@ from kimi_deploy.accelerators.nvidia_drivers import (
 )
 from kimi_deploy.accelerators.nvidia_models import open_modules_only
 from kimi_deploy.accelerators.tpu import TPU_SYSCTL_FILE
-from kimi_deploy.driver_plan import host_kind_lines, plan_drivers, probe_request
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host.drivers import host_kind_lines, plan_drivers, probe_request
+from kimi_deploy.host.preflight import Needs, check
 from kimi_deploy.inventory import Inventory, make_host
-from kimi_deploy.planner import plan
-from kimi_deploy.preflight import Needs, check
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import HostPlan, Plan
 from kimi_deploy.recipe import Drivers, NvidiaDriver, Recipe
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.servespec import HostPlan, Plan
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.conftest import PROD, RECIPE, ROOT
 from tests.profiles import profile_of

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.commcheck_plan import check_request
-from kimi_deploy.engine_guard import cleared, guarded
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import Unit
 from kimi_deploy.recipe import Expose, KvTransfer, Recipe, SecretRef
-from kimi_deploy.render import environment
-from kimi_deploy.servespec import Unit
+from kimi_deploy.render.engine_guard import cleared, guarded
+from kimi_deploy.render.files import environment
+from kimi_deploy.serving.commcheck import check_request
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes

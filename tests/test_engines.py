@@ -7,10 +7,10 @@ import importlib
 from pathlib import Path
 from typing import get_args
 
-from kimi_deploy.catalog import load_catalog
 from kimi_deploy.engines import ENGINES, engine
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.recipe import EngineName
+from kimi_deploy.releases.catalog import load_catalog
 from tests.conftest import ROOT
 
 # Modules of the package that are not engines: the interface and what every engine's unit shares.

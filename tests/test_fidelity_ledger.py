@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kimi_deploy.emitted import Emission, emissions
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.fidelity_ledger import gaps, read_citations, render
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.render.emitted import Emission, emissions
+from kimi_deploy.render.fidelity_ledger import gaps, read_citations, render
 from tests.conftest import PROD, RECIPE, ROOT
 
 # starts a process or a server: not the unit tier (tests/tier.py)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.render import render_host
+from kimi_deploy.render.files import render_host
 from tests.conftest import RECIPE
 
 GOLDEN = Path(__file__).parent / "golden" / "prod"

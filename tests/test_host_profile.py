@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.host_profile import matches_model, parse_profile
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host.command import hostside_command
+from kimi_deploy.host.profile import matches_model, parse_profile
 from kimi_pyinfra.facts.hardware import HostHardware
 from localcluster.fake_nvidia import describe
 from tests.parsers import fixture

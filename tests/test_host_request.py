@@ -8,9 +8,9 @@ import zlib
 
 import pytest
 
-from kimi_deploy.host_programs import PROGRAMS
+from kimi_deploy.host.command import pack
+from kimi_deploy.host.programs import PROGRAMS
 from kimi_deploy.hostside.request import MAX_BYTES, BadRequest, read_request
-from kimi_deploy.hostside_command import pack
 from tests.conftest import ROOT
 
 

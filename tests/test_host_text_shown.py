@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from kimi_deploy.host.preflight import Needs, check
+from kimi_deploy.host.report_table import format_report
 from kimi_deploy.hostside.boundary_text import printable
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
-from kimi_deploy.preflight import Needs, check
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.report_table import format_report
 from kimi_pyinfra.cli import main
 from kimi_pyinfra.operations import preflight
 from tests.conftest import PROD, RECIPE

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from kimi_deploy.host.command import hostside_command
 from kimi_deploy.hostside import allreduce
-from kimi_deploy.hostside_command import hostside_command
 from kimi_deploy.parsers.nccl_tests import parse_nccl_tests
 
 # starts a process or a server: not the unit tier (tests/tier.py)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy import hostside_command as hc
+from kimi_deploy.host import command as hc
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes

@@ -16,8 +16,8 @@ import pytest
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hostside.hub_access import token_line
-from kimi_deploy.lockfile import read_lock
 from kimi_deploy.recipe_file import load_recipe
+from kimi_deploy.weights.lockfile import read_lock
 from kimi_pyinfra.cli import main
 from localcluster.hub import HubServer, serve, write_faults
 from localcluster.tiny_model import REPO_ID, git_blob_sha1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.hub_token import controller_token
+from kimi_deploy.weights.hub_token import controller_token
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes

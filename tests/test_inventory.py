@@ -19,7 +19,7 @@ from pyinfra_cli.inventory import make_inventory_from_files
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory, InventoryHost, make_host
-from kimi_deploy.placement import Placement, TopologyPlacement, place
+from kimi_deploy.plan.placement import Placement, TopologyPlacement, place
 from kimi_deploy.recipe import Recipe
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.conftest import PROD

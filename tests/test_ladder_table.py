@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimi_deploy.ladder_table import format_proofs
+from kimi_deploy.serving.ladder_table import format_proofs
 
 
 def _proof(rung: int, key: str, ttft: float | None, passed: bool = True, reason: str | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """What the releases' native programs need from the host: the ELF reader of ``tools/needed_libs.py``
 held to binutils' ``readelf -d`` on real files, a wheel's own and the manylinux baseline's
-libraries left out, and the libraries ``kimi_deploy.host_libraries`` installs for the Mooncake
+libraries left out, and the libraries ``kimi_deploy.releases.host_libraries`` installs for the Mooncake
 master and store client held to the published wheels (downloaded once with pip, cached as the
 cluster's package index caches them)."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER, PACKAGES, packages
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.releases.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER, PACKAGES, packages
 from localcluster import pypi_mirror
 from tests.host_converge import LOCK, host_converge, lock_stands_in
 from tests.tool_module import load_tool

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from kimi_deploy import catalog as catalog_module
 from kimi_deploy.accelerators import accelerator
-from kimi_deploy.catalog import Catalog, engine_catalog, load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory, InventoryHost
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import Plan
 from kimi_deploy.recipe import EngineName, Expose, Ports, Recipe, SecretRef
-from kimi_deploy.servespec import Plan
+from kimi_deploy.releases import catalog as catalog_module
+from kimi_deploy.releases.catalog import Catalog, engine_catalog, load_catalog
 from tests.conftest import RECIPE
 
 MODEL = "/srv/models/moonshotai--Kimi-K3.1-Pro/5e2b7a09c41d8f36b0e9a4c7d21f58e3a6b90c1d"
@@ -273,7 +273,7 @@ def test_flag_missing_from_the_release_catalog_is_refused(
     def fake(pinned: Recipe, engine: EngineName) -> Catalog:
         return older if engine == "vllm" else engine_catalog(pinned, engine)
 
-    monkeypatch.setattr("kimi_deploy.planner.engine_catalog", fake)
+    monkeypatch.setattr("kimi_deploy.plan.planner.engine_catalog", fake)
     with pytest.raises(ConfigError) as err:
         plan(recipe, RECIPE, prod, "gb300-pd")
     assert str(err.value) == (

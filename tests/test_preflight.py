@@ -6,12 +6,12 @@ import copy
 
 import pytest
 
+from kimi_deploy.host.preflight import Needs, check
+from kimi_deploy.host.profile_types import HostProfile
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
-from kimi_deploy.preflight import Needs, check
-from kimi_deploy.profile_types import HostProfile
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import Plan
 from kimi_deploy.recipe import HiCache, Recipe
-from kimi_deploy.servespec import Plan
 from tests.conftest import RECIPE, sglang_slice
 from tests.profiles import profile_of
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from kimi_deploy.host.command import hostside_command, pack
+from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.hostside import driver_probe, state_probe, venv_install
 from kimi_deploy.hostside.probe_types import DriversAnswer, HardwareAnswer, StateAnswer
-from kimi_deploy.hostside_command import hostside_command, pack
-from kimi_deploy.profile_types import HostState
 from kimi_pyinfra.facts.drivers import DriversState
 from kimi_pyinfra.facts.host_state import KimiHostState
 from tests.typed_check import problems

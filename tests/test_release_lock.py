@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kimi_deploy.hostside.boundary_lock import lock_pins
-from kimi_deploy.release_lock import HostPlatform, LockError, cached_lock, resolve
+from kimi_deploy.releases.lock import HostPlatform, LockError, cached_lock, resolve
 from localcluster import pkgindex
 from tests.wheel_file import pure_wheel
 

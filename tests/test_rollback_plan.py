@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.rollback_plan import RollbackError, latest_run, pins_line, plan_rollback
+from kimi_deploy.converge.rollback import RollbackError, latest_run, pins_line, plan_rollback
 
 OLD, NEW = "/opt/kimi/releases/old", "/opt/kimi/releases/new"
 RECORD = {

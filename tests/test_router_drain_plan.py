@@ -1,5 +1,5 @@
 """Which engines a converge drains from their router around each batch, and puts back
-(``kimi_deploy.router_drain_plan``): the demo recipe's vLLM topology behind vllm-router, two
+(``kimi_deploy.serving.router_drain``): the demo recipe's vLLM topology behind vllm-router, two
 instances and a router host. The drain itself is held to the real vllm-router in
 ``tests/localcluster/test_standins.py``; the whole of it to real engines in
 ``tests/e2e/test_demo_real.py``."""
@@ -11,11 +11,11 @@ from typing import Any
 import yaml
 
 from kimi_deploy.inventory import Inventory, make_host
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import recipe_from
-from kimi_deploy.router_drain_plan import drain_api, drain_request, readmit_request
-from kimi_deploy.servespec import HostPlan
+from kimi_deploy.serving.router_drain import drain_api, drain_request, readmit_request
 from tests.conftest import ROOT
 
 HOSTS = {"kimi-h1": "10.0.7.1", "kimi-h2": "10.0.7.2", "kimi-h3": "10.0.7.3"}

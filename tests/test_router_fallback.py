@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.gateway import MAX_CONNECTIONS, worker_connections
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.render import render_host
-from kimi_deploy.servespec import HostPlan
+from kimi_deploy.render.files import render_host
+from kimi_deploy.render.gateway import MAX_CONNECTIONS, worker_connections
 from tests.unit_file import directives
 
 # starts a process or a server: not the unit tier (tests/tier.py)

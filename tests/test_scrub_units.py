@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host.command import bundle
 from kimi_deploy.hostside.requests import SyncRequest
-from kimi_deploy.hostside_command import bundle
 from kimi_deploy.recipe import Scrub
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.scrub_units import scrub_files
+from kimi_deploy.render.scrub_units import scrub_files
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes

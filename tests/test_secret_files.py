@@ -24,12 +24,12 @@ from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.connectors.ssh import SSHConnector
 from pyinfra.connectors.util import write_stdin
 
-from kimi_deploy.converge import Converge, converge_request, needs_start, unit_state
+from kimi_deploy.converge.plan import Converge, converge_request, needs_start, unit_state
 from kimi_deploy.hostside import state_probe
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
-from kimi_deploy.render import RenderedFile, render_host
+from kimi_deploy.render.files import RenderedFile, render_host
 from kimi_pyinfra.operations import units
 from tests.conftest import RECIPE, ROOT, sglang_slice
 from tests.host_converge import host_converge, probe_answer
@@ -266,7 +266,7 @@ def test_a_write_cut_short_fails_and_leaves_the_previous_file_whole(tmp_path: Pa
 
 _DEPLOY = """
 import os
-from kimi_deploy.render import RenderedFile
+from kimi_deploy.render.files import RenderedFile
 from kimi_pyinfra.operations import units
 out = os.environ["KIMI_TEST_OUT"]
 units.rendered(name="Files", group="root", current={}, owners={}, files=[

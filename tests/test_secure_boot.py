@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from kimi_deploy.accelerators.nvidia_drivers import DKMS_KEYS
-from kimi_deploy.driver_plan import plan_drivers, probe_request
+from kimi_deploy.host.drivers import plan_drivers, probe_request
 from kimi_deploy.hostside.driver_probe import SECURE_BOOT_VAR, secure_boot
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import Plan
 from kimi_deploy.recipe import Drivers, NvidiaDriver, Recipe
-from kimi_deploy.servespec import Plan
 from tests.conftest import RECIPE
 
 # starts a process or a server: not the unit tier (tests/tier.py)

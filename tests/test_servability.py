@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from kimi_deploy import catalog as catalog_module
-from kimi_deploy.catalog import load_catalog
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.hub_lock import make_lock
-from kimi_deploy.lockfile import Lock, LockedFile, lock_path, read_lock
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.servability import check_servable, closest, model_architecture
+from kimi_deploy.releases import catalog as catalog_module
+from kimi_deploy.releases.catalog import load_catalog
+from kimi_deploy.releases.servability import check_servable, closest, model_architecture
+from kimi_deploy.weights.hub_lock import make_lock
+from kimi_deploy.weights.lockfile import Lock, LockedFile, lock_path, read_lock
 from localcluster import hub_repo
 from localcluster.hub import HubServer, serve
 from localcluster.hub_repo import Commit

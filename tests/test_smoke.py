@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.converge import SMOKE_PROMPT_ROOM, smoke_budget
+from kimi_deploy.converge.plan import SMOKE_PROMPT_ROOM, smoke_budget
 from kimi_deploy.hostside.smoke import _down_s, _first_exception
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe

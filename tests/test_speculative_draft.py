@@ -11,19 +11,19 @@ from typing import Any
 import pytest
 import yaml
 
-from kimi_deploy import converge
-from kimi_deploy.converge import converge_request
+from kimi_deploy.converge import plan as converge
+from kimi_deploy.converge.plan import converge_request
+from kimi_deploy.converge.rollback import RollbackError, plan_rollback
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import checkpoint_dir, model_dir
 from kimi_deploy.hostside import state_probe
-from kimi_deploy.hub_lock import remote_tokenizer
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.lockfile import Lock, LockedFile, lock_path, read_lock
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Draft, Recipe
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.rollback_plan import RollbackError, plan_rollback
-from kimi_deploy.servability import check_remote_code, refusals
+from kimi_deploy.releases.host_paths import checkpoint_dir, model_dir
+from kimi_deploy.releases.servability import check_remote_code, refusals
+from kimi_deploy.weights.hub_lock import remote_tokenizer
+from kimi_deploy.weights.lockfile import Lock, LockedFile, lock_path, read_lock
 from tests.conftest import RECIPE, ROOT
 from tests.host_converge import LOCK, host_converge, lock_stands_in
 from tests.host_converge import probe_answer as probe

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.start_batches import batch_of, first_batch_of, only_instance, restart_line, unit_batch
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.start_batches import batch_of, first_batch_of, only_instance, restart_line, unit_batch
 
 
 def test_instances_alternate_and_a_spanning_instance_moves_as_one(recipe: Recipe, prod: Inventory) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from kimi_deploy.catalog import load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import HostPlan, Unit
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import HostPlan, Unit
+from kimi_deploy.releases.catalog import load_catalog
 from tests.conftest import RECIPE
 
 

@@ -22,14 +22,14 @@ import pytest
 import yaml
 
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import checkpoint_dir
 from kimi_deploy.hostside.requests import SyncRequest
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Expose, Recipe, Scrub, SecretRef
 from kimi_deploy.recipe_file import load_recipe
-from kimi_deploy.render import render_host
-from kimi_deploy.scrub_units import scrub_files
+from kimi_deploy.releases.host_paths import checkpoint_dir
+from kimi_deploy.render.files import render_host
+from kimi_deploy.render.scrub_units import scrub_files
 from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE, ROOT
 from tests.unit_file import logical_lines

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.catalog import load_catalog
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import argv_positionals, plan
+from kimi_deploy.plan.planner import argv_positionals, plan
+from kimi_deploy.plan.servespec import HostPlan, Plan
 from kimi_deploy.recipe import Expose, Recipe, SecretRef
-from kimi_deploy.render import RenderedFile, render_host
-from kimi_deploy.servespec import HostPlan, Plan
+from kimi_deploy.releases.catalog import load_catalog
+from kimi_deploy.render.files import RenderedFile, render_host
 from tests.conftest import RECIPE, sglang_slice
 from tests.unit_file import directives, exec_argv
 

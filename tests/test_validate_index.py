@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.hostside.boundary_index import normalized
-from kimi_deploy.index_pins import recipe_pins
 from kimi_deploy.recipe_file import load_recipe
+from kimi_deploy.releases.index_pins import recipe_pins
 from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE
 

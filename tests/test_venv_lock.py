@@ -21,8 +21,8 @@ import pytest
 from kimi_deploy.hostside import state_probe, uv_process, venv_install
 from kimi_deploy.hostside.boundary_lock import lock_pins
 from kimi_deploy.hostside.probe_types import Damage, ReleaseMarker
-from kimi_deploy.release_lock import HostPlatform, LockError
-from kimi_deploy.venv_lock import LockSource, damage_line, lock_source
+from kimi_deploy.releases.lock import HostPlatform, LockError
+from kimi_deploy.releases.venv_lock import LockSource, damage_line, lock_source
 from kimi_pyinfra.operations import engine
 from kimi_pyinfra.run_context import RunContext
 

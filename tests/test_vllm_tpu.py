@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
-from kimi_deploy.catalog import load_catalog
 from kimi_deploy.engines import vllm_tpu
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import Inventory
-from kimi_deploy.planner import plan
+from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe, recipe_from
-from kimi_deploy.render import render_host
-from kimi_deploy.servability import check_servable
+from kimi_deploy.releases.catalog import load_catalog
+from kimi_deploy.releases.servability import check_servable
+from kimi_deploy.render.files import render_host
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.cli_run import kimi
 from tests.conftest import ROOT

@@ -1,6 +1,6 @@
 """The watchdog (``hostside/watchdog.py``): its recovery ladder, its canary against a served chat
 API, its reading of the GPUs, its metrics, what the converge writes for it on each host, and what
-the next converge tells of it (``kimi_deploy.watchdog_report``).
+the next converge tells of it (``kimi_deploy.serving.watchdog_report``).
 
 The end-to-end run on real hosts, with real vLLM engines, is in tests/e2e/test_demo_watchdog.py.
 """
@@ -22,7 +22,7 @@ from kimi_deploy.hostside import watchdog
 from kimi_deploy.hostside.watchdog import Canary, Ladder, accelerators, canary
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.watchdog_report import release_time, watchdog_lines
+from kimi_deploy.serving.watchdog_report import release_time, watchdog_lines
 from localcluster.fake_nvidia import describe
 from tests.conftest import RECIPE
 from tests.host_converge import LOCK, host_converge, lock_stands_in

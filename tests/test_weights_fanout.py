@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimi_deploy.hostside.probe_types import WeightsFound
-from kimi_deploy.weights_fanout import SOURCES, UPSTREAM, FanOutPart, Source, WeightsHost, plan_fan_out
+from kimi_deploy.weights.fanout import SOURCES, UPSTREAM, FanOutPart, Source, WeightsHost, plan_fan_out
 
 WANTS = ("moonshotai/Kimi-K3.1-Pro", "a" * 40, "/srv/models/moonshotai--Kimi-K3.1-Pro/" + "a" * 40)
 READY: WeightsFound = {"exists": True, "missing": [], "unverified": [], "unreadable": [], "extra": []}

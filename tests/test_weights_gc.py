@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimi_deploy.weights_gc import collectable
+from kimi_deploy.weights.gc import collectable
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40
 

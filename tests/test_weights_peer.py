@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from kimi_deploy.host.command import pack
 from kimi_deploy.hostside.boundary_http import MAX_HEAD, MAX_HEADERS, MAX_LINE
 from kimi_deploy.hostside.weights_peer import BUSY, HEAD_S, MAX_CONNECTIONS, WAIT_S
-from kimi_deploy.hostside_command import pack
 from tests.bundled import bundled_program
 
 # starts a process or a server: not the unit tier (tests/tier.py)

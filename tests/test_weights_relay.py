@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from kimi_deploy.host.command import pack
 from kimi_deploy.hostside import weights_peer
 from kimi_deploy.hostside.revision_files import CACHE, meta, partial_path
-from kimi_deploy.hostside_command import pack
 from tests.bundled import bundled_program
 from tests.test_weights_peer import KEY, key_file, make_revision, serve
 

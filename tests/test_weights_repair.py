@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.converge import needs_start, unit_state
+from kimi_deploy.converge.plan import needs_start, unit_state
 from kimi_deploy.hostside import revision_files, state_probe, weights_sync
 from kimi_deploy.hostside.probe_types import WeightsFound
 from kimi_deploy.inventory import Inventory

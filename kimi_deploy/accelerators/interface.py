@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the schema and the plan use the kinds: their types only, at run time nothing
     from kimi_deploy.accelerators.nvidia_drivers import NvidiaPlan
+    from kimi_deploy.host.profile_types import AcceleratorsFound, HostProfile
     from kimi_deploy.hostside.requests import DriversRequest, WatchedDevices
-    from kimi_deploy.profile_types import AcceleratorsFound, HostProfile
+    from kimi_deploy.plan.servespec import HostPlan
     from kimi_deploy.recipe import Recipe
-    from kimi_deploy.render import RenderedFile
-    from kimi_deploy.servespec import HostPlan
+    from kimi_deploy.render.files import RenderedFile
 
 _TOKEN = re.compile(r"[a-z0-9.]+")
 GIB = 2**30

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from kimi_deploy.accelerators import nvidia_drivers
 from kimi_deploy.accelerators.interface import AcceleratorKind
 from kimi_deploy.accelerators.nvidia_models import open_modules_only
+from kimi_deploy.host.profile_types import AcceleratorsFound, Device, Fabric, Topology
 from kimi_deploy.parsers import ParseError, count_of, text_of
 from kimi_deploy.parsers.nvidia_smi_query import find_failure, parse_query
 from kimi_deploy.parsers.nvidia_smi_topo import parse_topo
-from kimi_deploy.profile_types import AcceleratorsFound, Device, Fabric, Topology
 
 if TYPE_CHECKING:
     from kimi_deploy.recipe import Recipe

@@ -24,9 +24,9 @@ from typing import Any, Literal
 from kimi_deploy.accelerators.interface import DriversPlan, DriversStep
 from kimi_deploy.hostside.probe_types import InstalledPackage
 from kimi_deploy.hostside.requests import DriversRequest
+from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import NvidiaDriver, Recipe
-from kimi_deploy.render import RenderedFile
-from kimi_deploy.servespec import HostPlan
+from kimi_deploy.render.files import RenderedFile
 
 NVIDIA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos"
 REBOOT_FLAG = "--data kimi_reboot=allowed"

@@ -8,15 +8,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from kimi_deploy.accelerators.interface import AcceleratorKind, DriversPlan, DriversStep, SysctlPlan, matches_words
+from kimi_deploy.host.profile_types import AcceleratorsFound, Device, TpuInfo
 from kimi_deploy.hostside.requests import DriversRequest
 from kimi_deploy.parsers import ParseError, count_of, text_of
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
-from kimi_deploy.profile_types import AcceleratorsFound, Device, TpuInfo
-from kimi_deploy.render import RenderedFile
+from kimi_deploy.render.files import RenderedFile
 
 if TYPE_CHECKING:
+    from kimi_deploy.plan.servespec import HostPlan
     from kimi_deploy.recipe import Recipe
-    from kimi_deploy.servespec import HostPlan
 
 NAME = "tpu"
 # The TPU runtime a TPU engine loads (jax[tpu] requires it: jax 0.10.2 takes libtpu 0.0.42.*).

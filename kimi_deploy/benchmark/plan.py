@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.benchmark.types import BenchRequest, RequestTarget
-from kimi_deploy.converge import unit_key
-from kimi_deploy.listen import LOOPBACK
+from kimi_deploy.converge.plan import unit_key
+from kimi_deploy.plan.listen import LOOPBACK
+from kimi_deploy.plan.servespec import HostPlan, Unit
 from kimi_deploy.recipe import Benchmark, Recipe, RouterFallback
 from kimi_deploy.recipe_file import RULES
-from kimi_deploy.servespec import HostPlan, Unit
 
 # Where the generator host keeps the hosted API's key while the benchmark runs (root's alone;
 # the host program removes it when done).

@@ -24,8 +24,8 @@ from kimi_deploy.accelerators import accelerator
 from kimi_deploy.benchmark.judge import judge
 from kimi_deploy.benchmark.types import FailedTask, LevelCost, LevelReport, Report, ReportMeta
 from kimi_deploy.hostside.boundary_text import shown
+from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import Benchmark, Cost
-from kimi_deploy.servespec import HostPlan
 
 HOURS_PER_MONTH = 730.0
 

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.listen import bind_address
-from kimi_deploy.placement import Placement
+from kimi_deploy.plan.listen import bind_address
+from kimi_deploy.plan.placement import Placement
+from kimi_deploy.plan.servespec import ConfigFile, NodeRole, Unit
 from kimi_deploy.recipe import Parallel, Recipe
-from kimi_deploy.servespec import ConfigFile, NodeRole, Unit
-from kimi_deploy.unit_env import common_env
+from kimi_deploy.render.unit_env import common_env
 
 
 def node_role(placement: Placement) -> NodeRole:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kimi_deploy.catalog import Catalog
-from kimi_deploy.listen import gatewayed
-from kimi_deploy.placement import Placement
+from kimi_deploy.plan.listen import gatewayed
+from kimi_deploy.plan.placement import Placement
+from kimi_deploy.plan.servespec import Unit
 from kimi_deploy.recipe import EngineName, Recipe, Topology
-from kimi_deploy.servespec import Unit
+from kimi_deploy.releases.catalog import Catalog
 
 
 def _no_packages(topology: Topology) -> tuple[str, ...]:
@@ -58,5 +58,5 @@ class Engine:
 
     def api_port(self, topology: Topology) -> int:
         """The port the engine's API listens on for ``topology``: its client port, or
-        ``ports.api_backend`` behind a gateway of its own (``kimi_deploy.listen.gatewayed``)."""
+        ``ports.api_backend`` behind a gateway of its own (``kimi_deploy.plan.listen.gatewayed``)."""
         return topology.ports.api_backend if gatewayed(topology) else self.client_port(topology)

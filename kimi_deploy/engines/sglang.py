@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from kimi_deploy.credentials import credential
 from kimi_deploy.engines.common import dist_init_flags, engine_unit_for, model_flags, size_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import engine_dir, model_dir
-from kimi_deploy.listen import bind_address
-from kimi_deploy.placement import Placement
+from kimi_deploy.plan.listen import bind_address
+from kimi_deploy.plan.placement import Placement
+from kimi_deploy.plan.servespec import Unit
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import Unit
+from kimi_deploy.releases.host_paths import engine_dir, model_dir
+from kimi_deploy.render.credentials import credential
 
 UNIT = "kimi-sglang"
 # SGLang reads its API key only from its options; a --config YAML file carries it, so the key never

@@ -32,15 +32,15 @@ launcher and flags (https://docs.sglang.io/platforms/tpu.html). What this module
 from __future__ import annotations
 
 from kimi_deploy.accelerators import accelerator
-from kimi_deploy.catalog import engine_catalog
 from kimi_deploy.engines.common import api_listen, dist_init_flags, engine_unit_for, loopback_only, model_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import engine_dir, model_dir, unit_cache_dir
-from kimi_deploy.placement import Placement
+from kimi_deploy.plan.placement import Placement
+from kimi_deploy.plan.servespec import Unit
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import Unit
-from kimi_deploy.unit_env import common_env
+from kimi_deploy.releases.catalog import engine_catalog
+from kimi_deploy.releases.host_paths import engine_dir, model_dir, unit_cache_dir
+from kimi_deploy.render.unit_env import common_env
 
 UNIT = "kimi-sglang-jax"
 # The page size of the engine's Kimi-Linear recipe (MLA layers need 2 or more).

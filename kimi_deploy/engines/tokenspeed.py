@@ -14,11 +14,11 @@ from kimi_deploy.engines.common import (
 )
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import engine_dir, model_dir
-from kimi_deploy.listen import LOOPBACK
-from kimi_deploy.placement import Placement
+from kimi_deploy.plan.listen import LOOPBACK
+from kimi_deploy.plan.placement import Placement
+from kimi_deploy.plan.servespec import Unit
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.servespec import Unit
+from kimi_deploy.releases.host_paths import engine_dir, model_dir
 
 UNIT = "kimi-tokenspeed"
 MAX_PORT = 65535

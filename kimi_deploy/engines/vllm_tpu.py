@@ -48,16 +48,16 @@ the catalog's sources):
 from __future__ import annotations
 
 from kimi_deploy.accelerators import accelerator
-from kimi_deploy.catalog import Catalog, engine_catalog
 from kimi_deploy.engines.common import engine_unit_for, model_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_paths import engine_dir, model_dir, unit_cache_dir
-from kimi_deploy.listen import bind_address
-from kimi_deploy.placement import Placement
+from kimi_deploy.plan.listen import bind_address
+from kimi_deploy.plan.placement import Placement
+from kimi_deploy.plan.servespec import Unit
 from kimi_deploy.recipe import EngineName, Recipe
-from kimi_deploy.servespec import Unit
-from kimi_deploy.unit_env import common_env
+from kimi_deploy.releases.catalog import Catalog, engine_catalog
+from kimi_deploy.releases.host_paths import engine_dir, model_dir, unit_cache_dir
+from kimi_deploy.render.unit_env import common_env
 
 NAME: EngineName = "vllm-tpu"
 UNIT = "kimi-vllm-tpu"

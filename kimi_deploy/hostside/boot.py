@@ -1,4 +1,4 @@
-"""The first lines a host runs of a shipped program (``kimi_deploy.hostside_command``): ``python3 -c``
+"""The first lines a host runs of a shipped program (``kimi_deploy.host.command``): ``python3 -c``
 with this source, then the program's name, its digest, the program (zlib, base64) and its request.
 
 Compiling a program costs a host more than running a converged host's probe does in places

@@ -1,7 +1,7 @@
 """Package lock texts that come from another host: what a lock may hold, and the pins it holds.
 
 Stdlib only: the host program that installs a release (``hostside/venv_install.py``) and the
-controller (``kimi_deploy/venv_lock.py``) both check a lock with this module before it is written
+controller (``kimi_deploy/releases/venv_lock.py``) both check a lock with this module before it is written
 or handed to uv. A lock is what ``uv pip compile --generate-hashes --no-header --no-annotate``
 writes, below the project's own ``# platform:``/``# index:`` header::
 

@@ -39,7 +39,7 @@ from kimi_deploy.hostside.shared_queries import (
 )
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
-# (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
+# (kimi_deploy/host/command.py leaves this block's hostside modules out of the bundle).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -9,7 +9,7 @@ Stdlib only, Python 3.10+. Input: one argument, base64 of zlib-compressed JSON (
    "timeout_s": float (default 3): how long each command (nvidia-smi, dpkg-query, systemctl) may run,
    "metadata_url": str: base URL of the GCE metadata attributes (default: the metadata server)}
 
-Output: raw values for ``kimi_deploy.host_profile.parse_profile``; every section is a dict, and a
+Output: raw values for ``kimi_deploy.host.profile.parse_profile``; every section is a dict, and a
 section that failed holds an ``"error"`` string (the script itself never raises):
   {"schema": 1, "elapsed_s": float,
    "nvidia": {"nvml": {"driver_version", "cuda_version": int, "devices": [{"index", "name", "uuid",
@@ -53,7 +53,7 @@ from kimi_deploy.hostside.request import read_request
 from kimi_deploy.hostside.shared_queries import NVIDIA_PACKAGES, SERVICE_STATES, on_path
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
-# (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
+# (kimi_deploy/host/command.py leaves this block's hostside modules out of the bundle).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeVar
@@ -523,7 +523,7 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
     topo = Command([smi, "topo", "-m"], timeout) if smi and request.get("topology", True) else None
     query_argv = [smi or "nvidia-smi", f"--query-gpu={','.join(SMI_FIELDS)}", "--format=csv,noheader,nounits"]
     # The drivers part's own queries (hostside/shared_queries.py); the profile keeps the driver's,
-    # the fabric manager's and IMEX's packages of it (kimi_deploy.host_profile).
+    # the fabric manager's and IMEX's packages of it (kimi_deploy.host.profile).
     dpkg = Command(NVIDIA_PACKAGES, timeout) if on_path("dpkg-query") else None
     show = [*SERVICE_STATES, *SERVICES]
     services = Command(show, timeout) if on_path("systemctl") else None

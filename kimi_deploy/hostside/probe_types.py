@@ -73,7 +73,7 @@ class UnitState(TypedDict):
     down_s: float | None
     # the context length hostside/ladder.py last started it with (None: none, or started since)
     context: int | None
-    # never from the probe: set by the converge (``kimi_deploy.converge.unit_state``) when the
+    # never from the probe: set by the converge (``kimi_deploy.converge.plan.unit_state``) when the
     # weights an engine reads are repaired by this converge
     weights_changed: NotRequired[bool]
 
@@ -151,16 +151,16 @@ class StateAnswer(TypedDict):
     # with ``releases`` in the request (a rollback)
     releases: Releases | None
     # the context ladder's proofs, as the host recorded them (unchecked: read through
-    # ``kimi_deploy.context_ladder.proven``)
+    # ``kimi_deploy.serving.context_ladder.proven``)
     ladder: list[LadderProof]
     # the watchdog's state file, as the host holds it (unchecked: read through
-    # ``kimi_deploy.watchdog_report``), None without one
+    # ``kimi_deploy.serving.watchdog_report``), None without one
     watchdog: dict[str, Any] | None
     # what its releases are built for (unchecked: read through
-    # ``kimi_deploy.release_lock.HostPlatform.parse``)
+    # ``kimi_deploy.releases.lock.HostPlatform.parse``)
     platform: dict[str, str]
     # the engines a drain took out of this host's router and did not put back (asked of a router
-    # that drains: ``kimi_deploy.router_drain_plan``; else empty)
+    # that drains: ``kimi_deploy.serving.router_drain``; else empty)
     router_drained: list[str]
 
 

@@ -1,5 +1,5 @@
 """A host program's request: the controller's JSON object, compressed and base64-encoded into one
-argv word (``kimi_deploy.hostside_command.pack``). Every host program reads it here.
+argv word (``kimi_deploy.host.command.pack``). Every host program reads it here.
 
 Stdlib only; no typing import (the host probe reads its request with this module, and typing
 costs every probe several ms).

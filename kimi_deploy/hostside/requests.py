@@ -1,7 +1,7 @@
 """The requests the controller sends its host programs, as types both sides read.
 
-The controller's plans build them (``kimi_deploy.converge``, ``commcheck_plan``, ``allreduce_plan``,
-``router_view_plan``, ``router_drain_plan``) and ``kimi_deploy.host_programs`` sends them; a host
+The controller's plans build them (``kimi_deploy.converge.plan``, ``commcheck_plan``, ``allreduce_plan``,
+``router_view_plan``, ``router_drain_plan``) and ``kimi_deploy.host.programs`` sends them; a host
 program reads its own with ``kimi_deploy.hostside.request.read_request`` and names its type for the
 type checker only (under ``if TYPE_CHECKING:``): a host imports no ``typing`` at run time, and this
 module never travels in a bundle. A request comes from the controller's own recipe and plan, not
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, Required, TypedDict
 
-# A revision's lock as the weights sync reads it: file name -> [sha256, size] (``kimi_deploy.lockfile``).
+# A revision's lock as the weights sync reads it: file name -> [sha256, size] (``kimi_deploy.weights.lockfile``).
 Lock = dict[str, list[Any]]
 
 
@@ -218,7 +218,7 @@ class WatchedUnit(UnitAsk):
 
 
 class WatchdogConfig(WatchedDevices):
-    """``watchdog.py``'s config file (``kimi_deploy.watchdog_units.watchdog_config``)."""
+    """``watchdog.py``'s config file (``kimi_deploy.render.watchdog_units.watchdog_config``)."""
 
     interval_s: float
     timeout_s: float
@@ -355,7 +355,7 @@ class Checkpoint(TypedDict):
 class ReleaseRecord(ReleaseIdentity):
     """``release.json`` in the release's folder (``converge._release``): what a rollback to it
     needs besides its id. Written by the controller; read back by the host probe
-    (``state_probe.py``) and, as a host's text, by the rollback (``kimi_deploy.rollback_plan``)."""
+    (``state_probe.py``) and, as a host's text, by the rollback (``kimi_deploy.converge.rollback``)."""
 
     files: list[str]
     stages: dict[str, int]

@@ -31,7 +31,7 @@ from kimi_deploy.hostside.request import read_request
 from kimi_deploy.hostside.shared_queries import blocks, file_sha256, owner_mode
 
 # Names for type checkers only: typing and the answers' types cost every probe ~10 ms to import
-# (kimi_deploy/hostside_command.py leaves this block's hostside modules out of the bundle).
+# (kimi_deploy/host/command.py leaves this block's hostside modules out of the bundle).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -285,7 +285,7 @@ def _ladder(path: str = f"{STATE_DIR}/ladder.json", last: int = 200) -> list[Lad
 
 def _watchdog(path: str = f"{STATE_DIR}/watchdog.json", most: int = 1 << 20) -> dict[str, Any] | None:
     """The watchdog's state file (hostside/watchdog.py's) as it wrote it, None without one; the
-    controller checks it (``kimi_deploy.watchdog_report``)."""
+    controller checks it (``kimi_deploy.serving.watchdog_report``)."""
     try:
         with open(path, "rb") as f:
             found = json.loads(f.read(most))
@@ -516,7 +516,7 @@ def _router_drained(asked: bool, path: str = ROUTER_DRAINED, most: int = 1 << 20
 def _platform() -> dict[str, str]:
     """What this host's releases are built for: the Python that makes their venvs (this one:
     ``hostside/venv_install.py`` runs under the same ``python3``), the machine and the C library
-    (the controller resolves their locks for it: ``kimi_deploy.release_lock``)."""
+    (the controller resolves their locks for it: ``kimi_deploy.releases.lock``)."""
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
     except (ValueError, OSError):

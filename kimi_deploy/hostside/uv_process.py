@@ -1,5 +1,5 @@
 """How kimi-deploy runs uv, on a host (``hostside/venv_install.py``: installs) and on the controller
-(``kimi_deploy.release_lock``: resolutions): its environment, and one line for what it (or pip,
+(``kimi_deploy.releases.lock``: resolutions): its environment, and one line for what it (or pip,
 bootstrapping uv) printed when it failed: an index that does not answer, a version it does not
 have (with the requirements that led to it, and the versions it has), bytes that do not match a
 lock's hash, or uv's own first error line.

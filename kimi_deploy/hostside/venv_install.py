@@ -7,7 +7,7 @@ Input: one argument, base64 of zlib-compressed JSON:
 uv comes from the index like everything else: it is installed once, with the venv module and pip,
 into ``uv.dir`` (a folder per uv version, complete once its marker is there). The lock is the
 exact ``name==version`` set with the index's hashes, for this host's Python and machine: the text
-the controller resolved for this host's platform (``kimi_deploy.release_lock``; its first line
+the controller resolved for this host's platform (``kimi_deploy.releases.lock``; its first line
 names the platform, and must name this host's), or ``own``, the one in ``path``, whose digest must
 match, to rebuild a damaged release as it was. No lock is resolved here.
 

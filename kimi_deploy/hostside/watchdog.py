@@ -2,7 +2,7 @@
 recovery ladder. One long-lived process (``kimi-watchdog.service``, root without capabilities:
 it reads the engines' key files, asks systemd to restart or stop them, and writes its state).
 
-Usage: ``watchdog.py --config FILE`` (JSON, written by the converge: ``kimi_deploy.watchdog_units``):
+Usage: ``watchdog.py --config FILE`` (JSON, written by the converge: ``kimi_deploy.render.watchdog_units``):
 {"interval_s", "timeout_s" (of a health check), "canary_interval_s", "canary_timeout_s",
 "restart_after" (failed checks in a row before a restart), "restarts"
 (restarts that did not bring the unit back before it is drained), "grace_s" (how long a unit

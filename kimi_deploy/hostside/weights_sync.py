@@ -439,7 +439,7 @@ def _exclusive(root: str) -> Iterator[None]:
 
 def _request(argv: list[str]) -> SyncRequest:
     """The request in argv, or in the file the scrub's unit names (``--config FILE``): the
-    controller wrote both (``kimi_deploy.converge.sync_request``)."""
+    controller wrote both (``kimi_deploy.converge.plan.sync_request``)."""
     if len(argv) == 3 and argv[1] == "--config":
         with open(argv[2], encoding="utf-8") as f:
             data: SyncRequest = json.load(f)

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import re
 
+from kimi_deploy.host.profile_types import TopoGpu, Topology, TopoNic
 from kimi_deploy.parsers import ParseError, read_int
-from kimi_deploy.profile_types import TopoGpu, Topology, TopoNic
 
 Row = dict[str, str]
 

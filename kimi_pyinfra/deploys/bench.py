@@ -31,9 +31,9 @@ from kimi_deploy.benchmark.plot import draw
 from kimi_deploy.benchmark.report import format_report, report
 from kimi_deploy.benchmark.types import Report, ReportMeta
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.host_programs import BENCH_RECORD
+from kimi_deploy.host.command import ANSWER_MAX_BYTES
+from kimi_deploy.host.programs import BENCH_RECORD
 from kimi_deploy.hostside.boundary_json import loads
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 from kimi_deploy.secrets import read_secret
 from kimi_pyinfra.facts.bench import BenchRecord
 from kimi_pyinfra.host_plan import plan_for

@@ -15,9 +15,9 @@ from pyinfra.api.deploy import deploy as pyinfra_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
-from kimi_deploy.allreduce_plan import all_reduce_request, why_not
-from kimi_deploy.commcheck_plan import check_request, needs_check
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.serving.allreduce import all_reduce_request, why_not
+from kimi_deploy.serving.commcheck import check_request, needs_check
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.operations import commcheck
 from kimi_pyinfra.rehearsal import perform

@@ -2,7 +2,7 @@
 
 Injects one fault on each host it runs on (``--limit`` picks them) and changes nothing else, for
 what serves to meet it: systemd, the watchdog (``kimi-watchdog``), the router, the gateway's
-hosted fallback, the weights scrub. The drills and what each injects are in ``kimi_deploy.drills``:
+hosted fallback, the weights scrub. The drills and what each injects are in ``kimi_deploy.converge.drills``:
 ``engine-killed``, ``engine-stopped``, ``shard-corrupted`` and ``link-cut`` (``--data
 kimi_drill_peer=HOST``, healed after ``kimi_drill_for_s`` seconds) are safe on a production cluster;
 others come from the inventory's ``kimi_drill_faults``; ``clear`` undoes them (and starts the
@@ -19,7 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 from pyinfra.operations import python, server
 
-from kimi_deploy.drills import DrillError, drill_commands
+from kimi_deploy.converge.drills import DrillError, drill_commands
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.host_plan import todo_for
 

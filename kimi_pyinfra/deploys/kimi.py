@@ -17,12 +17,12 @@ from pyinfra.api.deploy import deploy as pyinfra_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
-from kimi_deploy.context_ladder import climb_request
-from kimi_deploy.converge_steps import converge_steps
-from kimi_deploy.drift import drift
+from kimi_deploy.converge.drift import drift
+from kimi_deploy.converge.steps import converge_steps
 from kimi_deploy.errors import ConfigError
-from kimi_deploy.watchdog_report import release_time, watchdog_lines
-from kimi_deploy.watchdog_units import WATCHDOG_UNIT
+from kimi_deploy.render.watchdog_units import WATCHDOG_UNIT
+from kimi_deploy.serving.context_ladder import climb_request
+from kimi_deploy.serving.watchdog_report import release_time, watchdog_lines
 from kimi_pyinfra import dead_peers, fleet_progress, stop_signals
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.driver_steps import driver_steps, planned
@@ -53,7 +53,7 @@ def deploy_kimi() -> None:
         found = probe_of(state, host, probe_request)
     except ConfigError as exc:
         raise PyinfraError(str(exc)) from None
-    # Every decision, from the plan and what the probes found (kimi_deploy.converge_steps).
+    # Every decision, from the plan and what the probes found (kimi_deploy.converge.steps).
     steps = converge_steps(deploy, todo, found, view_of(state, host, deploy))
 
     spec = deploy.spec

@@ -18,7 +18,7 @@ from pyinfra.context import host, inventory
 
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.inventory import make_host
-from kimi_deploy.ladder_table import format_proofs
+from kimi_deploy.serving.ladder_table import format_proofs
 from kimi_pyinfra.facts.ladder import LadderProofs
 from kimi_pyinfra.host_plan import inventory_label
 from kimi_pyinfra.run_context import run_context

@@ -16,8 +16,8 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory
 
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host.report_table import format_report
 from kimi_deploy.inventory import make_host
-from kimi_deploy.report_table import format_report
 from kimi_pyinfra.facts.hardware import HostHardware
 from kimi_pyinfra.host_plan import inventory_label
 from kimi_pyinfra.run_context import run_context

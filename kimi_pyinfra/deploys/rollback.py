@@ -19,13 +19,13 @@ from pyinfra.api.deploy import deploy as pyinfra_deploy
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory, state
 
-from kimi_deploy.converge import needs_start
+from kimi_deploy.converge.plan import needs_start
+from kimi_deploy.converge.rollback import Rollback, RollbackError, latest_run, pins_line, plan_rollback
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.hostside.probe_types import UnitState
 from kimi_deploy.hostside.requests import SmokePlan
+from kimi_deploy.plan.start_batches import BATCHES, first_batch, unit_batch
 from kimi_deploy.recipe import Paths
-from kimi_deploy.rollback_plan import Rollback, RollbackError, latest_run, pins_line, plan_rollback
-from kimi_deploy.start_batches import BATCHES, first_batch, unit_batch
 from kimi_pyinfra import stop_signals
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.inventory_probe import probe_all, probe_of

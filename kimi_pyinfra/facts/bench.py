@@ -12,7 +12,7 @@ from kimi_deploy.hostside.boundary_json import loads
 # The record holds every request's answer (up to 4,000 characters each, six bytes a character once
 # escaped) for every level of both targets: a benchmark of a few tasks at concurrency up to 64
 # records hundreds of requests, some MB, and a recipe may ask for many more tasks and rounds. So
-# its bound is wider than a probe's answer's (kimi_deploy/hostside_command.py).
+# its bound is wider than a probe's answer's (kimi_deploy/host/command.py).
 RECORD_MAX_BYTES = 64 << 20
 
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
-from kimi_deploy.host_programs import DRIVER_PROBE
+from kimi_deploy.host.command import ANSWER_MAX_BYTES
+from kimi_deploy.host.programs import DRIVER_PROBE
 from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.probe_types import DriversAnswer
 from kimi_deploy.hostside.requests import DriversRequest
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 
 
 class DriversState(FactBase[DriversAnswer]):

@@ -6,16 +6,16 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
-from kimi_deploy.host_profile import parse_profile
-from kimi_deploy.host_programs import HARDWARE_PROBE
+from kimi_deploy.host.command import ANSWER_MAX_BYTES
+from kimi_deploy.host.profile import parse_profile
+from kimi_deploy.host.profile_types import HostProfile
+from kimi_deploy.host.programs import HARDWARE_PROBE
 from kimi_deploy.hostside.boundary_json import loads
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
-from kimi_deploy.profile_types import HostProfile
 
 
 class HostHardware(FactBase[HostProfile]):
     """Accelerators, RDMA ports, memory, CPU, OS, the weights disk and NVIDIA driver state, in one
-    round-trip of at most a few seconds (see ``kimi_deploy.host_profile`` for every key).
+    round-trip of at most a few seconds (see ``kimi_deploy.host.profile`` for every key).
 
     ``request``: ``{"weights_dir": "/srv/models", "measure": False}``; with ``"measure": True`` the
     probe also times a sequential read there (about 2 s; it writes and removes a 64 MiB file when

@@ -6,11 +6,11 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
-from kimi_deploy.host_profile import parse_profile
-from kimi_deploy.host_programs import HOST_PROBE
+from kimi_deploy.host.command import ANSWER_MAX_BYTES
+from kimi_deploy.host.profile import parse_profile
+from kimi_deploy.host.profile_types import HostState
+from kimi_deploy.host.programs import HOST_PROBE
 from kimi_deploy.hostside.boundary_json import loads
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
-from kimi_deploy.profile_types import HostState
 from kimi_pyinfra.facts.drivers import parse as parse_drivers
 
 

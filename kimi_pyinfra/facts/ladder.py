@@ -6,9 +6,9 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
+from kimi_deploy.host.command import ANSWER_MAX_BYTES
 from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.host_dirs import STATE_DIR
-from kimi_deploy.hostside_command import ANSWER_MAX_BYTES
 
 PROOFS = f"{STATE_DIR}/ladder.json"
 

@@ -9,7 +9,7 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 
 from kimi_deploy.benchmark.types import BenchRequest
-from kimi_deploy.host_programs import BENCH_LOAD
+from kimi_deploy.host.programs import BENCH_LOAD
 from kimi_pyinfra.operations.units import replaced
 
 

@@ -10,7 +10,7 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from kimi_deploy.host_programs import ALLREDUCE, COMMCHECK
+from kimi_deploy.host.programs import ALLREDUCE, COMMCHECK
 from kimi_deploy.hostside.commcheck import TOKEN_CREDENTIAL
 from kimi_deploy.hostside.host_dirs import LOG_DIR
 from kimi_deploy.hostside.requests import AllReduceRequest, CommCheckRequest
@@ -38,7 +38,7 @@ def check_steps(do: Do, request: CommCheckRequest | None, why_not: str = "", tok
     the next starts on any (``hostside/commcheck.py``'s phases): the listeners, the probes, the
     verdict. No step waits for another host to start, however many hosts the run drives.
 
-    + request: ``hostside/commcheck.py``'s request (``kimi_deploy.commcheck_plan.check_request``);
+    + request: ``hostside/commcheck.py``'s request (``kimi_deploy.serving.commcheck.check_request``);
       None when no engine of the topology is (re)started this run
     + why_not: with ``request`` None, why the check is not needed
     + token: the check's token, the same on every host of the run (default: the run's own)
@@ -117,7 +117,7 @@ def all_reduce_passed(
     torch, as the engine user; fail (on every host of the instance) when a rank does not finish,
     a value comes back wrong or the bus bandwidth is under the recipe's threshold.
 
-    + request: ``hostside/allreduce.py``'s request (``kimi_deploy.allreduce_plan.all_reduce_request``);
+    + request: ``hostside/allreduce.py``'s request (``kimi_deploy.serving.allreduce.all_reduce_request``);
       None when this host takes part in no all-reduce this run
     + python: the engine release's interpreter (its torch, its NCCL)
     + user: the engine user, whom the ranks run as

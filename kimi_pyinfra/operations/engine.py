@@ -1,6 +1,6 @@
 """Engine (and tool) releases: one immutable virtual environment per pinned version, installed
-with uv from the lock the controller resolved for the host's platform (``kimi_deploy.venv_lock``,
-``kimi_deploy.release_lock``)."""
+with uv from the lock the controller resolved for the host's platform (``kimi_deploy.releases.venv_lock``,
+``kimi_deploy.releases.lock``)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
-from kimi_deploy.host_paths import release_dir
-from kimi_deploy.host_programs import VENV_INSTALL
+from kimi_deploy.host.programs import VENV_INSTALL
 from kimi_deploy.hostside.boundary_text import printable
 from kimi_deploy.hostside.probe_types import ReleaseMarker
 from kimi_deploy.recipe import Paths
-from kimi_deploy.release_lock import HostPlatform, LockError, cached_lock
-from kimi_deploy.release_set import CommittedLock
-from kimi_deploy.venv_lock import LockSource, damage_line
+from kimi_deploy.releases.host_paths import release_dir
+from kimi_deploy.releases.lock import HostPlatform, LockError, cached_lock
+from kimi_deploy.releases.venv_lock import LockSource, damage_line
+from kimi_deploy.releases.venvs import CommittedLock
 from kimi_pyinfra.run_context import Once, run_context
 
 
@@ -71,8 +71,8 @@ def _lock_request(
     committed: CommittedLock | None,
 ) -> dict[str, str] | None:
     """What the install is told about its lock: its own, the one committed beside the recipe
-    (``kimi_deploy.committed_locks``), or the text the controller resolves for the platform the
-    host reported (``kimi_deploy.release_lock``), once the run executes (None before: pyinfra also
+    (``kimi_deploy.releases.committed_locks``), or the text the controller resolves for the platform the
+    host reported (``kimi_deploy.releases.lock``), once the run executes (None before: pyinfra also
     runs this to detect changes, and a dry run installs nothing); ``LockError`` when the host's
     platform is not one to resolve for or does not run the committed lock, or the release does
     not resolve."""
@@ -126,10 +126,10 @@ def venv(
     + requirements: every pinned requirement (``["vllm==0.34.0", "fastsafetensors==0.5.0"]``)
     + index_url: the package index to install from
     + current: the release marker the host probe found in ``path`` (None: absent or incomplete)
-    + lock: where the lock comes from (``kimi_deploy.venv_lock.lock_source``); None: the release's
+    + lock: where the lock comes from (``kimi_deploy.releases.venv_lock.lock_source``); None: the release's
       own lock when it is damaged, else the controller's
     + platform: what the host's probe reported its releases are built for (the controller resolves
-      the lock for it: ``kimi_deploy.release_lock``)
+      the lock for it: ``kimi_deploy.releases.lock``)
     + uv: the uv release to install with (bootstrapped from the index once per host)
     + uv_dir: its folder (default: ``uv-<version>`` in the recipe's default tools folder)
     + without: requirements of the release never installed: resolved as if nothing required them

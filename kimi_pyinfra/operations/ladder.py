@@ -7,14 +7,14 @@ from collections.abc import Generator
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from kimi_deploy.host_programs import LADDER
+from kimi_deploy.host.programs import LADDER
 from kimi_deploy.hostside.requests import LadderRequest
 
 
 @operation()
 def climbed(request: LadderRequest | None) -> Generator[str, None, None]:
     """
-    Climb the rungs of ``request`` (``kimi_deploy.context_ladder.climb_request``) one at a time.
+    Climb the rungs of ``request`` (``kimi_deploy.serving.context_ladder.climb_request``) one at a time.
 
     + request: ``hostside/ladder.py``'s request, or None where this host climbs nothing in this step
 

@@ -16,7 +16,7 @@ def passed(failures: list[str], what: str = "preflight") -> Generator[str, None,
     """
     Let the host go on only when every preflight gate passed.
 
-    + failures: the failed gates' lines (``kimi_deploy.preflight.check``)
+    + failures: the failed gates' lines (``kimi_deploy.host.preflight.check``)
     + what: the word each line starts with (``preflight``; ``rollback`` for a rollback's checks)
 
     A failure fails this host here, as its first operation: nothing on it changes, and the other

@@ -13,7 +13,7 @@ from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import host
 
-from kimi_deploy.host_programs import ROUTER_DRAIN, ROUTER_VIEW, SMOKE
+from kimi_deploy.host.programs import ROUTER_DRAIN, ROUTER_VIEW, SMOKE
 from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.requests import DrainRequest, RouterViewRequest, SmokePlan, SmokeRequest
 from kimi_deploy.hostside.state_probe import APPLIED
@@ -109,7 +109,7 @@ def routed(request: RouterViewRequest | None) -> Generator[str, None, None]:
     Wait (bounded) until the router sends to the engines a batch (re)started, before the next
     batch stops anything (``hostside/router_view.py``).
 
-    + request: the router view's request (``kimi_deploy.router_view_plan``); None: this host has
+    + request: the router view's request (``kimi_deploy.serving.router_view``); None: this host has
       no router to wait on after this batch
     """
     if request is None:
@@ -151,7 +151,7 @@ def drained(request: DrainRequest | None) -> Generator[FunctionCommand, None, No
     Before a batch restarts engines behind a running router: the router sends them no new
     request, and the requests in flight on them end (bounded; ``hostside/router_drain.py``).
 
-    + request: the drain's request (``kimi_deploy.router_drain_plan``); None: this host has no
+    + request: the drain's request (``kimi_deploy.serving.router_drain``); None: this host has no
       router to drain in this batch
     """
     if request is None:

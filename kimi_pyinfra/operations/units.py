@@ -9,10 +9,10 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from kimi_deploy.converge import needs_start
+from kimi_deploy.converge.plan import needs_start
 from kimi_deploy.hostside.probe_types import TimerState, UnitState
 from kimi_deploy.hostside.state_probe import APPLIED
-from kimi_deploy.render import RenderedFile
+from kimi_deploy.render.files import RenderedFile
 
 # The suffix of the new file ``replaced`` fills beside the one it replaces.
 NEW_SUFFIX = ".kimi-new"
@@ -25,7 +25,7 @@ def rendered(
     """
     Put every rendered file in place with its mode and owner; reload systemd if a unit changed.
 
-    + files: the host's rendered files (``kimi_deploy.render.render_host``)
+    + files: the host's rendered files (``kimi_deploy.render.files.render_host``)
     + group: the engine user's group, which may read a secret file whose mode lets its group read
       it (the weights transfer key); every other file, secret or not, is root's
     + current: sha256 of each file on the host as the probe found it (None: absent)

@@ -9,11 +9,11 @@ from typing import Any
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from kimi_deploy.host_programs import WEIGHTS_PEER, WEIGHTS_SYNC
+from kimi_deploy.host.programs import WEIGHTS_PEER, WEIGHTS_SYNC
 from kimi_deploy.hostside.probe_types import WeightsFound
 from kimi_deploy.hostside.requests import PeerSource, SyncRequest
 from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
-from kimi_deploy.weights_fanout import needs_sync
+from kimi_deploy.weights.fanout import needs_sync
 
 
 @operation()
@@ -31,7 +31,7 @@ def revision(
     Hold exactly the files of the request's ``repo`` at its ``revision`` in its ``dir``, each
     matching its ``lock``.
 
-    + request: ``kimi_deploy.converge.sync_request`` of the weights target: ``repo``, ``revision``,
+    + request: ``kimi_deploy.converge.plan.sync_request`` of the weights target: ``repo``, ``revision``,
       ``dir`` (e.g. ``/srv/models/moonshotai--Kimi-K3.1-Pro/<revision>``), ``lock`` (``{path: [size,
       digest]}``), ``endpoint`` (None: huggingface_hub's default), ``token_file`` (mode 0600, if
       any), ``progress_log`` (bytes, rate and ETA of long transfers every few seconds)
@@ -141,7 +141,7 @@ def collected(*, parent: str, keep: list[str], remove: list[str]) -> Generator[s
 
     + parent: the model's folder of revisions
     + keep: the revisions that stay (served, rollback copy), for the no-op message
-    + remove: the revisions to delete (``kimi_deploy.weights_gc.collectable``)
+    + remove: the revisions to delete (``kimi_deploy.weights.gc.collectable``)
 
     Files hard-linked between revisions stay as long as a kept revision names them.
     """

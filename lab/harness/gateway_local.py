@@ -15,8 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kimi_deploy.gateway import NGINX, config_data
-from kimi_deploy.render import environment
+from kimi_deploy.render.files import environment
+from kimi_deploy.render.gateway import NGINX, config_data
 
 
 @dataclass

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from kimi_deploy.engines.vllm import CPU_PACKAGES
-from kimi_deploy.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER
-from kimi_deploy.host_libraries import packages as library_packages
+from kimi_deploy.releases.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER
+from kimi_deploy.releases.host_libraries import packages as library_packages
 from localcluster import log, run
 from localcluster.image import APT_LOCK, cache_lock
 from localcluster.state import ClusterError
@@ -29,7 +29,7 @@ from localcluster.state import ClusterError
 NGINX_PACKAGES = ("nginx", "nginx-common", "libnginx-mod-http-js")
 # What a host serving vLLM's CPU build gets (libnuma1: it needs only libc6, in the base image).
 CPU_ENGINE_PACKAGES = CPU_PACKAGES
-# What a host running the Mooncake master or its store client gets (kimi_deploy.host_libraries,
+# What a host running the Mooncake master or its store client gets (kimi_deploy.releases.host_libraries,
 # Debian 12's names): libcurl4, libibverbs1 and ibverbs-providers with the two libnl libraries they
 # depend on, and libnuma1; their other dependencies (adduser, libc6, and libcurl4's: libssl3,
 # libnghttp2-14, libssh2-1, ...) are in the base image, as curl is (tests/localcluster/test_debian_live.py).

@@ -23,7 +23,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kimi_deploy.catalog import CatalogMissing, catalogs, load_catalog
+from kimi_deploy.releases.catalog import CatalogMissing, catalogs, load_catalog
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 ENGINE_PACKAGE = "kimi_standin"

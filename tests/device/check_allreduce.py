@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kimi_deploy.hostside_command import hostside_command
+from kimi_deploy.host.command import hostside_command
 
 
 def main() -> int:

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kimi_deploy.host_profile import parse_profile  # noqa: E402
-from kimi_deploy.hostside_command import hostside_command  # noqa: E402
+from kimi_deploy.host.command import hostside_command  # noqa: E402
+from kimi_deploy.host.profile import parse_profile  # noqa: E402
+from kimi_deploy.host.profile_types import HostProfile  # noqa: E402
 from kimi_deploy.parsers.nvidia_smi_query import parse_query  # noqa: E402
-from kimi_deploy.profile_types import HostProfile  # noqa: E402
 
 FIELDS = ["index", "name", "uuid", "memory.total", "pci.bus_id", "driver_version", "compute_cap"]
 

@@ -109,7 +109,7 @@ def _converge(inventory: Path) -> tuple[Run, float]:
 def test_a_prefill_decode_topology_serves_through_its_router(pd_cluster: dict[str, Any], tmp_path: Path) -> None:
     inventory = _files(tmp_path)
     # The hosts' image carries curl, and with it libcurl4, which mooncake_master links
-    # (kimi_deploy.host_libraries): gone from the router host, the master starts only if the
+    # (kimi_deploy.releases.host_libraries): gone from the router host, the master starts only if the
     # deploy installs what it links.
     ssh("kimi-h4", "dpkg --purge curl libcurl4 >/dev/null", cluster_state=pd_cluster)
     assert not ssh("kimi-h4", "ls /usr/lib/*/libcurl.so.4 2>/dev/null || true", cluster_state=pd_cluster)

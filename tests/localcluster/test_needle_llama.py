@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kimi_deploy.hub_lock import make_lock
-from kimi_deploy.lockfile import LOCK_DIR, Lock, LockedFile
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.weights.hub_lock import make_lock
+from kimi_deploy.weights.lockfile import LOCK_DIR, Lock, LockedFile
 from localcluster import needle_llama, tiny_llama
 from localcluster.hub import HubServer, serve
 from localcluster.hub_repo import RepoInfo, load_info

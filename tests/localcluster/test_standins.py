@@ -906,7 +906,7 @@ def test_the_real_router_retries_on_the_engine_left_when_one_is_drained(real_vll
 
 
 def test_the_real_router_takes_an_engine_out_and_back_by_its_health_checks(real_vllm_router: Path) -> None:
-    """What the recipe's ``router.health`` relies on (kimi_deploy/router_units.py renders it as
+    """What the recipe's ``router.health`` relies on (kimi_deploy/render/router_units.py renders it as
     these flags): vllm-router 0.1.17 checks each engine's /health every ``--health-check-interval-secs``,
     sends an engine that failed ``--health-failure-threshold`` checks in a row nothing more (its
     ``vllm_router_worker_health`` gauge 0), and takes it back once it passed

@@ -18,9 +18,9 @@ import jinja2.sandbox
 import pytest
 from huggingface_hub import HfApi
 
-from kimi_deploy.hub_lock import make_lock
-from kimi_deploy.lockfile import LOCK_DIR
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.weights.hub_lock import make_lock
+from kimi_deploy.weights.lockfile import LOCK_DIR
 from localcluster import hub_content, needle_llama, tiny_llama, tiny_model
 from localcluster.hub import HubServer, serve
 from localcluster.hub_repo import RepoInfo, load_info, materialize

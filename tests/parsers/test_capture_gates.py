@@ -1,6 +1,6 @@
 """The preflight gate's verdict on each real capture, read as the probe's answer would be.
 
-A host's profile comes from the probe's raw answer through :func:`~kimi_deploy.host_profile.parse_profile`,
+A host's profile comes from the probe's raw answer through :func:`~kimi_deploy.host.profile.parse_profile`,
 whose nvidia-smi path and TPU path run the parsers the captures are tested with: a capture that
 parses is a host the accelerators gate judges. For each capture, a pool asking exactly what it
 shows passes (where it shows a whole answer: count, model and memory), one asking a GPU or chip more
@@ -22,9 +22,11 @@ import dataclasses
 import pytest
 
 from kimi_deploy.accelerators.tpu import tpu_model
-from kimi_deploy.allreduce_plan import nccl_verdict
-from kimi_deploy.captured_profile import nvidia_section, rdma_section, tpu_section
-from kimi_deploy.host_profile import parse_profile
+from kimi_deploy.host.captured import nvidia_section, rdma_section, tpu_section
+from kimi_deploy.host.preflight import Needs, accelerators, rdma
+from kimi_deploy.host.profile import parse_profile
+from kimi_deploy.host.profile_types import HostProfile
+from kimi_deploy.host.report_table import format_report
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.ibstat import parse_ibstat
@@ -32,12 +34,10 @@ from kimi_deploy.parsers.ibv_devinfo import parse_ibv_devinfo
 from kimi_deploy.parsers.nccl_tests import parse_nccl_tests, run_problems
 from kimi_deploy.parsers.nvidia_smi_query import find_failure
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
-from kimi_deploy.planner import plan
-from kimi_deploy.preflight import Needs, accelerators, rdma
-from kimi_deploy.profile_types import HostProfile
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import Recipe
-from kimi_deploy.report_table import format_report
-from kimi_deploy.servespec import HostPlan
+from kimi_deploy.serving.allreduce import nccl_verdict
 from tests.conftest import RECIPE
 from tests.parsers import FIXTURES, fixture
 from tests.profiles import profile_of

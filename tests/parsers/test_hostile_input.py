@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kimi_deploy.host_profile import parse_profile
+from kimi_deploy.host.profile import parse_profile
 from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.ibstat import parse_ibstat
 from kimi_deploy.parsers.ibv_devinfo import parse_ibv_devinfo
@@ -176,7 +176,7 @@ def test_huge_numbers_in_a_probe_answer_read_as_unknown() -> None:
 
 def test_a_sysfs_state_with_a_100_kb_tail_is_read_in_linear_time() -> None:
     program = (
-        "from kimi_deploy.host_profile import parse_profile\n"
+        "from kimi_deploy.host.profile import parse_profile\n"
         f"s = '4: ACTIVE' + ' ' * {N} + 'x'\n"
         "p = parse_profile({'rdma': {'ports': [{'device': 'mlx5_0', 'port': '1', 'state': s}]}})\n"
         "assert p['rdma'][0]['state'].startswith('ACTIVE')\n"

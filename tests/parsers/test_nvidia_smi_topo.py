@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kimi_deploy.host.profile_types import Topology
 from kimi_deploy.parsers import ParseError
 from kimi_deploy.parsers.nvidia_smi_topo import parse_topo
-from kimi_deploy.profile_types import Topology
 from tests.parsers import FIXTURES, fixture
 
 H200 = "topo_h200x8_12nic_tabs_distributedai.txt"

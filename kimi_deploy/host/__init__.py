@@ -1,0 +1,1 @@
+"""Hosts: the programs the controller runs there, what their probes read, the profile and its gates."""
