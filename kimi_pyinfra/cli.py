@@ -349,7 +349,7 @@ def _cluster(argv: Sequence[str]) -> int:
     try:
         from localcluster.cli import main as cluster_main  # noqa: PLC0415
     except ModuleNotFoundError as exc:
-        if exc.name != "localcluster":
+        if exc.name not in ("localcluster", "localcluster.cli"):
             raise
         print(
             "kimi-deploy: cluster: the local test cluster is not installed: from a checkout, "

@@ -23,6 +23,7 @@ import pytest
 
 from kimi_deploy.host.command import hostside_command
 from kimi_deploy.host.profile import matches_model, parse_profile
+from kimi_deploy.hostside.requests import HardwareRequest
 from kimi_pyinfra.facts.hardware import HostHardware
 from localcluster.fake_nvidia import describe
 from tests.parsers import fixture
@@ -192,7 +193,9 @@ def accelerators_file(tmp_path: Path, hardware: str, **changes: Any) -> Path:
     return path
 
 
-def run_probe(request: dict[str, Any], bin_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_probe(
+    request: HardwareRequest | dict[str, Any], bin_dir: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The probe's one JSON line, run the way the fact runs it over SSH."""
     command = hostside_command(sys.executable, "hardware_probe.py", request)
     done = subprocess.run(
@@ -558,7 +561,7 @@ def test_an_empty_host_tree_still_answers(tmp_path: Path) -> None:
 
 def test_fact_command_and_process(tmp_path: Path) -> None:
     fact = HostHardware()
-    request = {"root": str(make_root(tmp_path)), "nvml": False}
+    request: HardwareRequest = {"root": str(make_root(tmp_path)), "nvml": False}
     assert fact.command(request) == hostside_command("python3", "hardware_probe.py", request)
     raw = run_probe(request, make_bin(tmp_path, smi=False))
     profile = fact.process(["some login banner", json.dumps(raw)])

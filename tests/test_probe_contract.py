@@ -26,6 +26,7 @@ from kimi_deploy.host.command import hostside_command, pack
 from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.hostside import driver_probe, state_probe, venv_install
 from kimi_deploy.hostside.probe_types import DriversAnswer, HardwareAnswer, StateAnswer
+from kimi_deploy.hostside.requests import DriversRequest, HardwareRequest, StateRequest
 from kimi_pyinfra.facts.drivers import DriversState
 from kimi_pyinfra.facts.host_state import KimiHostState
 from tests.typed_check import problems
@@ -55,7 +56,7 @@ def _release(root: Path) -> Path:
     return root
 
 
-def _request(tmp_path: Path, port: int) -> dict[str, Any]:
+def _request(tmp_path: Path, port: int) -> StateRequest:
     release = _release(tmp_path / "engines/vllm-0.34.0")
     models = tmp_path / "models"
     revision = models / ("a" * 40)
@@ -273,13 +274,17 @@ def test_the_host_probe_answers_every_part_in_one_process_as_each_alone(tmp_path
     """What a converge sends (``KimiHostState``'s command: the state, hardware and drivers parts
     in one process) answers each part as that probe alone does, and the fact reads all three."""
     state = _request(tmp_path / "state", listener)
-    hardware = {
+    hardware: HardwareRequest = {
         "root": str(tmp_path / "root"),
         "weights_dir": str(tmp_path),
         "nvml": False,
         "metadata_url": "http://127.0.0.1:9/computeMetadata/v1/instance/attributes",
     }
-    drivers = {"nvidia": False, "services": ["kimi-contract-no-such-unit"], "sysctl": ["vm.max_map_count"]}
+    drivers: DriversRequest = {
+        "nvidia": False,
+        "services": ["kimi-contract-no-such-unit"],
+        "sysctl": ["vm.max_map_count"],
+    }
     _sysfs(tmp_path / "root")
     command = KimiHostState().command(state, hardware=hardware, drivers=drivers)
     assert command.count("python3") == 1

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the schema and the plan use the kinds: their types only, at run time nothing
     from kimi_deploy.accelerators.nvidia_drivers import NvidiaPlan
-    from kimi_deploy.host.profile_types import AcceleratorsFound, HostProfile
+    from kimi_deploy.host.profile_types import Accelerators, HostProfile
     from kimi_deploy.hostside.requests import DriversRequest, WatchedDevices
     from kimi_deploy.plan.servespec import HostPlan
     from kimi_deploy.recipe import Recipe
@@ -87,7 +87,7 @@ def _model(model: str | None) -> str:
     return model or ""
 
 
-def _none(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> AcceleratorsFound | None:
+def _none(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> Accelerators | None:
     return None
 
 
@@ -170,7 +170,7 @@ class AcceleratorKind:
     probe_sections: tuple[str, ...] = ()
     # the hardware probe's sections (``hostside/hardware_probe.py``) -> the profile's accelerators,
     # None: the host has none of this kind (``errors`` takes what could not be read, by section)
-    read_profile: Callable[[Mapping[str, Mapping[str, Any]], dict[str, str]], AcceleratorsFound | None] = _none
+    read_profile: Callable[[Mapping[str, Mapping[str, Any]], dict[str, str]], Accelerators | None] = _none
     # (the model the profile reports, the recipe's) -> whether they are one model
     matches_model: Callable[[str | None, str], bool] = matches_words
     # (host plan, host profile) -> the preflight's line, None: the host may serve

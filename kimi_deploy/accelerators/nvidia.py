@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from kimi_deploy.accelerators import nvidia_drivers
 from kimi_deploy.accelerators.interface import AcceleratorKind
 from kimi_deploy.accelerators.nvidia_models import open_modules_only
-from kimi_deploy.host.profile_types import AcceleratorsFound, Device, Fabric, Topology
+from kimi_deploy.host.profile_types import Accelerators, Device, Fabric, Topology, no_accelerators
 from kimi_deploy.parsers import ParseError, count_of, text_of
 from kimi_deploy.parsers.nvidia_smi_query import find_failure, parse_query
 from kimi_deploy.parsers.nvidia_smi_topo import parse_topo
@@ -41,11 +41,11 @@ def _machine(model: str | None) -> str:
     return "aarch64" if (model or "").upper() in ARM_MODELS else "x86_64"
 
 
-def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> AcceleratorsFound | None:
+def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> Accelerators | None:
     """The GPUs NVML reports, else nvidia-smi's query, else the NVIDIA devices on PCI (no driver
     answering); None on a host with no sign of an NVIDIA GPU or driver."""
     nvidia, drivers = sections.get("nvidia") or {}, sections.get("drivers") or {}
-    out: AcceleratorsFound = {"source": None, "error": None, "driver_version": None}
+    out = no_accelerators(NAME)
     nvml = nvidia.get("nvml")
     query = nvidia.get("smi_query")
     topo = nvidia.get("smi_topo")

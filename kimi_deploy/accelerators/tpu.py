@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from kimi_deploy.accelerators.interface import AcceleratorKind, DriversPlan, DriversStep, SysctlPlan, matches_words
-from kimi_deploy.host.profile_types import AcceleratorsFound, Device, TpuInfo
+from kimi_deploy.host.profile_types import Accelerators, Device, TpuInfo, no_accelerators
 from kimi_deploy.hostside.requests import DriversRequest
 from kimi_deploy.parsers import ParseError, count_of, text_of
 from kimi_deploy.parsers.tpu_pci import parse_tpu_pci
@@ -73,7 +73,7 @@ def _devices(model: str | None) -> int:
     return DEVICES_PER_CHIP.get((model or "").lower(), 1)
 
 
-def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> AcceleratorsFound | None:
+def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> Accelerators | None:
     tpu = sections.get("tpu") or {}
     reported = tpu.get("pci")
     reported = reported if isinstance(reported, list) else []
@@ -100,15 +100,19 @@ def _profile(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) 
         "worker": count_of(metadata.get("agent-worker-number")),
     }
     model = tpu_model(info["generation"]) if info["generation"] else None
-    found: AcceleratorsFound = {
-        "vendor": NAME,
-        "count": info["chip_count"],
-        "model": model,
-        # five of Device's keys (iommu_group None: the listing names no group); cast, as mypy cannot widen a TypedDict
-        "devices": cast(list[Device], parsed["devices"]),
-        "source": "sysfs",
-        "tpu": info,
-    }
+    found = no_accelerators(NAME)
+    found.update(
+        {
+            "vendor": NAME,
+            "count": info["chip_count"],
+            "model": model,
+            # five of Device's keys (iommu_group None: the listing names no group); a cast, as mypy
+            # cannot widen a list of one TypedDict to another's
+            "devices": cast(list[Device], parsed["devices"]),
+            "source": "sysfs",
+            "tpu": info,
+        }
+    )
     return found
 
 

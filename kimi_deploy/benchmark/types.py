@@ -168,3 +168,12 @@ class Figures(TypedDict):
     at: str | None
     tasks: list[str]
     targets: dict[str, list[KeptLevel]]
+
+
+class BenchRecordRequest(TypedDict):
+    """``bench_record.py``: the run's figures into the serving release's record on the generator
+    host (its ``current`` link and release folders)."""
+
+    figures: Figures
+    current: str
+    releases: str

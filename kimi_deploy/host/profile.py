@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kimi_deploy.accelerators import KINDS, NONE
-from kimi_deploy.host.profile_types import Accelerators, Disk, Drivers, HostProfile, RdmaPort
+from kimi_deploy.host.profile_types import Accelerators, Disk, Drivers, HostProfile, RdmaPort, no_accelerators
 from kimi_deploy.hostside.shared_queries import blocks, installed
 from kimi_deploy.parsers import count_of, text_of
 
@@ -121,27 +121,11 @@ def _object(value: Any) -> Mapping[str, Any]:
 
 def _accelerators(sections: Mapping[str, Mapping[str, Any]], errors: dict[str, str]) -> Accelerators:
     """The first kind's devices the probe found (``KINDS``, in order), on every key of the shape."""
-    out: Accelerators = {
-        "vendor": NONE.name,
-        "count": 0,
-        "model": None,
-        "memory_mib": None,
-        "devices": [],
-        "driver_version": None,
-        "cuda_version": None,
-        "source": None,
-        "error": None,
-        "topology": None,
-        "nvlink_active": None,
-        "fabric": None,
-        "tpu": None,
-    }
     for kind in KINDS.values():
         found = kind.read_profile(sections, errors)
         if found is not None:
-            out.update(found)
-            return out
-    return out
+            return found
+    return no_accelerators(NONE.name)
 
 
 # The rest ---------------------------------------------------------------------------------------

@@ -93,23 +93,24 @@ class Accelerators(TypedDict):
     tpu: TpuInfo | None
 
 
-class AcceleratorsFound(TypedDict, total=False):
-    """What a kind's reader found (``AcceleratorKind.read_profile``): the keys it knows, over
-    ``Accelerators``' defaults."""
-
-    vendor: str
-    count: int
-    model: str | None
-    memory_mib: int | None
-    devices: list[Device]
-    driver_version: str | None
-    cuda_version: str | None
-    source: str | None
-    error: str | None
-    topology: Topology | None
-    nvlink_active: int | None
-    fabric: list[Fabric] | None
-    tpu: TpuInfo | None
+def no_accelerators(vendor: str) -> Accelerators:
+    """``vendor``'s accelerators with nothing found: every key unknown. A kind's reader starts from
+    it and sets what it found; a host with none of any kind reads as it with the kind ``none``."""
+    return {
+        "vendor": vendor,
+        "count": 0,
+        "model": None,
+        "memory_mib": None,
+        "devices": [],
+        "driver_version": None,
+        "cuda_version": None,
+        "source": None,
+        "error": None,
+        "topology": None,
+        "nvlink_active": None,
+        "fabric": None,
+        "tpu": None,
+    }
 
 
 class RdmaPort(TypedDict):

@@ -7,18 +7,49 @@ file; ``tests/test_host_request.py`` holds that every program with a ``main`` is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from kimi_deploy.benchmark.types import BenchRecordRequest, BenchRequest
 from kimi_deploy.host.command import bundle, hostside_command
+from kimi_deploy.hostside.requests import (
+    AllReduceRequest,
+    CommCheckRequest,
+    CommCheckStep,
+    DrainRequest,
+    DriversRequest,
+    HardwareRequest,
+    HostProbeRequest,
+    LadderRequest,
+    PeerRequest,
+    RouterViewRequest,
+    SmokeRequest,
+    StateRequest,
+    SyncRequest,
+    VenvInstallRequest,
+    WatchdogConfig,
+)
+
+Request = TypeVar("Request")
+
+
+class CommCheckPhase(CommCheckRequest, CommCheckStep):
+    """``commcheck.py``'s request in one of its steps."""
+
+
+class CommCheckListen(CommCheckPhase):
+    """Its ``listen`` step: how long the listener may live."""
+
+    lifetime_s: float
 
 
 @dataclass(frozen=True)
-class HostProgram:
+class HostProgram(Generic[Request]):
+    """A program of ``hostside/`` and the type of its request (``kimi_deploy.hostside.requests``)."""
+
     script: str  # hostside/<script>
 
-    def command(self, python: str, request: Mapping[str, Any]) -> str:
+    def command(self, python: str, request: Request) -> str:
         """The shell command running the program with ``python`` on the host, in one round-trip."""
         return hostside_command(python, self.script, request)
 
@@ -28,27 +59,29 @@ class HostProgram:
 
 
 # probes
-HOST_PROBE = HostProgram("host_probe.py")  # the converge's probe: hardware, drivers and state in one process
-HARDWARE_PROBE = HostProgram("hardware_probe.py")
-DRIVER_PROBE = HostProgram("driver_probe.py")
-STATE_PROBE = HostProgram("state_probe.py")
+# the converge's probe: hardware, drivers and state in one process
+HOST_PROBE: HostProgram[HostProbeRequest] = HostProgram("host_probe.py")
+HARDWARE_PROBE: HostProgram[HardwareRequest] = HostProgram("hardware_probe.py")
+DRIVER_PROBE: HostProgram[DriversRequest] = HostProgram("driver_probe.py")
+STATE_PROBE: HostProgram[StateRequest] = HostProgram("state_probe.py")
 # the converge's steps
-VENV_INSTALL = HostProgram("venv_install.py")
-WEIGHTS_SYNC = HostProgram("weights_sync.py")  # also the scrub timer's program
-WEIGHTS_PEER = HostProgram("weights_peer.py")
-COMMCHECK = HostProgram("commcheck.py")
-ALLREDUCE = HostProgram("allreduce.py")
-SMOKE = HostProgram("smoke.py")
-ROUTER_VIEW = HostProgram("router_view.py")
-ROUTER_DRAIN = HostProgram("router_drain.py")
-# the watchdog unit's program
-WATCHDOG = HostProgram("watchdog.py")
+VENV_INSTALL: HostProgram[VenvInstallRequest] = HostProgram("venv_install.py")
+WEIGHTS_SYNC: HostProgram[SyncRequest] = HostProgram("weights_sync.py")  # also the scrub timer's program
+WEIGHTS_PEER: HostProgram[PeerRequest] = HostProgram("weights_peer.py")
+COMMCHECK: HostProgram[CommCheckPhase] = HostProgram("commcheck.py")
+ALLREDUCE: HostProgram[AllReduceRequest] = HostProgram("allreduce.py")
+SMOKE: HostProgram[SmokeRequest] = HostProgram("smoke.py")
+ROUTER_VIEW: HostProgram[RouterViewRequest] = HostProgram("router_view.py")
+ROUTER_DRAIN: HostProgram[DrainRequest] = HostProgram("router_drain.py")
+# the watchdog unit's program (its request: the config file it reads)
+WATCHDOG: HostProgram[WatchdogConfig] = HostProgram("watchdog.py")
 # the context ladder and the serving benchmark
-LADDER = HostProgram("ladder.py")
-BENCH_LOAD = HostProgram("bench_load.py")
-BENCH_RECORD = HostProgram("bench_record.py")
+LADDER: HostProgram[LadderRequest] = HostProgram("ladder.py")
+BENCH_LOAD: HostProgram[BenchRequest] = HostProgram("bench_load.py")
+BENCH_RECORD: HostProgram[BenchRecordRequest] = HostProgram("bench_record.py")
 
-PROGRAMS = (
+# every program, whatever its request
+PROGRAMS: tuple[HostProgram[Any], ...] = (
     HOST_PROBE,
     HARDWARE_PROBE,
     DRIVER_PROBE,

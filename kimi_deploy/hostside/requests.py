@@ -134,6 +134,13 @@ class DrainRequest(TypedDict):
     drained_file: NotRequired[str]
 
 
+class CommCheckStep(TypedDict):
+    """``commcheck.py`` in one of its steps: ``CommCheckRequest`` and the step (``listen``,
+    ``probe``, ``verdict``)."""
+
+    phase: str
+
+
 class ProbePort(TypedDict):
     """A port one host of a communication check reaches on another, labelled for the report."""
 
@@ -363,3 +370,64 @@ class ReleaseRecord(ReleaseIdentity):
     smoke: dict[str, KeptSmoke]
     pins: dict[str, str]
     checkpoints: dict[str, Checkpoint]
+
+
+class HardwareRequest(TypedDict, total=False):
+    """``hardware_probe.py``: where the weights go (their filesystem, and a bounded read measured
+    there with ``measure``), NVML and ``nvidia-smi topo -m`` asked or not, the GCE metadata's URL,
+    the root it reads under (tests), and each command's bound."""
+
+    weights_dir: str
+    measure: bool
+    nvml: bool
+    topology: bool
+    metadata_url: str
+    root: str
+    timeout_s: float
+
+
+class HostProbeRequest(TypedDict):
+    """``host_probe.py``: the state probe's request, and the hardware and drivers probes' where a
+    converge reads them in the same round-trip."""
+
+    state: StateRequest
+    hardware: NotRequired[HardwareRequest]
+    drivers: NotRequired[DriversRequest]
+
+
+class UvRelease(TypedDict):
+    version: str
+    dir: str
+
+
+class ReleaseLockGiven(TypedDict, total=False):
+    """The lock a release installs from: its own kept one (``own``: its digest) or the controller's
+    text."""
+
+    own: str
+    text: str
+
+
+class VenvInstallRequest(TypedDict):
+    """``venv_install.py``: one release's virtual environment at ``path``, from its lock."""
+
+    path: str
+    requirements: list[str]
+    index_url: str
+    # what ``.kimi-release.json`` records (``ReleaseMarker``'s first keys)
+    marker: dict[str, str | list[str]]
+    uv: UvRelease
+    lock: NotRequired[ReleaseLockGiven | None]
+
+
+class PeerRequest(TypedDict):
+    """``weights_peer.py``: serve the revision's files in ``dir`` to ``allow`` with the run's key."""
+
+    dir: str
+    lock: Lock
+    bind: str
+    port: int
+    allow: list[str]
+    key_file: str
+    fetching: bool
+    idle_exit_s: float

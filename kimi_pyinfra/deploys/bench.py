@@ -29,7 +29,7 @@ from kimi_deploy.benchmark.delta import figures, format_delta
 from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, bench_topology, generator, hosted, local_target
 from kimi_deploy.benchmark.plot import draw
 from kimi_deploy.benchmark.report import format_report, report
-from kimi_deploy.benchmark.types import Report, ReportMeta
+from kimi_deploy.benchmark.types import BenchRecordRequest, Report, ReportMeta
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.command import ANSWER_MAX_BYTES
 from kimi_deploy.host.programs import BENCH_RECORD
@@ -71,7 +71,11 @@ def deploy_bench() -> None:
     def _record(rep: Report) -> dict[str, object]:
         """Put the run's figures in the serving release's record on the generator host; what it
         answers: the release's name and the latest run of another release (``hostside/bench_record.py``)."""
-        request = {"figures": figures(rep), "current": recipe.paths.current, "releases": recipe.paths.releases}
+        request: BenchRecordRequest = {
+            "figures": figures(rep),
+            "current": recipe.paths.current,
+            "releases": recipe.paths.releases,
+        }
         ok, output = host.run_shell_command(BENCH_RECORD.command("python3", request))
         if not ok:
             raise PyinfraError(f"{host.name}: benchmark: the release record was not written: {output.stderr[-300:]}")

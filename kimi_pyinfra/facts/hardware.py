@@ -11,6 +11,7 @@ from kimi_deploy.host.profile import parse_profile
 from kimi_deploy.host.profile_types import HostProfile
 from kimi_deploy.host.programs import HARDWARE_PROBE
 from kimi_deploy.hostside.boundary_json import loads
+from kimi_deploy.hostside.requests import HardwareRequest
 
 
 class HostHardware(FactBase[HostProfile]):
@@ -46,7 +47,7 @@ class HostHardware(FactBase[HostProfile]):
     def requires_command(self, *args: Any, **kwargs: Any) -> str:
         return "python3"
 
-    def command(self, request: dict[str, Any] | None = None) -> str:
+    def command(self, request: HardwareRequest | None = None) -> str:
         return HARDWARE_PROBE.command("python3", request or {})
 
     def process(self, output: list[str]) -> HostProfile:

@@ -11,6 +11,7 @@ from kimi_deploy.host.profile import parse_profile
 from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.host.programs import HOST_PROBE
 from kimi_deploy.hostside.boundary_json import loads
+from kimi_deploy.hostside.requests import DriversRequest, HardwareRequest, HostProbeRequest, StateRequest
 from kimi_pyinfra.facts.drivers import parse as parse_drivers
 
 
@@ -45,10 +46,10 @@ class KimiHostState(FactBase[HostState]):
         return "python3"
 
     def command(
-        self, request: dict[str, Any], hardware: dict[str, Any] | None = None, drivers: dict[str, Any] | None = None
+        self, request: StateRequest, hardware: HardwareRequest | None = None, drivers: DriversRequest | None = None
     ) -> str:
         # One process (hostside/host_probe.py) for every part: one tagged JSON line each.
-        parts: dict[str, Any] = {"state": request}
+        parts: HostProbeRequest = {"state": request}
         if hardware is not None:
             parts["hardware"] = hardware
         if drivers:

@@ -10,7 +10,7 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from kimi_deploy.host.programs import ALLREDUCE, COMMCHECK
+from kimi_deploy.host.programs import ALLREDUCE, COMMCHECK, CommCheckListen
 from kimi_deploy.hostside.commcheck import TOKEN_CREDENTIAL
 from kimi_deploy.hostside.host_dirs import LOG_DIR
 from kimi_deploy.hostside.requests import AllReduceRequest, CommCheckRequest
@@ -66,11 +66,12 @@ def listening(*, request: CommCheckRequest | None, token: str = "", why_not: str
         return
     # root's alone from the start, and whole or not at all (``operations.units.replaced``)
     yield StringCommand(replaced(TOKEN_FILE, len(token.encode()), 0o600, "root", "root"), _stdin=token)
+    listen: CommCheckListen = {**request, "phase": "listen", "lifetime_s": LIFETIME_S}
     yield transient_service(
         LISTENER_UNIT,
         f"kimi-deploy: communication check listeners of run {request['run']}",
         (*_LISTENER_PROPERTIES, f"LoadCredential={TOKEN_CREDENTIAL}:{TOKEN_FILE}"),
-        COMMCHECK.command("/usr/bin/python3", {**request, "phase": "listen", "lifetime_s": LIFETIME_S}),
+        COMMCHECK.command("/usr/bin/python3", listen),
     )
 
 

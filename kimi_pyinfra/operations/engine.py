@@ -16,6 +16,7 @@ from pyinfra.context import host, state
 from kimi_deploy.host.programs import VENV_INSTALL
 from kimi_deploy.hostside.boundary_text import printable
 from kimi_deploy.hostside.probe_types import ReleaseMarker
+from kimi_deploy.hostside.requests import ReleaseLockGiven, UvRelease, VenvInstallRequest
 from kimi_deploy.recipe import Paths
 from kimi_deploy.releases.host_paths import release_dir
 from kimi_deploy.releases.lock import HostPlatform, LockError, cached_lock
@@ -26,17 +27,17 @@ from kimi_pyinfra.run_context import Once, run_context
 
 def release_marker(
     package: str, version: str, requirements: list[str], index_url: str, without: list[str] | None = None
-) -> dict[str, Any]:
+) -> dict[str, str | list[str]]:
     """What ``.kimi-release.json`` records once a release installed completely (the install adds
     its lock's digest, platform and size, the uv version and the manifest's name)."""
-    marker: dict[str, Any] = {"package": package, "version": version, "requirements": requirements}
+    marker: dict[str, str | list[str]] = {"package": package, "version": version, "requirements": requirements}
     marker["index_url"] = index_url
     if without:
         marker["without"] = without
     return marker
 
 
-def _uv(version: str, folder: str | None) -> dict[str, str]:
+def _uv(version: str, folder: str | None) -> UvRelease:
     """uv and its folder: a tool release like the others (``/opt/kimi/tools/uv-0.13.9``)."""
     return {"version": version, "dir": folder or release_dir(Paths().tools, "uv", version)}
 
@@ -69,7 +70,7 @@ def _lock_request(
     index_url: str,
     found: Any,
     committed: CommittedLock | None,
-) -> dict[str, str] | None:
+) -> ReleaseLockGiven | None:
     """What the install is told about its lock: its own, the one committed beside the recipe
     (``kimi_deploy.releases.committed_locks``), or the text the controller resolves for the platform the
     host reported (``kimi_deploy.releases.lock``), once the run executes (None before: pyinfra also
@@ -173,7 +174,7 @@ def venv(
         said.add((host.name, path))
         how = "from its lock" if lock.kind == "own" else "from a new lock"
         host.log(f"kimi-deploy: {damage_line(path, damaged)}: rebuilding it {how}, beside it", logger.warning)
-    request: dict[str, Any] = {
+    request: VenvInstallRequest = {
         "path": path,
         "requirements": requirements,
         "index_url": index_url,

@@ -11,7 +11,7 @@ from pyinfra.context import host
 
 from kimi_deploy.host.programs import WEIGHTS_PEER, WEIGHTS_SYNC
 from kimi_deploy.hostside.probe_types import WeightsFound
-from kimi_deploy.hostside.requests import PeerSource, SyncRequest
+from kimi_deploy.hostside.requests import PeerRequest, PeerSource, SyncRequest
 from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from kimi_deploy.weights.fanout import needs_sync
 
@@ -108,7 +108,7 @@ def peer_server(
     the hosts that fetch find it up; ``peer_server_stopped`` ends it when they are done, and it
     exits by itself after five idle minutes, or six hours whatever happens.
     """
-    request = {
+    request: PeerRequest = {
         "dir": path,
         "lock": lock,
         "bind": bind,
