@@ -157,6 +157,7 @@ def test_the_request_names_where_keys_are_and_holds_none(tmp_path: Path) -> None
         "nvidia": False,
         "key_file": "/etc/kimi/secrets/kimi-vllm.env",
         "key_var": "VLLM_API_KEY",
+        "kv_metrics": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
     }
     assert [level["concurrency"] for level in request["levels"]] == [1, 4, 16]
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kimi_deploy.engines import ENGINES
 from kimi_deploy.hostside import context_probe
 from kimi_deploy.recipe import ContextProbe
 from tests.hostile_http import BAD_STATUS, ENDLESS, LONG_LINE, Hostile, answer, within
@@ -108,6 +109,7 @@ def _request(engine: Engine | Hostile, **probe: Any) -> dict[str, Any]:
         "unit": "kimi-test-engine",
         "smoke": {"url": url, "served_name": SERVED},
         "probe": ContextProbe(**probe).model_dump(mode="json"),
+        "kv_metrics": list(ENGINES["vllm"].kv_usage_metrics),
     }
 
 
@@ -159,12 +161,14 @@ def test_each_rung_and_run_asks_with_words_of_its_own_and_never_the_answer(engin
 # ---- whatever answers on the engine's port ----------------------------------------------------------------
 
 KV = 'vllm:kv_cache_usage_perc{engine="0",model_name="kimi-local"} 0.42\n'
+# the gauges the engines name (vLLM's, SGLang's)
+GAUGES = ENGINES["vllm"].kv_usage_metrics + ENGINES["sglang"].kv_usage_metrics
 
 
 def _sampled(page: str) -> float | None:
     """The KV cache use a sample of ``page`` (the engine's /metrics) reads."""
     with Hostile(answers={"/metrics": answer(page.encode(), kind="text/plain")}) as server:
-        peaks = context_probe.Peaks(server.url, None, "kimi-test-engine", accelerators=False)
+        peaks = context_probe.Peaks(server.url, None, "kimi-test-engine", kv_metrics=GAUGES, accelerators=False)
         within(10, peaks.sample)
     return peaks.kv
 
@@ -209,3 +213,13 @@ def test_a_probe_answered_by_something_else_fails_the_rung_in_one_line(
     assert result["reason"].startswith("the probe's request failed after ")
     assert result["reason"].endswith(f"s: engine at {server.url[7:]}: {said}")
     assert "\n" not in result["reason"]
+
+
+def test_an_engine_that_names_no_gauge_has_none_read() -> None:
+    """Where the engine's gauges of KV cache use are not known (``Engine.kv_usage_metrics`` empty:
+    sglang-jax's, TokenSpeed's), the probe records none rather than another engine's."""
+    assert ENGINES["tokenspeed"].kv_usage_metrics == ()
+    with Hostile(answers={"/metrics": answer(KV.encode(), kind="text/plain")}) as server:
+        peaks = context_probe.Peaks(server.url, None, "kimi-test-engine", kv_metrics=(), accelerators=False)
+        within(10, peaks.sample)
+    assert peaks.kv is None

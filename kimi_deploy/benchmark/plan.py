@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kimi_deploy.accelerators import accelerator
 from kimi_deploy.benchmark.types import BenchRequest, RequestTarget
 from kimi_deploy.converge.plan import unit_key
+from kimi_deploy.engines import engine as engine_kind
 from kimi_deploy.plan.listen import LOOPBACK
 from kimi_deploy.plan.servespec import HostPlan, Unit
 from kimi_deploy.recipe import Benchmark, Recipe, RouterFallback
@@ -130,6 +131,7 @@ def bench_request(recipe: Recipe, topology: tuple[HostPlan, ...], at: HostPlan, 
             "key_var": key_var,
             # the load's peaks of the accelerators' use, read with nvidia-smi
             "nvidia": accelerator(at.accelerator_vendor).device_health,
+            "kv_metrics": list(engine_kind(recipe.topologies[at.topology].engine).kv_usage_metrics),
         },
         "remove": [HOSTED_KEY] if other is not None else [],
     }

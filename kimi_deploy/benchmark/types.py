@@ -45,6 +45,8 @@ class RequestEngine(TypedDict):
     key_var: str | None
     # its accelerators' memory is read with nvidia-smi
     nvidia: bool
+    # its gauges of KV cache use (``Engine.kv_usage_metrics``)
+    kv_metrics: list[str]
 
 
 class BenchRequest(TypedDict):

@@ -122,3 +122,9 @@ def engine_unit_for(
         secret_files=secret_files or {},
         files=files or {},
     )
+
+
+# vLLM's gauge of KV cache use (a fraction), and its name before vLLM 0.10 (vLLM's "Metrics"
+# design doc: vllm:gpu_cache_usage_perc was renamed vllm:kv_cache_usage_perc); vLLM's TPU build
+# serves the same /metrics
+VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")

@@ -50,6 +50,9 @@ class Engine:
     cpu_build: bool = False
     # its release holds the benchmark's load generator (``vllm bench serve``)
     load_generator: bool = False
+    # its /metrics gauges of KV cache use, each a fraction, read while the context ladder's probe
+    # and the benchmark's load run; empty: none known, none read
+    kv_usage_metrics: tuple[str, ...] = ()
 
     def client_port(self, topology: Topology) -> int:
         """The port clients (or the router) reach the topology's API on: ``ports.api`` or the

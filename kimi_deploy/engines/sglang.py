@@ -78,4 +78,6 @@ ENGINE = Engine(
     unit=engine_unit,
     secret_file_key="api-key",  # noqa: S106 - the key's name in its config file
     hicache_refusal=None,
+    # SGLang's share of its token pool in use (docs/references/production_metrics.md)
+    kv_usage_metrics=("sglang:token_usage",),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from kimi_deploy.engines.common import engine_unit_for, model_flags
+from kimi_deploy.engines.common import VLLM_KV_USAGE, engine_unit_for, model_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.plan.listen import bind_address
@@ -267,4 +267,5 @@ ENGINE = Engine(
     draft_flag=DRAFT_FLAG,
     cpu_build=True,
     load_generator=True,
+    kv_usage_metrics=VLLM_KV_USAGE,
 )

@@ -48,7 +48,7 @@ the catalog's sources):
 from __future__ import annotations
 
 from kimi_deploy.accelerators import accelerator
-from kimi_deploy.engines.common import engine_unit_for, model_flags
+from kimi_deploy.engines.common import VLLM_KV_USAGE, engine_unit_for, model_flags
 from kimi_deploy.engines.interface import Engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.plan.listen import bind_address
@@ -137,4 +137,6 @@ def positionals(catalog: Catalog) -> int:
     return len(catalog.launch) + 1
 
 
-ENGINE = Engine(name=NAME, default_api_port=8000, unit=engine_unit, positionals=positionals)
+ENGINE = Engine(
+    name=NAME, default_api_port=8000, unit=engine_unit, positionals=positionals, kv_usage_metrics=VLLM_KV_USAGE
+)

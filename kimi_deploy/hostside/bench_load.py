@@ -469,7 +469,17 @@ def _level(
     engine = req.get("engine") if target["name"] == "local" else None
     unit = engine["unit"] if engine else None
     error = gen.ready() if rows and gen is not None else None
-    peaks = Peaks(engine["url"], _key(engine), engine["unit"], accelerators=engine["nvidia"]) if engine else None
+    peaks = (
+        Peaks(
+            engine["url"],
+            _key(engine),
+            engine["unit"],
+            kv_metrics=engine.get("kv_metrics") or (),
+            accelerators=engine["nvidia"],
+        )
+        if engine
+        else None
+    )
     if peaks:
         peaks.start()
     engine0, began = (cpu_s(unit) if unit else None), time.monotonic()

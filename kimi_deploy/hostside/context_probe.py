@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kimi_deploy.hostside.boundary_http import Reply, Unanswered, answering, ask
@@ -45,8 +46,6 @@ WORDS = tuple(
     village voyage walrus weasel willow
     """.split()  # noqa: SIM905 - a table of names, many to a line
 )
-# The engines' gauges of their KV cache use (vLLM's, its name before 0.10, SGLang's), each a fraction.
-KV_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SAMPLE_S = 0.5
 # What is read of the engine's answers at most: its /metrics page; its /tokenize answer (vLLM's
@@ -58,13 +57,14 @@ STREAM_BYTES = 16 << 20
 STREAM_LINE = 1 << 20
 
 
-def kv_cache_usage(page: str) -> float | None:
+def kv_cache_usage(page: str, metrics: Sequence[str]) -> float | None:
     """The highest KV cache use among the samples of ``page`` (Prometheus' text format, one
-    sample a line: ``NAME{LABELS} VALUE [TIMESTAMP]``) of ``KV_METRICS``, or None; a line that is
+    sample a line: ``NAME{LABELS} VALUE [TIMESTAMP]``) of ``metrics`` (the engine's gauges, the
+    controller's ``Engine.kv_usage_metrics``), or None; a line that is
     not such a sample, or whose value is not a finite number, is left out. Linear in the page."""
     found: list[float] = []
     for line in page.split("\n"):
-        name = next((n for n in KV_METRICS if line.startswith(n)), None)
+        name = next((n for n in metrics if line.startswith(n)), None)
         if name is None:
             continue
         rest = line[len(name) :]
@@ -154,9 +154,12 @@ def sized(req: dict[str, Any], key: str | None, rung: int, seed: str) -> tuple[s
 class Peaks(threading.Thread):
     """Samples the engine's KV cache use, the accelerators' memory and the unit's memory until stopped."""
 
-    def __init__(self, base: str, key: str | None, unit: str, *, accelerators: bool = True) -> None:
+    def __init__(
+        self, base: str, key: str | None, unit: str, *, kv_metrics: Sequence[str] = (), accelerators: bool = True
+    ) -> None:
         super().__init__(daemon=True)
         self.base, self.key, self.unit = base, key, unit
+        self.kv_metrics = tuple(kv_metrics)
         self.kv: float | None = None
         self.accelerator_mib: int | None = None
         self.host_mib: int | None = None
@@ -170,8 +173,8 @@ class Peaks(threading.Thread):
     def sample(self) -> None:
         try:
             page = ask(f"{self.base}/metrics", key=self.key, timeout_s=5, max_bytes=METRICS_BYTES)
-            if page.status == 200:
-                self.kv = self._peak(self.kv, kv_cache_usage(page.body.decode("utf-8", "replace")))
+            if page.status == 200 and self.kv_metrics:
+                self.kv = self._peak(self.kv, kv_cache_usage(page.body.decode("utf-8", "replace"), self.kv_metrics))
         except Unanswered:
             pass  # no sample this time
         if self.smi:
@@ -201,7 +204,7 @@ def measure(req: dict[str, Any], key: str | None, rung: int, seed: str) -> dict[
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    peaks = Peaks(base, key, req["unit"])
+    peaks = Peaks(base, key, req["unit"], kv_metrics=req.get("kv_metrics") or ())
     peaks.start()
     started = time.monotonic()
     first: float | None = None

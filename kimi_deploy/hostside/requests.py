@@ -333,6 +333,8 @@ class LadderRequest(TypedDict):
     proof: ProofKey
     release_dir: str
     run: str
+    # the engine's gauges of KV cache use (``Engine.kv_usage_metrics``)
+    kv_metrics: list[str]
 
 
 class ReleaseIdentity(TypedDict):

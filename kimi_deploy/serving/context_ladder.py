@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kimi_deploy.converge.plan import Converge, UnitTarget, needs_start, unit_state
+from kimi_deploy.engines import engine
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.profile_types import HostProfile, HostState
 from kimi_deploy.hostside.probe_types import LadderProof
@@ -198,4 +199,5 @@ def climb_request(
         },
         "release_dir": todo.release.dir,
         "run": run_id,
+        "kv_metrics": list(engine(recipe.topologies[spec.topology].engine).kv_usage_metrics),
     }
