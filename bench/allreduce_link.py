@@ -26,6 +26,7 @@ from typing import Any
 
 from harness.demo_recipes import recipe_for
 from harness.own_cluster import OwnCluster
+from harness.ssh import root_ssh
 from kimi_deploy.host.command import hostside_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,17 +46,7 @@ def both(state: dict[str, Any], commands: list[str]) -> list[dict[str, Any]]:
     """Each host's command at the same moment; each one's last stdout line, as JSON."""
     procs = []
     for host, command in zip(state["hosts"], commands, strict=True):
-        argv = [
-            "ssh",
-            "-i",
-            state["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={state['known_hosts']}",
-            "-o",
-            "BatchMode=yes",
-            f"root@{host['address']}",
-            command,
-        ]
+        argv = [*root_ssh(state, host["address"]), command]
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = []
     for proc in procs:

@@ -40,6 +40,7 @@ from harness.interrupted import (
     tunnel,
 )
 from harness.own_cluster import OwnCluster, Run
+from harness.ssh import root_ssh
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,21 +155,7 @@ def main() -> None:
 
 def _ssh(st: dict[str, Any], address: str, command: str) -> str:
     out = subprocess.run(
-        [
-            "ssh",
-            "-i",
-            st["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={st['known_hosts']}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=5",
-            f"root@{address}",
-            command,
-        ],
+        [*root_ssh(st, address, "-o", "ConnectTimeout=5"), command],
         capture_output=True,
         text=True,
         check=False,

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from harness.ssh import root_ssh
 from kimi_deploy.host.command import hostside_command
 from localcluster.state import Settings
 
@@ -41,16 +42,7 @@ def run_check(state: dict[str, Any], hosts: list[dict[str, Any]], ports: int, si
             "bandwidth": {"bytes": size, "min_mbit_s": 1, "max_s": 2.0},
             "deadline_s": 20,
         }
-        ssh = [
-            "ssh",
-            "-i",
-            state["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={state['known_hosts']}",
-            "-o",
-            "BatchMode=yes",
-            f"root@{me['address']}",
-        ]
+        ssh = root_ssh(state, me["address"])
         done = subprocess.run(
             [*ssh, hostside_command("python3", "commcheck.py", request)],
             capture_output=True,

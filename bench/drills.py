@@ -71,6 +71,7 @@ import yaml
 from harness.demo_recipes import demo_gpu_data
 from harness.hosted_api import HostedApi
 from harness.own_cluster import OwnCluster, Run, hub_json
+from harness.ssh import root_ssh
 from localcluster.hub import write_faults
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,17 +153,7 @@ def _inventory(folder: Path, recipe: Path) -> Path:
 def _ssh(st: dict[str, Any], host: str, command: str) -> str:
     address = next(h["address"] for h in st["hosts"] if h["name"] == host)
     out = subprocess.run(
-        [
-            "ssh",
-            "-i",
-            st["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={st['known_hosts']}",
-            "-o",
-            "BatchMode=yes",
-            f"root@{address}",
-            command,
-        ],
+        [*root_ssh(st, address), command],
         capture_output=True,
         text=True,
         timeout=60,

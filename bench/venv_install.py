@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from harness.ssh import root_ssh
 from kimi_deploy.host.command import hostside_command
 from kimi_deploy.hostside import state_probe, venv_install
 from localcluster.pypi_mirror import DEMO_RECIPE
@@ -56,18 +57,7 @@ class Host:
     def __init__(self, state: dict[str, Any]) -> None:
         first = state["hosts"][0]
         self.name = first["name"]
-        self.ssh = [
-            "ssh",
-            "-i",
-            state["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={state['known_hosts']}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            f"root@{first['address']}",
-        ]
+        self.ssh = root_ssh(state, first["address"])
 
     def run(self, command: str) -> tuple[float, str]:
         """Seconds ``command`` took on the host (SSH included), and its stdout."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.own_cluster import BIN, ROOT
+from harness.ssh import root_ssh
 
 PROMPT = "Reply with exactly the word READY and nothing else."
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -74,23 +75,7 @@ def tunnel(state: dict[str, Any], address: str, port: int = 8000) -> tuple[subpr
         s.bind(("127.0.0.1", 0))
         local = s.getsockname()[1]
     proc = subprocess.Popen(
-        [
-            "ssh",
-            "-i",
-            state["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={state['known_hosts']}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ExitOnForwardFailure=yes",
-            "-N",
-            "-L",
-            f"127.0.0.1:{local}:{address}:{port}",
-            f"root@{address}",
-        ],
+        root_ssh(state, address, "-o", "ExitOnForwardFailure=yes", "-N", "-L", f"127.0.0.1:{local}:{address}:{port}"),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

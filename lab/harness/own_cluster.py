@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.ssh import root_ssh
+
 # the checkout this lab is part of (lab/harness/own_cluster.py): its recipes, inventories, deploys
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -134,17 +136,7 @@ def run_pyinfra(inventory: str, deploy: str, args: list[str], env: dict[str, str
 def host_ssh(state: dict[str, Any], host: dict[str, Any], command: str) -> None:
     """Run ``command`` as root on ``host`` of the cluster whose ``state`` is given, keys checked."""
     subprocess.run(
-        [
-            "ssh",
-            "-i",
-            state["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={state['known_hosts']}",
-            "-o",
-            "BatchMode=yes",
-            f"root@{host['address']}",
-            command,
-        ],
+        [*root_ssh(state, host["address"]), command],
         check=True,
         capture_output=True,
         timeout=60,

@@ -18,6 +18,7 @@ import yaml
 
 from harness.demo_recipes import demo_gpu_data
 from harness.own_cluster import BIN, ROOT, Run, run_pyinfra
+from harness.ssh import root_ssh
 from tests.cluster_env import use_tests_cluster
 
 # The recipe the tests converge the demo cluster with, unless they give another: the demo's hosts
@@ -93,19 +94,7 @@ def ssh(host: str, *command: str, cluster_state: dict[str, Any] | None = None, s
     st = cluster_state or state()
     address = next(h["address"] for h in st["hosts"] if h["name"] == host)
     out = subprocess.run(
-        [
-            "ssh",
-            "-i",
-            st["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={st['known_hosts']}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            f"root@{address}",
-            *command,
-        ],
+        [*root_ssh(st, address), *command],
         input=stdin,
         capture_output=True,
         check=True,

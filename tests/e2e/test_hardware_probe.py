@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from harness.ssh import root_ssh
 from kimi_deploy.host.command import hostside_command
 from kimi_deploy.host.profile import matches_model, parse_profile
 from kimi_deploy.hostside.probe_types import HardwareAnswer
@@ -48,19 +49,7 @@ def probe(host: dict[str, Any], request: dict[str, Any]) -> tuple[dict[str, Any]
     command = hostside_command("python3", "hardware_probe.py", request)
     started = time.monotonic()
     done = subprocess.run(
-        [
-            "ssh",
-            "-i",
-            state["ssh_key"],
-            "-o",
-            f"UserKnownHostsFile={state['known_hosts']}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            f"root@{host['address']}",
-            command,
-        ],
+        [*root_ssh(state, host["address"]), command],
         capture_output=True,
         text=True,
         timeout=60,
