@@ -91,7 +91,7 @@ def main() -> None:
         f"the Hub sent {sent} bytes ({sent / size:.2f} W)"
     )
     # The weights' own steps, as the converge's step lines time them ("--> <step>: ... in <s> s").
-    steps = re.findall(r"--> (Weights[^:]*):.* in ([0-9.]+) s", run.log)
+    steps = re.findall(r"--> kimi \| (Weights[^:]*):.* in ([0-9.]+) s", run.log)
     for name, took in steps:
         print(f"  {name}: {took} s")
     spent = sum(float(took) for _, took in steps)

@@ -714,9 +714,9 @@ def test_a_converge_cut_during_its_smoke_tests_never_takes_both_instances_down(s
         drained += drain_lines(log)
         assert stopped == 130, _said(log)
         # kimi-h1 waited for, not restarted; kimi-h2 restarted in the second batch
-        assert re.search(r"--> Smoke test of units still starting: 1 changed", log), log[-6000:]
-        assert re.search(r"--> Services: leaders: 0 changed", log), log[-6000:]
-        assert re.search(r"--> Services: leaders \(second batch\): 1 changed", log), log[-6000:]
+        assert re.search(r"--> kimi \| Smoke test of units still starting: 1 changed", log), log[-6000:]
+        assert re.search(r"--> kimi \| Services: leaders: 0 changed", log), log[-6000:]
+        assert re.search(r"--> kimi \| Services: leaders \(second batch\): 1 changed", log), log[-6000:]
         assert "kimi-deploy: SIGINT: stopped after step 'kimi | Smoke test (second batch)'" in log, log[-4000:]
         assert re.search(r"kimi-deploy: \[kimi-h2\] changed by: .*Services: leaders \(second batch\)", log), log
         # how long each engine was without service, from its stop to its smoke test's answer (kimi-h1's

@@ -76,7 +76,7 @@ def test_the_first_converge_of_sixteen_hosts_serves_with_no_error_and_each_file_
     assert sorted(fleet.served) == sorted(lock["files"])  # every file of the revision ...
     assert set(fleet.served.values()) == {1}, {path: n for path, n in fleet.served.items() if n > 1}  # ... once
     # one line per step rather than one per host and step
-    assert "--> Releases (engine, host tools): " in run.log
+    assert "--> kimi | Releases (engine, host tools): " in run.log
     assert "] No changes" not in run.log
     assert "] Success" not in run.log
 
