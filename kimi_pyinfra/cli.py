@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from kimi_deploy import __version__
 from kimi_deploy.converge.plan import PYPI
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.captured import CAPTURES
@@ -271,6 +272,7 @@ def _init(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-deploy", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kimi-deploy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="check a recipe and an inventory together; change nothing")
     validate.add_argument("recipe")
