@@ -14,8 +14,7 @@ from kimi_deploy.benchmark.types import BenchRecordRequest, BenchRequest
 from kimi_deploy.host.command import bundle, hostside_command
 from kimi_deploy.hostside.requests import (
     AllReduceRequest,
-    CommCheckRequest,
-    CommCheckStep,
+    CommCheckPhase,
     DrainRequest,
     DriversRequest,
     HardwareRequest,
@@ -31,16 +30,6 @@ from kimi_deploy.hostside.requests import (
 )
 
 Request = TypeVar("Request")
-
-
-class CommCheckPhase(CommCheckRequest, CommCheckStep):
-    """``commcheck.py``'s request in one of its steps."""
-
-
-class CommCheckListen(CommCheckPhase):
-    """Its ``listen`` step: how long the listener may live."""
-
-    lifetime_s: float
 
 
 @dataclass(frozen=True)

@@ -134,13 +134,6 @@ class DrainRequest(TypedDict):
     drained_file: NotRequired[str]
 
 
-class CommCheckStep(TypedDict):
-    """``commcheck.py`` in one of its steps: ``CommCheckRequest`` and the step (``listen``,
-    ``probe``, ``verdict``)."""
-
-    phase: str
-
-
 class ProbePort(TypedDict):
     """A port one host of a communication check reaches on another, labelled for the report."""
 
@@ -173,6 +166,18 @@ class CommCheckRequest(TypedDict):
     deadline_s: float
     # the ports above the listener's that it may take when its own is busy
     ephemeral: int
+
+
+class CommCheckPhase(CommCheckRequest):
+    """``commcheck.py`` in one of its steps (``listen``, ``probe``, ``verdict``)."""
+
+    phase: str
+
+
+class CommCheckListen(CommCheckPhase):
+    """Its ``listen`` step: how long the listener may live."""
+
+    lifetime_s: float
 
 
 class Rendezvous(TypedDict):

@@ -10,10 +10,10 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from kimi_deploy.host.programs import ALLREDUCE, COMMCHECK, CommCheckListen
+from kimi_deploy.host.programs import ALLREDUCE, COMMCHECK
 from kimi_deploy.hostside.commcheck import TOKEN_CREDENTIAL
 from kimi_deploy.hostside.host_dirs import LOG_DIR
-from kimi_deploy.hostside.requests import AllReduceRequest, CommCheckRequest
+from kimi_deploy.hostside.requests import AllReduceRequest, CommCheckListen, CommCheckRequest
 from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from kimi_pyinfra.operations.units import replaced
 from kimi_pyinfra.rehearsal import Do
