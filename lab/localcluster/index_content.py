@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from localcluster import pypi_mirror, wheels
+from kimi_deploy.hostside.boundary_lock import lock_pins
+from kimi_deploy.recipe_file import load_recipe
+from kimi_deploy.releases import committed_locks
+from localcluster import CHECKOUT, pypi_mirror, wheels
 
 
 def extra_packages(environ: dict[str, str] | None = None) -> list[str]:
@@ -20,24 +23,52 @@ def extra_packages(environ: dict[str, str] | None = None) -> list[str]:
     return list(dict.fromkeys(r for r in raw.replace(",", " ").split() if r))
 
 
-def _real_sets() -> list[list[str]]:
-    """The sets of real packages the index serves, each downloaded (and cached) as one: a new
+def _locked_sets() -> tuple[list[list[str]], set[str]]:
+    """The pins of each committed lock of the demo recipe (its hosts' OS named: each release's whole
+    closure, as the hosts install it), stand-ins left out; and the requirements they cover. The
+    index serves exactly what the locks pin: PyPI's newest releases of their dependencies may be
+    newer than the locks by now."""
+    recipe = load_recipe(pypi_mirror.DEMO_RECIPE)
+    sets: list[list[str]] = []
+    covered: set[str] = set()
+    for want in committed_locks.needed(recipe):
+        path = want.path(CHECKOUT)
+        if not path.is_file():
+            continue
+        pins = lock_pins(path.read_text(encoding="utf-8"))
+        sets.append(sorted(f"{name}=={version}" for name, version in pins.items() if name not in wheels.PROJECTS))
+        covered.update(want.release.requirements)
+    return [wanted for wanted in sets if wanted], covered
+
+
+def _real_sets() -> list[tuple[list[str], bool]]:
+    """The sets of real packages the index serves, each downloaded (and cached) as one, with
+    whether it is a lock's closure (downloaded as pinned, dependencies not resolved again): a new
     router pin leaves the engines' cache as it is."""
-    sets = [pypi_mirror.requirements(), pypi_mirror.real_engines(set(wheels.PROJECTS)), pypi_mirror.real_routers()]
-    return [wanted for wanted in (*sets, extra_packages()) if wanted]
+    locked, covered = _locked_sets()
+    resolved = [
+        [r for r in wanted if r not in covered]
+        for wanted in (
+            pypi_mirror.requirements(),
+            pypi_mirror.real_engines(set(wheels.PROJECTS)),
+            pypi_mirror.real_routers(),
+            extra_packages(),
+        )
+    ]
+    return [(wanted, True) for wanted in locked] + [(wanted, False) for wanted in resolved if wanted]
 
 
 def download() -> None:
     """Fetch what the index will serve from PyPI into the cache, ahead of ``build`` (``cluster up``
     runs it while the hosts' base image is made)."""
-    for wanted in _real_sets():
-        pypi_mirror.download(wanted)
+    for wanted, pinned in _real_sets():
+        pypi_mirror.download(wanted, no_deps=pinned)
 
 
 def build(root: Path) -> list[Path]:
     """Stand-in engines (built here), the demo recipe's pinned tools, its real engine releases and
     its routers (from PyPI, cached)."""
     files = wheels.build_all(root)
-    for wanted in _real_sets():
-        files += pypi_mirror.mirror(root / "files", wanted=wanted)
+    for wanted, pinned in _real_sets():
+        files += pypi_mirror.mirror(root / "files", wanted=wanted, no_deps=pinned)
     return files

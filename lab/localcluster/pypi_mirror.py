@@ -50,11 +50,11 @@ def real_routers(recipe_file: Path = DEMO_RECIPE) -> list[str]:
     return [f"{name}=={release.version}" for name, release in sorted(load_recipe(recipe_file).routers.items())]
 
 
-def download(wanted: list[str], cache: Path = CACHE) -> tuple[Path, list[str]]:
-    """The cache folder of ``wanted`` and the wheels in it: ``wanted`` and their dependencies, which
-    pip downloads the first time only."""
+def download(wanted: list[str], cache: Path = CACHE, no_deps: bool = False) -> tuple[Path, list[str]]:
+    """The cache folder of ``wanted`` and the wheels in it: ``wanted`` and their dependencies (none
+    with ``no_deps``: ``wanted`` is a lock's whole closure), which pip downloads the first time only."""
     # One folder per set of requirements: a set's stamp lists the wheels pip fetched for it alone.
-    key = hashlib.sha256("\n".join(sorted(wanted)).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\n".join(sorted(wanted) + (["--no-deps"] if no_deps else [])).encode()).hexdigest()[:16]
     dest = cache / key
     stamp = dest / ".done"
     with cache_lock(dest):  # two clusters coming up at once download a set once
@@ -70,6 +70,7 @@ def download(wanted: list[str], cache: Path = CACHE) -> tuple[Path, list[str]]:
                     "--only-binary=:all:",
                     "--dest",
                     str(dest),
+                    *(["--no-deps"] if no_deps else []),
                     *wanted,
                 ],
                 capture_output=True,
@@ -83,10 +84,10 @@ def download(wanted: list[str], cache: Path = CACHE) -> tuple[Path, list[str]]:
     return dest, stamp.read_text(encoding="utf-8").split()
 
 
-def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None) -> list[Path]:
-    """Put the wheels of ``wanted`` (default: the demo recipe's tools) and their dependencies in
-    ``files_dir``; pip downloads only what the cache lacks."""
-    dest, names = download(requirements() if wanted is None else wanted, cache)
+def mirror(files_dir: Path, cache: Path = CACHE, wanted: list[str] | None = None, no_deps: bool = False) -> list[Path]:
+    """Put the wheels of ``wanted`` (default: the demo recipe's tools) and their dependencies (none
+    with ``no_deps``) in ``files_dir``; pip downloads only what the cache lacks."""
+    dest, names = download(requirements() if wanted is None else wanted, cache, no_deps)
     files_dir.mkdir(parents=True, exist_ok=True)
     out = []
     for name in names:
