@@ -365,10 +365,12 @@ def _metrics(
             for a in ("restart", "stop")
         ]
     out += [
-        "# HELP kimi_watchdog_systemd_restarts systemd's own restarts of the unit (NRestarts).",
-        "# TYPE kimi_watchdog_systemd_restarts gauge",
+        "# HELP kimi_watchdog_systemd_restarts_total systemd's own restarts of the unit (NRestarts).",
+        "# TYPE kimi_watchdog_systemd_restarts_total counter",
     ]
-    out += [f'kimi_watchdog_systemd_restarts{{unit="{u}"}} {checks[u].get("nrestarts", 0)}' for u in sorted(units)]
+    out += [
+        f'kimi_watchdog_systemd_restarts_total{{unit="{u}"}} {checks[u].get("nrestarts", 0)}' for u in sorted(units)
+    ]
     out += [
         "# HELP kimi_watchdog_canary_seconds How long the last canary took.",
         "# TYPE kimi_watchdog_canary_seconds gauge",
@@ -381,16 +383,20 @@ def _metrics(
     gpus = host.get("accelerators")
     if gpus is not None:
         out += [
-            "# HELP kimi_watchdog_accelerators GPUs that answer, and how many the plan expects.",
-            "# TYPE kimi_watchdog_accelerators gauge",
-            f'kimi_watchdog_accelerators{{state="present"}} {gpus["count"]}',
-            f'kimi_watchdog_accelerators{{state="expected"}} {gpus["expected"]}',
-            "# HELP kimi_watchdog_ecc_uncorrected_errors Uncorrected ECC errors (volatile), all GPUs.",
-            "# TYPE kimi_watchdog_ecc_uncorrected_errors gauge",
-            f"kimi_watchdog_ecc_uncorrected_errors {gpus['ecc']}",
-            "# HELP kimi_watchdog_retired_pages_pending GPUs with pages or rows pending retirement or remapping.",
-            "# TYPE kimi_watchdog_retired_pages_pending gauge",
-            f"kimi_watchdog_retired_pages_pending {gpus['pending']}",
+            "# HELP kimi_watchdog_accelerators_present GPUs that answer nvidia-smi.",
+            "# TYPE kimi_watchdog_accelerators_present gauge",
+            f"kimi_watchdog_accelerators_present {gpus['count']}",
+            "# HELP kimi_watchdog_accelerators_expected GPUs the plan expects on the host.",
+            "# TYPE kimi_watchdog_accelerators_expected gauge",
+            f"kimi_watchdog_accelerators_expected {gpus['expected']}",
+            # volatile counts (since the driver loaded): a reload is a counter's reset
+            "# HELP kimi_watchdog_ecc_uncorrected_errors_total Uncorrected ECC errors (volatile), all GPUs.",
+            "# TYPE kimi_watchdog_ecc_uncorrected_errors_total counter",
+            f"kimi_watchdog_ecc_uncorrected_errors_total {gpus['ecc']}",
+            "# HELP kimi_watchdog_gpus_retirement_pending GPUs (not pages) with pages pending retirement or rows"
+            " pending remapping, which a reset of the GPU applies.",
+            "# TYPE kimi_watchdog_gpus_retirement_pending gauge",
+            f"kimi_watchdog_gpus_retirement_pending {gpus['pending']}",
         ]
     if "xid_counts" in host:
         out += [
