@@ -3,7 +3,8 @@
 Four panels side by side, one line per target (the deployment, and the hosted API where it was
 compared): time to first token (p50 solid, p95 dashed), output tokens per second, and the share
 of tasks that passed their acceptance rule, and, where the recipe prices serving, the cost per
-successful task. Drawn with matplotlib's Agg backend (no display), as a PNG.
+successful task. Drawn with matplotlib's Agg backend (no display), as a PNG; matplotlib is the
+extra ``kimi-deploy[plot]``: importing this module without it raises ``MissingExtra``.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import matplotlib
-
 from kimi_deploy.benchmark.types import LevelReport, Report
+from kimi_deploy.extras import need
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # after the backend is chosen
+need("matplotlib").use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
 
 COLORS = {"local": "#1f77b4", "hosted": "#d62728"}
 

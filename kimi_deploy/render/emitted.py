@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-import crossplane  # type: ignore[import-untyped]
 import yaml
 
 from kimi_deploy.converge.plan import hosted_fallback, key_names
+from kimi_deploy.extras import need
 from kimi_deploy.plan.servespec import HostPlan, Plan, Unit
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.render.files import UNIT_DIR, RenderedFile, render_host
@@ -72,6 +72,7 @@ def _flags(unit: Unit) -> Iterator[tuple[str, str]]:
 def _nginx_directives(content: str) -> Iterator[str]:
     """The directives of an nginx config, read by crossplane (nginx's own config parser for
     Python) as nginx reads them; entries of a ``map`` block are values, not directives."""
+    crossplane = need("crossplane")  # the extra kimi-deploy[ledger]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "nginx.conf"
         path.write_text(content, encoding="utf-8")

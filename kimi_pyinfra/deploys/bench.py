@@ -27,10 +27,10 @@ from pyinfra.operations import python
 
 from kimi_deploy.benchmark.delta import figures, format_delta
 from kimi_deploy.benchmark.plan import HOSTED_KEY, bench_request, bench_topology, generator, hosted, local_target
-from kimi_deploy.benchmark.plot import draw
 from kimi_deploy.benchmark.report import format_report, report
 from kimi_deploy.benchmark.types import BenchRecordRequest, Report, ReportMeta
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.extras import MissingExtra
 from kimi_deploy.host.command import ANSWER_MAX_BYTES
 from kimi_deploy.host.programs import BENCH_RECORD
 from kimi_deploy.hostside.boundary_json import loads
@@ -104,6 +104,11 @@ def deploy_bench() -> None:
         target = Path(deploy.host.vars.kimi_bench_json or "kimi-bench.json")
         target.write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         picture = Path(deploy.host.vars.kimi_bench_png or "kimi-bench.png")
+        try:
+            from kimi_deploy.benchmark.plot import draw  # noqa: PLC0415 - matplotlib: the extra kimi-deploy[plot]
+        except MissingExtra as exc:
+            logger.warning(f"--> Wrote {target}; no picture: {exc}")
+            return
         draw(rep, picture)
         logger.info(f"--> Wrote {target} and {picture}")
 
