@@ -40,6 +40,8 @@ class HostVars(BaseModel):
     kimi_hf_endpoint: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     # ``full`` re-hashes every weights file this run (the cache by size, mtime and inode is ignored).
     kimi_verify: Literal["cached", "full"] | None = None
+    # The seconds between a long step's progress lines (``kimi_pyinfra.fleet_progress``; default 15).
+    kimi_progress_tick_s: Annotated[float, Field(ge=0.1, le=3600, allow_inf_nan=False)] | None = None
     # NVIDIA's CUDA apt repository (or a mirror of it laid out the same way): ``<url>/debian12/x86_64/``.
     kimi_nvidia_repo_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")] | None = None
     # ``allowed``: a host whose installed NVIDIA driver is not the loaded one is rebooted (one at a time).

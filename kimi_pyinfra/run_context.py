@@ -81,10 +81,15 @@ class RunContext:
     rehearsed: dict[str, bool] = field(default_factory=dict)
     # whether this run prints step lines (``kimi_pyinfra.fleet_progress``)
     step_lines: bool = False
+    # (host name, operation hash) -> the file the host program of that operation keeps its progress
+    # in while it runs (``kimi_pyinfra.progress_reads``); an operation's entries go when it ends
+    progress_files: dict[tuple[str, str], str] = field(default_factory=dict)
     # host name -> its hardware profile (deploys/report.py)
     profiles: dict[str, HostProfile] = field(default_factory=dict)
     # deploys/ladder.py: each host's context ladder proofs, read so far
     ladders: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # deploys/status.py: whether the status table was printed (once, by the first host past the probe)
+    status_shown: bool = False
 
 
 def new_run_id() -> str:

@@ -5,7 +5,8 @@ verdict, saved after every file placed, so a peer serves a file as soon as it is
 ``<dir>/.kimi/partial/<sha256 of the path>``: a file arriving from a peer or a mirror, hashed as
 it is written and moved into place only when it matches the lock (a new inode for every try);
 ``<dir>/.kimi/lock``: held (flock) by the sync or scrub at work; ``<dir>/.kimi/sync-started`` and
-``<dir>/.kimi/synced``: touched when a sync (or scrub) begins and ends, whatever its result.
+``<dir>/.kimi/synced``: touched when a sync (or scrub) begins and ends, whatever its result;
+``<dir>/.kimi/progress``: the bytes in and to come while files arrive (``hostside.progress_file``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 META = ".kimi"
 CACHE = "verify-cache.json"
+PROGRESS = "progress"
 # The verification cache of a revision is a few KiB per hundred files.
 CACHE_BYTES = 16 << 20
 

@@ -26,6 +26,10 @@ with their sizes (what the host probe stats) and its marker ``.kimi-release.json
 takes the place of ``path`` in two renames: an engine running from ``path`` keeps running. On
 failure ``path`` is left as it was and the reason is one line (exit 1): a version missing from the
 index, an index that does not answer, bytes that do not match the lock's hashes.
+
+While uv fetches the wheels, ``<path>.kimi-progress`` says how many of their bytes are in
+(``hostside.progress_file``, counted from what uv says it downloads: ``hostside.uv_downloads``);
+it goes when the install ends.
 """
 
 from __future__ import annotations
@@ -39,13 +43,16 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from kimi_deploy.hostside.boundary_lock import METADATA_MAX_BYTES, canonical_version, check_lock, metadata_pin
 from kimi_deploy.hostside.boundary_text import shown
+from kimi_deploy.hostside.progress_file import release_progress, remove_progress, write_progress
 from kimi_deploy.hostside.request import read_request
+from kimi_deploy.hostside.uv_downloads import Downloads
 from kimi_deploy.hostside.uv_process import HTTP_RETRIES, HTTP_TIMEOUT_S, environment, reason
 
 LOCK, FREEZE, MANIFEST, MARKER = ".kimi-lock.txt", ".kimi-freeze.txt", ".kimi-manifest.json", ".kimi-release.json"
@@ -70,6 +77,28 @@ def _run(argv: list[str], index_url: str, *remove: str, stdin: str | None = None
     if done.returncode != 0:
         _fail(reason(done.stdout + done.stderr, index_url), *remove)
     return done.stdout
+
+
+def _run_counted(argv: list[str], index_url: str, progress: str, *remove: str) -> str:
+    """``_run``, reading uv's stderr as it comes: each download it names is counted in the
+    progress file ``progress``."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(os.environ)
+    )
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    reader.start()
+    err: list[str] = []
+    downloads = Downloads()
+    for line in proc.stderr or ():
+        err.append(line)
+        if downloads.line(line):
+            write_progress(progress, downloads.done, downloads.total)
+    proc.wait()
+    reader.join()
+    if proc.returncode != 0:
+        _fail(reason("".join(out) + "".join(err), index_url), *remove)
+    return "".join(out)
 
 
 def _write(path: str, text: str) -> None:
@@ -229,6 +258,7 @@ def main() -> None:
         _install(req)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_progress(release_progress(req["path"]))
 
 
 def _install(req: dict[str, Any]) -> None:
@@ -247,7 +277,7 @@ def _install(req: dict[str, Any]) -> None:
     # uv's own files only; it would start it again to compile bytecode, which it does not here.
     sync = [uv, "pip", "sync", "--no-config", "--no-cache", "--no-compile-bytecode", "--python", f"{new}/bin/python"]
     sync += ["--index-url", index_url, "--require-hashes", "--no-build", os.path.join(new, LOCK)]
-    _run(sync, index_url, new)
+    _run_counted(sync, index_url, release_progress(path), new)
     installed = _installed(path, new)
     if installed != {name: canonical_version(version) for name, version in locked.items()}:
         _fail(f"{path}: installed {sorted(installed.items())}, the lock has {sorted(locked.items())}", new)

@@ -25,7 +25,9 @@ at once.
 Verification results are cached in DIR/.kimi/verify-cache.json by (size, mtime_ns, inode), so an
 unchanged file is never hashed twice; a verified file not readable by all gets mode 0644 back. A
 scrub re-hashes every file whatever the cache says. Syncs and scrubs of one revision take turns (a
-lock file), and progress (bytes, rate, ETA) is appended to ``progress_log`` every few seconds.
+lock file), and progress (bytes, rate, ETA) is appended to ``progress_log`` every few seconds;
+while files arrive, ``DIR/.kimi/progress`` holds the bytes in and to come, for the controller
+(``hostside.progress_file``, every second).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ from kimi_deploy.hostside.boundary_names import BadName, check_names, inside
 from kimi_deploy.hostside.boundary_text import shown
 from kimi_deploy.hostside.hub_access import GATED_ERROR, HUB, gated_line, token_line
 from kimi_deploy.hostside.hub_fetch import BadToken, HubFiles, OutOfTries, Refused, Weather, fresh_digest
+from kimi_deploy.hostside.progress_file import remove_progress, write_progress
 from kimi_deploy.hostside.request import read_request
-from kimi_deploy.hostside.revision_files import CACHE, META, load_cache, meta, partial_path
+from kimi_deploy.hostside.revision_files import CACHE, META, PROGRESS, load_cache, meta, partial_path
 
 TYPE_CHECKING = False  # for type checkers only: a host imports no more than it runs
 if TYPE_CHECKING:
@@ -66,6 +69,8 @@ if TYPE_CHECKING:
 FILE_MODE = 0o644
 READABLE = 0o444
 PROGRESS_EVERY_S = 5.0
+# The controller's file: a stat of each file still to come and of the partial ones, every second.
+PROGRESS_FILE_EVERY_S = 1.0
 # How long a fetch waits its turn at a peer that says it is busy or has the file still to come
 # (HTTP 503) before the next source: a chain's first hop waits for a whole file from the Hub.
 BUSY_WAIT_S = 3600.0
@@ -358,17 +363,20 @@ def _from_peers(
 
 class Progress:
     """Appends ``<time> <what>: <done> of <total> (<pct>), <rate>, ETA <s>`` to a log every few
-    seconds while files arrive, counting finished files and partial ones."""
+    seconds while files arrive, counting finished files and partial ones; and keeps the same
+    bytes in the progress ``file`` every second (removed at the end)."""
 
-    def __init__(self, log: str | None, label: str, root: str, wanted: dict[str, int]) -> None:
-        self.log, self.label, self.root, self.wanted = log, label, root, wanted
+    def __init__(self, log: str | None, label: str, root: str, wanted: dict[str, int], file: str | None = None) -> None:
+        self.log, self.label, self.root, self.wanted, self.file = log, label, root, wanted, file
         self.total = sum(wanted.values())
         self.started = time.monotonic()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Progress:
-        if self.log and self.wanted:
+        if (self.log or self.file) and self.wanted:
+            if self.file:
+                write_progress(self.file, self._done(), self.total)
             self.thread.start()
         return self
 
@@ -376,7 +384,10 @@ class Progress:
         if self.thread.is_alive():
             self.stop.set()
             self.thread.join()
-            self._write(final=True)
+            if self.log:
+                self._write(final=True)
+        if self.file:
+            remove_progress(self.file)
 
     def _done(self) -> int:
         done = 0
@@ -391,8 +402,9 @@ class Progress:
                         done += os.stat(os.path.join(dirpath, name)).st_size
         return min(done, self.total)
 
-    def _write(self, final: bool = False) -> None:
-        done, seconds = self._done(), max(time.monotonic() - self.started, 1e-6)
+    def _write(self, final: bool = False, done: int | None = None) -> None:
+        done = self._done() if done is None else done
+        seconds = max(time.monotonic() - self.started, 1e-6)
         rate = done / seconds
         eta = "done" if final else (f"ETA {(self.total - done) / rate:.0f} s" if rate > 0 else "ETA unknown")
         percent = 100 * done // max(self.total, 1)
@@ -407,8 +419,15 @@ class Progress:
                     f.write(f"{stamp} {self.label}: {text}\n")
 
     def _run(self) -> None:
-        while not self.stop.wait(PROGRESS_EVERY_S):
-            self._write()
+        every = PROGRESS_FILE_EVERY_S if self.file else PROGRESS_EVERY_S
+        logged = time.monotonic()
+        while not self.stop.wait(every):
+            done = self._done()
+            if self.file:
+                write_progress(self.file, done, self.total)
+            if self.log and time.monotonic() - logged >= PROGRESS_EVERY_S - every / 2:
+                logged = time.monotonic()
+                self._write(done=done)
 
 
 def _size(n: int) -> str:
@@ -692,7 +711,8 @@ def sync(req: SyncRequest) -> None:
     peer_causes: dict[str, str] = {}
     label = f"{req['repo']}@{req['revision'][:12]}"
     hub = HubOutcome()
-    with Progress(req.get("progress_log"), label, root, {r: lock[r][0] for r in bad}) as progress:
+    wanted = {r: lock[r][0] for r in bad}
+    with Progress(req.get("progress_log"), label, root, wanted, meta(root, PROGRESS)) as progress:
         placed, from_peers, peer_causes = _from_peers(root, lock, bad, req, cache)
         bad = [r for r in bad if r not in placed]
         if bad:

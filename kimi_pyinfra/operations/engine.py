@@ -16,12 +16,14 @@ from pyinfra.context import host, state
 from kimi_deploy.host.programs import VENV_INSTALL
 from kimi_deploy.hostside.boundary_text import printable
 from kimi_deploy.hostside.probe_types import ReleaseMarker
+from kimi_deploy.hostside.progress_file import release_progress
 from kimi_deploy.hostside.requests import ReleaseLockGiven, UvRelease, VenvInstallRequest
 from kimi_deploy.recipe import Paths
 from kimi_deploy.releases.host_paths import release_dir
 from kimi_deploy.releases.lock import HostPlatform, LockError, cached_lock
 from kimi_deploy.releases.venv_lock import LockSource, damage_line
 from kimi_deploy.releases.venvs import CommittedLock
+from kimi_pyinfra.progress_reads import progress_at
 from kimi_pyinfra.run_context import Once, run_context
 
 
@@ -144,6 +146,8 @@ def venv(
     restarted since its release did not change. A folder without a marker is an interrupted
     install and is rebuilt. A failed install leaves ``path`` as it was. A release that does not
     resolve for the host's platform fails the host in one line, before anything is installed.
+    While uv fetches the wheels, the step's line says their bytes over the hosts
+    (``<path>.kimi-progress``: ``kimi_pyinfra.progress_reads``).
 
     **Example:**
 
@@ -188,4 +192,5 @@ def venv(
     except LockError as exc:
         yield _failed(f"{path}: {exc}")
         return
+    progress_at(release_progress(path))
     yield VENV_INSTALL.command("python3", request)

@@ -12,8 +12,10 @@ from pyinfra.context import host
 from kimi_deploy.host.programs import WEIGHTS_PEER, WEIGHTS_SYNC
 from kimi_deploy.hostside.probe_types import WeightsFound
 from kimi_deploy.hostside.requests import PeerRequest, PeerSource, SyncRequest
+from kimi_deploy.hostside.revision_files import PROGRESS, meta
 from kimi_deploy.listener_sandbox import LISTENER_SANDBOX, stop_unit, transient_service
 from kimi_deploy.weights.fanout import needs_sync
+from kimi_pyinfra.progress_reads import progress_at
 
 
 @operation()
@@ -45,7 +47,8 @@ def revision(
       at a time in the lock's order, each served once verified
 
     Files are verified on the host (sha256 for LFS files, git blob ids for small ones), results
-    cached by (size, mtime, inode): a converged host hashes nothing.
+    cached by (size, mtime, inode): a converged host hashes nothing. While files arrive, the step's
+    line says their bytes over the hosts (``<dir>/.kimi/progress``: ``kimi_pyinfra.progress_reads``).
     """
     if not full_verify and not needs_sync(current):
         repo, revision = request["repo"], request["revision"]
@@ -58,6 +61,7 @@ def revision(
         "peer_key_file": peer_key_file,
         "in_order": in_order,
     }
+    progress_at(meta(request["dir"], PROGRESS))
     yield WEIGHTS_SYNC.command(python, sync)
 
 
