@@ -103,6 +103,10 @@ def _no_drivers(step: DriversStep) -> DriversPlan:
     return DriversPlan(step.spec.host, ())
 
 
+def _no_files(recipe: Recipe, spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[RenderedFile, ...]:
+    return ()
+
+
 def _no_line(recipe: Recipe, spec: HostPlan) -> str | None:
     return None
 
@@ -179,6 +183,10 @@ class AcceleratorKind:
     drivers_request: Callable[[Recipe, HostPlan], DriversRequest] = _no_request
     # the drivers step of an engine host
     plan_drivers: Callable[[DriversStep], DriversPlan] = _no_drivers
+    # (recipe, host plan, its topology's plans) -> every file the drivers step writes on an engine
+    # host, whatever its probe finds: ``plan_drivers`` takes them from here, and so does
+    # ``kimi-deploy plan --render``
+    driver_files: Callable[[Recipe, HostPlan, tuple[HostPlan, ...]], tuple[RenderedFile, ...]] = _no_files
     # what the drivers step installs on an engine host, as ``kimi-deploy plan`` shows it
     driver_line: Callable[[Recipe, HostPlan], str | None] = _no_line
 

@@ -188,5 +188,6 @@ KIND = AcceleratorKind(
     read_profile=_profile,
     drivers_request=nvidia_drivers.probe_request,
     plan_drivers=nvidia_drivers.plan_drivers,
+    driver_files=nvidia_drivers.driver_files,
     driver_line=nvidia_drivers.host_line,
 )

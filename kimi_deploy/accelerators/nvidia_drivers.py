@@ -304,18 +304,22 @@ def secure_boot_refusal(host: str, tree: str, found: Mapping[str, Any]) -> str |
     )
 
 
-def _imex_nodes(host: str, spec: HostPlan, topology: tuple[HostPlan, ...]) -> RenderedFile | str:
-    domain = imex_domain(spec, topology)
-    for peer in domain:
+def _imex_refusal(spec: HostPlan, topology: tuple[HostPlan, ...]) -> str | None:
+    """Why the IMEX domain of ``spec``'s instance has no node list: a host whose address is no IP address."""
+    for peer in imex_domain(spec, topology):
         try:
             ipaddress.ip_address(peer.address)
         except ValueError:
             return (
-                f"{host}: drivers: IMEX lists IP addresses in {IMEX_NODES}, "
+                f"{spec.host}: drivers: IMEX lists IP addresses in {IMEX_NODES}, "
                 f"found {peer.address!r} for host {peer.host}: set its kimi_address"
             )
+    return None
+
+
+def _imex_nodes(spec: HostPlan, topology: tuple[HostPlan, ...]) -> RenderedFile:
     why = f"# The IMEX domain of {spec.topology} pool {spec.pool} instance {spec.instance}, from the plan.\n"
-    return RenderedFile(IMEX_NODES, why + "".join(f"{p.address}\n" for p in domain), 0o644, "root")
+    return RenderedFile(IMEX_NODES, why + "".join(f"{p.address}\n" for p in imex_domain(spec, topology)), 0o644, "root")
 
 
 def _nvlsm_modules() -> RenderedFile:
@@ -357,6 +361,26 @@ def _imex_channel() -> RenderedFile:
     return RenderedFile(IMEX_CHANNEL_CONF, why + IMEX_CHANNEL_OPTION + "\n", 0o644, "root")
 
 
+def nvidia_files(spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[RenderedFile, ...]:
+    """Every file the drivers step writes on an NVIDIA engine host (``spec``; ``topology``: the
+    plans of its topology), in the order it writes them: the nvidia module's options, the NVLink
+    subnet manager's modules, the IMEX node list and the IMEX channel's unit, each where the host
+    needs it. None depends on what the host's probe finds. An IMEX domain with a host whose
+    address is no IP address gets no node list and no channel: the step refuses its hosts."""
+    imex = IMEX in extras_for(spec) and _imex_refusal(spec, topology) is None
+    nvlsm = needs_nvlsm(spec.accelerator_model, spec.accelerators)
+    return (
+        *((_imex_channel(),) if imex else ()),
+        *((_nvlsm_modules(),) if nvlsm else ()),
+        *((_imex_nodes(spec, topology), _imex_channel_unit()) if imex else ()),
+    )
+
+
+def driver_files(recipe: Recipe, spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[RenderedFile, ...]:
+    """``nvidia_files`` of a host whose recipe installs an NVIDIA driver (``drivers.nvidia``); none otherwise."""
+    return nvidia_files(spec, topology) if recipe.drivers.nvidia is not None else ()
+
+
 def _foreign(
     host: str, managed: tuple[str, ...], target: str | None, branch: str, found: Mapping[str, Any]
 ) -> str | None:
@@ -390,12 +414,11 @@ def plan_nvidia(
     tree = repository_tree(found.get("os") or {}) or "debian12"
     driver = driver_packages(want, tree)
     extras = extras_for(spec)
-    imex_nodes: RenderedFile | None = None
-    if IMEX in extras:
-        nodes = _imex_nodes(host, spec, topology)
-        if isinstance(nodes, str):
-            return nodes
-        imex_nodes = nodes
+    if IMEX in extras and (refused_nodes := _imex_refusal(spec, topology)) is not None:
+        return refused_nodes
+    # what the step writes, as ``kimi-deploy plan --render`` shows it (``nvidia_files``)
+    written = {f.path: f for f in nvidia_files(spec, topology)}
+    imex_nodes = written.get(IMEX_NODES)
     managed = driver + extras
     installed: dict[str, InstalledPackage] = found.get("packages") or {}
 
@@ -420,7 +443,7 @@ def plan_nvidia(
         install = stale
     nvlsm = needs_nvlsm(spec.accelerator_model, spec.accelerators)
     tools = NVLSM_PACKAGES if nvlsm else ()
-    modules_file = _nvlsm_modules() if nvlsm else None
+    modules_file = written.get(NVLSM_MODULES_FILE)
     missing_tools = tuple(n for n in tools if n not in installed)
     install += missing_tools
     pin = pin_package(want)
@@ -440,7 +463,7 @@ def plan_nvidia(
     else:
         reboot = "yes"
     services = []
-    channel = _imex_channel_unit() if IMEX in extras else None
+    channel = written.get(IMEX_CHANNEL_UNIT_FILE)
     if channel is not None:
         state = (found.get("services") or {}).get(IMEX_CHANNEL_UNIT) or {}
         restart = reboot != "yes" and _changed(channel, found)
@@ -478,7 +501,7 @@ def plan_nvidia(
         reboot=reboot,
         imex_nodes=imex_nodes,
         remove=() if FABRIC_MANAGER in extras else tuple(sorted(n for n in installed if n.startswith(FABRIC_MANAGER))),
-        module_options=_imex_channel() if imex_nodes is not None else None,
+        module_options=written.get(IMEX_CHANNEL_CONF),
         imex_channel=channel,
         services=tuple(services),
         tools=tools,

@@ -132,10 +132,14 @@ def _drivers_request(recipe: Recipe, spec: HostPlan) -> DriversRequest:
     return {"files": [TPU_SYSCTL_FILE], "sysctl": sorted(TPU_SYSCTL)}
 
 
-def _plan_drivers(step: DriversStep) -> DriversPlan:
+def _driver_files(recipe: Recipe, spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[RenderedFile, ...]:
     content = "".join(f"{key} = {value}\n" for key, value in sorted(TPU_SYSCTL.items()))
     why = "# Host settings TPU serving needs, from kimi-deploy.\n"
-    file = RenderedFile(TPU_SYSCTL_FILE, why + content, 0o644, "root")
+    return (RenderedFile(TPU_SYSCTL_FILE, why + content, 0o644, "root"),)
+
+
+def _plan_drivers(step: DriversStep) -> DriversPlan:
+    (file,) = _driver_files(step.recipe, step.spec, step.topology)
     return DriversPlan(step.spec.host, (), sysctl=SysctlPlan(file, TPU_SYSCTL, step.found.get("sysctl") or {}))
 
 
@@ -153,5 +157,6 @@ KIND = AcceleratorKind(
     matches_model=matches_model,
     drivers_request=_drivers_request,
     plan_drivers=_plan_drivers,
+    driver_files=_driver_files,
     driver_line=_driver_line,
 )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kimi_deploy.engines import engine
+from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.preflight import Needs
 from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.hostside.probe_types import Listener, UnitState
@@ -30,7 +31,7 @@ from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_deploy.plan.listen import LOOPBACK
 from kimi_deploy.plan.servespec import HostPlan, Unit
 from kimi_deploy.plan.start_batches import batch_of
-from kimi_deploy.recipe import Checkpoint, Recipe, RouterFallback
+from kimi_deploy.recipe import Checkpoint, Recipe, RouterFallback, SecretRef
 from kimi_deploy.releases.committed_locks import with_committed
 from kimi_deploy.releases.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER, NIXL_CLIENT
 from kimi_deploy.releases.host_libraries import packages as library_packages
@@ -49,6 +50,8 @@ from kimi_deploy.weights.hub_token import controller_token
 from kimi_deploy.weights.lockfile import read_lock
 
 PYPI = "https://pypi.org/simple"
+# A secret's content where ``kimi-deploy plan`` reads none: its file keeps its path, owner and mode.
+WITHHELD = "withheld"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,14 @@ class WeightsTarget:
     # its link in a release folder (``model``, ``draft``) and the recipe field that pins it
     link: str = "model"
     field: str = "model"
+    # why ``lock`` is empty: ``kimi-deploy plan`` found no lock (a converge refuses the revision then)
+    withheld: str = ""
+
+
+def transfer_key_file(target: WeightsTarget, key: str) -> RenderedFile:
+    """The run's weights transfer ``key`` on a host that serves ``target``'s files to its peers or
+    fetches them from them: root's, read by the engine user's group (the peer service)."""
+    return RenderedFile(target.peer_key_file, key + "\n", 0o440, "root", secret=True)
 
 
 def sync_request(target: WeightsTarget) -> SyncRequest:
@@ -213,13 +224,14 @@ def unit_state(unit: UnitTarget, state: HostState) -> UnitState | None:
     return current
 
 
-def _hub_token(config_dir: str, environ: Mapping[str, str]) -> RenderedFile | None:
+def _hub_token(config_dir: str, environ: Mapping[str, str], plan_only: bool = False) -> RenderedFile | None:
     """The controller's Hub token (where huggingface_hub finds it: ``kimi_deploy.weights.hub_token``) as a
     host file only root reads; None when the controller has none (public repositories need none)."""
     token = controller_token(environ)
     if token is None:
         return None
-    return RenderedFile(f"{config_dir}/secrets/hf-token", token + "\n", 0o600, "root", secret=True)
+    content = WITHHELD if plan_only else token
+    return RenderedFile(f"{config_dir}/secrets/hf-token", content + "\n", 0o600, "root", secret=True)
 
 
 def key_names(recipe: Recipe, spec: HostPlan) -> list[str]:
@@ -239,46 +251,63 @@ def hosted_fallback(recipe: Recipe, spec: HostPlan) -> RouterFallback | None:
     return router.fallback if spec.role == "router" and router is not None else None
 
 
-def _secrets(deploy: DeployPlan, environ: Mapping[str, str]) -> dict[str, str] | None:
+def _secrets(deploy: DeployPlan, environ: Mapping[str, str], plan_only: bool = False) -> dict[str, str] | None:
+    """The secrets ``deploy``'s units read, by name; ``plan_only``: none read, each one ``WITHHELD``."""
     expose = deploy.recipe.topologies[deploy.spec.topology].expose
     if expose is None:
         return None
-    field = f"topologies.{deploy.spec.topology}.expose.api_key"
-    key = read_secret(expose.api_key, deploy.recipe_file, field, environ)
+
+    def read(ref: SecretRef, field: str) -> str:
+        return WITHHELD if plan_only else read_secret(ref, deploy.recipe_file, field, environ)
+
+    key = read(expose.api_key, f"topologies.{deploy.spec.topology}.expose.api_key")
     secrets = dict.fromkeys(key_names(deploy.recipe, deploy.spec), key)
     hosted = hosted_fallback(deploy.recipe, deploy.spec)
     if hosted is not None:
         where = f"topologies.{deploy.spec.topology}.router.fallback.api_key"
-        secrets["KIMI_FALLBACK_API_KEY"] = read_secret(hosted.api_key, deploy.recipe_file, where, environ)
+        secrets["KIMI_FALLBACK_API_KEY"] = read(hosted.api_key, where)
     return secrets
 
 
-def _releases(recipe: Recipe, spec: HostPlan) -> list[VenvRelease]:
+def _releases(recipe: Recipe, spec: HostPlan, plan_only: bool = False) -> list[VenvRelease]:
     """The host's releases (``kimi_deploy.releases.venvs``), with their committed locks where the
-    recipe names the host's OS."""
+    recipe names the host's OS (``plan_only``: without, as they change no file: ``validate``
+    checks them)."""
     if spec.role == "router":
         releases = router_releases(recipe, spec.topology)
     else:
         releases = engine_releases(recipe, spec.engine, spec.engine_dir)  # type: ignore[arg-type]
-    return with_committed(recipe, spec.topology, releases)
+    return releases if plan_only else with_committed(recipe, spec.topology, releases)
 
 
-def _checkpoints(deploy: DeployPlan, environ: Mapping[str, str]) -> tuple[WeightsTarget, ...]:
+def _lock(checkpoint: Checkpoint, plan_only: bool) -> tuple[dict[str, list[Any]], str]:
+    """``checkpoint``'s lock (compact) and, for ``kimi-deploy plan`` alone, why it has none (the
+    lock's own error): a converge refuses a revision without its lock."""
+    try:
+        return read_lock(checkpoint).compact(), ""
+    except ConfigError as exc:
+        if not plan_only:
+            raise
+        return {}, str(exc)
+
+
+def _checkpoints(deploy: DeployPlan, environ: Mapping[str, str], plan_only: bool = False) -> tuple[WeightsTarget, ...]:
     """The checkpoints an engine host holds (``Recipe.checkpoints``), each at its revision verified
     against its lock; none on a router host."""
     recipe, host_vars = deploy.recipe, deploy.host.vars
     if deploy.spec.role == "router":
         return ()
     tools = tool_dir(recipe, "huggingface_hub", recipe.tools.huggingface_hub)
-    token = _hub_token(recipe.paths.config, environ)
+    token = _hub_token(recipe.paths.config, environ, plan_only)
     mirror = recipe.weights.mirror_path
 
     def target(field: str, checkpoint: Checkpoint) -> WeightsTarget:
+        lock, withheld = _lock(checkpoint, plan_only)
         return WeightsTarget(
             repo=checkpoint.repo,
             revision=checkpoint.revision,
             path=checkpoint_dir(recipe, checkpoint),
-            lock=read_lock(checkpoint).compact(),
+            lock=lock,
             python=f"{tools}/bin/python",
             endpoint=host_vars.kimi_hf_endpoint,
             full_verify=host_vars.kimi_verify == "full",
@@ -288,6 +317,7 @@ def _checkpoints(deploy: DeployPlan, environ: Mapping[str, str]) -> tuple[Weight
             mirror=f"{mirror}/{checkpoint.dir_name}/{checkpoint.revision}" if mirror else None,
             link=field.rsplit(".", 1)[-1],
             field=field,
+            withheld=withheld,
         )
 
     return tuple(target(field, checkpoint) for field, checkpoint in recipe.checkpoints(deploy.spec.topology))
@@ -453,18 +483,27 @@ def _release(
     kept = [
         RenderedFile(f"{folder}/release.json", json.dumps(record, sort_keys=True) + "\n", 0o644, "root"),
         # ``cp --parents`` as root: the copy takes the file's mode less the umask's 022
-        *(RenderedFile(f"{folder}/files{f.path}", f.content, f.mode & ~0o022, "root") for f in files if not f.secret),
+        *(
+            RenderedFile(f"{folder}/files{f.path}", f.content, f.mode & ~0o022, "root", withheld=f.withheld)
+            for f in files
+            if not f.secret
+        ),
     ]
     return Release(recipe.paths.current, folder, record, links, kept)
 
 
-def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
-    """What the converge makes true on ``deploy``'s host; ``environ``: the controller's environment."""
+def plan_converge(deploy: DeployPlan, environ: Mapping[str, str], *, plan_only: bool = False) -> Converge:
+    """What the converge makes true on ``deploy``'s host; ``environ``: the controller's environment.
+
+    ``plan_only``, for ``kimi-deploy plan``, which writes no host: no secret is read (each secret
+    file keeps its path, owner and mode, its content ``WITHHELD``: the units' digests and the
+    release are the converge's), and a checkpoint without its lock leaves the file holding the
+    scrub's request ``withheld`` instead of refusing."""
     recipe, spec = deploy.recipe, deploy.spec
-    venvs = _releases(recipe, spec)
-    checkpoints = _checkpoints(deploy, environ)
+    venvs = _releases(recipe, spec, plan_only)
+    checkpoints = _checkpoints(deploy, environ, plan_only)
     weights = checkpoints[0] if checkpoints else None
-    files = render_host(recipe, spec, _secrets(deploy, environ))
+    files = render_host(recipe, spec, _secrets(deploy, environ, plan_only))
     timers: list[str] = []
     if weights is not None and recipe.weights.scrub is not None:
         files += scrub_files(
@@ -473,6 +512,7 @@ def plan_converge(deploy: DeployPlan, environ: Mapping[str, str]) -> Converge:
             tools_dir=recipe.paths.tools,
             python=weights.python,
             request=sync_request(weights),
+            withheld=weights.withheld,
         )
         timers.append(SCRUB_UNIT)
     units = _units(recipe, spec, files, weights)

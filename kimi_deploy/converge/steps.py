@@ -23,6 +23,7 @@ from kimi_deploy.converge.plan import (
     port_conflicts,
     preflight_needs,
     sync_request,
+    transfer_key_file,
     unit_state,
 )
 from kimi_deploy.host.preflight import check as preflight_check
@@ -257,7 +258,7 @@ def _weights(todo: Converge, found: HostState, run: RunView) -> list[WeightsStep
         port = target.fan_out_port
         key = None
         if fan_out.serves or fan_out.sync == "peers":
-            key = RenderedFile(target.peer_key_file, run.transfer_key + "\n", 0o440, "root", secret=True)
+            key = transfer_key_file(target, run.transfer_key)
         current = found["weights"].get(target.path)
         out.append(
             WeightsSteps(

@@ -11,6 +11,7 @@ from kimi_deploy.accelerators.interface import DriversPlan, DriversStep
 from kimi_deploy.hostside.requests import DriversRequest
 from kimi_deploy.plan.servespec import HostPlan
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.render.files import RenderedFile
 
 
 def probe_request(recipe: Recipe, spec: HostPlan) -> DriversRequest:
@@ -35,6 +36,14 @@ def plan_drivers(
         return DriversPlan(spec.host, ())
     step = DriversStep(recipe, spec, topology, found, repo_url, reboot_allowed)
     return accelerator(spec.accelerator_vendor).plan_drivers(step)
+
+
+def driver_files(recipe: Recipe, spec: HostPlan, topology: tuple[HostPlan, ...]) -> tuple[RenderedFile, ...]:
+    """Every file the drivers step writes on this host (``topology``: the plans of its topology),
+    whatever its probe finds; none on a router host."""
+    if spec.role == "router":
+        return ()
+    return accelerator(spec.accelerator_vendor).driver_files(recipe, spec, topology)
 
 
 def host_kind_lines(recipe: Recipe, hosts: tuple[HostPlan, ...]) -> list[str]:

@@ -1,7 +1,8 @@
 """Rendering a host's serve spec into files: systemd units, environment files, engine configs.
 
 Pure: returns contents; writing them to a host is an operation's job. Secret files are rendered
-only when the secrets are given (by a deploy), never by ``kimi-deploy plan --render``.
+only when the secrets are given: a deploy's, or ``kimi-deploy plan``'s stand-ins, which it never
+writes (``kimi_deploy.converge.plan.plan_converge``).
 
 Every value a template writes goes through :func:`environment`'s checks: ``ExecStart=`` words are
 quoted and escaped by systemd's rules (``exec_start``, ``systemd_word`` filters), environment
@@ -56,6 +57,9 @@ class RenderedFile:
     mode: int
     owner: str
     secret: bool = False
+    # why its content is a stand-in (``kimi-deploy plan`` found no lock for the request it holds);
+    # empty in a converge, which refuses to run without what it would hold
+    withheld: str = ""
 
     @property
     def sha256(self) -> str:

@@ -22,9 +22,10 @@ PROGRESS_LOG = f"{LOG_DIR}/weights.log"
 
 
 def scrub_files(
-    scrub: Scrub, *, config_dir: str, tools_dir: str, python: str, request: SyncRequest
+    scrub: Scrub, *, config_dir: str, tools_dir: str, python: str, request: SyncRequest, withheld: str = ""
 ) -> list[RenderedFile]:
-    """The scrub's files for a host holding the revision ``request`` names (a sync request)."""
+    """The scrub's files for a host holding the revision ``request`` names (a sync request);
+    ``withheld``: why the request's lock is a stand-in, said by the file holding it."""
     jinja = environment()
     script = f"{tools_dir}/kimi-weights-sync.py"
     config = f"{config_dir}/{SCRUB_UNIT}.json"
@@ -33,7 +34,7 @@ def scrub_files(
     body: SyncRequest = {**request, "scrub": True, "repair": scrub.repair, "peers": [], "full": True}
     return [
         RenderedFile(script, WEIGHTS_SYNC.source(), 0o644, "root"),
-        RenderedFile(config, json.dumps(body, sort_keys=True, indent=1) + "\n", 0o644, "root"),
+        RenderedFile(config, json.dumps(body, sort_keys=True, indent=1) + "\n", 0o644, "root", withheld=withheld),
         RenderedFile(
             service,
             jinja.get_template("weights-scrub.service.j2").render(
