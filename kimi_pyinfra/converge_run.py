@@ -14,6 +14,8 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import inventory
 
+from kimi_deploy.converge.file_diff import diff_request
+from kimi_deploy.converge.host_files import host_files
 from kimi_deploy.converge.plan import converge_request
 from kimi_deploy.converge.steps import RunView, plan_fan_outs, run_view
 from kimi_deploy.host.drivers import probe_request as drivers_request
@@ -24,10 +26,14 @@ from kimi_pyinfra.run_context import run_context
 
 
 def probe_request(h: Host) -> dict[str, Any]:
-    """What ``h``'s probe reads: its converge's state, its hardware and its drivers."""
+    """What ``h``'s probe reads: its converge's state, its hardware and its drivers; with pyinfra's
+    ``--diff``, also what it holds of each file the converge would change (``diff_request``)."""
     plan, work = todo_for(inventory, h)
+    request = converge_request(work)
+    if h.state.config.DIFF:
+        request["diff"] = diff_request(host_files(plan, work))
     return {
-        "request": converge_request(work),
+        "request": request,
         # what preflight decides on: the topology matrix is the report's (deploys/report.py)
         "hardware": {"weights_dir": plan.recipe.paths.models, "topology": False},
         "drivers": drivers_request(plan.recipe, plan.spec),

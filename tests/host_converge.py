@@ -74,6 +74,7 @@ def probe_answer(
             return {
                 "active": "inactive",
                 "sub": "dead",
+                "since": None,
                 "pid": 0,
                 "enabled": "",
                 "applied": None,
@@ -89,6 +90,7 @@ def probe_answer(
         return {
             "active": "active",
             "sub": "running",
+            "since": 1_780_000_000.0,
             "pid": 4100,
             "enabled": "enabled",
             "applied": release,

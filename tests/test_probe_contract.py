@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def _request(tmp_path: Path, port: int) -> StateRequest:
     secret.write_text("KEY=1\n")
     secret.chmod(0o640)
     (tmp_path / "current").symlink_to(release)
+    (tmp_path / "edited.conf").write_text("edited\n")
     return {
         "user": "root",
         "venvs": [str(release), str(tmp_path / "engines/absent")],
@@ -83,6 +85,8 @@ def _request(tmp_path: Path, port: int) -> StateRequest:
         "link": str(tmp_path / "current"),
         "packages": ["bash", "kimi-contract-no-such-package"],
         "releases": True,
+        # a run with --diff: the host's text of each file that differs from these digests
+        "diff": {str(tmp_path / "edited.conf"): "0" * 64, str(tmp_path / "absent.conf"): "0" * 64},
     }
 
 
@@ -114,6 +118,10 @@ def test_the_state_probe_run_as_on_a_host_answers_in_its_types(tmp_path: Path, l
     assert sorted(answer["revisions"][str(tmp_path / "models")]["present"]) == ["a" * 40, "b" * 40]
     assert answer["current"] == str(tmp_path / "engines/vllm-0.34.0")
     assert set(answer["units"]) == {"kimi-contract-no-such-unit"}
+    assert answer["contents"] == {
+        str(tmp_path / "edited.conf"): {"size": 7, "text": "edited\n", "why": ""},
+        absent: None,
+    }
     # and the fact reads it into the converge's type
     found = KimiHostState().process([f"state {run.stdout.splitlines()[-1]}"])
     assert problems(found, HostState) == []
@@ -130,6 +138,9 @@ def test_the_release_log_and_its_records_answer_in_their_types(
     (release / "release.json").write_text(
         json.dumps({"units": {"kimi-vllm": "d" * 64}, "files": [], "revision": "a" * 40})
     )
+    # the serving benchmark's figures the release keeps (hostside/bench_record.py), read as they are
+    bench = {"release": "r1", "at": "2026-12-02T00:00:30Z", "figures": {"targets": {}}}
+    (release / "bench.json").write_text(json.dumps(bench))
     log = tmp_path / "releases.log"
     log.write_text(
         f"2026-12-02T00:00:00Z {release} serving run-1\n2026-12-02T00:01:00Z {tmp_path}/releases/gone switched\n"
@@ -144,9 +155,21 @@ def test_the_release_log_and_its_records_answer_in_their_types(
     records = answer["releases"]["records"]
     assert records[str(release)]["engine"] is True
     assert records[f"{tmp_path}/releases/gone"] is None
+    assert records[str(release)]["bench"] == bench
     assert answer["last_release"][1:] == [f"{tmp_path}/releases/gone", "switched"]
     # the units of a release the log names are probed too (a rollback restarts them)
     assert "kimi-vllm" in answer["units"]
+
+
+def test_a_units_since_is_when_it_entered_its_state_by_the_hosts_clock() -> None:
+    """systemd keeps the monotonic time of a unit's last change of state: 90 s before now is now's
+    wall time less 90 s; a unit with no time (never changed state since boot) has none."""
+    monotonic_us = int((time.monotonic() - 90) * 1e6)
+    since = state_probe._since({"StateChangeTimestampMonotonic": str(monotonic_us)})
+    assert since is not None
+    assert abs(since - (time.time() - 90)) < 2
+    assert state_probe._since({"StateChangeTimestampMonotonic": "0"}) is None
+    assert state_probe._since({}) is None
 
 
 def test_the_check_finds_what_the_types_refuse() -> None:
@@ -154,6 +177,7 @@ def test_the_check_finds_what_the_types_refuse() -> None:
     unit = {
         "active": "active",
         "sub": "running",
+        "since": 1_780_000_000.0,
         "pid": 1,
         "enabled": "enabled",
         "applied": None,

@@ -25,7 +25,9 @@ HOSTSIDE = Path(__file__).resolve().parent.parent / "hostside"
 # its answer goes through ``hostside.boundary_json`` like any other, on the controller's one event
 # loop). The largest a real host sends is the state probe's: with 200 release records, 200 ladder
 # proofs, three venvs' locks and every file of a 2,000-file model listed three times it is some
-# 1.2 MB; the hardware and drivers probes' are a few KB. 8 MiB leaves that several times over.
+# 1.2 MB, and a run with ``--diff`` adds the text of the files that differ, 1 MiB at most
+# (hostside/changed_files.py); the hardware and drivers probes' are a few KB. 8 MiB leaves that
+# several times over.
 ANSWER_MAX_BYTES = 8 << 20
 
 

@@ -51,6 +51,9 @@ class UnitState(TypedDict):
 
     active: str
     sub: str
+    # when it entered its ``active`` state, by the host's clock (seconds since the epoch), None:
+    # systemd has no time for it
+    since: float | None
     pid: int
     enabled: str
     # the digest of the release the deploy last (re)started it with, None: never
@@ -106,6 +109,9 @@ class ReleaseEntry(TypedDict):
     # every checkpoint it links (the model, a draft) still verified; None: it links none
     model: bool | None
     files: bool
+    # the serving benchmark's figures kept in its folder (``bench.json``: ``{"release", "at",
+    # "figures"}``), unchecked: read through ``kimi_deploy.serving.status_table``; None: none
+    bench: dict[str, Any] | None
 
 
 class Releases(TypedDict):
@@ -123,6 +129,18 @@ class LadderProof(TypedDict):
     unit: Any
     rung: Any
     passed: Any
+
+
+class CurrentFile(TypedDict):
+    """A file the host holds whose content is not the one a converge writes (``hostside/changed_files.py``,
+    asked by a run that shows its diff): its size, and its text or why it is not shown."""
+
+    size: int
+    # its content, None when not shown
+    text: str | None
+    # why not shown: "binary", "large" (over the bound of one file), "total" (over the bound of
+    # the answer), "not a file", "unreadable"; "" when shown
+    why: str
 
 
 class StateAnswer(TypedDict):
@@ -162,6 +180,9 @@ class StateAnswer(TypedDict):
     # the engines a drain took out of this host's router and did not put back (asked of a router
     # that drains: ``kimi_deploy.serving.router_drain``; else empty)
     router_drained: list[str]
+    # with ``diff`` in the request: each of its files that differs, None: absent (unchecked: read
+    # through ``kimi_deploy.converge.file_diff``)
+    contents: NotRequired[dict[str, CurrentFile | None]]
 
 
 class OsRelease(TypedDict):

@@ -284,6 +284,9 @@ class StateRequest(TypedDict, total=False):
     router: bool
     # a rollback's: the release records kept on the host
     releases: bool
+    # a run that shows its diff (pyinfra's ``--diff``): the sha256 of each file, not a secret, the
+    # converge writes, by path; the answer's ``contents`` holds those that differ
+    diff: dict[str, str]
 
 
 class RungFile(TypedDict):

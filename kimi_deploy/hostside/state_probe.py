@@ -14,7 +14,9 @@ Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {dir: {...}},
          "revisions": {folder: {"present": [revision], "history": [revision]}},
          "listeners": {port: {"pid", "comm", "unit"}}, "packages": {name: installed},
          "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},
-         "router_drained": [the engines a drain took out of this host's router, not yet put back]}
+         "router_drained": [the engines a drain took out of this host's router, not yet put back],
+         "contents": {path: {"size", "text", "why"}|null (absent)} (only with "diff": {path: sha256}
+          in the request: each of those files that differs, hostside/changed_files.py)}
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import pwd
 import stat
 import subprocess
 import sys
+import time
 
+from kimi_deploy.hostside.changed_files import changed_files
 from kimi_deploy.hostside.host_dirs import ROUTER_DRAINED, STATE_DIR
 from kimi_deploy.hostside.request import read_request
 from kimi_deploy.hostside.shared_queries import blocks, file_sha256, owner_mode
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
 META_DIRS = (".kimi", ".cache")
 APPLIED = f"{STATE_DIR}/applied"
 # What the probe reads of each service (a timer has no MainPID or NRestarts: systemctl leaves them out).
-UNIT_PROPERTIES = "ActiveState,SubState,MainPID,UnitFileState,NRestarts,NeedDaemonReload"
+UNIT_PROPERTIES = "ActiveState,SubState,MainPID,UnitFileState,NRestarts,NeedDaemonReload,StateChangeTimestampMonotonic"
 
 
 def _marker(path: str) -> ReleaseMarker | None:
@@ -195,6 +199,17 @@ def _written_since(paths: list[str], marker: str) -> bool:
     return False
 
 
+def _since(props: dict[str, str]) -> float | None:
+    """When the unit entered its state (ActiveState), as the host's clock (seconds since the
+    epoch); None when systemd has no time for it (a unit that never changed state since boot).
+    systemd keeps the monotonic time, on every systemd: the wall time of it is now's less the
+    monotonic time gone since."""
+    text = props.get("StateChangeTimestampMonotonic", "")
+    if not text.isdigit() or int(text) == 0:
+        return None
+    return round(time.time() - (time.monotonic() - int(text) / 1e6), 1)
+
+
 def _restarts_verified(marker: str) -> tuple[bool, int, float | None]:
     """Whether a smoke test found the unit serving since the deploy last (re)started it, the
     restarts of systemd's that the test saw, and how long the unit was without service before it
@@ -236,6 +251,7 @@ def _units(
         out[name] = {
             "active": props.get("ActiveState", ""),
             "sub": props.get("SubState", ""),
+            "since": _since(props),
             "pid": int(props.get("MainPID", "0") or 0),
             "enabled": props.get("UnitFileState", ""),
             "applied": applied,
@@ -316,6 +332,17 @@ def _record(folder: str) -> dict[str, Any] | None:
             return record
     except (OSError, ValueError):
         return None
+
+
+def _bench(folder: str, most: int = 1 << 20) -> dict[str, Any] | None:
+    """The serving benchmark's figures kept in the release's folder (``bench.json``,
+    hostside/bench_record.py's), as the host holds them; None without."""
+    try:
+        with open(os.path.join(folder, "bench.json"), "rb") as f:
+            found = json.loads(f.read(most))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _served(record: dict[str, Any] | None) -> dict[str, Any]:
@@ -456,6 +483,7 @@ def _releases(log: list[list[str]]) -> Releases:
             if linked
             else None,
             "files": all(os.path.isfile(os.path.join(folder, "files", p.lstrip("/"))) for p in record.get("files", [])),
+            "bench": _bench(folder),
         }
     return {"entries": log, "records": records}
 
@@ -496,6 +524,8 @@ def probe(request: dict[str, Any]) -> StateAnswer:
         "platform": _platform(),
         "router_drained": _router_drained(bool(request.get("router"))),
     }
+    if request.get("diff"):
+        result["contents"] = changed_files(request["diff"])
     return result
 
 

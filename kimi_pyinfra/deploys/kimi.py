@@ -18,15 +18,20 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
 from kimi_deploy.converge.drift import drift
+from kimi_deploy.converge.file_diff import file_diffs
+from kimi_deploy.converge.host_files import host_files
+from kimi_deploy.converge.plan import Converge
 from kimi_deploy.converge.steps import converge_steps
 from kimi_deploy.errors import ConfigError
+from kimi_deploy.host.profile_types import HostState
+from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_deploy.render.watchdog_units import WATCHDOG_UNIT
 from kimi_deploy.serving.context_ladder import climb_request
 from kimi_deploy.serving.watchdog_report import release_time, watchdog_lines
 from kimi_pyinfra import dead_peers, fleet_progress, stop_signals
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.driver_steps import driver_steps, planned
-from kimi_pyinfra.host_plan import converge_at, todo_for
+from kimi_pyinfra.host_plan import converge_at, inventory_label, todo_for
 from kimi_pyinfra.inventory_probe import probe_of
 from kimi_pyinfra.operations import commcheck, engine, packages, preflight, releases, serving, units, users, weights
 from kimi_pyinfra.rehearsal import Do, converge_host
@@ -43,7 +48,12 @@ def deploy_kimi() -> None:
     if not context.step_lines:
         # One line per step for the whole run rather than one per host and step (all of it with -v).
         context.step_lines = True
-        fleet_progress.install(state)
+        try:
+            where = f"{inventory_label()}: host {host.name}"
+            tick_s = fleet_progress.tick_seconds(where, host.data.get(fleet_progress.TICK_DATA))
+        except ConfigError as exc:
+            raise PyinfraError(str(exc)) from None
+        fleet_progress.install(state, tick_s, context.progress_files)
         # A host that drops off the network fails within a bound, not after TCP's own (kimi_pyinfra.dead_peers).
         for h in inventory.get_active_hosts():
             dead_peers.bound(h)
@@ -66,6 +76,9 @@ def deploy_kimi() -> None:
     # What changed on the host since the deploy left it, named before it is repaired.
     for line in drift(todo, found, [*todo.files, *todo.release.files, *([steps.hub_token] if steps.hub_token else [])]):
         host.log(f"repairs: {line}")
+    if state.config.DIFF:
+        # With --diff: every file the converge would change, shown before the run's operations.
+        _show_diff(deploy, todo, found, written_key=any(w.key is not None for w in steps.weights))
     # The gap a restart of the only instance of a pool leaves its clients, said before anything changes.
     if steps.only_restart is not None:
         host.log(steps.only_restart)
@@ -280,3 +293,17 @@ def deploy_kimi() -> None:
             )
 
     converge_host(converge)
+
+
+def _show_diff(deploy: DeployPlan, todo: Converge, found: HostState, *, written_key: bool) -> None:
+    """The diff of every file this host's converge would change (``kimi_deploy.converge.file_diff``),
+    in one log entry: the hosts' diffs do not interleave."""
+    files = host_files(deploy, todo)
+    if not written_key:  # the weights transfer key is written while weights move alone
+        keys = {c.peer_key_file for c in todo.checkpoints}
+        files = [f for f in files if not (f.secret and f.path in keys)]
+    lines = file_diffs(host.name, files, found, todo.user, todo.release.dir)
+    if not lines:
+        host.log("diff: no file changes")
+        return
+    host.log("\n".join(["diff: the files the converge changes", *(f"    {line}" for line in lines)]))
