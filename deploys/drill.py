@@ -3,6 +3,14 @@
 kimi-deploy's own deploy (deploy_drill in kimi_pyinfra/deploys/drill.py), as installed.
 """
 
-from kimi_pyinfra.deploys.drill import deploy_drill
+try:
+    from kimi_pyinfra.deploys.drill import deploy_drill
+except ModuleNotFoundError as exc:  # a pyinfra of another installation, without kimi-deploy
+    if exc.name not in ("kimi_pyinfra", "kimi_pyinfra.deploys"):
+        raise
+    raise SystemExit(
+        "deploys/drill.py: this pyinfra has no kimi-deploy: run `kimi-deploy converge INVENTORY --deploy drill`"
+        " (the pyinfra installed beside kimi-deploy), or that installation's pyinfra"
+    ) from None
 
 deploy_drill()

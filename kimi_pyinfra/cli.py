@@ -1,4 +1,9 @@
-"""``kimi-deploy``: validate a recipe against an inventory, show or render the plan."""
+"""kimi-deploy: plan, check and converge Kimi K3.1 Pro serving clusters from one controller.
+
+A recipe says what to serve, a pyinfra inventory where. The converge is a pyinfra deploy:
+"kimi-deploy converge INVENTORY" runs it with the pyinfra installed beside kimi-deploy, from a
+folder "kimi-deploy init" wrote (or a checkout).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from kimi_deploy import __version__
-from kimi_deploy.converge.plan import PYPI
+from kimi_deploy.converge import before_connecting
+from kimi_deploy.converge.host_files import host_files
+from kimi_deploy.converge.plan import PYPI, plan_converge
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.captured import CAPTURES
 from kimi_deploy.host.preflight import GATES, Needs, rdma_asked
@@ -30,6 +37,7 @@ from kimi_deploy.parsers import (
     nvidia_smi_topo,
     tpu_pci,
 )
+from kimi_deploy.plan.deploy_plan import part_of
 from kimi_deploy.plan.planner import plan
 from kimi_deploy.plan.servespec import Plan
 from kimi_deploy.plan.table import format_plan
@@ -39,12 +47,14 @@ from kimi_deploy.releases.index_pins import missing_pins
 from kimi_deploy.releases.servability import refusals
 from kimi_deploy.render.emitted import emissions
 from kimi_deploy.render.fidelity_ledger import gaps, read_citations, render
-from kimi_deploy.render.files import render_host
 from kimi_deploy.serving.allreduce import nccl_verdict
 from kimi_deploy.weights.hub_lock import make_lock
 from kimi_deploy.weights.lockfile import lock_path
+from kimi_pyinfra.converge_command import run_converge
 from kimi_pyinfra.inventory_file import load_inventory
+from kimi_pyinfra.logs_command import run_logs
 from kimi_pyinfra.starter import init
+from kimi_pyinfra.status_command import run_status
 
 
 def _plan(args: argparse.Namespace) -> tuple[Any, Plan]:
@@ -64,7 +74,11 @@ def _validate(args: argparse.Namespace) -> int:
     stale = committed_locks.problems(recipe, topologies=kept)
     for line in stale:
         print(f"kimi-deploy: {line}", file=sys.stderr)
-    if refused or stale:
+    # the checkpoints' locks and the API keys, which the converge reads before it connects
+    missing = before_connecting.refusals(recipe, args.recipe, topologies, os.environ)
+    for line in missing:
+        print(line, file=sys.stderr)
+    if refused or stale or missing:
         return 2
     if args.index:
         missing = missing_pins(recipe, args.index)
@@ -89,15 +103,51 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _render(recipe: Any, result: Plan, out: Path) -> int:
-    count = 0
-    for host in result.hosts:
-        for f in render_host(recipe, host):
-            target = out / host.host / f.path.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(f.content, encoding="utf-8")
-            count += 1
-    print(f"rendered {count} files for {len(result.hosts)} hosts under {out}", file=sys.stderr)
+def _render_folder(out: Path) -> None:
+    """``out`` made if missing; ``ConfigError`` naming it when nothing can be written in it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(str(out), "--render", f"cannot write there: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(str(out), "--render", "cannot write there: Permission denied")
+
+
+def _write_rendered(target: Path, content: str) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+    except OSError as exc:
+        where = str(exc.filename or target)
+        raise ConfigError(where, "--render", f"cannot write there: {exc.strerror or exc}") from None
+
+
+def _render(args: argparse.Namespace, recipe: Any, result: Plan) -> int:
+    """Write every file a converge writes to each host (``kimi_deploy.converge.host_files``) under
+    ``DIR/<host>/``, but secrets and files whose content the plan cannot know: each of those is
+    named on stderr, with the hosts it goes to and why."""
+    out = Path(args.render)
+    _render_folder(out)
+    inventory = load_inventory(args.inventory)
+    written = 0
+    left: dict[tuple[str, str], list[str]] = {}
+    for spec in result.hosts:
+        deploy = part_of(recipe, args.recipe, inventory.host(spec.host), result)
+        # the controller's environment: whether it has a Hub token (no secret is read)
+        todo = plan_converge(deploy, os.environ, plan_only=True)
+        for f in host_files(deploy, todo):
+            why = "secret" if f.secret else f.withheld
+            if why:
+                # a release folder is named by its own digest, one per host: its files are named once
+                path = f.path.replace(todo.release.dir, f"{recipe.paths.releases}/*", 1)
+                left.setdefault((path, why), []).append(spec.host)
+                continue
+            _write_rendered(out / spec.host / f.path.lstrip("/"), f.content)
+            written += 1
+    for (path, why), hosts in left.items():
+        on = hosts[0] if len(hosts) == 1 else f"{len(hosts)} hosts ({', '.join(hosts)})"
+        print(printable(f"kimi-deploy: not rendered: {path} on {on}: {why}"), file=sys.stderr)
+    print(f"rendered {written} files for {len(result.hosts)} hosts under {out}", file=sys.stderr)
     return 0
 
 
@@ -108,7 +158,7 @@ def _show_plan(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_plan(result, recipe))
     if args.render:
-        return _render(recipe, result, Path(args.render))
+        return _render(args, recipe, result)
     return 0
 
 
@@ -266,12 +316,25 @@ def _init(args: argparse.Namespace) -> int:
     written = init(target)
     print(f"{target}: wrote {len(written)} files (deploys/, recipes/, inventories/); from there:")
     print("    kimi-deploy plan recipes/kimi-k3.1-pro.yaml inventories/prod.py")
-    print("    pyinfra inventories/prod.py deploys/kimi.py")
+    print("    kimi-deploy lock recipes/kimi-k3.1-pro.yaml")
+    print("    kimi-deploy validate recipes/kimi-k3.1-pro.yaml inventories/prod.py")
+    print("    kimi-deploy converge inventories/prod.py")
     return 0
 
 
+# What --help says after the commands: the other ways in.
+EPILOG = """\
+the other entry points:
+  pyinfra INVENTORY deploys/NAME.py -y   each deploy, as pyinfra runs it (converge --deploy NAME is the same)
+  scripts/demo, scripts/test             in a checkout: the local demo cluster, the tests
+
+first steps: kimi-deploy init DIR, then lock, validate and converge from DIR (README.md)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kimi-deploy", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kimi-deploy", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"kimi-deploy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="check a recipe and an inventory together; change nothing")
@@ -336,6 +399,34 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--ibstat", metavar="FILE", help="ibstat output")
     check.add_argument("--nccl-all-reduce", metavar="FILE", help="nccl-tests all_reduce_perf output")
     check.set_defaults(func=_facts_check)
+    converge = sub.add_parser(
+        "converge",
+        add_help=False,
+        help="converge the inventory's hosts (pyinfra INVENTORY deploys/kimi.py -y, this installation's pyinfra)",
+    )
+    converge.add_argument("args", nargs=argparse.REMAINDER)
+    converge.set_defaults(func=lambda args: run_converge(args.args))
+    status = sub.add_parser(
+        "status",
+        add_help=False,
+        help="what serves where, and a curl to ask it: one read-only probe per host (deploys/status.py)",
+    )
+    status.add_argument("args", nargs=argparse.REMAINDER)
+    status.set_defaults(func=lambda args: run_status(args.args))
+    logs = sub.add_parser(
+        "logs", help="follow the journals of the kimi units on the hosts (journalctl -f over SSH; Ctrl-C stops)"
+    )
+    logs.add_argument("inventory")
+    logs.add_argument("host", metavar="HOST", nargs="?", help="a host of the plan (default: every host)")
+    logs.add_argument("unit", metavar="UNIT", nargs="?", help="one of HOST's units (default: all of them)")
+    logs.add_argument(
+        "-n", "--lines", type=int, default=10, metavar="N", help="the last N lines of each host first (default 10)"
+    )
+    logs.add_argument("--no-follow", action="store_true", help="print those lines and stop")
+    logs.add_argument(
+        "--data", action="append", default=[], metavar="KEY=VALUE", help="host data, as pyinfra's --data (kimi_recipe)"
+    )
+    logs.set_defaults(func=_logs)
     start = sub.add_parser("init", help="a folder of one's own to run the installed deploys from")
     start.add_argument("dir", metavar="DIR", help="written into; no file in it is overwritten")
     start.set_defaults(func=_init)
@@ -343,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("args", nargs=argparse.REMAINDER)
     cluster.set_defaults(func=lambda args: _cluster(args.args))
     return parser
+
+
+def _logs(args: argparse.Namespace) -> int:
+    return run_logs(args.inventory, args.host, args.unit, lines=args.lines, follow=not args.no_follow, data=args.data)
 
 
 def _cluster(argv: Sequence[str]) -> int:
@@ -375,10 +470,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a tool that SIGPIPE ended
 
 
+# the commands whose words after the inventory are pyinfra's, which argparse would not pass on
+_PYINFRA_RUNS = {"converge": run_converge, "status": run_status}
+
+
+def _pyinfra_run(command: str, words: list[str]) -> int:
+    try:
+        return _PYINFRA_RUNS[command](words)
+    except ConfigError as exc:
+        print(printable(f"kimi-deploy {command}: {exc}"), file=sys.stderr)
+        return 2
+
+
 def _run(words: list[str]) -> int:
     if words[:1] == ["cluster"]:
         # Everything after "cluster" is the cluster's own (its -h too), which argparse would not pass on.
         return _cluster(words[1:])
+    if words[:1] and words[0] in _PYINFRA_RUNS:
+        return _pyinfra_run(words[0], words[1:])
     args = build_parser().parse_args(words)
     try:
         code: int = args.func(args)
@@ -386,6 +495,16 @@ def _run(words: list[str]) -> int:
         # A refusal may quote a capture or a host's text: shown, never acted on, by the terminal.
         print(printable(str(exc)), file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # the reader went away: main's to handle
+    except OSError as exc:
+        # a folder not writable, a disk full: the path and the reason, in one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(printable(f"kimi-deploy {args.command}: {where}{exc.strerror or exc}"), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"kimi-deploy {args.command}: interrupted", file=sys.stderr)
+        return 130
     return code
 
 

@@ -16,12 +16,22 @@ from pathlib import Path
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.shipped import shipped
 
+# The file tells a pyinfra of another installation (pyinfra's docs suggest installing it as a tool
+# of its own, `uv tool install pyinfra`), which cannot import kimi-deploy, what to run instead.
 ENTRY = '''"""{summary}
 
 kimi-deploy's own deploy ({function} in kimi_pyinfra/deploys/{name}.py), as installed.
 """
 
-from kimi_pyinfra.deploys.{name} import {function}
+try:
+    from kimi_pyinfra.deploys.{name} import {function}
+except ModuleNotFoundError as exc:  # a pyinfra of another installation, without kimi-deploy
+    if exc.name not in ("kimi_pyinfra", "kimi_pyinfra.deploys"):
+        raise
+    raise SystemExit(
+        "deploys/{name}.py: this pyinfra has no kimi-deploy: run `{command}`"
+        " (the pyinfra installed beside kimi-deploy), or that installation's pyinfra"
+    ) from None
 
 {function}()
 '''
@@ -32,7 +42,10 @@ def deploy_caller(module: Path) -> str:
     """The two-line file that runs the ``@deploy`` function of ``kimi_pyinfra/deploys/<name>.py``
     (``deploy_<name>``), with the first line of its docstring."""
     doc = ast.get_docstring(ast.parse(module.read_text(encoding="utf-8"))) or f"deploys/{module.name}"
-    return ENTRY.format(summary=doc.splitlines()[0], name=module.stem, function=f"deploy_{module.stem}")
+    command = "kimi-deploy converge INVENTORY" + ("" if module.stem == "kimi" else f" --deploy {module.stem}")
+    return ENTRY.format(
+        summary=doc.splitlines()[0], name=module.stem, function=f"deploy_{module.stem}", command=command
+    )
 
 
 def starter_files() -> dict[str, str]:

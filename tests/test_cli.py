@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from kimi_deploy.recipe_file import load_recipe
+from kimi_deploy.weights.lockfile import lock_path
 from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE, ROOT
+from tests.locked_site import API_KEY_ENV, locked_site
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes
@@ -71,8 +74,9 @@ def test_render_writes_each_hosts_files_and_no_secret(tmp_path: Path) -> None:
     )
 
 
-def test_validate_refuses_the_topology_no_engine_release_serves_and_passes_the_others() -> None:
-    run = kimi("validate", RECIPE, PROD)
+def test_validate_refuses_the_topology_no_engine_release_serves_and_passes_the_others(tmp_path: Path) -> None:
+    site = locked_site(tmp_path)
+    run = kimi("validate", RECIPE, PROD, cwd=site, env=API_KEY_ENV)
     assert (run.returncode, run.stdout) == (2, "")
     assert run.stderr.splitlines() == [
         f"{RECIPE}: topologies.tpu7x: sglang-jax 0.1.0rc0 does not register KimiK3ForConditionalGeneration "
@@ -80,9 +84,30 @@ def test_validate_refuses_the_topology_no_engine_release_serves_and_passes_the_o
         "DeepseekV2ForCausalLM); served on nvidia by vllm 0.33.0, tokenspeed 0.1.1",
     ]
     for name, hosts in (("single-node", "1 host"), ("gb300-pd", "11 hosts"), ("tokenspeed-multi", "2 hosts")):
-        run = kimi("validate", RECIPE, PROD, "--topology", name)
+        run = kimi("validate", RECIPE, PROD, "--topology", name, cwd=site, env=API_KEY_ENV)
         assert (run.returncode, run.stderr) == (0, "")
         assert run.stdout == f"ok: {RECIPE} x {PROD}: {hosts} in {name}\n"
+
+
+def test_validate_refuses_what_the_converge_would_before_connecting_each_in_one_line(tmp_path: Path) -> None:
+    """No lock for a checkpoint the placed topologies hold, an API key the controller cannot
+    read: each is a line, as the converge would stop on it."""
+    run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", env={"KIMI_API_KEY": ""})
+    assert (run.returncode, run.stdout) == (2, "")
+    recipe = load_recipe(RECIPE)
+    model = recipe.model
+    assert run.stderr.splitlines() == [
+        *(
+            f"{lock_path(c)}: no lock for {c.repo}@{c.revision}: run `kimi-deploy lock {RECIPE}`"
+            for _, c in recipe.checkpoints("gb300-pd")
+        ),
+        f"{RECIPE}: topologies.gb300-pd.expose.api_key: environment variable KIMI_API_KEY is not set on the controller",
+    ]
+    site = locked_site(tmp_path)
+    lock = site / lock_path(model)
+    lock.write_text(lock.read_text(encoding="utf-8").replace(model.revision, "0" * 40), encoding="utf-8")
+    run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", cwd=site, env=API_KEY_ENV)
+    assert (run.returncode, run.stderr) == (2, f"{lock_path(model)}: repo: lock is for '{model.repo}'@'{'0' * 40}'\n")
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from kimi_deploy.releases.venvs import CommittedLock
 from kimi_pyinfra.operations import engine
 from kimi_pyinfra.run_context import RunContext
 from localcluster import pkgindex, wheels
+from tests.locked_site import write_locks
 from tests.wheel_file import pure_wheel
 
 # starts a process or a server: not the unit tier (tests/tier.py)
@@ -198,6 +199,7 @@ def test_lock_writes_each_release_for_its_platform_and_validate_holds_the_recipe
 
 
 def test_validate_refuses_a_recipe_whose_locks_are_missing(site: dict[str, Any]) -> None:
+    write_locks(site["dir"], site["recipe"])  # the checkpoints': this test is about the releases'
     inventory = site["dir"] / "inventory.py"
     inventory.write_text('b300 = [("gpu-01", {"ssh_hostname": "10.0.0.1"})]\n', encoding="utf-8")
     done = _kimi(site, "validate", "recipes/site.yaml", "inventory.py")

@@ -30,6 +30,7 @@ from kimi_deploy.recipe import Recipe
 from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.cli import main
 from tests.conftest import PROD, RECIPE, ROOT
+from tests.locked_site import API_KEY_ENV, locked_site
 
 Key = Any
 TreePath = tuple[Key, ...]
@@ -379,7 +380,8 @@ def test_cli_validate_prints_one_line_and_exits_2(work: Path, tree: dict[str, An
         # the one line as a terminal shows it: a control character of the file's written as its escape
         assert (code, out, err) == (2, "", f"{printable(str(loaded))}\n")
         return
-    # A valid recipe still needs the engine flag catalogs to plan; either outcome is one clean line.
+    # A valid recipe still needs the engine flag catalogs to plan, and its checkpoints' locks and
+    # keys to converge: either outcome is clean lines, each naming the recipe or the lock at fault.
     if code == 0:
         assert err == ""
         assert out.startswith(f"ok: {file} x {PROD}: ")
@@ -387,12 +389,17 @@ def test_cli_validate_prints_one_line_and_exits_2(work: Path, tree: dict[str, An
         assert code == 2
         assert out == ""
         assert err.endswith("\n")
-        assert err.splitlines() == [err.rstrip("\n")]
         assert err.strip()
+        for line in err.splitlines():
+            assert line.startswith((f"{file}: ", "recipes/locks/")), line
 
 
-def test_cli_validate_on_the_real_recipe() -> None:
-    """Every topology but tpu7x, which no published TPU engine release serves: one line naming it."""
+def test_cli_validate_on_the_real_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every topology but tpu7x, which no published TPU engine release serves: one line naming it
+    (where the checkpoints have locks and the API key is set)."""
+    monkeypatch.chdir(locked_site(tmp_path))
+    for name, value in API_KEY_ENV.items():
+        monkeypatch.setenv(name, value)
     code, out, err = _run_cli(["validate", RECIPE, PROD])
     assert (code, out) == (2, "")
     assert err.startswith(f"{RECIPE}: topologies.tpu7x: sglang-jax 0.1.0rc0 does not register ")

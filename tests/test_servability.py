@@ -29,6 +29,7 @@ from localcluster.hub import HubServer, serve
 from localcluster.hub_repo import Commit
 from tests.cli_run import kimi
 from tests.conftest import RECIPE, ROOT
+from tests.locked_site import API_KEY_ENV, write_locks
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes
@@ -128,7 +129,8 @@ def test_an_architecture_the_release_does_not_register_is_refused_in_one_line(tm
 
 def test_validate_refuses_the_topology(tmp_path: Path) -> None:
     path = recipe_file(tmp_path, KIMI_K3)
-    run = kimi("validate", str(path), str(inventory_file(tmp_path)))
+    write_locks(tmp_path, path)
+    run = kimi("validate", str(path), str(inventory_file(tmp_path)), cwd=tmp_path, env=API_KEY_ENV)
     assert run.returncode == 2
     assert run.stdout == ""
     assert run.stderr == f"{path}: {TPU_REFUSAL}\n"
@@ -138,7 +140,9 @@ def test_an_architecture_every_release_registers_passes(tmp_path: Path) -> None:
     recipe, file = recipe_with(tmp_path, "LlamaForCausalLM")
     assert refusal(recipe, file, "tpu7x", tmp_path) is None
     assert refusal(recipe, file, "single-node", tmp_path) is None
-    run = kimi("validate", str(recipe_file(tmp_path, "LlamaForCausalLM")), str(inventory_file(tmp_path)))
+    path = recipe_file(tmp_path, "LlamaForCausalLM")
+    write_locks(tmp_path, path)
+    run = kimi("validate", str(path), str(inventory_file(tmp_path)), cwd=tmp_path, env=API_KEY_ENV)
     assert run.returncode == 0, run.stderr
     assert "9 hosts in single-node, tpu7x" in run.stdout
 

@@ -22,6 +22,7 @@ from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.releases.index_pins import recipe_pins
 from tests.cli_run import kimi
 from tests.conftest import PROD, RECIPE
+from tests.locked_site import API_KEY_ENV, locked_site
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes
@@ -68,8 +69,9 @@ def _validate(tmp_path: Path, edit: Callable[[dict[str, list[str]]], None]) -> t
     versions = _every_pin()
     edit(versions)
     _tree(tmp_path, versions)
+    site = locked_site(tmp_path)
     with _served(tmp_path) as url:
-        run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", "--index", url)
+        run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", "--index", url, cwd=site, env=API_KEY_ENV)
     return run.returncode, run.stdout, run.stderr.replace(url, "URL")
 
 
@@ -99,7 +101,8 @@ def test_each_pin_the_index_lacks_is_one_line_naming_its_newest_version(tmp_path
 def test_an_index_that_does_not_answer_is_named(tmp_path: Path) -> None:
     with _served(tmp_path) as url:
         pass  # the server is gone: nothing answers at url now
-    run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", "--index", url)
+    site = locked_site(tmp_path)
+    run = kimi("validate", RECIPE, PROD, "--topology", "gb300-pd", "--index", url, cwd=site, env=API_KEY_ENV)
     assert run.returncode == 1
     first = run.stderr.splitlines()[0]
     assert first == f"kimi-deploy: {RECIPE}: engines.vllm.version: package index {url} does not answer for vllm"

@@ -25,6 +25,7 @@ from kimi_deploy.render.files import render_host
 from kimi_pyinfra.inventory_file import load_inventory
 from tests.cli_run import kimi
 from tests.conftest import ROOT
+from tests.locked_site import API_KEY_ENV, locked_site
 
 # starts a process or a server: not the unit tier (tests/tier.py)
 pytestmark = pytest.mark.processes
@@ -71,8 +72,8 @@ def _pool(hosts: int, parallel: dict[str, int]) -> dict[str, Any]:
     return {"serve": {"group": "tpu7x_k26_serve", "role": "serve", "hosts": hosts, "parallel": parallel}}
 
 
-def test_the_example_validates_against_its_committed_release_locks() -> None:
-    run = kimi("validate", RECIPE, INVENTORY)
+def test_the_example_validates_against_its_committed_release_locks(tmp_path: Path) -> None:
+    run = kimi("validate", RECIPE, INVENTORY, cwd=locked_site(tmp_path, ROOT / RECIPE), env=API_KEY_ENV)
     assert (run.returncode, run.stderr) == (0, "")
     assert run.stdout.strip() == f"ok: {RECIPE} x {INVENTORY}: 1 host in tpu7x"
 

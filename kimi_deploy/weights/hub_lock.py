@@ -48,10 +48,17 @@ def make_lock(
         raise ConfigError(
             recipe_file, f"{field}.revision", f"a lock needs a 40-hex commit, found {checkpoint.revision!r}"
         )
+    # huggingface_hub's HTTP client (its dependency): a Hub that cannot be reached raises its
+    # transport errors, which are not OSError
+    from httpx2 import TransportError  # noqa: PLC0415
     from huggingface_hub import HfApi  # noqa: PLC0415 - heavy import, only for this command
     from huggingface_hub.errors import HfHubHTTPError  # noqa: PLC0415
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
+    from huggingface_hub.utils import logging as hub_logging  # noqa: PLC0415
 
+    # the client's own line per retry ("Retrying in 8s [Retry 4/5]") stays out: a Hub that cannot
+    # be reached is said once, in the error below
+    hub_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     api = HfApi(endpoint=endpoint)
     pinned = f"{checkpoint.repo}@{checkpoint.revision}"
     where = endpoint or "the Hub"
@@ -68,7 +75,7 @@ def make_lock(
         entries = list(api.list_repo_tree(checkpoint.repo, revision=checkpoint.revision, recursive=True))
     except HfHubHTTPError as exc:
         raise ConfigError(recipe_file, field, f"{where}: {pinned}: {_said(exc)}") from None
-    except OSError as exc:
+    except (OSError, TransportError) as exc:
         raise ConfigError(recipe_file, field, f"{where} unreachable: {exc}") from None
     files: dict[str, LockedFile] = {}
     for entry in entries:
@@ -99,7 +106,7 @@ def make_lock(
             shown_config = api.model_info(checkpoint.repo, revision=checkpoint.revision, expand=["config"]).config or {}
         except HfHubHTTPError as exc:
             raise ConfigError(recipe_file, field, f"{where}: {pinned}: {_said(exc)}") from None
-        except OSError as exc:
+        except (OSError, TransportError) as exc:
             raise ConfigError(recipe_file, field, f"{where} unreachable: {exc}") from None
         fields = {k: shown_config[k] for k in ("architectures", "model_type") if k in shown_config}
         architectures, model_type, _ = read_config(f"{where}: {pinned}: config.json", fields)
