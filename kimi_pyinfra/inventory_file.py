@@ -25,8 +25,10 @@ def from_pyinfra(inventory: Any, source: str) -> Inventory:
     return Inventory(source=source, hosts=tuple(hosts), groups=groups)
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Load an inventory file exactly as ``pyinfra INVENTORY ...`` would, run from the cwd."""
+def pyinfra_inventory(path: str | Path, override_data: dict[str, Any] | None = None) -> Any:
+    """pyinfra's own ``Inventory`` of an inventory file, loaded exactly as ``pyinfra INVENTORY ...``
+    would, run from the cwd, with ``override_data`` as its ``--data`` gives it; ``ConfigError``
+    naming the file when it is missing or its code fails."""
     shown = str(path)
     if not Path(path).is_file():
         raise ConfigError(shown, "", "no such inventory file")
@@ -40,7 +42,7 @@ def load_inventory(path: str | Path) -> Inventory:
     try:
         # pyinfra executes inventory and group_data files inside a State context, as its CLI does.
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()), ctx_state.use(State()):
-            inv = make_inventory_from_files(str(path), cwd=os.getcwd())
+            return make_inventory_from_files(str(path), override_data=override_data, cwd=os.getcwd())
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - a user's Python file can raise anything
@@ -48,4 +50,8 @@ def load_inventory(path: str | Path) -> Inventory:
         exc = getattr(exc, "exception", None) or exc
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(shown, "", f"cannot load inventory: {type(exc).__name__}: {detail}") from None
-    return from_pyinfra(inv, shown)
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Load an inventory file exactly as ``pyinfra INVENTORY ...`` would, run from the cwd."""
+    return from_pyinfra(pyinfra_inventory(path), str(path))

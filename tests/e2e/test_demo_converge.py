@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,13 +20,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.demo import STATE_DIR, address, chat, cluster, gpu_recipe_data, main_pid, pyinfra, ssh
+from harness.own_cluster import BIN, ROOT
+from tests.e2e.demo import GPU_RECIPE, STATE_DIR, address, chat, cluster, gpu_recipe_data, main_pid, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="the demo cluster needs root and iproute2"
 )
 
 ENGINES = {"kimi-h1": "kimi-vllm", "kimi-h2": "kimi-vllm", "kimi-h3": "kimi-sglang", "kimi-h4": "kimi-sglang"}
+# A step's tick line with the bytes of its busy hosts and their rate (kimi_pyinfra.fleet_progress):
+# "    kimi | Weights at the pinned revision: 1 done, 0 failed, 3 pending (2 s); 6.23 MB of 24.9 MB (6.23 MB x 4
+# hosts), 3.10 MB/s, ETA 2 s; slowest kimi-h4 (0%)". The demo's steps last seconds: the run ticks often.
+TICK = "kimi_progress_tick_s=0.2"
+_BYTES = r"\d+ done, \d+ failed, \d+ pending \(\d+ s\); [0-9.]+ [kMGTPE]?B of [0-9.]+ [kMGTPE]?B (\([0-9.]+ [kMGTPE]?B x \d+ hosts?\)|over \d+ hosts?), [0-9.]+ [kMGTPE]?B/s"
+
+
+def bytes_lines(log: str, step: str) -> list[str]:
+    """The tick lines of ``step`` that say its hosts' bytes and rate."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log)
+    return [line for line in plain.splitlines() if re.fullmatch(rf"\s+kimi \| {re.escape(step)}: {_BYTES}.*", line)]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +56,12 @@ def pids(fresh_cluster: None) -> dict[str, int]:
     assert changed, dry.log[-3000:]
     for host in ENGINES:
         assert any(host in hosts for hosts in changed.values()), (host, changed)
-    first = pyinfra()
+    first = pyinfra("--data", TICK)
     assert first.code == 0, first.log[-4000:]
     assert first.errors() == {}
+    # while the weights arrive and uv fetches a release's wheels, the step's line says their bytes
+    assert bytes_lines(first.log, "Weights at the pinned revision"), first.log[-6000:]
+    assert bytes_lines(first.log, "Releases (engine, host tools)"), first.log[-6000:]
     # the installed @deploy function's operations, named as pyinfra names a packaged deploy's
     assert first.payload is not None
     names = [op["name"] for op in first.payload["results"]["operations"]]
@@ -74,6 +93,85 @@ def test_each_topology_serves_the_model_to_the_controller(pids: dict[str, int]) 
         choice = answer["choices"][0]
         assert choice["message"]["content"].strip() == "READY", answer
         assert choice["finish_reason"] == "stop"
+
+
+def kimi_deploy(*args: str) -> subprocess.CompletedProcess[str]:
+    """``kimi-deploy ARGS`` from the checkout, on the tests' cluster with the tests' recipe."""
+    return subprocess.run(
+        [str(BIN / "kimi-deploy"), *args, "--data", f"kimi_recipe={GPU_RECIPE}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_status_shows_what_serves_where_and_its_curl_answers(pids: dict[str, int]) -> None:
+    """``kimi-deploy status``: one row per host and unit, each active, its smoke test passed, the
+    release serving the plan's; pyinfra's own lines held back; and the curl it prints for each
+    topology, pasted into bash, answers with the key read from the recipe's file."""
+    run = kimi_deploy("status", "inventories/demo.py")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Connected" not in run.stderr, run.stderr
+    head, *lines = run.stdout.split("\n\n", 1)[0].splitlines()
+    columns = head.split()
+    assert columns[:5] == ["HOST", "TOPOLOGY", "ROLE", "UNIT", "STATE"]
+    for host, unit in ENGINES.items():
+        row = next(line for line in lines if line.startswith(host) and f" {unit} " in line)
+        assert " active (running) " in row, run.stdout
+        # every engine but the SGLang instance's second host answers its own smoke test
+        assert (" passed " in row) == (host != "kimi-h4"), row
+        # the release serving is the plan's: not marked
+        assert not row.endswith("*"), run.stdout
+    key = STATE_DIR / "api-key"
+    assert key.read_text(encoding="utf-8").strip() not in run.stdout
+    for topology, url in (
+        ("demo-vllm", f"http://{address('kimi-h1')}:8000"),
+        ("demo-sglang", f"http://{address('kimi-h3')}:30000"),
+    ):
+        served = run.stdout.split(f"  {topology}: ", 1)[1].splitlines()
+        assert served[0].startswith(f"{url} ("), run.stdout
+        command = "\n".join(served[1:6])
+        assert f"$(cat {key})" in command, command
+        answer = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, timeout=60)
+        choice = json.loads(answer.stdout)["choices"][0]
+        assert choice["message"]["content"].strip() == "READY", answer.stdout
+
+
+def test_logs_prints_and_follows_a_units_journal_and_refuses_a_unit_not_of_the_host(pids: dict[str, int]) -> None:
+    """``kimi-deploy logs``: the last lines of kimi-h1's engine, then, followed, the line of a request
+    sent after it started, until Ctrl-C; every host's units prefixed by host; a unit the plan does
+    not put on a host refused in one line before any host is reached."""
+    last = kimi_deploy("logs", "inventories/demo.py", "kimi-h1", "kimi-vllm", "-n", "5", "--no-follow")
+    assert last.returncode == 0, last.stderr
+    assert 0 < len(last.stdout.splitlines()) <= 5
+    assert all(" kimi-h1 " in line for line in last.stdout.splitlines()), last.stdout
+    every = kimi_deploy("logs", "inventories/demo.py", "-n", "3", "--no-follow")
+    assert every.returncode == 0, every.stderr
+    assert {line.split("]", 1)[0] + "]" for line in every.stdout.splitlines()} == {f"[{h}]" for h in ENGINES}
+    refused = kimi_deploy("logs", "inventories/demo.py", "kimi-h4", "kimi-gateway")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("inventories/demo.py: host kimi-h4: no unit kimi-gateway of the plan there: ")
+    assert refused.stderr.count("\n") == 1
+    words = ["logs", "inventories/demo.py", "kimi-h1", "kimi-vllm", "-n", "0", "--data", f"kimi_recipe={GPU_RECIPE}"]
+    follow = subprocess.Popen(
+        [str(BIN / "kimi-deploy"), *words],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(5)  # connected, journalctl following
+        chat(f"http://{address('kimi-h1')}:8000", "Reply with exactly the word READY and nothing else.")
+        time.sleep(3)
+    finally:
+        follow.send_signal(signal.SIGINT)
+        out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130, err
+    assert err == ""
+    assert "POST /v1/chat/completions" in out, out
 
 
 def _status(url: str, body: bytes, key: str | None = None) -> int | str:
@@ -114,6 +212,18 @@ def test_a_changed_max_model_len_restarts_exactly_the_engines_it_affects(pids: d
     changed_recipe = tmp_path / "demo-131k.yaml"
     changed_recipe.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     try:
+        # --dry --diff shows the engine unit's changed line on the hosts it changes, and changes nothing
+        dry = pyinfra("--data", f"kimi_recipe={changed_recipe}", "--dry", "--diff")
+        assert dry.code == 0, dry.log[-3000:]
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", dry.log)
+        unit = "/etc/systemd/system/kimi-vllm.service"
+        for host in ("kimi-h1", "kimi-h2"):
+            assert f"    --- {host}:{unit} (on the host)\n    +++ {host}:{unit} (the recipe)\n" in plain, plain[-6000:]
+        assert len(re.findall(r"^    -\s+--max-model-len 32768\b", plain, re.MULTILINE)) == 2, plain[-6000:]
+        assert len(re.findall(r"^    \+\s+--max-model-len 131072\b", plain, re.MULTILINE)) == 2, plain[-6000:]
+        assert "[kimi-h3] diff: no file changes" in plain, plain[-6000:]
+        assert {h: main_pid(h, engine) for h, engine in ENGINES.items()} == pids
+        assert ssh("kimi-h1", f"grep -c -- '--max-model-len 32768' {unit}") == "1"
         run = pyinfra("--data", f"kimi_recipe={changed_recipe}")
         assert run.code == 0, run.log[-3000:]
         after = {host: main_pid(host, unit) for host, unit in ENGINES.items()}
