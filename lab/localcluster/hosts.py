@@ -20,7 +20,18 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from localcluster import bootloop, debian_sources, fake_kernel, hook, launch_detached, log, network, process_argv, run
+from localcluster import (
+    bootloop,
+    debian_sources,
+    fake_kernel,
+    hook,
+    launch_detached,
+    log,
+    network,
+    operator_user,
+    process_argv,
+    run,
+)
 from localcluster.fake_nvidia import PROC_DEVICES_PATH
 from localcluster.hardware_spec import DEFAULT_OS, MODELS_DIR, parse_spec
 from localcluster.image import write_into
@@ -193,6 +204,8 @@ def write_identity(settings: Settings, host: HostRecord, hosts: Sequence[HostRec
     # The key lives in the state directory, which a cached base shared by clusters cannot know.
     public = settings.ssh_key.with_suffix(".pub").read_text(encoding="utf-8")
     write_into(root, "root/.ssh/authorized_keys", public, 0o600)
+    # and an unprivileged operator with sudo, as a real fleet has (the deploys run as either)
+    operator_user.ensure(root, public)
     # Likewise the mirror's address and signing key: this cluster's, not the base image's. A host
     # standing for an Ubuntu machine gets none: the mirror is Debian's.
     if parse_spec(host.hardware).os == DEFAULT_OS:
