@@ -123,6 +123,9 @@ def test_what_is_kept_stays_bounded_however_long_the_step() -> None:
 def test_a_host_with_all_its_bytes_is_not_the_slowest_while_it_installs() -> None:
     moved = FleetBytes()
     readings = {"kimi-h1": Reading(100, 100, 1), "kimi-h2": Reading(40, 100, 1)}
-    assert moved.tick(0.0, readings, finished=set(), failed=set()) == "140 B of 200 B (100 B x 2 hosts); slowest kimi-h2 (40%)"
+    assert (
+        moved.tick(0.0, readings, finished=set(), failed=set())
+        == "140 B of 200 B (100 B x 2 hosts); slowest kimi-h2 (40%)"
+    )
     readings = {"kimi-h1": Reading(100, 100, 2), "kimi-h2": Reading(100, 100, 2)}
     assert moved.tick(10.0, readings, finished=set(), failed=set()) == "200 B of 200 B (100 B x 2 hosts), 6 B/s"
