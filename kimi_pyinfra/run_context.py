@@ -19,6 +19,7 @@ from typing import Any
 from gevent.event import Event  # type: ignore[import-untyped]
 from pyinfra.context import ctx_state
 
+from kimi_deploy.converge.cold_start import HostColdStart
 from kimi_deploy.converge.plan import Converge
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.profile_types import HostProfile
@@ -84,6 +85,9 @@ class RunContext:
     # (host name, operation hash) -> the file the host program of that operation keeps its progress
     # in while it runs (``kimi_pyinfra.progress_reads``); an operation's entries go when it ends
     progress_files: dict[tuple[str, str], str] = field(default_factory=dict)
+    # host name -> how long each phase of its converge took, for each host that took a step, once
+    # the run ended (``kimi_pyinfra.cold_start``): what a release record could keep of it
+    cold_start: dict[str, HostColdStart] = field(default_factory=dict)
     # host name -> its hardware profile (deploys/report.py)
     profiles: dict[str, HostProfile] = field(default_factory=dict)
     # deploys/ladder.py: each host's context ladder proofs, read so far

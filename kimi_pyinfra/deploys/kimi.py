@@ -28,7 +28,7 @@ from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_deploy.render.watchdog_units import WATCHDOG_UNIT
 from kimi_deploy.serving.context_ladder import climb_request
 from kimi_deploy.serving.watchdog_report import release_time, watchdog_lines
-from kimi_pyinfra import dead_peers, fleet_progress, stop_signals
+from kimi_pyinfra import cold_start, dead_peers, fleet_progress, stop_signals
 from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.driver_steps import driver_steps, planned
 from kimi_pyinfra.host_plan import converge_at, inventory_label, todo_for
@@ -54,6 +54,8 @@ def deploy_kimi() -> None:
         except ConfigError as exc:
             raise PyinfraError(str(exc)) from None
         fleet_progress.install(state, tick_s, context.progress_files)
+        # How long each phase of each host's converge took: one table at the end (with -v too).
+        cold_start.install(state, context.cold_start)
         # A host that drops off the network fails within a bound, not after TCP's own (kimi_pyinfra.dead_peers).
         for h in inventory.get_active_hosts():
             dead_peers.bound(h)

@@ -41,6 +41,27 @@ def bytes_lines(log: str, step: str) -> list[str]:
     return [line for line in plain.splitlines() if re.fullmatch(rf"\s+kimi \| {re.escape(step)}: {_BYTES}.*", line)]
 
 
+# "--> Cold start: kimi-h2 slowest, 7.4 s to serving (release install 4.1 s)", then a header and a
+# row per host: its seconds (or "-") in each phase, then to serving (kimi_pyinfra.cold_start)
+_HEADLINE = r"--> Cold start: (kimi-h\d+) slowest, [0-9.]+ s to serving \([a-z ]+ [0-9.]+ s\)"
+_CELL = r"(-|[0-9.]+)"
+
+
+def cold_start_rows(log: str) -> set[str]:
+    """The hosts of the run's cold-start table that got to serving, once its headline named one of them."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log).splitlines()
+    heads = [i for i, line in enumerate(plain) if re.fullmatch(_HEADLINE, line.strip())]
+    if len(heads) != 1 or plain[heads[0] + 1].split()[:2] != ["host", "drivers"]:
+        return set()
+    rows = set()
+    for line in plain[heads[0] + 2 :]:
+        if not (row := re.fullmatch(rf"\s+(kimi-h\d+)(\s+{_CELL}){{7}}\s+[0-9.]+", line)):
+            break
+        rows.add(row.group(1))
+    named = re.fullmatch(_HEADLINE, plain[heads[0]].strip())
+    return rows if named is not None and named.group(1) in rows else set()
+
+
 @pytest.fixture(scope="module")
 def fresh_cluster() -> None:
     cluster("down")
@@ -62,6 +83,8 @@ def pids(fresh_cluster: None) -> dict[str, int]:
     # while the weights arrive and uv fetches a release's wheels, the step's line says their bytes
     assert bytes_lines(first.log, "Weights at the pinned revision"), first.log[-6000:]
     assert bytes_lines(first.log, "Releases (engine, host tools)"), first.log[-6000:]
+    # the run ends with its cold start broken down: the slowest host named, a row of seconds per host
+    assert cold_start_rows(first.log) == set(ENGINES), first.log[-4000:]
     # the installed @deploy function's operations, named as pyinfra names a packaged deploy's
     assert first.payload is not None
     names = [op["name"] for op in first.payload["results"]["operations"]]
