@@ -322,6 +322,19 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+# The commands whose words after the inventory are pyinfra's, which argparse would not pass on:
+# each one's run and its line in --help.
+_PYINFRA_RUNS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "converge": (
+        run_converge,
+        "converge the inventory's hosts (pyinfra INVENTORY deploys/kimi.py -y, this installation's pyinfra)",
+    ),
+    "status": (
+        run_status,
+        "what serves where, and a curl to ask it: one read-only probe per host (deploys/status.py)",
+    ),
+}
+
 # What --help says after the commands: the other ways in.
 EPILOG = """\
 the other entry points:
@@ -399,20 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--ibstat", metavar="FILE", help="ibstat output")
     check.add_argument("--nccl-all-reduce", metavar="FILE", help="nccl-tests all_reduce_perf output")
     check.set_defaults(func=_facts_check)
-    converge = sub.add_parser(
-        "converge",
-        add_help=False,
-        help="converge the inventory's hosts (pyinfra INVENTORY deploys/kimi.py -y, this installation's pyinfra)",
-    )
-    converge.add_argument("args", nargs=argparse.REMAINDER)
-    converge.set_defaults(func=lambda args: run_converge(args.args))
-    status = sub.add_parser(
-        "status",
-        add_help=False,
-        help="what serves where, and a curl to ask it: one read-only probe per host (deploys/status.py)",
-    )
-    status.add_argument("args", nargs=argparse.REMAINDER)
-    status.set_defaults(func=lambda args: run_status(args.args))
+    # listed for --help and their words taken whole; _run hands them to _PYINFRA_RUNS before argparse
+    for name, (_, said) in _PYINFRA_RUNS.items():
+        sub.add_parser(name, add_help=False, help=said).add_argument("args", nargs=argparse.REMAINDER)
     logs = sub.add_parser(
         "logs", help="follow the journals of the kimi units on the hosts (journalctl -f over SSH; Ctrl-C stops)"
     )
@@ -470,13 +472,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a tool that SIGPIPE ended
 
 
-# the commands whose words after the inventory are pyinfra's, which argparse would not pass on
-_PYINFRA_RUNS = {"converge": run_converge, "status": run_status}
-
-
 def _pyinfra_run(command: str, words: list[str]) -> int:
     try:
-        return _PYINFRA_RUNS[command](words)
+        return _PYINFRA_RUNS[command][0](words)
     except ConfigError as exc:
         print(printable(f"kimi-deploy {command}: {exc}"), file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.starter import DEPLOYS
@@ -76,8 +77,13 @@ def run_converge(words: Sequence[str]) -> int:
     if words[:1] in (["-h"], ["--help"]):
         print(USAGE.format(names=", ".join(deploy_names())), end="")
         return 0
-    argv = pyinfra_argv(words, Path.cwd())
+    exec_pyinfra(PYINFRA_MAIN, pyinfra_argv(words, Path.cwd()))
+
+
+def exec_pyinfra(main: str, argv: Sequence[str]) -> NoReturn:
+    """Replace this process with this interpreter running ``main`` (the code starting pyinfra's
+    CLI) on ``argv``."""
     sys.stdout.flush()
     sys.stderr.flush()
     # no shell: the words go to pyinfra as they are
-    os.execv(sys.executable, [sys.executable, "-c", PYINFRA_MAIN, *argv])  # noqa: S606
+    os.execv(sys.executable, [sys.executable, "-c", main, *argv])  # noqa: S606

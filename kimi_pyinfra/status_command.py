@@ -8,14 +8,12 @@ the table and the endpoints, on stdout. ``-v`` (or ``--debug``) keeps all of pyi
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from kimi_deploy.errors import ConfigError
-from kimi_pyinfra.converge_command import PYINFRA_MAIN, pyinfra_argv
+from kimi_pyinfra.converge_command import PYINFRA_MAIN, exec_pyinfra, pyinfra_argv
 
 USAGE = """\
 usage: kimi-deploy status INVENTORY [PYINFRA OPTIONS ...]
@@ -57,7 +55,4 @@ def run_status(words: Sequence[str]) -> int:
         print(USAGE, end="")
         return 0
     argv = status_argv(words, Path.cwd())
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # no shell: the words go to pyinfra as they are
-    os.execv(sys.executable, [sys.executable, "-c", pyinfra_main(argv), *argv])  # noqa: S606
+    exec_pyinfra(pyinfra_main(argv), argv)
