@@ -19,6 +19,10 @@ def _no_packages(topology: Topology) -> tuple[str, ...]:
     return ()
 
 
+def _no_compile_cache(unit: Unit) -> str | None:
+    return None
+
+
 def _launch_prefix(catalog: Catalog) -> int:
     return len(catalog.launch)
 
@@ -53,6 +57,9 @@ class Engine:
     # its /metrics gauges of KV cache use, each a fraction, read while the context ladder's probe
     # and the benchmark's load run; empty: none known, none read
     kv_usage_metrics: tuple[str, ...] = ()
+    # the folder its ``unit`` keeps what it compiles at start in, when that launch compiles and a
+    # start from a copy of the folder skips the compile (``kimi_deploy.compile_cache``); None: none
+    compile_cache: Callable[[Unit], str | None] = _no_compile_cache
 
     def client_port(self, topology: Topology) -> int:
         """The port clients (or the router) reach the topology's API on: ``ports.api`` or the

@@ -13,7 +13,7 @@ from kimi_deploy.plan.placement import Placement
 from kimi_deploy.plan.servespec import ConfigFile, Unit
 from kimi_deploy.recipe import Recipe, Topology
 from kimi_deploy.releases.catalog import Catalog, engine_catalog
-from kimi_deploy.releases.host_paths import checkpoint_dir, engine_dir, model_dir
+from kimi_deploy.releases.host_paths import checkpoint_dir, engine_dir, model_dir, unit_cache_dir
 from kimi_deploy.render.unit_env import common_env
 
 UNIT = "kimi-vllm"
@@ -258,6 +258,16 @@ def positionals(catalog: Catalog) -> int:
     return len(catalog.launch) + (1 if catalog.launch[-1:] == ("serve",) else 0)
 
 
+def compile_cache(unit: Unit) -> str | None:
+    """The folder vLLM keeps its torch.compile cache in, under its cache root
+    (``$XDG_CACHE_HOME/vllm``, the unit's cache folder: render/files.py), unless the launch is eager.
+    vLLM's docs (design/torch_compile) say the whole folder may be copied to another machine; each
+    configuration compiles into a subfolder named by vLLM's own hash of it."""
+    if "--enforce-eager" in unit.argv:
+        return None
+    return f"{unit_cache_dir(unit.name)}/vllm/torch_compile_cache"
+
+
 ENGINE = Engine(
     name="vllm",
     default_api_port=8000,
@@ -268,4 +278,5 @@ ENGINE = Engine(
     cpu_build=True,
     load_generator=True,
     kv_usage_metrics=VLLM_KV_USAGE,
+    compile_cache=compile_cache,
 )

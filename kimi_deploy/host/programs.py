@@ -15,6 +15,8 @@ from kimi_deploy.host.command import bundle, hostside_command
 from kimi_deploy.hostside.requests import (
     AllReduceRequest,
     CommCheckPhase,
+    CompileCachePackRequest,
+    CompileCachePlaceRequest,
     DrainRequest,
     DriversRequest,
     HardwareRequest,
@@ -57,6 +59,8 @@ STATE_PROBE: HostProgram[StateRequest] = HostProgram("state_probe.py")
 VENV_INSTALL: HostProgram[VenvInstallRequest] = HostProgram("venv_install.py")
 WEIGHTS_SYNC: HostProgram[SyncRequest] = HostProgram("weights_sync.py")  # also the scrub timer's program
 WEIGHTS_PEER: HostProgram[PeerRequest] = HostProgram("weights_peer.py")
+COMPILE_CACHE_PACK: HostProgram[CompileCachePackRequest] = HostProgram("compile_cache_pack.py")
+COMPILE_CACHE_PLACE: HostProgram[CompileCachePlaceRequest] = HostProgram("compile_cache_place.py")
 COMMCHECK: HostProgram[CommCheckPhase] = HostProgram("commcheck.py")
 ALLREDUCE: HostProgram[AllReduceRequest] = HostProgram("allreduce.py")
 SMOKE: HostProgram[SmokeRequest] = HostProgram("smoke.py")
@@ -78,6 +82,8 @@ PROGRAMS: tuple[HostProgram[Any], ...] = (
     VENV_INSTALL,
     WEIGHTS_SYNC,
     WEIGHTS_PEER,
+    COMPILE_CACHE_PACK,
+    COMPILE_CACHE_PLACE,
     COMMCHECK,
     ALLREDUCE,
     SMOKE,

@@ -42,6 +42,8 @@ class SyncRequest(TypedDict):
     peers: NotRequired[list[PeerSource]]
     peer_key_file: NotRequired[str | None]
     in_order: NotRequired[bool]
+    # False: what no peer gives fails the sync (a compile cache, which no Hub holds)
+    hub: NotRequired[bool]
     # the scrub's: every file re-hashed, repaired or only reported
     scrub: NotRequired[bool]
     repair: NotRequired[bool]
@@ -441,3 +443,22 @@ class PeerRequest(TypedDict):
     key_file: str
     fetching: bool
     idle_exit_s: float
+
+class CompileCachePackRequest(TypedDict):
+    """``compile_cache_pack.py``: the engine's cache folder packed into the artifact of its key."""
+
+    source: str
+    dir: str
+    most_files: int
+    most_bytes: int
+
+
+class CompileCachePlaceRequest(TypedDict):
+    """``compile_cache_place.py``: the artifact of a key placed from the run's peers, verified
+    against the controller's ``manifest`` (``{path: [size, digest]}``)."""
+
+    dir: str
+    manifest: Lock
+    peers: list[PeerSource]
+    peer_key_file: str | None
+    progress_log: str

@@ -5,7 +5,8 @@ zlib-compressed JSON, or ``--config FILE`` naming the same JSON in a file (the s
 {"repo", "revision", "dir", "lock": {path: [size, digest]}, "endpoint", "token_file", "retries",
 "workers", "full", "peers": [{"host", "url"} | {"host", "path"}], "peer_key_file", "progress_log", "scrub",
 "repair", "in_order", "hub_attempts", "hub_backoff_s", "hub_wait_budget_s", "hub_deadline_s",
-"min_bytes_per_s", "file_floor_s"} (the last four bound time: ``hostside.hub_fetch.Weather``).
+"min_bytes_per_s", "file_floor_s"} (the last four bound time: ``hostside.hub_fetch.Weather``), and
+"hub": false for files that only peers may give (a compile cache: ``compile_cache_place``).
 Prints one JSON line; exit 0 when every file matches the lock, 3 when the disk is too small
 (nothing downloaded), 4 when a file still mismatches after retries (or, scrubbing without repair,
 when a file is corrupted; or when the Hub's metadata contradicts the lock), 5 when the Hub fails
@@ -715,6 +716,16 @@ def sync(req: SyncRequest) -> None:
     with Progress(req.get("progress_log"), label, root, wanted, meta(root, PROGRESS)) as progress:
         placed, from_peers, peer_causes = _from_peers(root, lock, bad, req, cache)
         bad = [r for r in bad if r not in placed]
+        if bad and req.get("hub") is False:
+            _save_cache(root, lock, cache)
+            rel = bad[0]
+            cause = peer_causes.get(rel) or next(iter(peer_causes.values()), "no peer had it")
+            _fail(
+                {"error": "peers", "files": sorted(bad), "peer_failures": peer_causes},
+                f"{label}: {len(bad)} of {len(lock)} files from no peer, first {rel}: {shown(cause)} "
+                "(this sync asks no Hub)",
+                5,
+            )
         if bad:
             hub = _from_hub(req, root=root, lock=lock, bad=bad, cache=cache, note=progress.note)
             fetched, bad = hub.fetched, hub.mismatched

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kimi_deploy.accelerators import NONE
+from kimi_deploy.compile_cache.unit import with_compile_cache
 from kimi_deploy.engines import engine
 from kimi_deploy.engines.common import node_role
 from kimi_deploy.errors import ConfigError
@@ -219,6 +220,7 @@ def plan(recipe: Recipe, recipe_file: str, inventory: Inventory, only: str | Non
         for placement in tp.engines:
             unit = _engine_unit(recipe, recipe_file, placement)
             _check_argv(recipe, recipe_file, placement, unit)
+            unit = with_compile_cache(recipe, placement, unit)
             if tp.router is not None:
                 # An engine behind a router answers that router's host alone (and its own).
                 unit = guarded(unit, recipe.paths.config, (tp.router.address,))

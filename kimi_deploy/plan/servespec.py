@@ -32,6 +32,18 @@ class ApiGuard:
 
 
 @dataclass(frozen=True)
+class CompileCache:
+    """The compile cache an engine unit reads (``kimi_deploy.compile_cache.key``): ``source``, the
+    host's artifact folder of ``key`` (root's), bound read-only over ``target``, the folder the
+    engine keeps that cache in, whenever ``source`` is there; without it the engine compiles into
+    ``target`` itself."""
+
+    key: str
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
 class Unit:
     """One systemd service on one host.
 
@@ -47,6 +59,7 @@ class Unit:
     given, are the only addresses besides loopback the unit exchanges packets with (systemd's
     IPAddressAllow=): for a service that checks no key and binds more than it is told.
     ``guard``: who may open a connection to an engine's API port beyond loopback.
+    ``compile_cache``: the compile cache of an engine whose launch compiles kernels.
     """
 
     name: str
@@ -63,6 +76,7 @@ class Unit:
     peers: tuple[str, ...] = ()
     local_listens: Mapping[str, int] = field(default_factory=dict)
     guard: ApiGuard | None = None
+    compile_cache: CompileCache | None = None
 
     def every_port(self) -> dict[str, int]:
         """Every port the unit binds, on any address, by label."""

@@ -1,0 +1,87 @@
+"""The compile cache's key: the same for hosts that compile the same code, another for anything
+that changes the code, and the unit binds only the artifact of its own key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from kimi_deploy.compile_cache.key import CACHES_ROOT
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.plan.servespec import Plan, Unit
+from kimi_deploy.recipe_file import load_recipe
+from kimi_deploy.releases.host_paths import unit_cache_dir
+from kimi_deploy.render.files import render_host
+from kimi_pyinfra.inventory_file import load_inventory
+
+RECIPE = "recipes/kimi-k3.1-pro.yaml"
+INVENTORY = "inventories/prod.py"
+
+
+def _plan(recipe_file: str = RECIPE, inventory: str = INVENTORY) -> Plan:
+    return plan(load_recipe(recipe_file), recipe_file, load_inventory(inventory))
+
+
+def _engine(full: Plan, host: str) -> Unit:
+    return next(u for u in full.for_host(host).units if u.kind == "engine")
+
+
+def _keys(full: Plan) -> dict[str, str]:
+    return {h.host: u.compile_cache.key for h in full.hosts for u in h.units if u.compile_cache is not None}
+
+
+def _changed(tmp_path: Path, edit: dict[str, object], topology: str = "gb300-pd") -> Plan:
+    data = yaml.safe_load(Path(RECIPE).read_text(encoding="utf-8"))
+    data["topologies"][topology] |= edit
+    changed = tmp_path / "recipe.yaml"
+    changed.write_text(yaml.safe_dump(data), encoding="utf-8")
+    # the recipe's relative paths (catalogs, locks) stay the project's
+    return plan(load_recipe(str(changed)), RECIPE, load_inventory(INVENTORY))
+
+
+def test_hosts_of_the_same_rank_share_a_key_whatever_their_addresses() -> None:
+    keys = _keys(_plan())
+    # three prefill instances of two hosts each: the hosts of one rank compile the same code
+    assert keys["gb300-p01"] == keys["gb300-p03"] == keys["gb300-p05"]
+    assert keys["gb300-p02"] == keys["gb300-p04"] == keys["gb300-p06"]
+    assert keys["gb300-p01"] != keys["gb300-p02"]
+    # the decode pool's hosts hold other data-parallel ranks, the single node another launch
+    decode = [keys[f"gb300-d0{i}"] for i in range(1, 5)]
+    assert len({*decode, keys["gb300-p01"], keys["b300-01"]}) == 6
+
+
+def test_anything_that_changes_the_compiled_code_changes_the_key(tmp_path: Path) -> None:
+    before = _keys(_plan())
+    longer = _keys(_changed(tmp_path, {"max_model_len": 262144}))
+    assert longer["gb300-p01"] != before["gb300-p01"]
+    # another topology's change leaves this one's keys alone
+    assert longer["b300-01"] == before["b300-01"]
+
+
+def test_the_unit_binds_its_own_keys_artifact_read_only_over_its_cache_folder() -> None:
+    full = _plan()
+    unit = _engine(full, "gb300-p03")
+    cache = unit.compile_cache
+    assert cache is not None
+    assert cache.source == f"{CACHES_ROOT}/kimi-vllm-{cache.key}"
+    assert cache.target == f"{unit_cache_dir('kimi-vllm')}/vllm/torch_compile_cache"
+    files = {f.path: f for f in render_host(load_recipe(RECIPE), full.for_host("gb300-p03"))}
+    text = files["/etc/systemd/system/kimi-vllm.service"].content
+    binds = [line for line in text.splitlines() if line.startswith("BindReadOnlyPaths=")]
+    # "-": a host without the artifact yet starts, and the engine compiles into its own folder
+    assert binds == [f"BindReadOnlyPaths=-{cache.source}:{cache.target}"]
+
+
+def test_an_eager_launch_compiles_nothing_and_binds_no_cache(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        '_c = {"ssh_user": "root", "kimi_recipe": "recipes/demo.yaml"}\n'
+        'demo_vllm = [("kimi-h1", {"ssh_hostname": "10.213.7.11", **_c}), ("kimi-h2", {"ssh_hostname": "10.213.7.12", **_c})]\n'
+        'demo_sglang = [("kimi-h3", {"ssh_hostname": "10.213.7.13", **_c}), ("kimi-h4", {"ssh_hostname": "10.213.7.14", **_c})]\n',
+        encoding="utf-8",
+    )
+    demo = _plan("recipes/demo.yaml", str(inventory))
+    unit = _engine(demo, "kimi-h1")
+    assert "--enforce-eager" in unit.argv
+    assert unit.compile_cache is None
