@@ -56,6 +56,7 @@ def _engine_cache(root: Path) -> Path:
 def _pack(tmp_path: Path, source: Path, artifact: Path, **bounds: int) -> subprocess.CompletedProcess[str]:
     request = {
         "source": str(source),
+        "user": "root",  # the tests' engine wrote its cache as root
         "dir": str(artifact),
         "most_files": bounds.get("most_files", 100),
         "most_bytes": bounds.get("most_bytes", 10 << 20),
@@ -63,13 +64,18 @@ def _pack(tmp_path: Path, source: Path, artifact: Path, **bounds: int) -> subpro
     return _run("compile_cache_pack.py", tmp_path, request)
 
 
-def _place(tmp_path: Path, artifact: Path, manifest: dict[str, Any], url: str, key_file: Path) -> Any:
+def _place(tmp_path: Path, artifact: Path, manifest: dict[str, Any], url: str, key_file: Path, **more: Any) -> Any:
+    engine = artifact.parent.parent / "cache" / "kimi-vllm"
     request = {
         "dir": str(artifact),
         "manifest": manifest,
         "peers": [{"host": "kimi-h1", "url": url}],
         "peer_key_file": str(key_file),
         "progress_log": str(tmp_path / "progress.log"),
+        "engine_dir": str(engine / "vllm" / "torch_compile_cache"),
+        "owner_root": str(engine),
+        "user": "root",
+        **more,
     }
     return _run("compile_cache_place.py", tmp_path, request)
 
@@ -94,7 +100,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and ".kimi" not in p.relative_to(root).parts
+        if p.is_file() and not any(part.startswith(".kimi") for part in p.relative_to(root).parts)
     }
 
 
@@ -198,7 +204,7 @@ def test_the_engine_user_cannot_change_the_cache_it_reads(tmp_path: Path, open_f
     assert _tree(artifact) == ENGINE_FILES
 
 
-def test_links_and_devices_the_engine_left_in_its_cache_are_not_packed(tmp_path: Path) -> None:
+def test_links_devices_and_other_users_files_in_the_engines_cache_are_not_packed(tmp_path: Path) -> None:
     source = _engine_cache(tmp_path / "engine-cache" / "torch_compile_cache")
     secret = tmp_path / "root-only"
     secret.write_text("a root secret\n")
@@ -206,11 +212,14 @@ def test_links_and_devices_the_engine_left_in_its_cache_are_not_packed(tmp_path:
     (source / HASH / "rank_0_0" / "backbone" / "leak").symlink_to(secret)
     (source / HASH / "linked-dir").symlink_to(tmp_path)
     os.mkfifo(source / HASH / "fifo")
+    theirs = source / HASH / "another-users"
+    theirs.write_bytes(b"not the engine's")
+    os.chown(theirs, 65534, 65534)
     artifact = tmp_path / "compile-caches" / "kimi-vllm-k1"
     done = _pack(tmp_path, source, artifact)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
-    assert answer["left_out"] == 3
+    assert answer["left_out"] == 4
     assert set(answer["manifest"]) == set(ENGINE_FILES)
     assert _tree(artifact) == ENGINE_FILES
 
@@ -232,3 +241,55 @@ def test_a_cache_past_its_bounds_is_not_packed_and_an_empty_one_makes_nothing(tm
     assert empty.returncode == 0
     assert json.loads(empty.stdout)["manifest"] == {}
     assert not artifact.exists()
+
+
+def test_the_engine_gets_its_own_copy_written_as_its_user(open_folder: Path, tmp_path: Path, key_file: Path) -> None:
+    source = _engine_cache(tmp_path / "engine-cache" / "torch_compile_cache")
+    artifact = open_folder / "a" / "compile-caches" / "kimi-vllm-k1"
+    assert _pack(tmp_path, source, artifact).returncode == 0
+    manifest = json.loads((artifact / ".kimi" / "manifest.json").read_text())
+    elsewhere = open_folder / "b" / "compile-caches" / "kimi-vllm-k1"
+    engine = elsewhere.parent.parent / "cache" / "kimi-vllm"
+    copy = engine / "vllm" / "torch_compile_cache"
+    for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
+        done = _place(tmp_path, elsewhere, manifest, url, key_file, user="nobody")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["given"] is True
+        assert _tree(copy) == ENGINE_FILES
+        nobody = pwd.getpwnam("nobody").pw_uid
+        # the engine's folder and every file in it its user's, private (the unit's UMask=0077)
+        for path in [engine, *engine.rglob("*")]:
+            assert path.stat().st_uid == nobody, path
+            assert path.stat().st_mode & 0o077 == 0, path
+        # the artifact stays root's whatever the engine does to its copy
+        (copy / next(iter(ENGINE_FILES))).write_bytes(b"changed by the engine")
+        assert _tree(elsewhere) == ENGINE_FILES
+        # given once: the marker of this key and manifest stops a second copy
+        again = _place(tmp_path, elsewhere, manifest, url, key_file, user="nobody")
+        assert json.loads(again.stdout.strip().splitlines()[-1])["given"] is False
+
+
+def test_a_link_the_engine_left_in_its_folder_leads_the_copy_nowhere(
+    open_folder: Path, tmp_path: Path, key_file: Path
+) -> None:
+    source = _engine_cache(tmp_path / "engine-cache" / "torch_compile_cache")
+    artifact = open_folder / "a" / "compile-caches" / "kimi-vllm-k1"
+    assert _pack(tmp_path, source, artifact).returncode == 0
+    manifest = json.loads((artifact / ".kimi" / "manifest.json").read_text())
+    elsewhere = open_folder / "b" / "compile-caches" / "kimi-vllm-k1"
+    engine = elsewhere.parent.parent / "cache" / "kimi-vllm"
+    victim = open_folder / "root-file"
+    victim.write_text("root's\n")
+    # the engine's user made its folder and put a link where a cache file goes
+    (engine / "vllm" / "torch_compile_cache" / HASH / "rank_0_0" / "backbone").mkdir(parents=True)
+    rel = f"{HASH}/rank_0_0/backbone/computation_graph.py"
+    (engine / "vllm" / "torch_compile_cache" / rel).symlink_to(victim)
+    nobody = pwd.getpwnam("nobody")
+    for path in [engine, *engine.rglob("*")]:
+        os.lchown(path, nobody.pw_uid, nobody.pw_gid)
+    for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
+        done = _place(tmp_path, elsewhere, manifest, url, key_file, user="nobody")
+    assert done.returncode == 0, done.stderr
+    # the link replaced by the file, the root-owned file untouched
+    assert victim.read_text() == "root's\n"
+    assert (engine / "vllm" / "torch_compile_cache" / rel).read_bytes() == ENGINE_FILES[rel]

@@ -59,18 +59,18 @@ def test_anything_that_changes_the_compiled_code_changes_the_key(tmp_path: Path)
     assert longer["b300-01"] == before["b300-01"]
 
 
-def test_the_unit_binds_its_own_keys_artifact_read_only_over_its_cache_folder() -> None:
+def test_the_unit_names_its_own_keys_artifact_and_the_engines_cache_folder() -> None:
     full = _plan()
     unit = _engine(full, "gb300-p03")
     cache = unit.compile_cache
     assert cache is not None
     assert cache.source == f"{CACHES_ROOT}/kimi-vllm-{cache.key}"
-    assert cache.target == f"{unit_cache_dir('kimi-vllm')}/vllm/torch_compile_cache"
-    files = {f.path: f for f in render_host(load_recipe(RECIPE), full.for_host("gb300-p03"))}
-    text = files["/etc/systemd/system/kimi-vllm.service"].content
-    binds = [line for line in text.splitlines() if line.startswith("BindReadOnlyPaths=")]
-    # "-": a host without the artifact yet starts, and the engine compiles into its own folder
-    assert binds == [f"BindReadOnlyPaths=-{cache.source}:{cache.target}"]
+    # the folder vLLM writes its torch.compile cache in: its cache root under the unit's XDG_CACHE_HOME
+    files = {f.path: f.content for f in render_host(load_recipe(RECIPE), full.for_host("gb300-p03"))}
+    env = dict(line.split("=", 1) for line in files["/etc/kimi/kimi-vllm.env"].splitlines() if "=" in line)
+    assert env["XDG_CACHE_HOME"] == unit_cache_dir("kimi-vllm")
+    assert "VLLM_CACHE_ROOT" not in env
+    assert cache.target == f"{env['XDG_CACHE_HOME']}/vllm/torch_compile_cache"
 
 
 def test_an_eager_launch_compiles_nothing_and_binds_no_cache(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ hosts, and they are taken out before the digest. The engine's own hash (vLLM's s
 
 The artifact of a key lives at ``/var/lib/kimi/compile-caches/<unit>-<key>``: written by root only,
 files 0644 and folders 0755, verified against a manifest whose every digest the controller holds.
-A unit binds it read-only over its own cache folder when it is there (``BindReadOnlyPaths=-``), so
-the engine reads it and cannot change it, and a unit rendered for another key names another folder.
+Before the engine starts, its files are copied into the engine's own cache folder, which the engine
+may write: vLLM 0.32.0 writes its cache again at a start that found it (its AOT load fails on CPU and
+it saves what it compiled anew), and refuses to start over a read-only one. The engine changes its
+copy, never the artifact, which is what the host serves to others.
 """
 
 from __future__ import annotations

@@ -444,10 +444,12 @@ class PeerRequest(TypedDict):
     fetching: bool
     idle_exit_s: float
 
+
 class CompileCachePackRequest(TypedDict):
     """``compile_cache_pack.py``: the engine's cache folder packed into the artifact of its key."""
 
     source: str
+    user: str
     dir: str
     most_files: int
     most_bytes: int
@@ -462,3 +464,7 @@ class CompileCachePlaceRequest(TypedDict):
     peers: list[PeerSource]
     peer_key_file: str | None
     progress_log: str
+    # the engine's copy: its cache folder, the unit's cache folder above it, the engine's user
+    engine_dir: str
+    owner_root: str
+    user: str

@@ -33,10 +33,9 @@ class ApiGuard:
 
 @dataclass(frozen=True)
 class CompileCache:
-    """The compile cache an engine unit reads (``kimi_deploy.compile_cache.key``): ``source``, the
-    host's artifact folder of ``key`` (root's), bound read-only over ``target``, the folder the
-    engine keeps that cache in, whenever ``source`` is there; without it the engine compiles into
-    ``target`` itself."""
+    """The compile cache an engine unit starts from (``kimi_deploy.compile_cache.key``): ``source``,
+    the host's artifact folder of ``key`` (root's), copied into ``target``, the folder the engine
+    keeps that cache in and writes, before the engine starts."""
 
     key: str
     source: str
