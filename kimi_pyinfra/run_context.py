@@ -9,12 +9,13 @@ here, on pyinfra's ``State`` of the run: a new run, in the same process or not, 
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from gevent.event import Event  # type: ignore[import-untyped]
 from pyinfra.context import ctx_state
@@ -29,6 +30,9 @@ from kimi_deploy.plan.servespec import Plan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.weights.fanout import FanOutPart
 from kimi_pyinfra.all_at_once import aligned, widen_pools
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass
@@ -111,3 +115,17 @@ def run_context() -> RunContext:
         widen_pools(state)
     aligned(state)
     return context
+
+
+def in_run(deploy: Callable[P, R]) -> Callable[P, R]:
+    """A deploy (``@pyinfra_deploy``) called with this run's context in place: pyinfra reads a
+    deploy's arguments (``_parallel`` among them, the run's ``PARALLEL``) as the deploy is called,
+    so the pools are widened first (``kimi_pyinfra.all_at_once``), or the first host's deploy and
+    the others' disagree past 40 hosts ("Cannot have different values for `_parallel`")."""
+
+    @functools.wraps(deploy)
+    def called(*args: P.args, **kwargs: P.kwargs) -> R:
+        run_context()
+        return deploy(*args, **kwargs)
+
+    return called

@@ -38,9 +38,10 @@ from kimi_deploy.secrets import read_secret
 from kimi_pyinfra.facts.bench import BenchRecord
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.operations import bench
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import in_run, run_context
 
 
+@in_run
 @pyinfra_deploy("bench")
 def deploy_bench() -> None:
     """Benchmark the served endpoint as clients use it: ``pyinfra INVENTORY deploys/bench.py -y``."""

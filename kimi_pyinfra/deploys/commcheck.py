@@ -21,9 +21,10 @@ from kimi_deploy.serving.commcheck import check_request, needs_check
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.operations import commcheck
 from kimi_pyinfra.rehearsal import perform
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import in_run, run_context
 
 
+@in_run
 @pyinfra_deploy("commcheck")
 def deploy_commcheck() -> None:
     """Run the communication check alone: ``pyinfra inventories/prod.py deploys/commcheck.py``."""

@@ -22,8 +22,10 @@ from pyinfra.operations import python, server
 from kimi_deploy.converge.drills import DrillError, drill_commands
 from kimi_deploy.errors import ConfigError
 from kimi_pyinfra.host_plan import todo_for
+from kimi_pyinfra.run_context import in_run
 
 
+@in_run
 @pyinfra_deploy("drill")
 def deploy_drill() -> None:
     """Fault drills: ``pyinfra INVENTORY deploys/drill.py -y --data kimi_drill=NAME --limit HOST``."""

@@ -24,8 +24,10 @@ from kimi_pyinfra.driver_steps import driver_steps, planned
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.inventory_probe import answered
 from kimi_pyinfra.rehearsal import converge_host
+from kimi_pyinfra.run_context import in_run
 
 
+@in_run
 @pyinfra_deploy("drivers")
 def deploy_drivers() -> None:
     """Pinned drivers on each host: ``pyinfra INVENTORY deploys/drivers.py`` (also a step of kimi.py)."""

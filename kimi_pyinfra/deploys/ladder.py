@@ -21,9 +21,10 @@ from kimi_deploy.inventory import make_host
 from kimi_deploy.serving.ladder_table import format_proofs
 from kimi_pyinfra.facts.ladder import LadderProofs
 from kimi_pyinfra.host_plan import inventory_label
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import in_run, run_context
 
 
+@in_run
 @pyinfra_deploy("ladder")
 def deploy_ladder() -> None:
     """Print the context ladder's proofs of every host, changing nothing: ``pyinfra INVENTORY deploys/ladder.py``."""

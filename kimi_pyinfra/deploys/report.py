@@ -20,9 +20,10 @@ from kimi_deploy.host.report_table import format_report
 from kimi_deploy.inventory import make_host
 from kimi_pyinfra.facts.hardware import HostHardware
 from kimi_pyinfra.host_plan import inventory_label
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import in_run, run_context
 
 
+@in_run
 @pyinfra_deploy("report")
 def deploy_report() -> None:
     """Report the hardware of every host, changing nothing: ``pyinfra INVENTORY deploys/report.py``."""

@@ -30,10 +30,11 @@ from kimi_pyinfra import stop_signals
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.inventory_probe import probe_all, probe_of
 from kimi_pyinfra.operations import preflight, releases
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import in_run, run_context
 from kimi_pyinfra.start_order import SUFFIXES, start_batch
 
 
+@in_run
 @pyinfra_deploy("rollback")
 def deploy_rollback() -> None:
     """Undo the latest converge: ``pyinfra inventories/prod.py deploys/rollback.py``."""

@@ -28,7 +28,7 @@ from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_deploy.serving.status_table import HostStatus, format_status
 from kimi_pyinfra.host_plan import plan_for
 from kimi_pyinfra.inventory_probe import probe_all
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import in_run, run_context
 
 
 def _planned(h: Host) -> tuple[DeployPlan, Converge]:
@@ -57,6 +57,7 @@ def _status(h: Host, probed: dict[str, Any]) -> HostStatus:
     return HostStatus(h.name, deploy, todo, found)
 
 
+@in_run
 @pyinfra_deploy("status")
 def deploy_status() -> None:
     """Show what serves where and how to ask it, changing nothing: ``pyinfra INVENTORY deploys/status.py``."""
