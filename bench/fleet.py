@@ -14,13 +14,24 @@ controller's CPU seconds for the no-op and for the floor, and the whole machine'
 controller's and every host's: they share its cores), with the least wall time the no-op's CPU
 takes on those cores and its ratio to the floor: on this one machine the no-op / floor cannot go
 below it, whatever the controller does.
+
+Then one table, a row per N as it is measured and the whole table at the end, on stdout (the
+line above goes to stderr): the controller's own CPU seconds per host for the no-op re-run and
+for the floor (pyinfra's user + system time, with everything it started, over N; median of the
+runs), their ratio (target <= 1.5), each host's probe CPU in ms (target <= 60: the converge's
+exact probe command, run 5 times on every host after the timed runs, bench/probe_cpu.py; the
+median of all those runs, and the highest host's median), and the wall times of the no-op and
+the floor.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,6 +83,7 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
         if run.code != 0:
             sys.exit(f"N={n}: {failed('probe alone', run.log)}")
         probe.append(seconds)
+    probe_ms = _probe_cpu(inv)
     return {
         "hosts": n,
         "up_s": up_s,
@@ -88,7 +100,22 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
         "floor_cpu_s": statistics.median(floor_cpu),
         "noop_all_s": statistics.median(noop_all),
         "floor_all_s": statistics.median(floor_all),
+        "probe_ms": statistics.median(ms for runs in probe_ms.values() for ms in runs),
+        "probe_ms_worst": max(statistics.median(runs) for runs in probe_ms.values()),
+        "probe_hosts": len(probe_ms),
     }
+
+
+def _probe_cpu(inv: Path) -> dict[str, list[float]]:
+    """Each host's probe CPU, in ms, for each of 5 runs of the converge's exact probe command
+    (bench/probe_cpu.py): a measured step apart from the timed runs."""
+    with tempfile.NamedTemporaryFile("r", prefix="kimi-fleet-probe-cpu-", suffix=".jsonl") as out:
+        os.environ["KIMI_BENCH_PROBE_CPU"] = out.name
+        run, _ = timed(FLEET, inv, deploy="bench/probe_cpu.py")
+        if run.code != 0:
+            sys.exit(f"probe CPU: {failed('probe CPU', run.log)}")
+        rows = [json.loads(line) for line in out.read().splitlines() if line.strip()]
+    return {row["host"]: row["ms"] for row in rows}
 
 
 def _machine_cpu() -> float:
@@ -101,13 +128,31 @@ def _machine_cpu() -> float:
 
 
 def _children_cpu() -> float:
-    """CPU seconds (user + system) of this process's finished children: the controller's pyinfra."""
-    times = os.times()
-    return times.children_user + times.children_system
+    """CPU seconds (user + system) of this process's finished children: the controller's pyinfra
+    (``getrusage``: microseconds, where ``os.times`` counts clock ticks of 10 ms)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+HEADER = (
+    f"{'hosts':>5}  {'ctl CPU/host no-op':>18}  {'floor':>8}  {'ratio':>5}  "
+    f"{'probe CPU/host (median, worst host)':>35}  {'wall no-op':>10}  {'floor':>6}"
+)
 
 
 def line(n: int, runs: int, folder: Path) -> str:
+    """The table's row for ``n`` hosts (stdout); the figures behind it on one line on stderr."""
     row = one(n, runs, folder)
+    print(_details(row), file=sys.stderr, flush=True)
+    noop_cpu, floor_cpu = float(row["noop_cpu_s"]), float(row["floor_cpu_s"])  # type: ignore[arg-type]
+    probe = f"{row['probe_ms']:.1f} ms, {row['probe_ms_worst']:.1f} ms ({row['probe_hosts']} hosts)"
+    return (
+        f"{n:>5}  {noop_cpu / n:>16.3f} s  {floor_cpu / n:>6.3f} s  {noop_cpu / floor_cpu:>5.2f}  "
+        f"{probe:>35}  {row['noop_s']:>8.2f} s  {row['floor_s']:>4.2f} s"
+    )
+
+
+def _details(row: dict[str, object]) -> str:
     cores = os.cpu_count() or 1
     noop, floor, probe = float(row["noop_s"]), float(row["floor_s"]), float(row["probe_s"])  # type: ignore[arg-type]
     # The least wall time the no-op's CPU (controller and hosts alike) takes on this machine's cores.
@@ -130,7 +175,16 @@ def main() -> None:
     # the first run: an environment with PYTHONDONTWRITEBYTECODE set compiles them on every run
     # (about 80 modules, 75 ms of the controller's serial start on this machine).
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    for_each_size(args, lambda n, folder: line(n, args.runs, folder), fresh=True)
+    rows: list[str] = []
+
+    def measure(n: int, folder: Path) -> str:
+        rows.append(line(n, args.runs, folder))
+        return rows[-1]
+
+    print(HEADER, flush=True)
+    for_each_size(args, measure, fresh=True)
+    # the whole table again, together: ``cluster up`` prints its hosts between the rows above
+    print("\n".join([HEADER, *rows]), flush=True)
 
 
 if __name__ == "__main__":

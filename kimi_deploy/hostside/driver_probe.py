@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from kimi_deploy.hostside.probe_types import DriversAnswer, Nvml, SecureBoot, ServiceState
+    from kimi_deploy.hostside.unit_show import UnitShow
 
 
 SOURCES_DIR = "/etc/apt/sources.list.d"
@@ -222,13 +223,27 @@ def _started(argv: list[str], hardware: Any) -> subprocess.Popen[str] | _Read | 
     return _Read(read) if read is not None else _start(argv)
 
 
+def _services_shown(argv: list[str], hardware: Any, shown: UnitShow | None) -> subprocess.Popen[str] | _Read | None:
+    """``systemctl show`` of the services: the hardware part's, else cut out of the host probe's
+    one (``shown``, hostside/unit_show.py) when it can say what it would print, else run here."""
+    read = read_already(hardware, argv)
+    if read is None and shown is not None and on_path(argv[0]) is not None:
+        stdout = shown.answer(argv[2].removeprefix("--property=").split(","), argv[3:])
+        read = (0, stdout, "") if stdout is not None else None
+    return _Read(read) if read is not None else _start(argv)
+
+
 def probe(
-    request: dict[str, Any], known: tuple[int | None, str, str] | None = None, hardware: Any = None
+    request: dict[str, Any],
+    known: tuple[int | None, str, str] | None = None,
+    hardware: Any = None,
+    shown: UnitShow | None = None,
 ) -> DriversAnswer:
     """What the drivers step decides on. ``known``: nvidia-smi's driver version read already in
     this process (``driver_version_read``), so that nvidia-smi runs once per probe; ``hardware``:
     the hardware probe's answer of the same moment, whose dpkg-query and systemctl it takes when
-    they were its own commands (``read_already``)."""
+    they were its own commands (``read_already``); ``shown``: the host probe's one ``systemctl
+    show``, which answers this part's when it can (hostside/unit_show.py)."""
     timeout = float(request.get("timeout_s") or 10)
     units = [str(u) for u in request.get("services") or []]
     kernel = os.uname().release
@@ -237,7 +252,7 @@ def probe(
     nvidia = bool(request.get("nvidia"))
     ask = nvidia and known is None
     smi = _start(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if ask else None
-    show = _started([*SERVICE_STATES, *units], hardware) if units else None
+    show = _services_shown([*SERVICE_STATES, *units], hardware, shown) if units else None
     pending = _text("/run/reboot-required.pkgs")
     keys = request.get("secure_boot")
     # nvidia-smi's answer: read here, or already (``known``); None: not asked, or no nvidia-smi

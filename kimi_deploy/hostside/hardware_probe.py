@@ -71,6 +71,7 @@ if TYPE_CHECKING:
         SectionError,
         TpuSection,
     )
+    from kimi_deploy.hostside.unit_show import UnitShow
 
     _T = TypeVar("_T")
 
@@ -143,6 +144,22 @@ class Command:
             out["error"] = f"timed out after {self.timeout:g} s"
         out["stdout"], out["stderr"] = (stdout or "")[:OUTPUT_LIMIT], (stderr or "")[:OUTPUT_LIMIT]
         return out
+
+
+class Shown:
+    """The fabric manager's and IMEX's ``systemctl show``, cut out of the host probe's one
+    (hostside/unit_show.py) when it can say what this command would have printed; else run here,
+    as ``Command`` does."""
+
+    def __init__(self, argv: list[str], timeout: float, shown: UnitShow) -> None:
+        self.argv, self.timeout, self.shown = argv, timeout, shown
+
+    def result(self) -> CommandRun:
+        properties = self.argv[2].removeprefix("--property=").split(",")
+        stdout = self.shown.answer(properties, self.argv[3:])
+        if stdout is None:
+            return Command(self.argv, self.timeout).result()
+        return {"argv": self.argv, "rc": 0, "stdout": stdout[:OUTPUT_LIMIT], "stderr": "", "error": None}
 
 
 def _section(build: Callable[[], _T]) -> _T | SectionError:
@@ -515,7 +532,9 @@ def _disk(root: str, requested: str, measure: bool) -> DiskSection:
 # Main -------------------------------------------------------------------------------------------
 
 
-def probe(request: dict[str, Any]) -> HardwareAnswer:
+def probe(request: dict[str, Any], shown: UnitShow | None = None) -> HardwareAnswer:
+    """The host's hardware. ``shown``: the host probe's one ``systemctl show``, which answers
+    this part's when it can (hostside/unit_show.py)."""
     start = time.monotonic()
     root = str(request.get("root") or "/")
     timeout = float(request.get("timeout_s") or COMMAND_TIMEOUT_S)
@@ -526,7 +545,9 @@ def probe(request: dict[str, Any]) -> HardwareAnswer:
     # the fabric manager's and IMEX's packages of it (kimi_deploy.host.profile).
     dpkg = Command(NVIDIA_PACKAGES, timeout) if on_path("dpkg-query") else None
     show = [*SERVICE_STATES, *SERVICES]
-    services = Command(show, timeout) if on_path("systemctl") else None
+    services: Command | Shown | None = None
+    if on_path("systemctl"):
+        services = Command(show, timeout) if shown is None else Shown(show, timeout, shown)
     nvml: NvmlRun | None = None
     nvml_result: dict[str, Any] | SectionError | None = None
     if request.get("nvml", True):

@@ -31,6 +31,7 @@ import time
 
 from kimi_deploy.hostside.changed_files import changed_files
 from kimi_deploy.hostside.host_dirs import ROUTER_DRAINED, STATE_DIR
+from kimi_deploy.hostside.listening import listening
 from kimi_deploy.hostside.request import read_request
 from kimi_deploy.hostside.shared_queries import blocks, file_sha256, owner_mode
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         UnitState,
         WeightsFound,
     )
+    from kimi_deploy.hostside.unit_show import UnitShow
 
 
 META_DIRS = (".kimi", ".cache")
@@ -78,16 +80,37 @@ def _marker(path: str) -> ReleaseMarker | None:
             files: dict[str, int] = json.load(f)["files"]
     except (OSError, ValueError, KeyError, TypeError):
         files = {marker["manifest"]: -1}
-    bad = []
-    for rel, size in files.items():
-        try:
-            if os.lstat(os.path.join(path, rel)).st_size != size:
-                bad.append(rel)
-        except OSError:
-            bad.append(rel)
+    bad = _sized_otherwise(path, files)
     lock_intact = ".kimi-lock.txt" in files and ".kimi-lock.txt" not in bad
     marker["damaged"] = {"count": len(bad), "first": bad[:3], "lock_intact": lock_intact} if bad else None
     return marker  # type: ignore[return-value]  # written by venv_install.py: a ReleaseMarker
+
+
+def _sized_otherwise(path: str, files: dict[str, int]) -> list[str]:
+    """The files of ``files`` (relative to ``path``: size) missing under ``path`` or of another
+    size (``lstat``). A venv lists thousands: each is looked up from the folder opened once rather
+    than from its whole path, which cost a converged host's probe a millisecond more."""
+    try:
+        folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        folder = -1
+    bad = []
+    try:
+        for rel, size in files.items():
+            try:
+                # a name that is not a plain relative one is looked up as os.path.join makes it
+                if folder >= 0 and type(rel) is str and rel and rel[0] != "/":
+                    st = os.lstat(rel, dir_fd=folder)
+                else:
+                    st = os.lstat(os.path.join(path, rel))
+                if st.st_size != size:
+                    bad.append(rel)
+            except OSError:
+                bad.append(rel)
+    finally:
+        if folder >= 0:
+            os.close(folder)
+    return bad
 
 
 def _weights(spec: dict[str, Any]) -> WeightsFound:
@@ -169,11 +192,14 @@ def _show(units: list[str], props: str) -> list[dict[str, str]]:
     return blocks(show.stdout)
 
 
-def _shown(units: list[str], props: str) -> dict[str, dict[str, str]]:
+def _shown(units: list[str], props: str, shown: UnitShow | None = None) -> dict[str, dict[str, str]]:
     """The properties named in ``props`` (comma-separated) of every unit of ``units`` (full
     names), from one systemctl, its blocks told apart by their ``Id``; a unit whose block did not
-    come back under its own name (an alias shows as its target) is asked alone."""
-    found = {block["Id"]: block for block in _show(units, f"Id,{props}") if block.get("Id") in units} if units else {}
+    come back under its own name (an alias shows as its target) is asked alone. ``shown``: the
+    host probe's one ``systemctl show``, which answers the first when it can (hostside/unit_show.py)."""
+    said = shown.answer(["Id", *props.split(",")], units) if shown is not None and units else None
+    listed = blocks(said) if said is not None else _show(units, f"Id,{props}") if units else []
+    found = {block["Id"]: block for block in listed if block.get("Id") in units}
     for unit in units:
         if unit not in found:
             found[unit] = _show([unit], props)[0]
@@ -389,18 +415,20 @@ def _listeners(ports: list[int], likely: list[str]) -> dict[str, Listener]:
     for a socket they do not hold: on a converged host, each of its units holds its own port, and
     reading every process's file descriptors cost the probe more than all the rest of its state."""
     wanted = set(ports)
-    inodes: dict[str, int] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table, encoding="ascii") as f:
-                next(f)
-                for line in f:
-                    fields = line.split()
-                    port = int(fields[1].rsplit(":", 1)[1], 16)
-                    if fields[3] == "0A" and port in wanted:  # 0A: LISTEN
-                        inodes[fields[9]] = port
-        except OSError:
-            continue
+    inodes = listening(wanted) if wanted else {}
+    if inodes is None:
+        inodes = {}
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table, encoding="ascii") as f:
+                    next(f)
+                    for line in f:
+                        fields = line.split()
+                        port = int(fields[1].rsplit(":", 1)[1], 16)
+                        if fields[3] == "0A" and port in wanted:  # 0A: LISTEN
+                            inodes[fields[9]] = port
+            except OSError:
+                continue
     found: dict[str, Listener] = {}
     if not inodes:
         return found
@@ -488,30 +516,44 @@ def _releases(log: list[list[str]]) -> Releases:
     return {"entries": log, "records": records}
 
 
-def probe(request: dict[str, Any]) -> StateAnswer:
-    """The converge state ``request`` asks for (``facts.host_state``)."""
+class Asked:
+    """What the state part reads before anything else: the release log (once: the revisions'
+    history, the last entry, the rollback's records), the releases when asked, and the units and
+    timers it asks systemd about (``units``: their full names), which the host probe asks in the
+    same ``systemctl show`` as its other parts' (hostside/host_probe.py)."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.log = _release_log()
+        self.releases = _releases(self.log) if request.get("releases") else None
+        names = list(request.get("units", []))
+        for entry in (self.releases["records"] if self.releases else {}).values():
+            names += [n for n in (entry["record"].get("units") or {} if entry else {}) if n not in names]
+        self.names = names
+        self.timers = list(request.get("timers", []))
+        self.units = [f"{n}.service" for n in names] + [f"{n}.timer" for n in self.timers]
+
+
+def probe(request: dict[str, Any], asked: Asked | None = None, shown: UnitShow | None = None) -> StateAnswer:
+    """The converge state ``request`` asks for (``facts.host_state``). ``asked``: its ``Asked``,
+    read already; ``shown``: the host probe's one ``systemctl show`` (hostside/unit_show.py)."""
     try:
         pwd.getpwnam(request["user"])
         user = True
     except KeyError:
         user = False
-    log = _release_log()  # read once: the revisions' history, the last entry, the rollback's records
-    releases = _releases(log) if request.get("releases") else None
-    names = list(request.get("units", []))
-    for entry in (releases["records"] if releases else {}).values():
-        names += [n for n in (entry["record"].get("units") or {} if entry else {}) if n not in names]
-    timers = list(request.get("timers", []))
+    asked = asked or Asked(request)
+    log, releases, names, timers = asked.log, asked.releases, asked.names, asked.timers
     # One systemctl for the services and the timers: the probe's largest cost after Python itself.
-    shown = _shown([f"{n}.service" for n in names] + [f"{n}.timer" for n in timers], UNIT_PROPERTIES)
-    main_pids = [props.get("MainPID", "") for props in shown.values()]
+    shown_units = _shown(asked.units, UNIT_PROPERTIES, shown)
+    main_pids = [props.get("MainPID", "") for props in shown_units.values()]
     result: StateAnswer = {
         "user": user,
         "venvs": {d: _marker(d) for d in request.get("venvs", [])},
         "weights": {w["dir"]: _weights(w) for w in request.get("weights") or []},
         "files": {p: file_sha256(p) for p in request.get("files", [])},
         "owners": {p: owner_mode(p) for p in request.get("files", [])},
-        "units": _units(names, shown, request.get("unit_secrets"), request.get("unit_files")),
-        "timers": _timers(timers, shown),
+        "units": _units(names, shown_units, request.get("unit_secrets"), request.get("unit_files")),
+        "timers": _timers(timers, shown_units),
         "revisions": {parent: _revisions(parent, log) for parent in request.get("models") or []},
         "listeners": _listeners([int(p) for p in request.get("ports", [])], main_pids),
         "packages": _packages(request.get("packages", [])),
