@@ -17,7 +17,14 @@ from pyinfra import logger
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, State
 
-from kimi_deploy.converge.cold_start import HostColdStart, Outcome, Phase, cold_start_lines, phase_of
+from kimi_deploy.converge.cold_start import (
+    HostColdStart,
+    Outcome,
+    Phase,
+    cold_start_lines,
+    engine_start_lines,
+    phase_of,
+)
 from kimi_pyinfra.stop_signals import step_name
 
 
@@ -31,6 +38,8 @@ class ColdStartTimes(BaseStateCallback):
         self.last: str | None = None  # the run's last operation, once the operations begin
         self.seconds: dict[str, dict[Phase, float]] = {}
         self.failed_in: dict[str, Phase] = {}  # host name -> the phase of its last error
+        # host name -> unit -> the engine's own figures of its last start (``hostside.start_phases``)
+        self.engines: dict[str, dict[str, dict[str, float]]] = {}
         self.shown = False
 
     def operation_start(self, state: State, op_hash: str) -> None:  # type: ignore[override]
@@ -86,6 +95,8 @@ class ColdStartTimes(BaseStateCallback):
             self.figures[host.name] = HostColdStart(host.name, dict(took), outcome, failed_in)
         for line in cold_start_lines(list(self.figures.values())):
             logger.info(line)
+        for line in engine_start_lines(self.engines):
+            logger.info(line)
 
 
 def _changed(state: State, host: Host) -> bool:
@@ -95,6 +106,33 @@ def _changed(state: State, host: Host) -> bool:
         if meta.is_complete() and meta.did_change():
             return True
     return False
+
+
+def engine_starts(state: State, host: Host, said: object) -> None:
+    """Keep what ``host``'s engines said of their last start (the record's answer, from the host:
+    numbers by phase by unit, anything else dropped) for the end of the run's table."""
+    times = next((h for h in state.callback_handlers if isinstance(h, ColdStartTimes)), None)
+    if times is None or not isinstance(said, dict):
+        return
+    kept = {}
+    for unit, figures in list(said.items())[:8]:
+        if isinstance(unit, str) and isinstance(figures, dict):
+            good = {k: float(v) for k, v in figures.items() if isinstance(k, str) and _seconds(v)}
+            if good:
+                kept[unit[:64]] = good
+    if kept:
+        times.engines[host.name] = kept
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e7
+
+
+def so_far(state: State, host: Host) -> HostColdStart | None:
+    """``host``'s figures so far this run (its steps that ended), None when nothing is timed."""
+    times = next((h for h in state.callback_handlers if isinstance(h, ColdStartTimes)), None)
+    took = times.seconds.get(host.name) if times is not None else None
+    return HostColdStart(host.name, dict(took)) if took else None
 
 
 def install(state: State, figures: dict[str, HostColdStart]) -> None:

@@ -8,17 +8,21 @@ same on every host, so all hosts agree on who fetches weights from whom and who 
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, cast
 
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import inventory
 
+from kimi_deploy.compile_cache.pins import pins
+from kimi_deploy.converge.compile_caches import plan_compile_caches
 from kimi_deploy.converge.file_diff import diff_request
 from kimi_deploy.converge.host_files import host_files
 from kimi_deploy.converge.plan import converge_request
-from kimi_deploy.converge.steps import RunView, plan_fan_outs, run_view
+from kimi_deploy.converge.steps import RunView, plan_fan_outs, restarts, run_view
 from kimi_deploy.host.drivers import probe_request as drivers_request
+from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.inventory_probe import active_hosts, probe_all
@@ -30,6 +34,9 @@ def probe_request(h: Host) -> dict[str, Any]:
     ``--diff``, also what it holds of each file the converge would change (``diff_request``)."""
     plan, work = todo_for(inventory, h)
     request = converge_request(work)
+    asked = [u.compile_cache for u in plan.spec.units if u.compile_cache is not None]
+    if asked:
+        request["compile_caches"] = [{"dir": c.source, "engine_dir": c.target} for c in asked]
     if h.state.config.DIFF:
         request["diff"] = diff_request(host_files(plan, work))
     return {
@@ -48,6 +55,10 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
     if context.fan_out is None:  # once per run, for every host
         answered = [h for h in hosts if h.name in probed]
         context.fan_out = plan_fan_outs([(*todo_for(inventory, h), probed[h.name]) for h in answered])
+        context.compile_caches = plan_compile_caches(
+            [(*todo_for(inventory, h), probed[h.name], _restarting(h, probed[h.name])) for h in answered],
+            pins(os.environ),
+        )
     # The hosts of this topology that this run covers (whether or not they answered).
     in_topology = [
         p for p in deploy.topology if (h := inventory.get_host(p.host, None)) is not None and state.is_host_in_limit(h)
@@ -63,4 +74,10 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
         fan_out=context.fan_out,
         run_id=context.run_id,
         transfer_key=context.transfer_key,
+        compile_caches=context.compile_caches,
     )
+
+
+def _restarting(h: Host, probed: Any) -> frozenset[str]:
+    """The units that (re)start on ``h`` this run, from its probe's answer (none without one)."""
+    return restarts(todo_for(inventory, h)[1], cast(HostState, probed)) if isinstance(probed, dict) else frozenset()

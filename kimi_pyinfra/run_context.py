@@ -21,6 +21,7 @@ from gevent.event import Event  # type: ignore[import-untyped]
 from pyinfra.context import ctx_state
 
 from kimi_deploy.converge.cold_start import HostColdStart
+from kimi_deploy.converge.compile_caches import CompileCacheStep
 from kimi_deploy.converge.plan import Converge
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.profile_types import HostProfile
@@ -74,6 +75,8 @@ class RunContext:
     todos: dict[str, tuple[DeployPlan, Converge]] = field(default_factory=dict)
     # each checkpoint slot's fan-out (``converge_steps.plan_fan_outs``): the model's, then the drafts'
     fan_out: list[dict[str, FanOutPart]] | None = None
+    # each host's compile cache steps, decided once for the run (``kimi_deploy.converge.compile_caches``)
+    compile_caches: dict[str, list[CompileCacheStep]] | None = None
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
     # a release's lock for one platform (``kimi_deploy.releases.lock``: requirements, without,

@@ -39,6 +39,10 @@ def _rows(lines: list[str]) -> list[list[str]]:
         ("kimi | Weights transfer key", "weights"),
         ("kimi | Weights served to peers", "weights"),
         ("kimi | Weights no longer served to peers", "weights"),
+        ("kimi | Compile cache served to peers", "compile cache"),
+        ("kimi | Compile cache placed", "compile cache"),
+        ("kimi | Compile cache no longer served to peers", "compile cache"),
+        ("kimi | Compile cache packed", "compile cache"),
         ("kimi | Communication check: listeners", "communication check"),
         ("kimi | Communication check", "communication check"),
         ("kimi | All-reduce check", "communication check"),
@@ -68,7 +72,7 @@ def test_the_slowest_host_and_its_slowest_phase_are_named_first() -> None:
     header, *rows = _rows(lines)
     assert header == ["host", *PHASES, "to serving"]
     assert [r[0] for r in rows] == ["kimi-h2", "kimi-h1", "kimi-h3"]
-    assert rows[0] == ["kimi-h2", "-", "41", "25", "-", "2.0", "6.0", "-", "74"]
+    assert rows[0] == ["kimi-h2", "-", "41", "25", "-", "-", "2.0", "6.0", "-", "74"]
     assert rows[2][-1] == "18"
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from kimi_deploy.host.command import pack
+from kimi_deploy.hostside.compile_cache_found import found, manifest_digest
 from tests.bundled import bundled_program
 from tests.test_weights_peer import KEY, serve
 
@@ -183,6 +184,17 @@ def open_folder() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture
+def open_packed(open_folder: Path, tmp_path: Path) -> tuple[Path, dict[str, Any], Path]:
+    """An engine's cache packed on a host (``a``), and where another host (``b``) places it, in a
+    folder every user may enter: the artifact, its manifest, the other host's artifact folder."""
+    source = _engine_cache(tmp_path / "engine-cache" / "torch_compile_cache")
+    artifact = open_folder / "a" / "compile-caches" / "kimi-vllm-k1"
+    assert _pack(tmp_path, source, artifact).returncode == 0
+    manifest = json.loads((artifact / ".kimi" / "manifest.json").read_text())
+    return artifact, manifest, open_folder / "b" / "compile-caches" / "kimi-vllm-k1"
+
+
 def test_the_engine_user_cannot_change_the_cache_it_reads(tmp_path: Path, open_folder: Path) -> None:
     source = _engine_cache(tmp_path / "engine-cache" / "torch_compile_cache")
     artifact = open_folder / "compile-caches" / "kimi-vllm-k1"
@@ -243,12 +255,10 @@ def test_a_cache_past_its_bounds_is_not_packed_and_an_empty_one_makes_nothing(tm
     assert not artifact.exists()
 
 
-def test_the_engine_gets_its_own_copy_written_as_its_user(open_folder: Path, tmp_path: Path, key_file: Path) -> None:
-    source = _engine_cache(tmp_path / "engine-cache" / "torch_compile_cache")
-    artifact = open_folder / "a" / "compile-caches" / "kimi-vllm-k1"
-    assert _pack(tmp_path, source, artifact).returncode == 0
-    manifest = json.loads((artifact / ".kimi" / "manifest.json").read_text())
-    elsewhere = open_folder / "b" / "compile-caches" / "kimi-vllm-k1"
+def test_the_engine_gets_its_own_copy_written_as_its_user(
+    open_packed: tuple[Path, dict[str, Any], Path], tmp_path: Path, key_file: Path
+) -> None:
+    artifact, manifest, elsewhere = open_packed
     engine = elsewhere.parent.parent / "cache" / "kimi-vllm"
     copy = engine / "vllm" / "torch_compile_cache"
     for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
@@ -270,13 +280,9 @@ def test_the_engine_gets_its_own_copy_written_as_its_user(open_folder: Path, tmp
 
 
 def test_a_link_the_engine_left_in_its_folder_leads_the_copy_nowhere(
-    open_folder: Path, tmp_path: Path, key_file: Path
+    open_packed: tuple[Path, dict[str, Any], Path], open_folder: Path, tmp_path: Path, key_file: Path
 ) -> None:
-    source = _engine_cache(tmp_path / "engine-cache" / "torch_compile_cache")
-    artifact = open_folder / "a" / "compile-caches" / "kimi-vllm-k1"
-    assert _pack(tmp_path, source, artifact).returncode == 0
-    manifest = json.loads((artifact / ".kimi" / "manifest.json").read_text())
-    elsewhere = open_folder / "b" / "compile-caches" / "kimi-vllm-k1"
+    artifact, manifest, elsewhere = open_packed
     engine = elsewhere.parent.parent / "cache" / "kimi-vllm"
     victim = open_folder / "root-file"
     victim.write_text("root's\n")
@@ -293,3 +299,25 @@ def test_a_link_the_engine_left_in_its_folder_leads_the_copy_nowhere(
     # the link replaced by the file, the root-owned file untouched
     assert victim.read_text() == "root's\n"
     assert (engine / "vllm" / "torch_compile_cache" / rel).read_bytes() == ENGINE_FILES[rel]
+
+
+def test_the_probe_reads_whole_and_given_without_hashing_and_trusts_no_link(
+    open_packed: tuple[Path, dict[str, Any], Path], open_folder: Path, tmp_path: Path, key_file: Path
+) -> None:
+    artifact, manifest, elsewhere = open_packed
+    copy = elsewhere.parent.parent / "cache" / "kimi-vllm" / "vllm" / "torch_compile_cache"
+    asked = [{"dir": str(elsewhere), "engine_dir": str(copy)}]
+    assert found(asked)[str(elsewhere)] == {"manifest": None, "whole": False, "given": None}
+    for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
+        assert _place(tmp_path, elsewhere, manifest, url, key_file, user="nobody").returncode == 0
+    marker = {"key": "kimi-vllm-k1", "manifest": manifest_digest(manifest)}
+    assert found(asked)[str(elsewhere)] == {"manifest": manifest, "whole": True, "given": marker}
+    # a file changed since it was verified: not whole (its size, mtime or inode moved)
+    changed = elsewhere / next(iter(ENGINE_FILES))
+    changed.write_bytes(changed.read_bytes() + b"#")
+    assert found(asked)[str(elsewhere)]["whole"] is False
+    # the engine's user replaced its marker with a link to a root file: not read
+    mark = copy / ".kimi-compile-cache"
+    mark.unlink()
+    mark.symlink_to(elsewhere / ".kimi" / "manifest.json")
+    assert found(asked)[str(elsewhere)]["given"] is None

@@ -125,7 +125,7 @@ def test_torch_compile_brings_the_compiler_and_eager_mode_does_without(demo: tup
     assert "--enforce-eager" in unit.argv
     assert host_packages(eager) == ("libnuma1",)
     compiled = eager.model_copy(update={"cpu": eager.cpu.model_copy(update={"torch_compile": True})})
-    assert host_packages(compiled) == ("libnuma1", "g++")
+    assert host_packages(compiled) == ("libnuma1", "g++", "libpython3-dev")
     # GPU topologies need neither
     assert host_packages(recipe.topologies["demo-sglang"]) == ()
 

@@ -37,6 +37,7 @@ from kimi_pyinfra.facts.host_state import KimiHostState
 from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.operations import (
     commcheck,
+    compile_cache,
     engine,
     ladder,
     nvidia,
@@ -61,7 +62,8 @@ DEMO = "inventories/demo.py"
 # The steps that write files: each file is what their commands write.
 WRITERS = {units.rendered, releases.current, commcheck.listening}
 # The converge's other steps write no file whose content a plan decides: packages, releases (venvs),
-# weights, services, the units' applied markers and logs (``kimi_deploy.converge.host_files``). A new
+# weights, compile caches (what engines compile), services, the units' applied markers and logs
+# (``kimi_deploy.converge.host_files``). A new
 # step is added to one of the two sets once it is known which.
 OTHERS = {
     preflight.passed,
@@ -79,6 +81,8 @@ OTHERS = {
     weights.revision,
     weights.peer_server_stopped,
     weights.collected,
+    compile_cache.placed,
+    compile_cache.packed,
     commcheck.probed,
     commcheck.passed,
     commcheck.all_reduce_passed,

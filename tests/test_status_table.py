@@ -46,6 +46,7 @@ def serving(todo: Converge, **kept: Any) -> HostState:
         "model": True,
         "files": True,
         "bench": None,
+        "cold_start": None,
     }
     found["releases"] = {
         "entries": [["2026-09-21T10:00:00Z", todo.release.dir, "serving", "r1"]],
@@ -259,3 +260,27 @@ def test_ago_says_the_largest_unit() -> None:
         "2 h ago",
         "3 d ago",
     ]
+
+
+def test_the_cold_start_kept_with_the_release_serving_is_shown_by_phase(recipe: Recipe, prod: Inventory) -> None:
+    deploy, todo = planned(recipe, prod, "b300-01")
+    kept = {
+        "release": "r",
+        "at": "2026-12-07T10:00:00Z",
+        "run": "20261207T095800Z-ab12cd34",
+        "seconds": {"release install": 37.2, "weights": 5.04, "units and start": 2.0, "smoke": 14.9, "bogus": 9},
+        "to_serving": 59.1,
+        "engine": {"kimi-vllm": {"compile": 18.4, "engine load": 0.0, "ready": 46.3}},
+    }
+    found = serving(todo, cold_start=kept)
+    text = format_status([HostStatus("b300-01", deploy, todo, found)], now=NOW)
+    assert "Cold start of the release serving:\n" in text
+    assert (
+        "  b300-01 (2026-12-07T10:00:00Z): 59 s to serving; "
+        "release install 37 s, weights 5.0 s, units and start 2.0 s, smoke 15 s; "
+        "kimi-vllm: compile 18 s, engine load 0.0 s, ready 46 s\n"
+    ) in text
+    # a host's hostile or half record says nothing rather than something wrong
+    for bad in ({"seconds": "x", "to_serving": 1}, {"seconds": {"weights": "1"}, "to_serving": 1}, "text"):
+        quiet = format_status([HostStatus("b300-01", deploy, todo, serving(todo, cold_start=bad))], now=NOW)
+        assert "Cold start" not in quiet

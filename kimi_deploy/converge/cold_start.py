@@ -20,11 +20,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-Phase = Literal["drivers", "release install", "weights", "communication check", "units and start", "smoke", "other"]
+from kimi_deploy.engines import ENGINES
+from kimi_deploy.hostside.requests import EngineStartAsked
+from kimi_deploy.plan.servespec import HostPlan
+
+Phase = Literal[
+    "drivers", "release install", "weights", "compile cache", "communication check", "units and start", "smoke", "other"
+]
 PHASES: tuple[Phase, ...] = (
     "drivers",
     "release install",
     "weights",
+    "compile cache",
     "communication check",
     "units and start",
     "smoke",
@@ -43,6 +50,10 @@ _BY_NAME: tuple[tuple[str, Phase], ...] = (
     ("Weights transfer key", "weights"),
     ("Weights served to peers", "weights"),
     ("Weights no longer served to peers", "weights"),
+    ("Compile cache placed", "compile cache"),
+    ("Compile cache served to peers", "compile cache"),
+    ("Compile cache no longer served", "compile cache"),
+    ("Compile cache packed", "compile cache"),
     ("Communication check", "communication check"),
     ("All-reduce check", "communication check"),
     ("Rendered units and configs", "units and start"),
@@ -166,3 +177,30 @@ def cold_start_lines(hosts: Sequence[HostColdStart]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return [headline(hosts), *table]
+
+
+def engine_start_lines(engines: Mapping[str, Mapping[str, Mapping[str, float]]]) -> list[str]:
+    """What the engines said of their last start, host by host (``hostside.start_phases``): one
+    line each, ``  kimi-h1 kimi-vllm: ready 62 s (engine load 0.0 s, compile 31 s)``; nothing
+    when none said anything."""
+    lines = []
+    for host in sorted(engines):
+        for unit, figures in sorted(engines[host].items()):
+            parts = [f"{name} {seconds(value)} s" for name, value in figures.items() if name != "ready"]
+            ready = figures.get("ready")
+            head = f"ready {seconds(ready)} s" if ready is not None else "not ready in its log"
+            lines.append(f"  {host} {unit}: {head}" + (f" ({', '.join(parts)})" if parts else ""))
+    return ["Engine starts, in their own log lines:", *lines] if lines else []
+
+
+def engine_starts_asked(spec: HostPlan) -> list[EngineStartAsked]:
+    """The engine units of ``spec`` whose start its engine's own lines time (``Engine.start_phases``)."""
+    asked: list[EngineStartAsked] = []
+    kind = ENGINES.get(spec.engine)  # type: ignore[call-overload]  # a router host names no engine
+    for unit in spec.units:
+        if unit.kind != "engine" or kind is None:
+            continue
+        if kind.ready_line and kind.start_phases:
+            phases = {name: [dict(r) for r in readings] for name, readings in kind.start_phases.items()}
+            asked.append({"unit": unit.name, "phases": phases, "ready": kind.ready_line})
+    return asked

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from kimi_deploy.converge.compile_caches import CompileCacheStep
 from kimi_deploy.converge.plan import (
     Converge,
     UnitTarget,
@@ -72,6 +73,8 @@ class RunView:
     # this host's part of the weights fan-out of each checkpoint it holds, in its converge's order
     # (``weights_fanout.plan_fan_out`` of each ``weights_hosts`` slot)
     fan_out: tuple[FanOutPart, ...]
+    # this host's compile cache steps (``kimi_deploy.converge.compile_caches``), one per engine unit
+    compile_caches: tuple[CompileCacheStep, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ class Steps:
     # before anything changes: this host restarts the serving engine of its pool's only instance,
     # which leaves the pool without service until it answers again (its last restart's gap said)
     only_restart: str | None = None
+    # each engine unit's compile cache: served, placed and given before the starts, packed after
+    compile_caches: tuple[CompileCacheStep, ...] = ()
 
 
 def weights_host(deploy: DeployPlan, todo: Converge, probed: Any, slot: int = 0) -> WeightsHost:
@@ -217,6 +222,7 @@ def run_view(
     fan_out: Sequence[Mapping[str, FanOutPart]],
     run_id: str,
     transfer_key: str,
+    compile_caches: Mapping[str, Sequence[CompileCacheStep]] | None = None,
 ) -> RunView:
     """Host ``me``'s view of the run: ``todos``, its own converge and those of ``in_topology`` (the
     hosts of its topology the run covers); ``probed``, every host's answer (or the exception its
@@ -231,6 +237,7 @@ def run_view(
         in_topology=tuple(in_topology),
         peers=peers,
         fan_out=tuple(slot[me] for slot in fan_out)[: len(todos[me][1].checkpoints)],
+        compile_caches=tuple((compile_caches or {}).get(me, ())),
     )
 
 
@@ -484,4 +491,5 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
         restarting=restarting,
         climb=climb,
         only_restart=only_restart(only, todo, found, restarting),
+        compile_caches=run.compile_caches,
     )

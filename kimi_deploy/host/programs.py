@@ -14,6 +14,7 @@ from kimi_deploy.benchmark.types import BenchRecordRequest, BenchRequest
 from kimi_deploy.host.command import bundle, hostside_command
 from kimi_deploy.hostside.requests import (
     AllReduceRequest,
+    ColdStartRecordRequest,
     CommCheckPhase,
     CompileCachePackRequest,
     CompileCachePlaceRequest,
@@ -72,6 +73,8 @@ WATCHDOG: HostProgram[WatchdogConfig] = HostProgram("watchdog.py")
 LADDER: HostProgram[LadderRequest] = HostProgram("ladder.py")
 BENCH_LOAD: HostProgram[BenchRequest] = HostProgram("bench_load.py")
 BENCH_RECORD: HostProgram[BenchRecordRequest] = HostProgram("bench_record.py")
+# a converge's cold start, into the serving release's record
+COLD_START_RECORD: HostProgram[ColdStartRecordRequest] = HostProgram("cold_start_record.py")
 
 # every program, whatever its request
 PROGRAMS: tuple[HostProgram[Any], ...] = (
@@ -93,4 +96,5 @@ PROGRAMS: tuple[HostProgram[Any], ...] = (
     LADDER,
     BENCH_LOAD,
     BENCH_RECORD,
+    COLD_START_RECORD,
 )

@@ -26,7 +26,6 @@ weights_sync's exit status and line otherwise (4: a file still does not match, 5
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pwd
@@ -35,6 +34,7 @@ import sys
 from typing import Any
 
 from kimi_deploy.hostside import weights_sync
+from kimi_deploy.hostside.compile_cache_found import MARKER, manifest_digest
 from kimi_deploy.hostside.compile_cache_pack import DIR_MODE, FILE_MODE, MANIFEST
 from kimi_deploy.hostside.request import read_request
 from kimi_deploy.hostside.revision_files import META, meta
@@ -44,10 +44,6 @@ if TYPE_CHECKING:
     from kimi_deploy.hostside.requests import CompileCachePlaceRequest, SyncRequest
 
 
-# In the engine's cache folder: the key and the manifest's digest its copy holds.
-MARKER = ".kimi-compile-cache"
-
-
 def placed(root: str, manifest: dict[str, Any]) -> bool:
     """Whether ``root`` holds ``manifest`` as the artifact's own record."""
     try:
@@ -55,12 +51,6 @@ def placed(root: str, manifest: dict[str, Any]) -> bool:
             return bool(json.load(f) == manifest)
     except (OSError, ValueError):
         return False
-
-
-def manifest_digest(manifest: dict[str, Any]) -> str:
-    """The digest a manifest is pinned by: sha256 of its canonical JSON."""
-    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def place(req: CompileCachePlaceRequest) -> dict[str, Any]:

@@ -112,6 +112,10 @@ class ReleaseEntry(TypedDict):
     # the serving benchmark's figures kept in its folder (``bench.json``: ``{"release", "at",
     # "figures"}``), unchecked: read through ``kimi_deploy.serving.status_table``; None: none
     bench: dict[str, Any] | None
+    # the cold start of the converge that left it serving (``cold-start.json``: ``{"release", "at",
+    # "run", "seconds": {phase: s}, "to_serving"}``), unchecked: read through
+    # ``kimi_deploy.serving.status_table``; None: none
+    cold_start: dict[str, Any] | None
 
 
 class Releases(TypedDict):
@@ -183,6 +187,10 @@ class StateAnswer(TypedDict):
     # with ``diff`` in the request: each of its files that differs, None: absent (unchecked: read
     # through ``kimi_deploy.converge.file_diff``)
     contents: NotRequired[dict[str, CurrentFile | None]]
+    # with ``compile_caches`` in the request: each one's artifact and the engine's copy, by the
+    # artifact's folder (unchecked: ``hostside.compile_cache_found``, read through
+    # ``kimi_deploy.converge.compile_caches``)
+    compile_caches: NotRequired[dict[str, Any]]
 
 
 class OsRelease(TypedDict):

@@ -266,6 +266,13 @@ class WeightsAsked(TypedDict):
     lock: Lock
 
 
+class CompileCacheAsked(TypedDict):
+    """A compile cache the state probe reads: the artifact of its key and the engine's folder."""
+
+    dir: str
+    engine_dir: str
+
+
 class StateRequest(TypedDict, total=False):
     """``state_probe.py`` (in the host probe's round-trip): what a converge decides on (a
     rollback asks the user, the link and the release records alone)."""
@@ -289,6 +296,8 @@ class StateRequest(TypedDict, total=False):
     # a run that shows its diff (pyinfra's ``--diff``): the sha256 of each file, not a secret, the
     # converge writes, by path; the answer's ``contents`` holds those that differ
     diff: dict[str, str]
+    # each engine unit's compile cache: its artifact and the engine's copy (``compile_cache_found``)
+    compile_caches: list[CompileCacheAsked]
 
 
 class RungFile(TypedDict):
@@ -468,3 +477,23 @@ class CompileCachePlaceRequest(TypedDict):
     engine_dir: str
     owner_root: str
     user: str
+
+
+class EngineStartAsked(TypedDict):
+    """An engine unit's last start, read in its own log (``hostside.start_phases``): per phase, the
+    readings to try in turn (``{"took": PATTERN}`` or ``{"between": [A, B]}``), and its ready line."""
+
+    unit: str
+    phases: dict[str, list[dict[str, object]]]
+    ready: str
+
+
+class ColdStartRecordRequest(TypedDict):
+    """``cold_start_record.py``: a converge's seconds by phase, into the serving release's record."""
+
+    seconds: dict[str, float]
+    to_serving: float
+    run: str
+    current: str
+    releases: str
+    engines: NotRequired[list[EngineStartAsked]]

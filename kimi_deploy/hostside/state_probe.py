@@ -16,7 +16,9 @@ Output: {"user": bool, "venvs": {dir: marker|null}, "weights": {dir: {...}},
          "platform": {"python": "3.11", "machine": "x86_64", "libc": "glibc 2.36"},
          "router_drained": [the engines a drain took out of this host's router, not yet put back],
          "contents": {path: {"size", "text", "why"}|null (absent)} (only with "diff": {path: sha256}
-          in the request: each of those files that differs, hostside/changed_files.py)}
+          in the request: each of those files that differs, hostside/changed_files.py),
+         "compile_caches": {dir: {"manifest", "whole", "given"}} (only with "compile_caches" in the
+          request: each unit's compile cache, hostside/compile_cache_found.py)}
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 import time
 
 from kimi_deploy.hostside.changed_files import changed_files
+from kimi_deploy.hostside.compile_cache_found import found as compile_caches
 from kimi_deploy.hostside.host_dirs import ROUTER_DRAINED, STATE_DIR
 from kimi_deploy.hostside.listening import listening
 from kimi_deploy.hostside.request import read_request
@@ -360,11 +363,12 @@ def _record(folder: str) -> dict[str, Any] | None:
         return None
 
 
-def _bench(folder: str, most: int = 1 << 20) -> dict[str, Any] | None:
-    """The serving benchmark's figures kept in the release's folder (``bench.json``,
-    hostside/bench_record.py's), as the host holds them; None without."""
+def _kept(folder: str, name: str, most: int = 1 << 20) -> dict[str, Any] | None:
+    """A record kept in the release's folder, as the host holds it: the serving benchmark's figures
+    (``bench.json``, hostside/bench_record.py's) or a converge's cold start (``cold-start.json``,
+    hostside/cold_start_record.py's); None without."""
     try:
-        with open(os.path.join(folder, "bench.json"), "rb") as f:
+        with open(os.path.join(folder, name), "rb") as f:
             found = json.loads(f.read(most))
     except (OSError, ValueError):
         return None
@@ -511,7 +515,8 @@ def _releases(log: list[list[str]]) -> Releases:
             if linked
             else None,
             "files": all(os.path.isfile(os.path.join(folder, "files", p.lstrip("/"))) for p in record.get("files", [])),
-            "bench": _bench(folder),
+            "bench": _kept(folder, "bench.json"),
+            "cold_start": _kept(folder, "cold-start.json"),
         }
     return {"entries": log, "records": records}
 
@@ -568,6 +573,8 @@ def probe(request: dict[str, Any], asked: Asked | None = None, shown: UnitShow |
     }
     if request.get("diff"):
         result["contents"] = changed_files(request["diff"])
+    if request.get("compile_caches"):
+        result["compile_caches"] = compile_caches(request["compile_caches"])
     return result
 
 

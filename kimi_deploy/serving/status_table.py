@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kimi_deploy.benchmark.report import number
+from kimi_deploy.converge.cold_start import PHASES, seconds
 from kimi_deploy.converge.plan import Converge, UnitTarget
 from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.hostside.boundary_text import printable
@@ -246,6 +247,28 @@ def bench_lines(status: HostStatus) -> list[str]:
     return out
 
 
+def cold_start_line(status: HostStatus) -> str | None:
+    """How long the converge that left the serving release in place took on the host, by phase
+    (``cold-start.json``, kept with the release: ``kimi_pyinfra.cold_start``); None without."""
+    entry = _entry(status.found) if status.found is not None else None
+    kept = entry.get("cold_start") if entry is not None else None
+    if not isinstance(kept, dict) or not isinstance(kept.get("seconds"), dict):
+        return None
+    total = number(kept.get("to_serving"))
+    by_phase = {p: v for p in PHASES if (v := number(kept["seconds"].get(p))) is not None and v > 0}
+    if total is None or not by_phase:
+        return None
+    phases = ", ".join(f"{p} {seconds(v)} s" for p, v in by_phase.items())
+    line = f"{status.host} ({host_text(kept.get('at'), 30)}): {seconds(total)} s to serving; {phases}"
+    engines = kept.get("engine")
+    for unit, figures in sorted(engines.items())[:8] if isinstance(engines, dict) else []:
+        read = {k: number(v) for k, v in figures.items()} if isinstance(figures, dict) else {}
+        said = [f"{host_text(k, 20)} {seconds(v)} s" for k, v in read.items() if v is not None][:6]
+        if said:
+            line += f"; {host_text(unit, 40)}: {', '.join(said)}"
+    return line
+
+
 def _endpoint_lines(hosts: Sequence[HostStatus]) -> list[str]:
     """Each topology of the run: its endpoints, and a curl that asks the first."""
     seen: set[tuple[str, str]] = set()
@@ -283,6 +306,9 @@ def format_status(hosts: Sequence[HostStatus], now: float | None = None) -> str:
     notes = [line for status in hosts for line in _notes(status, now)]
     if notes:
         lines += ["", *notes]
+    cold = [line for status in hosts if (line := cold_start_line(status))]
+    if cold:
+        lines += ["", "Cold start of the release serving:", *(f"  {line}" for line in cold)]
     bench = [line for status in hosts for line in bench_lines(status)]
     if bench:
         lines += ["", "Benchmark of the release serving:", *(f"  {line}" for line in bench)]

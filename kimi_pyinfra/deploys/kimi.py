@@ -17,10 +17,11 @@ from pyinfra.api.deploy import deploy as pyinfra_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.context import host, inventory, state
 
+from kimi_deploy.converge.cold_start import engine_starts_asked
 from kimi_deploy.converge.drift import drift
 from kimi_deploy.converge.file_diff import file_diffs
 from kimi_deploy.converge.host_files import host_files
-from kimi_deploy.converge.plan import Converge
+from kimi_deploy.converge.plan import Converge, transfer_key_file
 from kimi_deploy.converge.steps import converge_steps
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.profile_types import HostState
@@ -33,12 +34,24 @@ from kimi_pyinfra.converge_run import probe_request, view_of
 from kimi_pyinfra.driver_steps import driver_steps, planned
 from kimi_pyinfra.host_plan import converge_at, inventory_label, todo_for
 from kimi_pyinfra.inventory_probe import probe_of
-from kimi_pyinfra.operations import commcheck, engine, packages, preflight, releases, serving, units, users, weights
+from kimi_pyinfra.operations import (
+    commcheck,
+    compile_cache,
+    engine,
+    packages,
+    preflight,
+    releases,
+    serving,
+    units,
+    users,
+    weights,
+)
 from kimi_pyinfra.rehearsal import Do, converge_host
-from kimi_pyinfra.run_context import run_context
+from kimi_pyinfra.run_context import in_run, run_context
 from kimi_pyinfra.start_order import SUFFIXES, start_batch, unless_failed
 
 
+@in_run
 @pyinfra_deploy("kimi")
 def deploy_kimi() -> None:
     """Converge each host to the recipe: ``pyinfra inventories/prod.py deploys/kimi.py``."""
@@ -66,7 +79,8 @@ def deploy_kimi() -> None:
     except ConfigError as exc:
         raise PyinfraError(str(exc)) from None
     # Every decision, from the plan and what the probes found (kimi_deploy.converge.steps).
-    steps = converge_steps(deploy, todo, found, view_of(state, host, deploy))
+    run = view_of(state, host, deploy)
+    steps = converge_steps(deploy, todo, found, run)
 
     spec = deploy.spec
     host.log(
@@ -158,7 +172,14 @@ def deploy_kimi() -> None:
         # what it receives to the next (a local mirror first either way). Each checkpoint the host
         # holds in turn (the model, then its speculative draft), all before any engine (re)starts.
         # the run's transfer key is one file for every checkpoint: written once
-        if (key := next((w.key for w in steps.weights if w.key is not None), None)) is not None:
+        key = next((w.key for w in steps.weights if w.key is not None), None)
+        if (
+            key is None
+            and todo.weights is not None
+            and any(c.serves or (c.place and c.place["peers"]) for c in steps.compile_caches)
+        ):
+            key = transfer_key_file(todo.weights, run.transfer_key)
+        if key is not None:
             do(
                 units.rendered,
                 name="Weights transfer key",
@@ -194,6 +215,28 @@ def deploy_kimi() -> None:
             )
             if w.serves:
                 do(weights.peer_server_stopped, name="Weights no longer served to peers")
+
+        # Each engine's compile cache (kimi_deploy.converge.compile_caches): from the hosts of the run
+        # that hold the controller's manifest of its key, through the weights' relay, to those that do
+        # not; then the engine's own copy, so that its next start skips the compile.
+        for c in host.loop(steps.compile_caches):  # type: ignore[no-untyped-call]
+            if c.note:
+                host.log(c.note)
+            if c.serves and c.manifest is not None and todo.weights is not None:
+                do(
+                    weights.peer_server,
+                    name="Compile cache served to peers",
+                    path=c.cache.source,
+                    lock=dict(c.manifest),
+                    bind=deploy.host.address,
+                    port=todo.weights.fan_out_port,
+                    allow=list(c.serves),
+                    key_file=todo.weights.peer_key_file,
+                    user=todo.user,
+                )
+            do(compile_cache.placed, name="Compile cache placed", request=c.place, unit=c.unit)
+            if c.serves:
+                do(weights.peer_server_stopped, name="Compile cache no longer served to peers")
 
         # Before anything of the new release is put in place: a failed check leaves every host of the
         # topology exactly as it was. Then each engine instance's own all-reduce (NCCL over NVLink and
@@ -276,6 +319,10 @@ def deploy_kimi() -> None:
                 drain=batch.drain,
             )
 
+        # What the run's chosen host of each key compiled, once it serves: packed for the other hosts.
+        for c in host.loop(steps.compile_caches):  # type: ignore[no-untyped-call]
+            do(compile_cache.packed, name="Compile cache packed", request=c.pack, held=c.manifest)
+
         do(
             releases.serving,
             name="Release recorded serving",
@@ -294,7 +341,16 @@ def deploy_kimi() -> None:
                 remove=collect.remove,
             )
 
-    converge_host(converge)
+    if converge_host(converge) and steps.restarting:
+        # Last, where this run (re)started a unit: how long each phase took here, kept with the
+        # release serving (``kimi-deploy status``).
+        releases.cold_start_recorded(
+            name="Cold start recorded",
+            current=todo.release.link,
+            releases=deploy.recipe.paths.releases,
+            run=context.run_id,
+            engines=engine_starts_asked(spec),
+        )
 
 
 def _show_diff(deploy: DeployPlan, todo: Converge, found: HostState, *, written_key: bool) -> None:

@@ -6,11 +6,19 @@ import json
 import shlex
 from collections.abc import Generator, Mapping
 
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host
 
+from kimi_deploy.host.programs import COLD_START_RECORD
+from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.host_dirs import STATE_DIR
-from kimi_deploy.hostside.requests import ReleaseRecord
+from kimi_deploy.hostside.requests import ColdStartRecordRequest, EngineStartAsked, ReleaseRecord
+from kimi_pyinfra.cold_start import engine_starts, so_far
+from kimi_pyinfra.operations.connector import connector_arguments
 
 
 @operation()
@@ -83,6 +91,7 @@ def serving(*, release_dir: str, last: list[str] | None, run: str) -> Generator[
     + release_dir: the release now current
     + last: the log's last entry as the probe read it (``[time, release dir, outcome]``)
     + run: this run's id
+    + engines: the engine units whose last start is read in their own log (``hostside.start_phases``)
 
     A converge that stops before this leaves the release marked only ``switched``: a rollback
     goes back to the latest release that was recorded serving.
@@ -109,3 +118,49 @@ def restored(*, release_dir: str, files: list[str]) -> Generator[str, None, None
     # With the copies' times: a unit that keeps running (its release the same in both) reads no
     # file written after its start, so the next converge does not restart it (state_probe).
     yield f"cd {q(release_dir)}/files && cp --parents --preserve=timestamps {relative} / && systemctl daemon-reload"
+
+
+@operation()
+def cold_start_recorded(
+    *, current: str, releases: str, run: str, engines: list[EngineStartAsked]
+) -> Generator[FunctionCommand, None, None]:
+    """
+    Keep how long this host's converge took, by phase, with the release it left serving
+    (``cold-start.json``, which ``kimi-deploy status`` shows).
+
+    + current: the ``current`` link (the release serving)
+    + releases: the folder of the host's releases
+    + run: this run's id
+    + engines: the engine units whose last start is read in their own log (``hostside.start_phases``)
+
+    The figures are the controller's (``kimi_pyinfra.cold_start``), of the steps that ended before
+    this one: taken when the step runs, so a deploy adds it only on a host that takes steps.
+    """
+    arguments = connector_arguments()
+
+    def record(state: State, host: Host) -> bool:
+        figures = so_far(state, host)
+        if figures is None:
+            return True
+        request: ColdStartRecordRequest = {
+            "seconds": {phase: round(s, 1) for phase, s in figures.seconds.items()},
+            "to_serving": round(figures.total, 1),
+            "run": run,
+            "current": current,
+            "releases": releases,
+            "engines": engines,
+        }
+        ok, output = host.run_shell_command(COLD_START_RECORD.command("python3", request), **arguments)
+        if not ok:  # the release serves all the same: said, not failed
+            for text in output.stderr_lines or ["cold start record failed"]:
+                host.log_styled(text, fg="yellow", log_func=logger.warning)
+            return True
+        try:
+            said = loads((output.stdout_lines or ["{}"])[-1], f"{host.name}: cold start record")
+        except ValueError as exc:
+            host.log_styled(str(exc), fg="yellow", log_func=logger.warning)
+            return True
+        engine_starts(state, host, said.get("engine") if isinstance(said, dict) else None)
+        return True
+
+    yield FunctionCommand(record, (), {})

@@ -6,7 +6,6 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
@@ -17,6 +16,7 @@ from kimi_deploy.host.programs import ROUTER_DRAIN, ROUTER_VIEW, SMOKE
 from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.requests import DrainRequest, RouterViewRequest, SmokePlan, SmokeRequest
 from kimi_deploy.hostside.state_probe import APPLIED
+from kimi_pyinfra.operations.connector import connector_arguments
 
 # Beyond a drain's own bound: the router's answers and the program's start.
 DRAIN_SLACK_S = 60
@@ -27,8 +27,7 @@ def _said(command: str, what: str, line: Callable[[Any], str], timeout_s: int | 
     and what follows it); when it passes, its JSON answer said in one line by ``line``. Made while
     an operation yields its commands: the program runs with that operation's connector arguments
     (``_sudo``, ``_su_user``, ...), as pyinfra runs a shell command it yields."""
-    given: dict[str, Any] = dict(host.current_op_global_arguments or {})
-    arguments = {key: given[key] for key in CONNECTOR_ARGUMENT_KEYS if key in given}
+    arguments = connector_arguments()
     if timeout_s is not None:
         arguments["_timeout"] = timeout_s
 

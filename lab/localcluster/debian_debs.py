@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kimi_deploy.engines.vllm import CPU_PACKAGES
+from kimi_deploy.engines.vllm import COMPILER_PACKAGES, CPU_PACKAGES
 from kimi_deploy.releases.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER
 from kimi_deploy.releases.host_libraries import packages as library_packages
 from localcluster import log, run
@@ -27,8 +27,24 @@ from localcluster.state import ClusterError
 # dependencies (libc6, libcrypt1, libpcre2-8-0, libssl3, zlib1g, iproute2, debconf) are in the hosts'
 # base image (localcluster.image): tests/localcluster/test_debian_live.py checks that apt installs these three alone.
 NGINX_PACKAGES = ("nginx", "nginx-common", "libnginx-mod-http-js")
-# What a host serving vLLM's CPU build gets (libnuma1: it needs only libc6, in the base image).
+# What a host serving vLLM's CPU build gets (libnuma1: it needs only libc6, in the base image), and
+# with torch.compile (``cpu.torch_compile``) the C++ compiler inductor builds its kernels with: g++
+# and what Debian 12's apt installs with it, without recommends, on the base image (``apt-get
+# install --simulate --no-install-recommends -o Dir::State::status=BASE/var/lib/dpkg/status g++
+# libpython3-dev``).
 CPU_ENGINE_PACKAGES = CPU_PACKAGES
+COMPILER_CLOSURE = (
+    *COMPILER_PACKAGES,
+    "binutils-common", "libbinutils", "libctf-nobfd0", "libctf0", "libgprofng0", "binutils-x86-64-linux-gnu",
+    "binutils", "libisl23", "libmpfr6", "libmpc3", "cpp-12", "cpp", "libcc1-0", "libgomp1", "libitm1",
+    "libatomic1", "libasan8", "liblsan0", "libtsan2", "libubsan1", "libquadmath0", "libgcc-12-dev", "gcc-12",
+    "gcc", "libc-dev-bin", "linux-libc-dev", "libcrypt-dev", "libtirpc-dev", "libnsl-dev", "rpcsvc-proto",
+    "libc6-dev", "libstdc++-12-dev", "g++-12",
+    # libpython3-dev's, whose exact-version dependencies move the base image's Python 3.11 to the
+    # mirror's point release
+    "libexpat1-dev", "libpython3.11", "zlib1g-dev", "libpython3.11-dev", "python3.11-venv", "python3.11",
+    "libpython3.11-stdlib", "python3.11-minimal", "libpython3.11-minimal", "libexpat1", "zlib1g",
+)  # fmt: skip
 # What a host running the Mooncake master or its store client gets (kimi_deploy.releases.host_libraries,
 # Debian 12's names): libcurl4, libibverbs1 and ibverbs-providers with the two libnl libraries they
 # depend on, and libnuma1; their other dependencies (adduser, libc6, and libcurl4's: libssl3,
@@ -47,7 +63,14 @@ NVLSM_PACKAGES = ("infiniband-diags", "libibmad5", "libibnetdisc5", "libibumad3"
 # (adduser, libc6, init-system-helpers) are in the base image.
 NODE_EXPORTER_PACKAGES = ("prometheus-node-exporter",)
 DEBIAN_PACKAGES = tuple(
-    dict.fromkeys(NGINX_PACKAGES + CPU_ENGINE_PACKAGES + MOONCAKE_PACKAGES + NVLSM_PACKAGES + NODE_EXPORTER_PACKAGES)
+    dict.fromkeys(
+        NGINX_PACKAGES
+        + CPU_ENGINE_PACKAGES
+        + COMPILER_CLOSURE
+        + MOONCAKE_PACKAGES
+        + NVLSM_PACKAGES
+        + NODE_EXPORTER_PACKAGES
+    )
 )
 CACHE_NAME = "debian-debs"
 STAMP = ".done"

@@ -1,0 +1,168 @@
+"""Who compiles, who serves and who receives each compile cache in a run, and what is refused.
+
+The prefill pool of the example's gb300-pd topology: three instances of two hosts, so the hosts of
+rank 0 (gb300-p01, p03, p05) share one key (``tests/test_compile_cache_key.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from kimi_deploy.compile_cache.pins import Pins
+from kimi_deploy.converge.compile_caches import CompileCacheStep, plan_compile_caches
+from kimi_deploy.converge.plan import Converge
+from kimi_deploy.hostside.compile_cache_found import manifest_digest
+from kimi_deploy.inventory import Inventory
+from kimi_deploy.plan.deploy_plan import DeployPlan
+from kimi_deploy.plan.planner import plan
+from kimi_deploy.recipe import Recipe
+from tests.conftest import RECIPE
+
+RANK0 = ("gb300-p01", "gb300-p03", "gb300-p05")
+MANIFEST = {"3f2a/rank_0_0/backbone/model": [10, "sha256:" + "a" * 64]}
+OTHER = {"3f2a/rank_0_0/backbone/model": [10, "sha256:" + "b" * 64]}
+KEY_FILE = "/etc/kimi/secrets/weights-transfer-key"
+
+
+def _run(
+    recipe: Recipe,
+    prod: Inventory,
+    found: dict[str, dict[str, Any]],
+    pins: Pins,
+    starts: tuple[str, ...] = RANK0,
+    hosts: tuple[str, ...] = RANK0,
+    by_dir: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, CompileCacheStep]:
+    full = plan(recipe, RECIPE, prod)
+    each = []
+    for name in hosts:
+        spec = full.for_host(name)
+        deploy = DeployPlan(recipe, RECIPE, spec, prod.host(name), full.topology(spec.topology))
+        todo = cast(Converge, SimpleNamespace(user="kimi", checkpoints=[SimpleNamespace(peer_key_file=KEY_FILE)]))
+        source = next(u.compile_cache.source for u in spec.units if u.compile_cache is not None)
+        probed = {"compile_caches": {source: found[name]} if name in found else dict(by_dir or {})}
+        each.append((deploy, todo, probed, frozenset({"kimi-vllm"} if name in starts else set())))
+    steps = plan_compile_caches(each, pins)
+    return {name: only for name, (only,) in steps.items()}
+
+
+def _holds(manifest: dict[str, Any], given: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"manifest": manifest, "whole": True, "given": given}
+
+
+def _given(step: CompileCacheStep, manifest: dict[str, Any]) -> dict[str, str]:
+    return {"key": step.cache.source.rsplit("/", 1)[-1], "manifest": manifest_digest(manifest)}
+
+
+def test_with_no_cache_anywhere_the_first_host_that_starts_compiles_and_packs(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    steps = _run(recipe, prod, {}, Pins(tmp_path))
+    assert steps["gb300-p01"].pack is not None
+    assert steps["gb300-p01"].pack["source"] == steps["gb300-p01"].cache.target
+    assert steps["gb300-p01"].pack["user"] == "kimi"
+    assert [steps[h].pack for h in RANK0[1:]] == [None, None]
+    assert not any(s.place or s.serves for s in steps.values())
+    # a host that does not (re)start this run compiles nothing: the next one that does packs
+    later = _run(recipe, prod, {}, Pins(tmp_path), starts=("gb300-p03",))
+    assert [h for h in RANK0 if later[h].pack] == ["gb300-p03"]
+
+
+def test_the_holder_serves_and_the_others_receive_the_manifest_the_controller_holds(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    pins = Pins(tmp_path)
+    first = _run(recipe, prod, {}, pins)["gb300-p01"]
+    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
+    steps = _run(recipe, prod, {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST))}, pins)
+    p01, p03, p05 = (steps[h] for h in RANK0)
+    addresses = [prod.host(h).address for h in RANK0]
+    assert p01.serves == (addresses[1], addresses[2])
+    assert p01.place is None  # it holds it, and its engine has its copy
+    assert p01.pack is None
+    for step in (p03, p05):
+        assert step.place is not None
+        assert step.place["manifest"] == MANIFEST
+        assert step.place["peers"] == [{"host": "gb300-p01", "url": f"http://{addresses[0]}:8479"}]
+        assert step.place["peer_key_file"] == KEY_FILE
+        assert step.place["engine_dir"] == step.cache.target
+        assert step.place["user"] == "kimi"
+        assert step.moves
+
+
+def test_a_holder_whose_engine_lacks_its_copy_gets_it_without_the_network(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    pins = Pins(tmp_path)
+    name = _run(recipe, prod, {}, pins)["gb300-p01"].cache.source.rsplit("/", 1)[-1]
+    pins.put(name, MANIFEST, "gb300-p01")
+    steps = _run(recipe, prod, {h: _holds(MANIFEST) for h in RANK0}, pins)
+    for h in RANK0:
+        place = steps[h].place
+        assert place is not None
+        assert place["peers"] == []
+        assert not steps[h].serves
+        assert not steps[h].moves
+
+
+def test_an_artifact_that_is_not_the_controllers_is_neither_served_nor_given(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    pins = Pins(tmp_path)
+    first = _run(recipe, prod, {}, pins)["gb300-p01"]
+    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
+    found = {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST)), "gb300-p03": _holds(OTHER)}
+    steps = _run(recipe, prod, found, pins)
+    p03 = steps["gb300-p03"]
+    assert p03.note is not None
+    assert "not the one the controller holds" in p03.note
+    assert not p03.serves
+    # it receives the held one again, verified file by file, before its engine gets a copy
+    assert p03.place is not None
+    assert p03.place["manifest"] == MANIFEST
+    assert p03.place["peers"][0]["host"] == "gb300-p01"
+    assert prod.host("gb300-p03").address in steps["gb300-p01"].serves
+
+
+def test_a_controller_holding_none_takes_the_first_whole_one_and_holds_it(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    pins = Pins(tmp_path)
+    steps = _run(recipe, prod, {"gb300-p03": _holds(MANIFEST), "gb300-p05": _holds(OTHER)}, pins)
+    name = steps["gb300-p03"].cache.source.rsplit("/", 1)[-1]
+    assert pins.get(name) == MANIFEST
+    assert steps["gb300-p05"].note is not None
+    assert [p["host"] for p in steps["gb300-p01"].place["peers"]] == ["gb300-p03"]  # type: ignore[index]
+    # a half-placed artifact (not whole) is no source
+    fresh = Pins(tmp_path / "other")
+    half = _run(recipe, prod, {"gb300-p03": {"manifest": MANIFEST, "whole": False, "given": None}}, fresh)
+    assert fresh.get(name) is None
+    assert half["gb300-p01"].pack is not None
+
+
+def test_a_cache_of_another_key_is_not_used(recipe: Recipe, prod: Inventory, tmp_path: Path) -> None:
+    pins = Pins(tmp_path)
+    before = _run(recipe, prod, {}, pins)["gb300-p01"]
+    pins.put(before.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
+    held = {before.cache.source: _holds(MANIFEST, _given(before, MANIFEST))}
+    # the same hosts after the recipe raised the topology's context: another launch, another key
+    topology = recipe.topologies["gb300-pd"].model_copy(update={"max_model_len": 262144})
+    longer = recipe.model_copy(update={"topologies": {**recipe.topologies, "gb300-pd": topology}})
+    steps = _run(longer, prod, {}, pins, by_dir=held)
+    assert steps["gb300-p01"].cache.source != before.cache.source
+    # what the hosts hold of the old key is neither served nor given: the first host compiles anew
+    assert not any(s.place or s.serves for s in steps.values())
+    assert steps["gb300-p01"].pack is not None
+    assert steps["gb300-p01"].manifest is None
+
+
+def test_without_a_fan_out_port_nothing_moves_between_hosts(recipe: Recipe, prod: Inventory, tmp_path: Path) -> None:
+    alone = recipe.model_copy(update={"weights": recipe.weights.model_copy(update={"fan_out": None})})
+    pins = Pins(tmp_path)
+    first = _run(alone, prod, {}, pins)["gb300-p01"]
+    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
+    steps = _run(alone, prod, {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST))}, pins)
+    assert not any(s.moves for s in steps.values())
+    assert steps["gb300-p03"].place is None
