@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import statistics
 import sys
@@ -49,6 +50,20 @@ from harness.fleet import (
 )
 
 
+def cold_start_table(log: str) -> list[str]:
+    """The cold-start headline and table in a run's log (up to the first line after it that is no row)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", log).splitlines()
+    at = next((i for i, line in enumerate(lines) if "--> Cold start:" in line), None)
+    if at is None:
+        return []
+    table = [lines[at].strip(), lines[at + 1].rstrip()] if at + 1 < len(lines) else [lines[at].strip()]
+    for line in lines[at + 2 :]:
+        if not re.match(r"\s+(kimi-h\d+|median/max)", line):
+            break
+        table.append(line.rstrip())
+    return table
+
+
 def one(n: int, runs: int, folder: Path) -> dict[str, object]:
     started = time.perf_counter()
     FLEET.cli("up", "--hosts", str(n))
@@ -61,6 +76,9 @@ def one(n: int, runs: int, folder: Path) -> dict[str, object]:
     answering = sum(answers(FLEET, e) for e in endpoints(FLEET, n))
     for name, hosts in errors.items():
         print(f"N={n}: first converge: {name!r} failed on {', '.join(hosts)}", flush=True)
+    # the first converge's cold start broken down, as the run printed it (kimi_pyinfra.cold_start)
+    for line in cold_start_table(first.log):
+        print(f"N={n}: {line}", file=sys.stderr, flush=True)
     if first.code != 0:
         print(f"N={n}: {failed('first converge', first.log).splitlines()[0]}", flush=True)
         # converge the rest before timing a no-op

@@ -29,13 +29,18 @@ from tests.test_weights_peer import KEY, serve
 
 pytestmark = pytest.mark.processes
 
-HASH = "3f2a9c41d0"
+# vLLM 0.32.0's torch.compile cache on CPU, as its start leaves it (docs/compile-caches.md): the AOT
+# artifact per rank, and inductor's kernels (C++ source and library), AOTAutograd entries and empty
+# lock files under the configuration's hash
+HASH = "torch_aot_compile/1fa126ab47986f26995239b9de1608dc6c1ac89402dc790f5e54f4186f3e480f"
+KERNEL = "inductor_cache/oe/coe66holh7vssrqle5tly3iueusgeunez65ribic2iy3x2tw373w"
+MODEL = f"{HASH}/rank_0_0/model"
 ENGINE_FILES = {
-    f"{HASH}/rank_0_0/backbone/computation_graph.py": b"def forward(x):\n    return x\n",
-    f"{HASH}/rank_0_0/backbone/cache_key_factors.json": b'{"env": {}, "config": "a"}\n',
-    f"{HASH}/rank_0_0/backbone/artifact_compile_range_1_8192_subgraph_0": os.urandom(200_000),
-    f"{HASH}/rank_0_0/backbone/artifact_compile_range_1_8192_subgraph_1": os.urandom(120_000),
-    f"{HASH}/rank_0_0/backbone/vllm_compile_cache.py": b"{(1, 8192, 0): 'artifact_compile_range_1_8192_subgraph_0'}\n",
+    MODEL: os.urandom(200_000),
+    f"{HASH}/{KERNEL}.main.cpp": b'#include <Python.h>\nextern "C" void kernel(float* in_ptr0) {}\n',
+    f"{HASH}/{KERNEL}.main.so": os.urandom(120_000),
+    f"{HASH}/inductor_cache/aotautograd/aeqbp4lb7xkz/entry": os.urandom(90_000),
+    f"{HASH}/inductor_cache/locks/coe66holh7vssrqle5tly3iueusgeunez65ribic2iy3x2tw373w.lock": b"",
 }
 
 
@@ -143,7 +148,7 @@ def test_bytes_changed_on_the_source_are_refused_by_digest_and_nothing_is_placed
     tmp_path: Path, key_file: Path, packed: tuple[Path, dict[str, Any]]
 ) -> None:
     artifact, manifest = packed
-    rel = f"{HASH}/rank_0_0/backbone/computation_graph.py"
+    rel = MODEL
     target = artifact / rel
     st = target.stat()
     # Changed in place, size and times kept: the source's own verdict still holds, so it serves it.
@@ -167,9 +172,9 @@ def test_a_placed_cache_changed_on_its_host_is_repaired_from_the_peer(
     elsewhere = tmp_path / "b" / "compile-caches" / "kimi-vllm-k1"
     for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
         assert _place(tmp_path, elsewhere, manifest, url, key_file).returncode == 0
-        rel = f"{HASH}/rank_0_0/backbone/artifact_compile_range_1_8192_subgraph_1"
+        rel = f"{HASH}/{KERNEL}.main.so"
         (elsewhere / rel).write_bytes(b"tampered")
-        (elsewhere / HASH / "rank_0_0" / "backbone" / "extra.py").write_bytes(b"print('not in the manifest')\n")
+        (elsewhere / HASH / "rank_0_0" / "extra.py").write_bytes(b"print('not in the manifest')\n")
         done = _place(tmp_path, elsewhere, manifest, url, key_file)
         assert done.returncode == 0, done.stderr
     assert _tree(elsewhere) == ENGINE_FILES
@@ -221,7 +226,7 @@ def test_links_devices_and_other_users_files_in_the_engines_cache_are_not_packed
     secret = tmp_path / "root-only"
     secret.write_text("a root secret\n")
     secret.chmod(0o600)
-    (source / HASH / "rank_0_0" / "backbone" / "leak").symlink_to(secret)
+    (source / HASH / "rank_0_0" / "leak").symlink_to(secret)
     (source / HASH / "linked-dir").symlink_to(tmp_path)
     os.mkfifo(source / HASH / "fifo")
     theirs = source / HASH / "another-users"
@@ -287,8 +292,8 @@ def test_a_link_the_engine_left_in_its_folder_leads_the_copy_nowhere(
     victim = open_folder / "root-file"
     victim.write_text("root's\n")
     # the engine's user made its folder and put a link where a cache file goes
-    (engine / "vllm" / "torch_compile_cache" / HASH / "rank_0_0" / "backbone").mkdir(parents=True)
-    rel = f"{HASH}/rank_0_0/backbone/computation_graph.py"
+    (engine / "vllm" / "torch_compile_cache" / HASH / "rank_0_0").mkdir(parents=True)
+    rel = MODEL
     (engine / "vllm" / "torch_compile_cache" / rel).symlink_to(victim)
     nobody = pwd.getpwnam("nobody")
     for path in [engine, *engine.rglob("*")]:

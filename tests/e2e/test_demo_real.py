@@ -214,6 +214,16 @@ def test_the_four_steps_converge_the_real_engines_and_router_once(serving: dict[
     assert _pids(serving) == pids
 
 
+def test_each_real_engine_keeps_its_cold_start_in_its_own_words(serving: dict[str, Any]) -> None:
+    """The first converge's record in the release it left serving: the controller's phases, and
+    vLLM's own figures of its last start (kimi_deploy/engines/vllm.py: the weights load, ready)."""
+    for host in ENGINES:
+        kept = json.loads(_sh(serving, host, "cat /opt/kimi/current/cold-start.json"))
+        engine = kept["engine"]["kimi-vllm"]
+        assert 0 <= engine["engine load"] < engine["ready"] < kept["to_serving"], kept
+    assert "Engine starts, in their own log lines:" in serving["first"].log
+
+
 def test_the_real_engine_runs_unprivileged_from_its_release_with_no_key_in_argv(serving: dict[str, Any]) -> None:
     host = ENGINES[0]
     pid = _pid(serving, host, "kimi-vllm")
