@@ -32,6 +32,7 @@ import sys
 from typing import Any
 
 from kimi_deploy.hostside.boundary_names import BadName, check_names
+from kimi_deploy.hostside.compile_cache_found import MARKER
 from kimi_deploy.hostside.request import read_request
 from kimi_deploy.hostside.revision_files import CACHE, META, meta
 
@@ -128,6 +129,8 @@ def _walk(
         dirs[:] = [d for d in dirs if d not in links]
         for name in sorted(files):
             rel = os.path.relpath(os.path.join(parent, name), source).replace(os.sep, "/")
+            if rel == MARKER:  # the copy's marker (compile_cache_place), not the engine's
+                continue
             st = os.lstat(name, dir_fd=dir_fd)
             try:
                 check_names({rel: None})

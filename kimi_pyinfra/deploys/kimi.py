@@ -173,11 +173,7 @@ def deploy_kimi() -> None:
         # holds in turn (the model, then its speculative draft), all before any engine (re)starts.
         # the run's transfer key is one file for every checkpoint: written once
         key = next((w.key for w in steps.weights if w.key is not None), None)
-        if (
-            key is None
-            and todo.weights is not None
-            and any(c.serves or (c.place and c.place["peers"]) for c in steps.compile_caches)
-        ):
+        if key is None and todo.weights is not None and any(c.moves for c in steps.compile_caches):
             key = transfer_key_file(todo.weights, run.transfer_key)
         if key is not None:
             do(

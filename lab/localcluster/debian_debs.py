@@ -40,10 +40,11 @@ COMPILER_CLOSURE = (
     "libatomic1", "libasan8", "liblsan0", "libtsan2", "libubsan1", "libquadmath0", "libgcc-12-dev", "gcc-12",
     "gcc", "libc-dev-bin", "linux-libc-dev", "libcrypt-dev", "libtirpc-dev", "libnsl-dev", "rpcsvc-proto",
     "libc6-dev", "libstdc++-12-dev", "g++-12",
-    # libpython3-dev's, whose exact-version dependencies move the base image's Python 3.11 to the
-    # mirror's point release
-    "libexpat1-dev", "libpython3.11", "zlib1g-dev", "libpython3.11-dev", "python3.11-venv", "python3.11",
-    "libpython3.11-stdlib", "python3.11-minimal", "libpython3.11-minimal", "libexpat1", "zlib1g",
+    # libpython3-dev's beyond the base image: libpython3.11-dev and libpython3.11 depend on the
+    # base image's own Python 3.11 at their exact version (a base image older than the mirror's
+    # point release is rebuilt: ``rm -r /var/cache/kimi-cluster/base-*``), which the mirror does not
+    # carry, so that no host is offered an upgrade of its base
+    "libexpat1-dev", "libpython3.11", "zlib1g-dev", "libpython3.11-dev",
 )  # fmt: skip
 # What a host running the Mooncake master or its store client gets (kimi_deploy.releases.host_libraries,
 # Debian 12's names): libcurl4, libibverbs1 and ibverbs-providers with the two libnl libraries they

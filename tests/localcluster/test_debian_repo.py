@@ -120,7 +120,8 @@ def test_packages_lists_exactly_the_cached_debs_with_their_sizes_and_hashes(mirr
         for name, algorithm in HASHES.items():
             assert entry[name] == hashlib.new(algorithm, data).hexdigest(), (deb.name, name)
         assert entry["Version"] == field(deb, "Version")
-        assert entry["Depends"] == field(deb, "Depends")
+        # a package that depends on nothing (linux-libc-dev) has no Depends field, here as in the .deb
+        assert entry.get("Depends", "") == field(deb, "Depends")
 
 
 def test_release_describes_bookworm_main_and_hashes_its_indexes(mirror: Mirror) -> None:
