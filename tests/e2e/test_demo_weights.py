@@ -230,7 +230,9 @@ def test_a_killed_sync_resumes_without_fetching_finished_files_again(
     converged: None, hub_faults: Callable[[dict[str, Any]], None]
 ) -> None:
     ssh("kimi-h1", f"rm -rf {WEIGHTS}")
-    hub_faults({"slow_bytes_per_s": 500_000})  # about 12 s for the 6 MB revision
+    # each file's body at 60 kB/s: the sync takes 8 files at once (weights_sync.HUB_AT_ONCE), so the
+    # 6 MB revision takes about 12 s, and the kill below finds it well before its end
+    hub_faults({"slow_bytes_per_s": 60_000})
     run = subprocess.Popen(
         [
             str(BIN / "pyinfra"),
