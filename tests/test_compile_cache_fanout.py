@@ -326,3 +326,29 @@ def test_the_probe_reads_whole_and_given_without_hashing_and_trusts_no_link(
     mark.unlink()
     mark.symlink_to(elsewhere / ".kimi" / "manifest.json")
     assert found(asked)[str(elsewhere)]["given"] is None
+
+
+def test_a_placement_cut_short_leaves_nothing_to_bind_and_the_next_run_completes_it(
+    tmp_path: Path, key_file: Path, packed: tuple[Path, dict[str, Any]]
+) -> None:
+    artifact, manifest = packed
+    elsewhere = tmp_path / "b" / "compile-caches" / "kimi-vllm-k1"
+    # the peer holds all but one file verified: the source host went away part-way
+    missing = f"{HASH}/{KERNEL}.main.so"
+    partial = {rel: entry for rel, entry in manifest.items() if rel != missing}
+    for url in serve(artifact, partial, key_file, "127.0.0.1", ["127.0.0.1"]):
+        cut = _place(tmp_path, elsewhere, manifest, url, key_file)
+    assert cut.returncode == 5, cut.stderr
+    assert missing in cut.stderr
+    assert not elsewhere.exists()
+    placing = Path(f"{elsewhere}.placing")
+    kept = {p.relative_to(placing).as_posix() for p in placing.rglob("*") if p.is_file() and ".kimi" not in p.parts}
+    assert kept == set(partial)
+    # the next run: the peer whole again; what arrived before is verified, not fetched again
+    for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
+        done = _place(tmp_path, elsewhere, manifest, url, key_file)
+    assert done.returncode == 0, done.stderr
+    assert _tree(elsewhere) == ENGINE_FILES
+    assert not placing.exists()
+    said = json.loads(done.stdout.strip().splitlines()[0])
+    assert sorted(said["from_peers"].values()) == [len(ENGINE_FILES[missing])]

@@ -10,6 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from kimi_deploy.compile_cache.pins import Pins
 from kimi_deploy.converge.compile_caches import CompileCacheStep, plan_compile_caches
 from kimi_deploy.converge.plan import Converge
@@ -18,6 +20,7 @@ from kimi_deploy.inventory import Inventory
 from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
+from kimi_pyinfra.operations.compile_cache import checked_manifest
 from tests.conftest import RECIPE
 
 RANK0 = ("gb300-p01", "gb300-p03", "gb300-p05")
@@ -166,3 +169,19 @@ def test_without_a_fan_out_port_nothing_moves_between_hosts(recipe: Recipe, prod
     steps = _run(alone, prod, {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST))}, pins)
     assert not any(s.moves for s in steps.values())
     assert steps["gb300-p03"].place is None
+
+
+def test_the_controller_holds_only_a_manifest_of_plain_names_sizes_and_sha256s() -> None:
+    good = {"torch_aot_compile/ab/rank_0_0/model": [10, "sha256:" + "a" * 64]}
+    assert checked_manifest({"manifest": good}, "kimi-h1") == good
+    for hostile in (
+        {"manifest": {"../../etc/cron.d/x": [1, "sha256:" + "a" * 64]}},
+        {"manifest": {"m": [-1, "sha256:" + "a" * 64]}},
+        {"manifest": {"m": [True, "sha256:" + "a" * 64]}},
+        {"manifest": {"m": [1, "sha256:" + "A" * 64]}},
+        {"manifest": {"m": [1, "gitblob:" + "a" * 40]}},
+        {"manifest": ["m"]},
+        "not an answer",
+    ):
+        with pytest.raises(ValueError, match=r"^kimi-h1"):
+            checked_manifest(hostile, "kimi-h1")

@@ -37,8 +37,21 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _digest(value: object) -> bool:
-    return isinstance(value, str) and len(value) == 71 and value.startswith("sha256:") and set(value[7:]) <= _HEX
+def entry_ok(entry: object) -> bool:
+    """Whether ``entry`` is a manifest's ``[size, "sha256:<hex>"]``: the one rule for a manifest,
+    whether the probe reads it from a host's artifact or the controller from a pack's answer."""
+    if not (isinstance(entry, list) and len(entry) == 2):
+        return False
+    size, digest = entry
+    return (
+        isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+        and isinstance(digest, str)
+        and len(digest) == 71
+        and digest.startswith("sha256:")
+        and set(digest[7:]) <= _HEX
+    )
 
 
 def _manifest(root: str) -> dict[str, Any] | None:
@@ -49,10 +62,7 @@ def _manifest(root: str) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
-    for entry in data.values():
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and _digest(entry[1])):
-            return None
-    return data
+    return data if all(entry_ok(entry) for entry in data.values()) else None
 
 
 def _whole(root: str, manifest: dict[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from kimi_deploy.compile_cache.pins import pins
 from kimi_deploy.host.programs import COMPILE_CACHE_PACK, COMPILE_CACHE_PLACE
 from kimi_deploy.hostside.boundary_json import loads
 from kimi_deploy.hostside.boundary_names import BadName, check_names
-from kimi_deploy.hostside.compile_cache_found import manifest_digest
+from kimi_deploy.hostside.compile_cache_found import entry_ok, manifest_digest
 from kimi_deploy.hostside.requests import CompileCachePackRequest, CompileCachePlaceRequest
 from kimi_pyinfra.operations.connector import connector_arguments
 
@@ -50,9 +50,7 @@ def checked_manifest(said: Any, where: str) -> dict[str, list[Any]]:
     except BadName as exc:
         raise ValueError(f"{where}: {exc}") from None
     for rel, entry in manifest.items():
-        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and entry[0] >= 0
-        digest = entry[1] if ok else None
-        if not (isinstance(digest, str) and len(digest) == 71 and digest.startswith("sha256:")):
+        if not entry_ok(entry):
             raise ValueError(f"{where}: {rel}: expected [size, sha256:<hex>], found {entry!r:.80}")
     return manifest
 
