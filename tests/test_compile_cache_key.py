@@ -85,3 +85,68 @@ def test_an_eager_launch_compiles_nothing_and_binds_no_cache(tmp_path: Path) -> 
     unit = _engine(demo, "kimi-h1")
     assert "--enforce-eager" in unit.argv
     assert unit.compile_cache is None
+
+
+def _demo_gpu(tmp_path: Path, edit: dict[str, object] | None = None) -> Plan:
+    """The GPU demo recipe (its ``demo-sglang`` topology: SGLang over two hosts, TP=16), with
+    ``edit`` made to that topology's serve pool's parallel sizes."""
+    recipe = "recipes/demo-gpu.yaml"
+    data = yaml.safe_load(Path(recipe).read_text(encoding="utf-8"))
+    if edit:
+        data["topologies"]["demo-sglang"]["pools"]["serve"]["parallel"] |= edit
+    changed = tmp_path / "demo-gpu.yaml"
+    changed.write_text(yaml.safe_dump(data), encoding="utf-8")
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        '_c = {"ssh_user": "root", "kimi_recipe": "recipes/demo-gpu.yaml"}\n'
+        'demo_vllm = [("kimi-h1", {"ssh_hostname": "10.213.7.11", **_c}), ("kimi-h2", {"ssh_hostname": "10.213.7.12", **_c})]\n'
+        'demo_sglang = [("kimi-h3", {"ssh_hostname": "10.213.7.13", **_c}), ("kimi-h4", {"ssh_hostname": "10.213.7.14", **_c})]\n',
+        encoding="utf-8",
+    )
+    return plan(load_recipe(str(changed)), recipe, load_inventory(str(inventory)))
+
+
+def test_an_sglang_unit_keeps_what_it_compiles_in_one_folder_its_env_names(tmp_path: Path) -> None:
+    demo = _demo_gpu(tmp_path)
+    unit = _engine(demo, "kimi-h3")
+    cache = unit.compile_cache
+    assert cache is not None
+    assert cache.source == f"{CACHES_ROOT}/kimi-sglang-{cache.key}"
+    # the folder SGLang writes DeepGEMM's, Triton's, inductor's and its own caches in, under the
+    # unit's cache folder; its JIT kernels and FlashInfer's workspace named inside it
+    env = unit.env
+    assert env["SGLANG_CACHE_DIR"] == cache.target
+    assert cache.target.startswith(f"{unit_cache_dir('kimi-sglang')}/")
+    assert env["SGLANG_JIT_CACHE_DIR"].startswith(f"{cache.target}/")
+    assert env["FLASHINFER_WORKSPACE_BASE"].startswith(f"{cache.target}/")
+    # as the host gets it: the rendered env file names the same folders
+    files = {f.path: f.content for f in render_host(load_recipe("recipes/demo-gpu.yaml"), demo.for_host("kimi-h3"))}
+    rendered = dict(line.split("=", 1) for line in files["/etc/kimi/kimi-sglang.env"].splitlines() if "=" in line)
+    assert {k: rendered[k] for k in ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")} == {
+        k: env[k] for k in ("SGLANG_CACHE_DIR", "SGLANG_JIT_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")
+    }
+
+
+def test_an_sglang_key_changes_with_the_parallel_layout_and_the_rank(tmp_path: Path) -> None:
+    before = _keys(_demo_gpu(tmp_path))
+    # the two hosts of one TP=16 instance hold other ranks: other kernels' callers, other keys
+    assert before["kimi-h3"] != before["kimi-h4"]
+    # the same sixteen GPUs as two data-parallel ranks of TP=8: another launch, another key
+    narrower = _keys(_demo_gpu(tmp_path, {"tp": 8, "dp": 2}))
+    assert narrower["kimi-h3"] != before["kimi-h3"]
+    assert _keys(_demo_gpu(tmp_path, {"ep": 16}))["kimi-h3"] != before["kimi-h3"]
+    # the vLLM topology of the same recipe is untouched by SGLang's pool
+    assert narrower["kimi-h1"] == before["kimi-h1"]
+
+
+def test_the_tpu_engines_keep_jaxs_compilation_cache_in_the_folder_their_env_names() -> None:
+    tpu = _engine(_plan(), "tpu7x-w0")
+    assert tpu.compile_cache is not None
+    assert tpu.compile_cache.target == tpu.env["JAX_COMPILATION_CACHE_DIR"] == f"{unit_cache_dir(tpu.name)}/jax"
+    example = "recipes/examples/kimi-k2.6-tpu7x.yaml"
+    k26 = _plan(example, "inventories/examples/kimi-k2.6-tpu7x.py")
+    vllm_tpu = _engine(k26, k26.hosts[0].host)
+    assert vllm_tpu.compile_cache is not None
+    assert (
+        vllm_tpu.compile_cache.target == vllm_tpu.env["VLLM_XLA_CACHE_PATH"] == f"{unit_cache_dir(vllm_tpu.name)}/xla"
+    )

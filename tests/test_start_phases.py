@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kimi_deploy.converge.cold_start import engine_start_lines
+from kimi_deploy.engines import sglang
 from kimi_deploy.engines.vllm import READY_LINE, START_PHASES
 from kimi_deploy.hostside.start_phases import phases
 
@@ -19,7 +20,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "journal"
 ASKED = {name: [dict(r) for r in readings] for name, readings in START_PHASES.items()}
 
 
-def _journalctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: str) -> None:
+def _journalctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: str | Path) -> None:
     """A ``journalctl`` first on PATH that prints ``fixture`` (as ``-o short-unix`` prints it)."""
     fake = tmp_path / "bin" / "journalctl"
     fake.parent.mkdir()
@@ -56,3 +57,24 @@ def test_an_engine_that_never_got_ready_says_so_and_a_unit_never_started_says_no
         "  kimi-h1 kimi-vllm: not ready in its log (engine load 0.0 s, compile 31 s)",
     ]
     assert engine_start_lines({}) == []
+
+
+def test_sglangs_start_is_read_in_the_lines_it_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No SGLang journal is captured yet: these are its lines as sglang 0.5.23 formats them
+    (srt/model_executor/model_runner.py:1372-1379, srt/entrypoints/http_server.py:2600), in a
+    journal as ``-o short-unix`` prints one."""
+    journal = tmp_path / "sglang.short-unix"
+    journal.write_text(
+        "1767000000.000000 kimi-h3 systemd[1]: Started kimi-sglang.service - Kimi.\n"
+        "1767000512.500000 kimi-h3 sglang[4100]: [2026-01-01 10:08:32 TP0] Load weight end. "
+        "elapsed=512.31 s, type=KimiK3ForConditionalGeneration, quant=mxfp4, avail mem=61.20 GB, "
+        "mem usage=180.05 GB.\n"
+        "1767000512.600000 kimi-h3 sglang[4101]: [2026-01-01 10:08:32 TP1] Load weight end. "
+        "elapsed=512.40 s, type=KimiK3ForConditionalGeneration, avail mem=61.18 GB, mem usage=180.05 GB.\n"
+        "1767001700.300000 kimi-h3 sglang[4000]: [2026-01-01 10:28:20] The server is fired up and ready to roll!\n",
+        encoding="utf-8",
+    )
+    _journalctl(tmp_path, monkeypatch, journal)
+    asked = {name: [dict(r) for r in readings] for name, readings in sglang.START_PHASES.items()}
+    said = phases(sglang.UNIT, asked, sglang.READY_LINE)
+    assert said == {"engine load": 512.3, "warm-up": 1187.8, "ready": 1700.3}

@@ -43,6 +43,8 @@ from kimi_deploy.releases.host_paths import engine_dir, model_dir, unit_cache_di
 from kimi_deploy.render.unit_env import common_env
 
 UNIT = "kimi-sglang-jax"
+# JAX's persistent compilation cache: https://docs.jax.dev/en/latest/persistent_compilation_cache.html
+CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 # The page size of the engine's Kimi-Linear recipe (MLA layers need 2 or more).
 PAGE_SIZE = 128
 
@@ -86,10 +88,21 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
     argv += ["--context-length", str(placement.topology.max_model_len)]
     argv += model_flags(recipe, placement, tool_choice_flag=False)
     argv += ["--disable-radix-cache", "--page-size", str(PAGE_SIZE)]
-    env = {"JAX_PLATFORMS": "tpu", "JAX_COMPILATION_CACHE_DIR": f"{unit_cache_dir(UNIT)}/jax", **common_env(placement)}
+    env = {"JAX_PLATFORMS": "tpu", CACHE_ENV: f"{unit_cache_dir(UNIT)}/jax", **common_env(placement)}
     return engine_unit_for(
         recipe, placement, name=UNIT, label="sglang-jax", argv=argv, listens=listens, bind=bind, env=env
     )
+
+
+def compile_cache(unit: Unit) -> str | None:
+    """The folder JAX keeps the XLA programs the engine compiles in, the unit's
+    ``JAX_COMPILATION_CACHE_DIR``. JAX reads an entry by its own key (the program, the jaxlib
+    version, XLA's flags, the devices and their topology), and its documentation has every process
+    of a multi-host job read one cache (docs.jax.dev, persistent_compilation_cache "How it works").
+    Only process 0 writes it (jax 0.10.2 ``jax/_src/compiler.py:796-805``), the engine's node 0
+    (``sgl_jax/srt/managers/scheduler.py:356-358``): in an instance over several hosts, the
+    others' folders stay empty and nothing of theirs is packed."""
+    return unit.env.get(CACHE_ENV)
 
 
 ENGINE = Engine(
@@ -101,4 +114,5 @@ ENGINE = Engine(
         "hicache: sglang-jax refuses host-memory offload (--hicache-storage) for a model with "
         "linear-attention (KDA) layers such as Kimi's: its recurrent state stays on the TPU"
     ),
+    compile_cache=compile_cache,
 )

@@ -61,6 +61,8 @@ from kimi_deploy.render.unit_env import common_env
 
 NAME: EngineName = "vllm-tpu"
 UNIT = "kimi-vllm-tpu"
+# the folder tpu-inference gives JAX as its persistent compilation cache
+CACHE_ENV = "VLLM_XLA_CACHE_PATH"
 
 
 def devices(placement: Placement) -> int:
@@ -116,7 +118,7 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
         argv += ["--enable-expert-parallel"]
     argv += ["--max-model-len", str(topo.max_model_len)]
     argv += model_flags(recipe, placement, tool_choice_flag=True)
-    env = {"JAX_PLATFORMS": "tpu", "VLLM_XLA_CACHE_PATH": f"{unit_cache_dir(UNIT)}/xla", **common_env(placement)}
+    env = {"JAX_PLATFORMS": "tpu", CACHE_ENV: f"{unit_cache_dir(UNIT)}/xla", **common_env(placement)}
     # vLLM reads its API key from this variable; it reaches the unit through its secret env file.
     secret_env = ("VLLM_API_KEY",) if topo.expose is not None else ()
     return engine_unit_for(
@@ -137,6 +139,20 @@ def positionals(catalog: Catalog) -> int:
     return len(catalog.launch) + 1
 
 
+def compile_cache(unit: Unit) -> str | None:
+    """The folder JAX keeps the XLA programs the engine compiles in: the unit's
+    ``VLLM_XLA_CACHE_PATH``, which tpu-inference makes JAX's persistent compilation cache
+    (``tpu_inference/runner/compilation_manager.py:88-91``). JAX reads an entry by its own key (the
+    program, the jaxlib version, XLA's flags, the devices and their topology; docs.jax.dev,
+    persistent_compilation_cache "How it works"); an instance here is one host (``check_layout``)."""
+    return unit.env.get(CACHE_ENV)
+
+
 ENGINE = Engine(
-    name=NAME, default_api_port=8000, unit=engine_unit, positionals=positionals, kv_usage_metrics=VLLM_KV_USAGE
+    name=NAME,
+    default_api_port=8000,
+    unit=engine_unit,
+    positionals=positionals,
+    kv_usage_metrics=VLLM_KV_USAGE,
+    compile_cache=compile_cache,
 )
