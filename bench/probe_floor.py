@@ -11,5 +11,6 @@ from pyinfra.context import host
 
 from kimi_pyinfra.converge_run import probe_request
 from kimi_pyinfra.facts.host_state import KimiHostState
+from kimi_pyinfra.inventory_probe import fetched
 
-host.get_fact(KimiHostState, **probe_request(host))
+fetched(host, KimiHostState, probe_request(host))

@@ -27,7 +27,7 @@ _ADDRESS_RULE = "an address must be an IP address or a DNS hostname"
 class HostVars(BaseModel):
     """The host data keys kimi-deploy reads; any other ``kimi_*`` key is a typo."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
     kimi_address: Annotated[str, StringConstraints(min_length=1), AfterValidator(check_address)] | None = None
     kimi_socket_ifname: IfName | None = None

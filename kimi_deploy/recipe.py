@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 from urllib.parse import urlsplit
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -128,7 +126,7 @@ def rules(info: ValidationInfo) -> Rules:
 class Strict(BaseModel):
     """Base for every recipe object: no unknown keys, no coercion, immutable."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
     @field_validator("*")
     @classmethod
@@ -463,6 +461,10 @@ class TaskExpect(Strict):
             except re.error as exc:
                 raise ValueError(f"regex: {shown(self.regex)} is not a Python regular expression: {exc}") from None
         if self.json_schema is not None:
+            # jsonschema only for a recipe that has such a task: its import costs every run 30 ms
+            from jsonschema import Draft202012Validator  # noqa: PLC0415
+            from jsonschema.exceptions import SchemaError  # noqa: PLC0415
+
             try:
                 Draft202012Validator.check_schema(self.json_schema)
             except SchemaError as exc:

@@ -11,6 +11,7 @@ from kimi_deploy.plan.deploy_plan import DEFAULT_RECIPE, DeployPlan, part_of
 from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.releases.servability import refusals
+from kimi_deploy.render.files import keep_compiled
 from kimi_deploy.serving.context_ladder import recipe_at
 from kimi_pyinfra.inventory_file import from_pyinfra
 from kimi_pyinfra.run_context import run_context
@@ -58,6 +59,7 @@ def todo_for(inventory: Any, host: Any) -> tuple[DeployPlan, Converge]:
     host's target). ``ConfigError`` as ``plan_for`` raises it."""
     context = run_context()
     if host.name not in context.todos:
+        keep_compiled(context.environ)
         deploy = plan_for(inventory, host)
         context.todos[host.name] = (deploy, plan_converge(deploy, context.environ))
     return context.todos[host.name]

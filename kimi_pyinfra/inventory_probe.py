@@ -17,6 +17,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
+from kimi_deploy.host.command import NotKept
 from kimi_pyinfra.facts.host_state import KimiHostState
 from kimi_pyinfra.run_context import Probe, run_context
 
@@ -44,7 +45,7 @@ def probe_all(
     def one(host: Host) -> Any:
         with ctx_state.use(run), ctx_host.use(host):
             try:
-                return host.get_fact(fact, **request_of(host))
+                return fetched(host, fact, request_of(host))
             except Exception as exc:  # noqa: BLE001 - raised again in that host's own deploy
                 return exc
 
@@ -55,6 +56,15 @@ def probe_all(
     finally:
         probe.done.set()
     return results
+
+
+def fetched(host: Host, fact: type[FactBase[Any]], arguments: dict[str, Any]) -> Any:
+    """``host``'s ``fact``; a probe that names the host's kept copy of its program (``NotKept``:
+    the first run of this version on the host) is sent again with the program."""
+    try:
+        return host.get_fact(fact, **arguments)
+    except NotKept:
+        return host.get_fact(fact, **{**arguments, "kept": False})
 
 
 def answered(host: Host, fact: type[FactBase[Any]] = KimiHostState) -> Any | None:
@@ -75,7 +85,7 @@ def probe_of(
     """``host``'s probe result; its probe's exception is raised here, in its own deploy."""
     results = probe_all(state, request_of, fact)
     if host.name not in results:  # activated after the others were probed
-        results[host.name] = host.get_fact(fact, **request_of(host))
+        results[host.name] = fetched(host, fact, request_of(host))
     result = results[host.name]
     if isinstance(result, BaseException):
         raise result

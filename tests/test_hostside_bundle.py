@@ -109,9 +109,9 @@ def kept(programs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     hc._bundled.cache_clear()
 
 
-def _run(script: str, request: object) -> subprocess.CompletedProcess[str]:
+def _run(script: str, request: object, kept: bool = False) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        hc.hostside_command(sys.executable, script, request),
+        hc.hostside_command(sys.executable, script, request, kept),
         shell=True,
         capture_output=True,
         text=True,
@@ -158,3 +158,34 @@ def test_kept_code_that_is_damaged_or_writable_by_others_is_never_run(kept: Path
     entry.unlink()
     assert _run("alone.py", "x").stdout.startswith("alone")
     assert list(kept.iterdir()) == []
+
+
+def test_a_command_naming_the_kept_copy_runs_it_or_asks_for_the_program(kept: Path, programs: Path) -> None:
+    short = hc.hostside_command(sys.executable, "prog.py", "ab", kept=True)
+    assert len(short) < len(hc.hostside_command(sys.executable, "prog.py", "ab")) - 100
+    # nothing kept yet: the host says so, alone on its line, and runs nothing
+    first = _run("prog.py", "ab", kept=True)
+    assert (first.returncode, first.stdout) == (0, hc.NOT_KEPT + "\n")
+    assert not kept.exists() or list(kept.iterdir()) == []
+    whole = _run("prog.py", "ab")
+    assert _run("prog.py", "ab", kept=True).stdout == whole.stdout
+    # a damaged or planted copy is never run: the host asks for the program again
+    [entry] = kept.iterdir()
+    entry.write_bytes(b"\x00garbage")
+    assert _run("prog.py", "ab", kept=True).stdout == hc.NOT_KEPT + "\n"
+    planted = compile("print('planted')", "planted", "exec")
+    entry.write_bytes(marshal.dumps({"": planted}))
+    entry.chmod(0o666)
+    assert _run("prog.py", "ab", kept=True).stdout == hc.NOT_KEPT + "\n"
+    # a new version of the program is not the kept one
+    entry.unlink()
+    assert _run("prog.py", "ab").returncode == 0
+    (programs / "boundary_b.py").write_text("def twice(text: str) -> str:\n    return text * 3\n")
+    hc._shipped.cache_clear()
+    hc._bundled.cache_clear()
+    assert _run("prog.py", "ab", kept=True).stdout == hc.NOT_KEPT + "\n"
+
+
+def test_the_boot_and_the_controller_agree_on_the_not_kept_line() -> None:
+    boot = (hc.HOSTSIDE / "boot.py").read_text()
+    assert f"NOT_KEPT = {hc.NOT_KEPT!r}" in boot.replace('"', "'")

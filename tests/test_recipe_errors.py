@@ -661,7 +661,8 @@ def test_yaml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
     # Line 8 of the real file is "  shards: 96"; a second ":" on it is the 13th column.
     assert RECIPE_TEXT.splitlines()[7] == "  shards: 96"
     path.write_text(RECIPE_TEXT.replace("  shards: 96\n", "  shards: 96: 97\n"), encoding="utf-8")
-    assert _error(path) == f"{path}:8:13: YAML syntax: mapping values are not allowed here"
+    # libyaml's words ("... in this context"), or the pure-Python parser's ("... here")
+    assert _error(path).startswith(f"{path}:8:13: YAML syntax: mapping values are not allowed ")
 
 
 def test_yaml_unclosed_flow_sequence(tmp_path: Path) -> None:

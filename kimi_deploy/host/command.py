@@ -140,17 +140,29 @@ def pack(data: Any) -> str:
     return base64.b64encode(zlib.compress(json.dumps(data, sort_keys=True).encode(), 9)).decode()
 
 
+# What the boot prints, alone on its first line, when it was sent a program's digest without the
+# program and keeps no compiled copy of that digest (hostside/boot.py ``NOT_KEPT``).
+NOT_KEPT = "kimi-boot: not kept"
+
+
+class NotKept(Exception):
+    """A host asked to run its kept copy of a program keeps none: send it the program."""
+
+
 @functools.cache
-def _shipped(python: str, script: str, folder: Path) -> str:
+def _shipped(python: str, script: str, folder: Path, kept: bool) -> str:
     """The part of ``folder/<script>``'s command that is the same for every host (``folder`` is
     ``HOSTSIDE``, here to key the cache): made once per run, not once per host. The digest names
-    the host's compiled copy (hostside/boot.py)."""
+    the host's compiled copy (hostside/boot.py); ``kept``: the program itself stays here (``-``)."""
     source = bundle(script).encode()
-    code = base64.b64encode(zlib.compress(source, 6)).decode()
+    code = "-" if kept else base64.b64encode(zlib.compress(source, 6)).decode()
     digest = hashlib.sha256(source).hexdigest()[:32]
     return " ".join([shlex.quote(python), "-c", shlex.quote(_BOOT), shlex.quote(script), digest, code])
 
 
-def hostside_command(python: str, script: str, request: Any) -> str:
-    """The shell command running ``hostside/<script>`` with ``python`` on the host."""
-    return f"{_shipped(python, script, HOSTSIDE)} {pack(request)}"
+def hostside_command(python: str, script: str, request: Any, kept: bool = False) -> str:
+    """The shell command running ``hostside/<script>`` with ``python`` on the host. ``kept``: the
+    command names the program by its digest only and the host runs the compiled copy it keeps
+    (some 40 KB less to send to every host, on every run), or prints ``NOT_KEPT`` and runs
+    nothing; the caller then sends it whole (``NotKept``)."""
+    return f"{_shipped(python, script, HOSTSIDE, kept)} {pack(request)}"

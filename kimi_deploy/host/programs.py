@@ -41,9 +41,10 @@ class HostProgram(Generic[Request]):
 
     script: str  # hostside/<script>
 
-    def command(self, python: str, request: Request) -> str:
-        """The shell command running the program with ``python`` on the host, in one round-trip."""
-        return hostside_command(python, self.script, request)
+    def command(self, python: str, request: Request, kept: bool = False) -> str:
+        """The shell command running the program with ``python`` on the host, in one round-trip
+        (``kept``: its compiled copy kept there, ``hostside_command``)."""
+        return hostside_command(python, self.script, request, kept)
 
     def source(self) -> str:
         """The program as one Python source, for a file a converge writes (a unit runs it)."""

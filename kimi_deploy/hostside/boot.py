@@ -1,5 +1,6 @@
 """The first lines a host runs of a shipped program (``kimi_deploy.host.command``): ``python3 -c``
-with this source, then the program's name, its digest, the program (zlib, base64) and its request.
+with this source, then the program's name, its digest, the program (zlib, base64; ``-`` where the
+controller expects the host to keep it compiled) and its request.
 
 Compiling a program costs a host more than running a converged host's probe does in places
 (the probe's bundle is 58 KB of source: about 7 ms of CPU on every run, on every host). The code
@@ -24,6 +25,9 @@ import zlib
 from types import CodeType
 
 CACHE = "/var/cache/kimi-deploy"
+# Printed alone when the controller sent the program's digest without the program (``-``) and
+# no compiled copy of that digest is kept here (kimi_deploy.host.command ``NOT_KEPT``).
+NOT_KEPT = "kimi-boot: not kept"
 
 
 def _trusted(st: os.stat_result, kind: int) -> bool:
@@ -95,6 +99,9 @@ def main() -> None:
             _keep(folder, script, digest, tag, codes)
 
     outer = codes.get("")
+    if outer is None and packed == "-":
+        sys.stdout.write(NOT_KEPT + "\n")
+        return
     if outer is None:
         outer = codes[""] = compile(zlib.decompress(binascii.a2b_base64(packed)), sys.argv[0], "exec")
         keep()

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from uv import find_uv_bin
 
+from kimi_deploy.controller_dirs import controller_cache
 from kimi_deploy.hostside.boundary_lock import check_lock, is_name
 from kimi_deploy.hostside.boundary_text import shown
 from kimi_deploy.hostside.uv_process import environment, reason
@@ -104,8 +105,7 @@ class HostPlatform:
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
     """Where the controller keeps the locks it resolved (``environ``: the controller's environment)."""
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base) / "kimi-deploy" / "release-locks"
+    return controller_cache(environ) / "release-locks"
 
 
 def _key(requirements: list[str], without: list[str], index_url: str, platform: HostPlatform) -> str:

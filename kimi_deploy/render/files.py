@@ -32,6 +32,7 @@ from kimi_deploy.recipe import Recipe
 from kimi_deploy.releases.host_paths import unit_cache_dir
 from kimi_deploy.render.credentials import CredentialPath
 from kimi_deploy.render.nginx_quote import nginx_string
+from kimi_deploy.render.template_cache import bytecode_cache
 
 # templates/ of a checkout; an installed package carries them as kimi_deploy/templates
 _HERE = Path(__file__).resolve().parent.parent
@@ -61,9 +62,10 @@ class RenderedFile:
     # empty in a converge, which refuses to run without what it would hold
     withheld: str = ""
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
-        """The content's digest, as the host probe reports a file it read."""
+        """The content's digest, as the host probe reports a file it read (once per file: a
+        converge compares it in several places)."""
         return hashlib.sha256(self.content.encode()).hexdigest()
 
     def group(self, readers: str) -> str:
@@ -174,7 +176,8 @@ def _checked(context: jinja2.runtime.Context, value: Any) -> Any:
 @functools.cache
 def environment() -> jinja2.Environment:
     """The templates' environment: ``exec_start``, ``systemd_word`` and ``nginx`` filters, every
-    value checked. One per process: it compiles each template once, not once per host."""
+    value checked. One per process: it compiles each template once, not once per host (and, after
+    ``keep_compiled``, keeps what it compiled for the next run)."""
     jinja = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
@@ -189,6 +192,14 @@ def environment() -> jinja2.Environment:
     jinja.filters["nginx"] = _nginx_filter
     jinja.filters["sha256"] = lambda text: hashlib.sha256(str(text).encode()).hexdigest()
     return jinja
+
+
+def keep_compiled(environ: Mapping[str, str]) -> None:
+    """From now on in this process, templates are compiled once and kept in the controller's cache
+    folder for the runs after it (``template_cache``; ``environ``: the controller's environment)."""
+    jinja = environment()
+    if jinja.bytecode_cache is None:
+        jinja.bytecode_cache = bytecode_cache(environ)
 
 
 def _unit_env(unit: Unit) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ pins (the model, a speculative draft) has a lock of this format.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -78,7 +79,8 @@ class Lock:
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     def compact(self) -> dict[str, list[object]]:
-        """``{path: [size, digest]}``: what the host-side programs read."""
+        """``{path: [size, digest]}``: what the host-side programs read (a new mapping each time:
+        a caller may change its own)."""
         return {p: [f.size, f.digest] for p, f in sorted(self.files.items())}
 
 
@@ -90,8 +92,19 @@ def lock_path(checkpoint: Checkpoint, base: Path | None = None) -> Path:
 def read_lock(checkpoint: Checkpoint, base: Path | None = None) -> Lock:
     """The lock of ``checkpoint``'s pinned revision (the recipe's model, a draft); ``ConfigError``
     when absent or malformed, or when a file name could leave the revision folder
-    (``hostside.boundary_names.check_name``)."""
+    (``hostside.boundary_names.check_name``). Read once per process while the file is unchanged
+    (its inode, size and mtime): a converge plans every host of the run against it."""
     path = lock_path(checkpoint, base)
+    try:
+        found = path.stat()
+    except OSError:
+        return _read_lock(checkpoint, path, None)
+    return _read_lock(checkpoint, path, (found.st_ino, found.st_size, found.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=32)
+def _read_lock(checkpoint: Checkpoint, path: Path, stamp: tuple[int, int, int] | None) -> Lock:
+    """``read_lock`` of ``path`` as it was at ``stamp`` (``None``: not found, which raises)."""
     where = str(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -6,7 +6,7 @@ from typing import Any
 
 from pyinfra.api.facts import FactBase
 
-from kimi_deploy.host.command import ANSWER_MAX_BYTES
+from kimi_deploy.host.command import ANSWER_MAX_BYTES, NOT_KEPT, NotKept
 from kimi_deploy.host.profile import parse_profile
 from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.host.programs import HOST_PROBE
@@ -46,17 +46,25 @@ class KimiHostState(FactBase[HostState]):
         return "python3"
 
     def command(
-        self, request: StateRequest, hardware: HardwareRequest | None = None, drivers: DriversRequest | None = None
+        self,
+        request: StateRequest,
+        hardware: HardwareRequest | None = None,
+        drivers: DriversRequest | None = None,
+        kept: bool = True,
     ) -> str:
-        # One process (hostside/host_probe.py) for every part: one tagged JSON line each.
+        # One process (hostside/host_probe.py) for every part: one tagged JSON line each. The probe
+        # runs on every host on every run: it names the host's compiled copy of itself, sent whole
+        # only to a host that keeps none (``kept=False``, after ``NotKept``: inventory_probe.fetched).
         parts: HostProbeRequest = {"state": request}
         if hardware is not None:
             parts["hardware"] = hardware
         if drivers:
             parts["drivers"] = drivers
-        return HOST_PROBE.command("python3", parts)
+        return HOST_PROBE.command("python3", parts, kept)
 
     def process(self, output: list[str]) -> HostState:
+        if output[:1] == [NOT_KEPT]:
+            raise NotKept(HOST_PROBE.script)
         lines = dict(line.split(" ", 1) for line in output if " " in line)
         result: HostState = loads(lines["state"], "state probe", max_bytes=ANSWER_MAX_BYTES)
         hardware = lines.get("hardware")
