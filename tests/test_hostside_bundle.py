@@ -189,3 +189,15 @@ def test_a_command_naming_the_kept_copy_runs_it_or_asks_for_the_program(kept: Pa
 def test_the_boot_and_the_controller_agree_on_the_not_kept_line() -> None:
     boot = (hc.HOSTSIDE / "boot.py").read_text()
     assert f"NOT_KEPT = {hc.NOT_KEPT!r}" in boot.replace('"', "'")
+
+
+def test_an_isolated_program_runs_without_the_site_or_the_environment(programs: Path, tmp_path: Path) -> None:
+    (tmp_path / "site_only.py").write_text("import sys\nprint('site' in sys.modules, sys.flags.isolated)\n")
+    command = hc.hostside_command(sys.executable, "site_only.py", {}, isolated=True)
+    run = subprocess.run(command, shell=True, capture_output=True, text=True, check=False, cwd="/")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "False 1\n"
+    plain = subprocess.run(
+        hc.hostside_command(sys.executable, "site_only.py", {}), shell=True, capture_output=True, text=True, cwd="/"
+    )
+    assert plain.stdout == "True 0\n"

@@ -40,11 +40,14 @@ class HostProgram(Generic[Request]):
     """A program of ``hostside/`` and the type of its request (``kimi_deploy.hostside.requests``)."""
 
     script: str  # hostside/<script>
+    # it imports the standard library alone and runs on the host's own Python: started isolated
+    # (``hostside_command``); a program run by a release's Python (the weights sync) needs its site
+    isolated: bool = False
 
     def command(self, python: str, request: Request, kept: bool = False) -> str:
         """The shell command running the program with ``python`` on the host, in one round-trip
         (``kept``: its compiled copy kept there, ``hostside_command``)."""
-        return hostside_command(python, self.script, request, kept)
+        return hostside_command(python, self.script, request, kept, self.isolated)
 
     def source(self) -> str:
         """The program as one Python source, for a file a converge writes (a unit runs it)."""
@@ -53,7 +56,7 @@ class HostProgram(Generic[Request]):
 
 # probes
 # the converge's probe: hardware, drivers and state in one process
-HOST_PROBE: HostProgram[HostProbeRequest] = HostProgram("host_probe.py")
+HOST_PROBE: HostProgram[HostProbeRequest] = HostProgram("host_probe.py", isolated=True)
 HARDWARE_PROBE: HostProgram[HardwareRequest] = HostProgram("hardware_probe.py")
 DRIVER_PROBE: HostProgram[DriversRequest] = HostProgram("driver_probe.py")
 STATE_PROBE: HostProgram[StateRequest] = HostProgram("state_probe.py")
