@@ -19,11 +19,13 @@ from kimi_deploy.compile_cache.pins import pins
 from kimi_deploy.converge.compile_caches import plan_compile_caches
 from kimi_deploy.converge.file_diff import diff_request
 from kimi_deploy.converge.host_files import host_files
-from kimi_deploy.converge.plan import converge_request
-from kimi_deploy.converge.steps import RunView, plan_fan_outs, restarts, run_view
+from kimi_deploy.converge.plan import Converge, converge_request
+from kimi_deploy.converge.steps import RunView, down_instances, plan_fan_outs, restarts, run_view
 from kimi_deploy.host.drivers import probe_request as drivers_request
 from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.plan.deploy_plan import DeployPlan
+from kimi_deploy.plan.servespec import HostPlan
+from kimi_deploy.plan.start_batches import batch_of
 from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.inventory_probe import active_hosts, probe_all
 from kimi_pyinfra.run_context import run_context
@@ -58,17 +60,12 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
         context.compile_caches = plan_compile_caches(
             [(*todo_for(inventory, h), probed[h.name], _restarting(h, probed[h.name])) for h in answered],
             pins(os.environ),
+            _start_batches(state, answered, probed),
         )
-    # The hosts of this topology that this run covers (whether or not they answered).
-    in_topology = [
-        p for p in deploy.topology if (h := inventory.get_host(p.host, None)) is not None and state.is_host_in_limit(h)
-    ]
-    # What this host's view reads: its own converge and those of its topology's hosts.
-    todos = {p.host: todo_for(inventory, inventory.get_host(p.host)) for p in in_topology}
-    todos[me.name] = todo_for(inventory, me)
+    in_topology = _in_topology(state, deploy)
     return run_view(
         me.name,
-        todos,
+        _todos(me, in_topology),
         probed,
         in_topology=in_topology,
         fan_out=context.fan_out,
@@ -76,6 +73,38 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
         transfer_key=context.transfer_key,
         compile_caches=context.compile_caches,
     )
+
+
+def _in_topology(state: State, deploy: DeployPlan) -> list[HostPlan]:
+    """The hosts of ``deploy``'s topology that this run covers (whether or not they answered)."""
+    return [
+        p for p in deploy.topology if (h := inventory.get_host(p.host, None)) is not None and state.is_host_in_limit(h)
+    ]
+
+
+def _todos(me: Host, in_topology: list[HostPlan]) -> dict[str, tuple[DeployPlan, Converge]]:
+    """What a host's view reads: its own converge and those of its topology's hosts."""
+    todos = {p.host: todo_for(inventory, inventory.get_host(p.host)) for p in in_topology}
+    todos[me.name] = todo_for(inventory, me)
+    return todos
+
+
+def _start_batches(state: State, answered: list[Host], probed: dict[str, Any]) -> dict[str, int]:
+    """The batch of the start order each host's engines (re)start in this run, as its steps make
+    them (``kimi_deploy.converge.steps``: the instances of its topology that do not serve go first)."""
+    down: dict[tuple[str, str], frozenset[tuple[str, int]]] = {}
+    out = {}
+    for h in answered:
+        deploy = todo_for(inventory, h)[0]
+        topology = (deploy.recipe_file, deploy.spec.topology)
+        if topology not in down:  # the same for every host of a topology
+            in_topology = _in_topology(state, deploy)
+            view = run_view(
+                h.name, _todos(h, in_topology), probed, in_topology=in_topology, fan_out=(), run_id="", transfer_key=""
+            )
+            down[topology] = down_instances(view)
+        out[h.name] = batch_of(deploy.spec, deploy.topology, down[topology])
+    return out
 
 
 def _restarting(h: Host, probed: Any) -> frozenset[str]:

@@ -77,6 +77,9 @@ class RunContext:
     fan_out: list[dict[str, FanOutPart]] | None = None
     # each host's compile cache steps, decided once for the run (``kimi_deploy.converge.compile_caches``)
     compile_caches: dict[str, list[CompileCacheStep]] | None = None
+    # artifact name (``<unit>-<key>``) -> the manifest a host packed in this run and the controller
+    # holds, once its pack is done: what the hosts of later batches receive (``operations.compile_cache``)
+    compile_caches_packed: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     # fact name -> every host's answer (``kimi_pyinfra.probe``)
     probes: dict[str, Probe] = field(default_factory=dict)
     # a release's lock for one platform (``kimi_deploy.releases.lock``: requirements, without,

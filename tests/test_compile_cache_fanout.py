@@ -4,6 +4,9 @@ Real processes and sockets, the programs bundled as the hosts get them: ``compil
 packs what an engine wrote into the artifact of its key, ``weights_peer.py`` serves it (the weights'
 relay) and ``compile_cache_place.py`` places it elsewhere against the manifest the controller holds.
 The engine's cache has the shape of vLLM 0.32.0's on CPU (``torch_compile_cache/<hash>/rank_0_0/...``).
+The converge's own steps (``kimi_pyinfra.operations.compile_cache``) run those programs on a host
+that is this machine: the hand-off within a run from the batch that packed to a later one, and a
+source that goes away mid-transfer.
 """
 
 from __future__ import annotations
@@ -13,17 +16,29 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import zlib
+from base64 import b64decode
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pyinfra.context import ctx_host
 
+from kimi_deploy.compile_cache.pins import Pins, state_dir
+from kimi_deploy.converge.compile_caches import FromThisRun
 from kimi_deploy.host.command import pack
-from kimi_deploy.hostside.compile_cache_found import found, manifest_digest
+from kimi_deploy.host.programs import COMPILE_CACHE_PACK
+from kimi_deploy.hostside.compile_cache_found import MARKER, found, manifest_digest
+from kimi_deploy.hostside.requests import CompileCachePlaceRequest
+from kimi_pyinfra.operations import compile_cache
 from tests.bundled import bundled_program
 from tests.test_weights_peer import KEY, serve
 
@@ -352,3 +367,262 @@ def test_a_placement_cut_short_leaves_nothing_to_bind_and_the_next_run_completes
     assert not placing.exists()
     said = json.loads(done.stdout.strip().splitlines()[0])
     assert sorted(said["from_peers"].values()) == [len(ENGINE_FILES[missing])]
+
+
+class _ThisMachine:
+    """A host of the converge that is this machine: what a step's FunctionCommand reads of
+    pyinfra's host (its name, the operation's arguments, its shell, its log)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.current_op_global_arguments: dict[str, Any] = {}
+        self.ran: list[str] = []
+        self.said: list[str] = []
+
+    def run_shell_command(self, command: Any, **_: Any) -> tuple[bool, Any]:
+        self.ran.append(str(command))
+        done = subprocess.run(["sh", "-c", str(command)], capture_output=True, text=True, timeout=120, check=False)
+        return done.returncode == 0, SimpleNamespace(
+            stdout_lines=done.stdout.splitlines(), stderr_lines=done.stderr.splitlines()
+        )
+
+    def log_styled(self, text: str, **_: Any) -> None:
+        self.said.append(text)
+
+
+def _step(on: Any, make: Any, *arguments: Any, **named: Any) -> bool:
+    """Make a step's command as the operation does on ``on`` (``make(*arguments, **named)``),
+    then run it there."""
+    with ctx_host.use(on):
+        command = make(*arguments, **named)
+    done: bool = command.function(SimpleNamespace(print_output=False), on)
+    return done
+
+
+def _placed(request: CompileCachePlaceRequest) -> Any:
+    """``Compile cache placed``'s command for ``request``."""
+    return next(compile_cache.placed._inner(request=request, unit="kimi-vllm"))
+
+
+class _SourceGoingAway:
+    """A source host that goes away mid-transfer: it passes on the real peer's answers until
+    ``budget`` bytes went out, then drops every connection and listens no more."""
+
+    def __init__(self, upstream: str, budget: int) -> None:
+        address, port = upstream.removeprefix("http://").rsplit(":", 1)
+        self.upstream = (address, int(port))
+        self.budget = budget
+        self.sent = 0
+        self.mutex = threading.Lock()
+        self.open: list[socket.socket] = []
+        self.gone = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.gone.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pass_on, args=(client,), daemon=True).start()
+
+    def _pass_on(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.upstream, timeout=10) as peer:
+            with self.mutex:
+                self.open += [client, peer]
+            threading.Thread(target=self._ask, args=(client, peer), daemon=True).start()
+            with suppress(OSError):
+                while chunk := peer.recv(16384):
+                    with self.mutex:
+                        room = self.budget - self.sent
+                        self.sent += len(chunk)
+                    client.sendall(chunk[: max(room, 0)])
+                    if room <= len(chunk):
+                        self.go()
+                        return
+
+    @staticmethod
+    def _ask(client: socket.socket, peer: socket.socket) -> None:
+        with suppress(OSError):
+            while chunk := client.recv(16384):
+                peer.sendall(chunk)
+
+    def go(self) -> None:
+        self.gone.set()
+        self.listener.close()
+        with self.mutex:
+            for s in self.open:
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+def _request(artifact: Path, manifest: dict[str, Any], url: str, key_file: Path) -> CompileCachePlaceRequest:
+    engine = artifact.parent.parent / "cache" / "kimi-vllm"
+    return {
+        "dir": str(artifact),
+        "manifest": manifest,
+        "peers": [{"host": "kimi-h1", "url": url}],
+        "peer_key_file": str(key_file),
+        "progress_log": f"{artifact}.log",
+        "engine_dir": str(engine / "vllm" / "torch_compile_cache"),
+        "owner_root": str(engine),
+        "user": "root",
+    }
+
+
+def test_a_source_that_goes_away_mid_transfer_is_one_line_and_the_converge_goes_on(
+    tmp_path: Path, key_file: Path, packed: tuple[Path, dict[str, Any]]
+) -> None:
+    artifact, manifest = packed
+    elsewhere = tmp_path / "b" / "compile-caches" / "kimi-vllm-k1"
+    request = _request(elsewhere, manifest, "", key_file)
+    copy = Path(request["engine_dir"])
+    receiver = _ThisMachine("kimi-h3")
+    total = sum(len(data) for data in ENGINE_FILES.values())
+    for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
+        source = _SourceGoingAway(url, budget=total // 2)
+        going: CompileCachePlaceRequest = {**request, "peers": [{"host": "kimi-h1", "url": source.url}]}
+        done = _step(receiver, _placed, going)
+        assert source.gone.is_set()
+        # the host's converge goes on: its engine starts and compiles as it would without a cache
+        assert done is True
+        (line,) = receiver.said
+        assert line.startswith("kimi-h3: compile cache kimi-vllm-k1: not placed (")
+        assert " of 5 files did not arrive; kimi-h1: " in line
+        assert "the engine compiles its own" in line
+        # nothing partial anywhere the engine or a unit reads: no artifact, no copy given
+        assert not elsewhere.exists()
+        assert not (copy / MARKER).exists()
+        assert not any(copy.rglob("*")) if copy.exists() else True
+        # the next run, the source whole: what arrived is kept, the rest fetched, the engine given it
+        again = _ThisMachine("kimi-h3")
+        whole: CompileCachePlaceRequest = {**request, "peers": [{"host": "kimi-h1", "url": url}]}
+        assert _step(again, _placed, whole)
+        assert again.said == []
+    assert _tree(elsewhere) == ENGINE_FILES
+    assert _tree(copy) == ENGINE_FILES
+    assert json.loads((copy / MARKER).read_text()) == {"key": "kimi-vllm-k1", "manifest": manifest_digest(manifest)}
+
+
+def test_a_source_gone_before_the_transfer_is_one_line_too(
+    tmp_path: Path, key_file: Path, packed: tuple[Path, dict[str, Any]]
+) -> None:
+    _, manifest = packed
+    elsewhere = tmp_path / "b" / "compile-caches" / "kimi-vllm-k1"
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    receiver = _ThisMachine("kimi-h3")
+    request = _request(elsewhere, manifest, url, key_file)
+    assert _step(receiver, _placed, request)
+    (line,) = receiver.said
+    assert "kimi-h3: compile cache kimi-vllm-k1: not placed (" in line
+    assert "5 of 5 files did not arrive; kimi-h1: " in line
+    assert "Connection refused" in line
+    assert not elsewhere.exists()
+
+
+def test_a_failure_of_the_host_itself_still_fails_its_converge(
+    tmp_path: Path, key_file: Path, packed: tuple[Path, dict[str, Any]]
+) -> None:
+    artifact, manifest = packed
+    elsewhere = tmp_path / "b" / "compile-caches" / "kimi-vllm-k1"
+    receiver = _ThisMachine("kimi-h3")
+    for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
+        # the engine's user is not on this host: the copy into its folder cannot be made
+        request: CompileCachePlaceRequest = {
+            **_request(elsewhere, manifest, url, key_file),
+            "user": "kimi-no-such-user",
+        }
+        assert _step(receiver, _placed, request) is False
+    assert receiver.said
+    assert not any("not placed (" in line for line in receiver.said)
+
+
+def test_a_later_batch_places_what_the_first_packed_in_this_run(
+    tmp_path: Path, key_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "controller"))
+    source = _engine_cache(tmp_path / "a" / "cache" / "kimi-vllm" / "vllm" / "torch_compile_cache")
+    artifact = tmp_path / "a" / "compile-caches" / "kimi-vllm-k1"
+    elsewhere = tmp_path / "b" / "compile-caches" / "kimi-vllm-k1"
+    compiler, receiver = _ThisMachine("kimi-h1"), _ThisMachine("kimi-h3")
+    receives = FromThisRun("kimi-vllm-k1", "kimi-h1", _request(elsewhere, {}, "", key_file))
+    run: dict[str, dict[str, list[Any]]] = {}  # the run's hand-off (RunContext.compile_caches_packed)
+    # before the pack (or when it failed): one line, nothing run, the converge goes on
+    assert _step(receiver, compile_cache._from_run, receives, run)
+    assert receiver.said == [
+        "kimi-h3: compile cache kimi-vllm-k1: kimi-h1 packed none this run: the engine compiles its own"
+    ]
+    assert receiver.ran == []
+    # the first batch answered: its host packs, and the controller holds what it answered
+    request = {"source": str(source), "user": "root", "dir": str(artifact), "most_files": 100, "most_bytes": 10 << 20}
+    command = COMPILE_CACHE_PACK.command("/usr/bin/python3", request)  # type: ignore[arg-type]
+    assert _step(compiler, compile_cache._pack, command, "kimi-vllm-k1", None, run)
+    manifest = json.loads((artifact / ".kimi" / "manifest.json").read_text())
+    assert run == {"kimi-vllm-k1": manifest}
+    assert Pins(state_dir({"XDG_STATE_HOME": str(tmp_path / "controller")})).get("kimi-vllm-k1") == manifest
+    # it serves the artifact with that manifest (``served_packed``), and the later batch places it
+    receiver.said.clear()
+    for url in serve(artifact, manifest, key_file, "127.0.0.1", ["127.0.0.1"]):
+        later = FromThisRun(
+            receives.name, receives.source, receives.request | {"peers": [{"host": "kimi-h1", "url": url}]}
+        )
+        assert _step(receiver, compile_cache._from_run, later, run)
+    assert receiver.said == []
+    assert _tree(elsewhere) == ENGINE_FILES
+    engine = Path(receives.request["engine_dir"])
+    assert _tree(engine) == ENGINE_FILES
+    assert json.loads((engine / MARKER).read_text()) == {"key": "kimi-vllm-k1", "manifest": manifest_digest(manifest)}
+
+
+def test_a_pack_the_controller_does_not_hold_is_not_handed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packed: tuple[Path, dict[str, Any]]
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "controller"))
+    artifact, manifest = packed
+    held = {rel: [entry[0], "sha256:" + "b" * 64] for rel, entry in manifest.items()}
+    request = {
+        "source": str(tmp_path / "nowhere"),
+        "user": "root",
+        "dir": str(artifact),
+        "most_files": 100,
+        "most_bytes": 10 << 20,
+    }
+    command = COMPILE_CACHE_PACK.command("/usr/bin/python3", request)  # type: ignore[arg-type]
+    run: dict[str, dict[str, list[Any]]] = {}
+    compiler = _ThisMachine("kimi-h1")
+    assert _step(compiler, compile_cache._pack, command, "kimi-vllm-k1", held, run)
+    assert run == {}
+    assert compiler.said == ["kimi-h1: compile cache kimi-vllm-k1: packed, not the one the controller holds: not used"]
+    assert _step(compiler, compile_cache._pack, command, "kimi-vllm-k1", manifest, run)
+    assert run == {"kimi-vllm-k1": manifest}
+
+
+def test_the_relay_of_a_pack_serves_the_manifest_the_pack_answered(tmp_path: Path) -> None:
+    manifest = {"torch_aot_compile/ab/rank_0_0/model": [10, "sha256:" + "a" * 64]}
+    host = SimpleNamespace(name="kimi-h1", current_op_global_arguments={}, said=[], ran=[])
+    host.run_shell_command = lambda command, **_: (host.ran.append(str(command)), (True, None))[1]
+    host.log_styled = lambda text, **_: host.said.append(text)
+    where = "/var/lib/kimi/compile-caches/kimi-vllm-k1"
+    arguments = {
+        "path": where,
+        "bind": "10.0.0.1",
+        "port": 8479,
+        "allow": ["10.0.0.3"],
+        "key_file": "/k",
+        "user": "kimi",
+    }
+    assert _step(host, compile_cache._serve, packed={}, **arguments)
+    assert host.ran == []
+    assert host.said == ["kimi-h1: compile cache kimi-vllm-k1: none packed this run to serve"]
+    assert _step(host, compile_cache._serve, packed={"kimi-vllm-k1": manifest}, **arguments)
+    (command,) = host.ran
+    assert "systemd-run" in command
+    assert "--property=User=kimi" in command
+    served = json.loads(zlib.decompress(b64decode(command.split()[-1])))
+    assert served["dir"] == where
+    assert served["lock"] == manifest
+    assert served["allow"] == ["10.0.0.3"]
+    assert (served["bind"], served["port"], served["key_file"]) == ("10.0.0.1", 8479, "/k")

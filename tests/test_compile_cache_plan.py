@@ -24,6 +24,9 @@ from kimi_pyinfra.operations.compile_cache import checked_manifest
 from tests.conftest import RECIPE
 
 RANK0 = ("gb300-p01", "gb300-p03", "gb300-p05")
+# A rolling change of the pool, every instance serving: the even instances first (p01's, p05's),
+# then the odd one (p03's) once they answer (``kimi_deploy.plan.start_batches``).
+ROLLING = {"gb300-p01": 0, "gb300-p03": 1, "gb300-p05": 0}
 MANIFEST = {"3f2a/rank_0_0/backbone/model": [10, "sha256:" + "a" * 64]}
 OTHER = {"3f2a/rank_0_0/backbone/model": [10, "sha256:" + "b" * 64]}
 KEY_FILE = "/etc/kimi/secrets/weights-transfer-key"
@@ -37,6 +40,7 @@ def _run(
     starts: tuple[str, ...] = RANK0,
     hosts: tuple[str, ...] = RANK0,
     by_dir: dict[str, dict[str, Any]] | None = None,
+    batches: dict[str, int] | None = None,
 ) -> dict[str, CompileCacheStep]:
     full = plan(recipe, RECIPE, prod)
     each = []
@@ -47,7 +51,7 @@ def _run(
         source = next(u.compile_cache.source for u in spec.units if u.compile_cache is not None)
         probed = {"compile_caches": {source: found[name]} if name in found else dict(by_dir or {})}
         each.append((deploy, todo, probed, frozenset({"kimi-vllm"} if name in starts else set())))
-    steps = plan_compile_caches(each, pins)
+    steps = plan_compile_caches(each, pins, batches)
     return {name: only for name, (only,) in steps.items()}
 
 
@@ -185,3 +189,98 @@ def test_the_controller_holds_only_a_manifest_of_plain_names_sizes_and_sha256s()
     ):
         with pytest.raises(ValueError, match=r"^kimi-h1"):
             checked_manifest(hostile, "kimi-h1")
+
+
+def test_in_a_rolling_change_the_first_batch_compiles_and_the_later_one_receives_its_pack(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    steps = _run(recipe, prod, {}, Pins(tmp_path), batches=ROLLING)
+    p01, p03, p05 = (steps[h] for h in RANK0)
+    assert (p01.batch, p03.batch, p05.batch) == (0, 1, 0)
+    # the first host of the first batch compiles and packs once its batch answers; p05, in the
+    # same batch, compiles beside it and packs nothing
+    assert p01.pack is not None
+    assert p05.pack is None
+    assert p05.receives is None
+    assert not p05.in_batches
+    # p03 restarts in the second batch: it receives p01's pack in this run, before it starts
+    address = prod.host("gb300-p01").address
+    assert p01.serves_packed == (prod.host("gb300-p03").address,)
+    assert p03.receives is not None
+    assert p03.receives.source == "gb300-p01"
+    assert p03.receives.name == p03.cache.source.rsplit("/", 1)[-1]
+    request = p03.receives.request
+    assert request["peers"] == [{"host": "gb300-p01", "url": f"http://{address}:8479"}]
+    assert request["peer_key_file"] == KEY_FILE
+    assert (request["dir"], request["engine_dir"], request["user"]) == (p03.cache.source, p03.cache.target, "kimi")
+    # nothing was held before the run: nothing is placed before the batches
+    assert p03.place is None
+    assert p01.moves
+    assert p03.moves
+    assert not p05.moves
+    assert p01.in_batches
+    assert p03.in_batches
+
+
+def test_the_host_that_compiles_is_one_of_the_earliest_batch_that_starts(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    # p01 restarts in the second batch, p03 and p05 in the first: p03 compiles, p01 receives
+    late = {"gb300-p01": 1, "gb300-p03": 0, "gb300-p05": 0}
+    steps = _run(recipe, prod, {}, Pins(tmp_path), batches=late)
+    assert [h for h in RANK0 if steps[h].pack] == ["gb300-p03"]
+    receives = steps["gb300-p01"].receives
+    assert receives is not None
+    assert receives.source == "gb300-p03"
+    assert steps["gb300-p03"].serves_packed == (prod.host("gb300-p01").address,)
+    # only the hosts that restart take part: p01 keeps its engine this run, and receives nothing
+    quiet = _run(recipe, prod, {}, Pins(tmp_path / "quiet"), starts=("gb300-p03", "gb300-p05"), batches=late)
+    assert quiet["gb300-p01"].receives is None
+    assert not quiet["gb300-p01"].in_batches
+    assert quiet["gb300-p03"].serves_packed == ()
+
+
+def test_a_first_converge_starts_every_host_in_one_batch_and_each_compiles(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    # nothing serves yet: every instance goes in the first batch, and the hosts of a key compile
+    # side by side rather than wait for one of them
+    steps = _run(recipe, prod, {}, Pins(tmp_path), batches=dict.fromkeys(RANK0, 0))
+    assert [h for h in RANK0 if steps[h].pack] == ["gb300-p01"]
+    assert not any(s.receives or s.serves_packed for s in steps.values())
+
+
+def test_a_key_a_host_holds_moves_before_the_batches_not_within_them(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    pins = Pins(tmp_path)
+    first = _run(recipe, prod, {}, pins)["gb300-p01"]
+    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
+    steps = _run(recipe, prod, {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST))}, pins, batches=ROLLING)
+    assert not any(s.pack or s.receives or s.serves_packed or s.in_batches for s in steps.values())
+    place = steps["gb300-p03"].place
+    assert place is not None
+    assert place["peers"][0]["host"] == "gb300-p01"
+
+
+def test_a_converged_key_takes_no_step(recipe: Recipe, prod: Inventory, tmp_path: Path) -> None:
+    pins = Pins(tmp_path)
+    first = _run(recipe, prod, {}, pins)["gb300-p01"]
+    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
+    held = {h: _holds(MANIFEST, _given(first, MANIFEST)) for h in RANK0}
+    steps = _run(recipe, prod, held, pins, starts=(), batches=ROLLING)
+    for step in steps.values():
+        assert (step.place, step.pack, step.receives, step.serves, step.serves_packed) == (None, None, None, (), ())
+        assert not step.moves
+        assert not step.in_batches
+
+
+def test_without_a_fan_out_port_the_later_batch_compiles_its_own(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    alone = recipe.model_copy(update={"weights": recipe.weights.model_copy(update={"fan_out": None})})
+    steps = _run(alone, prod, {}, Pins(tmp_path), batches=ROLLING)
+    assert steps["gb300-p01"].pack is not None
+    assert steps["gb300-p01"].serves_packed == ()
+    assert steps["gb300-p03"].receives is None
+    assert not any(s.moves for s in steps.values())

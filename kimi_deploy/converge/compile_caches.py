@@ -12,9 +12,14 @@ Pure: from every host's plan, converge and probe, and the manifests the controll
   holders serve it only while they do. Without ``weights.fan_out`` nothing moves between hosts.
 - A host that holds it (or receives it) and whose engine has not been given that copy gets it
   before its engine (re)starts, the next start then skips the compile.
-- When no host of the run holds it, the first host of the key whose engine (re)starts compiles
-  as it would, and once it answers its smoke test its cache is packed into the artifact: the
-  controller holds the manifest its pack answers, and the next run fans it out.
+- When no host of the run holds it, the first host of the key whose engine (re)starts, in the
+  earliest batch of the start order in which one does (``kimi_deploy.plan.start_batches``),
+  compiles as it would, and once its batch answers its smoke tests its cache is packed into the
+  artifact: the controller holds the manifest its pack answers. The hosts of the key that (re)start
+  in a later batch receive it in this run, before their batch starts, from the host that packed it
+  (which serves it for the rest of the run); those of its own batch compile too, at the same time
+  (waiting for one host to compile and then copying would make the first start slower, not
+  faster), and the hosts that do not (re)start receive it in the next run.
 """
 
 from __future__ import annotations
@@ -38,6 +43,20 @@ MOST_BYTES = 8 << 30
 
 
 @dataclass(frozen=True)
+class FromThisRun:
+    """The artifact a host of an earlier batch packs in this run, placed on this host before its
+    own batch starts (``operations.compile_cache.placed_from_run``)."""
+
+    # the artifact's name (``<unit>-<key>``), by which the run keeps the manifest the pack answered
+    name: str
+    # the host that packs it
+    source: str
+    # ``compile_cache_place.py``'s request from that host, less the manifest: it is the one the
+    # pack answers, which the controller holds once the pack is done (``manifest`` is empty here)
+    request: CompileCachePlaceRequest
+
+
+@dataclass(frozen=True)
 class CompileCacheStep:
     """One engine unit's compile cache on one host, this run."""
 
@@ -49,15 +68,29 @@ class CompileCacheStep:
     serves: tuple[str, ...] = ()
     # the artifact placed here and given to the engine before it starts (None: nothing to do)
     place: CompileCachePlaceRequest | None = None
-    # what this host's engine compiles is packed once it answers its smoke test (None: not here)
+    # what this host's engine compiles is packed once its batch answers its smoke tests (None: not here)
     pack: CompileCachePackRequest | None = None
     # a line for the run's log: why a cache this host holds is not used
     note: str | None = None
+    # the batch of the start order this host's engine (re)starts in this run
+    batch: int = 0
+    # with ``pack``: the addresses of the hosts of later batches that receive what it packs, served
+    # from the pack on until the run ends
+    serves_packed: tuple[str, ...] = ()
+    # a host of a later batch than the one that packs: what it receives of that pack in this run
+    receives: FromThisRun | None = None
 
     @property
     def moves(self) -> bool:
         """It crosses the network to or from this host (the run's transfer key is needed)."""
-        return bool(self.serves) or bool(self.place and self.place["peers"])
+        return bool(self.serves or self.serves_packed or self.receives) or bool(self.place and self.place["peers"])
+
+    @property
+    def in_batches(self) -> bool:
+        """This host takes the steps of its key's cache inside the start order: it packs after its
+        batch, or receives before its own. It takes both kinds in every batch of engines (doing
+        nothing where they are not its), so that the hosts of the key take them in one order."""
+        return self.pack is not None or self.receives is not None
 
 
 @dataclass(frozen=True)
@@ -105,14 +138,20 @@ def _holds(h: _Host, manifest: Lock | None) -> bool:
 
 
 def plan_compile_caches(
-    hosts: Sequence[tuple[DeployPlan, Converge, Any, frozenset[str]]], pins: Pins
+    hosts: Sequence[tuple[DeployPlan, Converge, Any, frozenset[str]]],
+    pins: Pins,
+    batches: Mapping[str, int] | None = None,
 ) -> dict[str, list[CompileCacheStep]]:
     """Each host's compile cache steps (``hosts``: each host's plan, converge, probe answer and the
-    units that (re)start on it this run, in run order). Takes a manifest into ``pins`` when the
-    controller holds none and a host of the run holds one whole."""
+    units that (re)start on it this run, in run order; ``batches``: the batch of the start order
+    each host's engines (re)start in, 0 where none is said). Takes a manifest into ``pins`` when
+    the controller holds none and a host of the run holds one whole."""
     by_key: dict[str, list[_Host]] = {}
     for h in _hosts(hosts):
         by_key.setdefault(h.cache.source, []).append(h)
+    batch = dict(batches or {})
+    # the weights' relay serves one folder at a time: a host serves one pack through the run
+    relaying: set[str] = set()
     out: dict[str, list[CompileCacheStep]] = {}
     for source, group in by_key.items():
         name = source.rsplit("/", 1)[-1]
@@ -124,12 +163,41 @@ def plan_compile_caches(
                 pins.put(name, manifest, first.name)
         holders = [h for h in group if _holds(h, manifest)]
         fetchers = [h for h in group if h not in holders and holders and h.port is not None]
-        compiler = None if holders else next((h for h in group if h.starts), None)
+        compiler = None if holders else _compiler(group, batch)
+        receivers: list[_Host] = []
+        if compiler is not None and compiler.port is not None and compiler.name not in relaying:
+            receivers = [h for h in group if h.starts and h.port is not None and _later(h, compiler, batch)]
+            if receivers:
+                relaying.add(compiler.name)
         for h in group:
             out.setdefault(h.name, []).append(
-                _step(h, name=name, manifest=manifest, holders=holders, fetchers=fetchers, compiler=compiler)
+                _step(
+                    h,
+                    name=name,
+                    manifest=manifest,
+                    holders=holders,
+                    fetchers=fetchers,
+                    compiler=compiler,
+                    receivers=receivers,
+                    batch=batch.get(h.name, 0),
+                )
             )
     return out
+
+
+def _compiler(group: list[_Host], batch: Mapping[str, int]) -> _Host | None:
+    """The host that compiles a key no host of the run holds: the first, in run order, of those
+    whose engine (re)starts in the earliest batch in which one of the key's does; None when none
+    (re)starts."""
+    starting = [h for h in group if h.starts]
+    if not starting:
+        return None
+    earliest = min(batch.get(h.name, 0) for h in starting)
+    return next(h for h in starting if batch.get(h.name, 0) == earliest)
+
+
+def _later(h: _Host, compiler: _Host, batch: Mapping[str, int]) -> bool:
+    return batch.get(h.name, 0) > batch.get(compiler.name, 0)
 
 
 def _step(
@@ -140,6 +208,8 @@ def _step(
     holders: list[_Host],
     fetchers: list[_Host],
     compiler: _Host | None,
+    receivers: list[_Host],
+    batch: int,
 ) -> CompileCacheStep:
     found = h.found or {}
     note = None
@@ -173,4 +243,31 @@ def _step(
             "most_files": MOST_FILES,
             "most_bytes": MOST_BYTES,
         }
-    return CompileCacheStep(h.unit, h.cache, manifest, serves=serves, place=place, pack=pack, note=note)
+    receives = None
+    if compiler is not None and h in receivers:
+        receives = FromThisRun(
+            name,
+            compiler.name,
+            {
+                "dir": h.cache.source,
+                "manifest": {},
+                "peers": [{"host": compiler.name, "url": f"http://{compiler.address}:{compiler.port}"}],
+                "peer_key_file": h.key_file,
+                "progress_log": f"{h.cache.source}.log",
+                "engine_dir": h.cache.target,
+                "owner_root": unit_cache_dir(h.unit),
+                "user": h.user,
+            },
+        )
+    return CompileCacheStep(
+        h.unit,
+        h.cache,
+        manifest,
+        serves=serves,
+        place=place,
+        pack=pack,
+        note=note,
+        batch=batch,
+        serves_packed=tuple(r.address for r in receivers) if compiler is h else (),
+        receives=receives,
+    )

@@ -26,6 +26,7 @@ from kimi_deploy.converge.steps import converge_steps
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.profile_types import HostState
 from kimi_deploy.plan.deploy_plan import DeployPlan
+from kimi_deploy.plan.start_batches import ROUTERS
 from kimi_deploy.render.watchdog_units import WATCHDOG_UNIT
 from kimi_deploy.serving.context_ladder import climb_request
 from kimi_deploy.serving.watchdog_report import release_time, watchdog_lines
@@ -270,6 +271,17 @@ def deploy_kimi() -> None:
         for batch in host.loop(steps.batches):  # type: ignore[no-untyped-call]
             go = unless_failed(batch.unless_failed) if batch.unless_failed else None
             suffix = SUFFIXES[batch.batch]
+            # The compile cache of a key that a host of an earlier batch compiled and packed in this
+            # run, placed before this batch changes anything (the engine still serves meanwhile).
+            in_batches = [c for c in steps.compile_caches if c.in_batches] if batch.batch < ROUTERS else []
+            for c in host.loop(in_batches if batch.batch else []):  # type: ignore[no-untyped-call]
+                do(
+                    compile_cache.placed_from_run,
+                    name=f"Compile cache placed from this run's pack{suffix}",
+                    receives=c.receives if c.batch == batch.batch else None,
+                    unit=c.unit,
+                    _if=go,
+                )
             if batch.place:
                 do(
                     units.rendered,
@@ -314,10 +326,31 @@ def deploy_kimi() -> None:
                 router_view=batch.router_view,
                 drain=batch.drain,
             )
-
-        # What the run's chosen host of each key compiled, once it serves: packed for the other hosts.
+            # What the run's chosen host of each key compiled, once its batch serves: packed, and
+            # served to the hosts of the key in later batches for the rest of the run.
+            for c in host.loop(in_batches):  # type: ignore[no-untyped-call]
+                mine = c.batch == batch.batch
+                do(
+                    compile_cache.packed,
+                    name=f"Compile cache packed{suffix}",
+                    request=c.pack if mine else None,
+                    held=c.manifest,
+                    _if=go,
+                )
+                do(
+                    compile_cache.served_packed,
+                    name=f"Compile cache served to peers of later batches{suffix}",
+                    path=c.cache.source,
+                    bind=deploy.host.address,
+                    port=todo.weights.fan_out_port if todo.weights is not None else None,
+                    allow=list(c.serves_packed) if mine else [],
+                    key_file=todo.weights.peer_key_file if todo.weights is not None else "",
+                    user=todo.user,
+                    _if=go,
+                )
         for c in host.loop(steps.compile_caches):  # type: ignore[no-untyped-call]
-            do(compile_cache.packed, name="Compile cache packed", request=c.pack, held=c.manifest)
+            if c.serves_packed:
+                do(weights.peer_server_stopped, name="Compile cache no longer served to peers of later batches")
 
         do(
             releases.serving,

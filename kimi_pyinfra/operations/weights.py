@@ -112,6 +112,24 @@ def peer_server(
     the hosts that fetch find it up; ``peer_server_stopped`` ends it when they are done, and it
     exits by itself after five idle minutes, or six hours whatever happens.
     """
+    yield peer_command(
+        path=path, lock=lock, bind=bind, port=port, allow=allow, key_file=key_file, user=user, fetching=fetching
+    )
+
+
+def peer_command(
+    *,
+    path: str,
+    lock: dict[str, list[Any]],
+    bind: str,
+    port: int,
+    allow: list[str],
+    key_file: str,
+    user: str,
+    fetching: bool = False,
+) -> str:
+    """The shell command of ``peer_server`` (its arguments): for an operation that learns the
+    lock only when it runs (``operations.compile_cache.served_packed``)."""
     request: PeerRequest = {
         "dir": path,
         "lock": lock,
@@ -122,7 +140,7 @@ def peer_server(
         "fetching": fetching,
         "idle_exit_s": 300,
     }
-    yield transient_service(
+    return transient_service(
         PEER_UNIT,
         f"kimi-deploy: serve {path} to the other hosts of this run",
         (*_PEER_PROPERTIES, f"User={user}", f"ReadOnlyPaths={path}"),
