@@ -62,12 +62,21 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
             pins(os.environ),
             _start_batches(state, answered, probed),
         )
-    in_topology = _in_topology(state, deploy)
+    # The hosts of this topology the run covers, their converges, and what the topology's views
+    # work out alike: once per topology, not once per host of it.
+    topology = (deploy.recipe_file, deploy.spec.topology)
+    if topology not in context.topologies:
+        in_topology = _in_topology(state, deploy)
+        context.topologies[topology] = (in_topology, _todos(me, in_topology), {})
+    in_topology, todos, shared = context.topologies[topology]
+    if me.name not in todos:
+        todos = {**todos, me.name: todo_for(inventory, me)}
     return run_view(
         me.name,
-        _todos(me, in_topology),
+        todos,
         probed,
         in_topology=in_topology,
+        shared=shared,
         fan_out=context.fan_out,
         run_id=context.run_id,
         transfer_key=context.transfer_key,

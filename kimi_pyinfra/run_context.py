@@ -27,7 +27,7 @@ from kimi_deploy.errors import ConfigError
 from kimi_deploy.host.profile_types import HostProfile
 from kimi_deploy.inventory import Inventory
 from kimi_deploy.plan.deploy_plan import DeployPlan
-from kimi_deploy.plan.servespec import Plan
+from kimi_deploy.plan.servespec import HostPlan, Plan
 from kimi_deploy.recipe import Recipe
 from kimi_deploy.weights.fanout import FanOutPart
 from kimi_pyinfra.all_at_once import aligned, widen_pools
@@ -77,6 +77,11 @@ class RunContext:
     fan_out: list[dict[str, FanOutPart]] | None = None
     # each host's compile cache steps, decided once for the run (``kimi_deploy.converge.compile_caches``)
     compile_caches: dict[str, list[CompileCacheStep]] | None = None
+    # (recipe file, topology) -> the hosts of it this run covers, their converges, and what their
+    # views share (``kimi_pyinfra.converge_run.view_of``, ``converge.steps.RunView.shared``)
+    topologies: dict[tuple[str, str], tuple[list[HostPlan], dict[str, tuple[DeployPlan, Converge]], dict[str, Any]]] = (
+        field(default_factory=dict)
+    )
     # artifact name (``<unit>-<key>``) -> the manifest a host packed in this run and the controller
     # holds, once its pack is done: what the hosts of later batches receive (``operations.compile_cache``)
     compile_caches_packed: dict[str, dict[str, list[Any]]] = field(default_factory=dict)

@@ -47,12 +47,27 @@ def _plans(recipe: Recipe, prod: Inventory) -> dict[str, tuple[DeployPlan, Conve
     return out
 
 
-def steps_of(me: str, plans: Mapping[str, tuple[DeployPlan, Converge]], probed: Mapping[str, Any]) -> Steps:
-    """``me``'s steps in a run of every host of the topology, as the deploy decides them."""
+def steps_of(
+    me: str,
+    plans: Mapping[str, tuple[DeployPlan, Converge]],
+    probed: Mapping[str, Any],
+    shared: dict[str, Any] | None = None,  # RunView.shared: a memo of values of several kinds
+) -> Steps:
+    """``me``'s steps in a run of every host of the topology, as the deploy decides them
+    (``shared``: what the topology's views share, as ``converge_run.view_of`` gives them)."""
     deploy, todo = plans[me]
     order = list(plans)
     fan_out = plan_fan_outs([(*plans[h], probed[h]) for h in order])
-    view = run_view(me, plans, probed, in_topology=deploy.topology, fan_out=fan_out, run_id=RUN, transfer_key="k" * 43)
+    view = run_view(
+        me,
+        plans,
+        probed,
+        in_topology=deploy.topology,
+        fan_out=fan_out,
+        run_id=RUN,
+        transfer_key="k" * 43,
+        shared=shared,
+    )
     return converge_steps(deploy, todo, probed[me], view)
 
 
@@ -375,3 +390,23 @@ def test_the_next_batch_waits_for_the_running_router_to_send_to_the_one_before(r
     # no router running (a new router host): it starts after every batch, with nothing to catch up on
     stopped = {**probed, "gb300-rt01": probe(before["gb300-rt01"][1], running=False)}
     assert [b.router_view for b in steps_of("gb300-rt01", after, stopped).batches] == [None, None, None]
+
+
+def test_the_views_of_a_topology_work_out_its_peers_once_and_decide_as_each_alone(
+    recipe: Recipe, prod: Inventory
+) -> None:
+    """What every host of a topology reads alike of the others (who restarts, which instances are
+    down or starting, the ladder's proofs) is worked out by the first view and shared by the
+    others: a run costs each host its own converge, not its topology's. Each host's steps are
+    those it decides alone."""
+    before = _plans(recipe, prod)
+    after = _plans(_with(recipe, vllm="0.34.1"), prod)
+    probed: dict[str, Any] = {h: probe(todo) for h, (_, todo) in before.items()}
+    probed["gb300-p01"] = _units_of(probed["gb300-p01"], active="failed", sub="failed")
+    probed["gb300-p06"] = OSError("timed out")
+    answered = [h for h in after if isinstance(probed[h], dict)]
+    shared: dict[str, Any] = {}
+    together = {h: steps_of(h, after, probed, shared) for h in answered}
+    assert set(shared) == {"restarting", "down", "waiting", "proofs"}
+    assert together == {h: steps_of(h, after, probed) for h in answered}
+    assert together["gb300-p05"].down == {("prefill", 0), ("prefill", 2)}

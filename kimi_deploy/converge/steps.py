@@ -12,8 +12,8 @@ recorded serving, and old weights revisions collected.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from kimi_deploy.converge.compile_caches import CompileCacheStep
@@ -30,7 +30,7 @@ from kimi_deploy.converge.plan import (
 from kimi_deploy.host.preflight import check as preflight_check
 from kimi_deploy.host.profile import parse_profile
 from kimi_deploy.host.profile_types import HostState
-from kimi_deploy.hostside.probe_types import ReleaseMarker, UnitState, WeightsFound
+from kimi_deploy.hostside.probe_types import LadderProof, ReleaseMarker, UnitState, WeightsFound
 from kimi_deploy.hostside.requests import (
     AllReduceRequest,
     CommCheckRequest,
@@ -75,6 +75,10 @@ class RunView:
     fan_out: tuple[FanOutPart, ...]
     # this host's compile cache steps (``kimi_deploy.converge.compile_caches``), one per engine unit
     compile_caches: tuple[CompileCacheStep, ...] = ()
+    # what every host of the topology reads alike of ``peers`` (who restarts, which instances are
+    # down, who is still starting, the ladder's proofs), worked out by the first to ask: shared by
+    # the views of one topology, so that a run costs each host its own converge, not its topology's
+    shared: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -223,10 +227,12 @@ def run_view(
     run_id: str,
     transfer_key: str,
     compile_caches: Mapping[str, Sequence[CompileCacheStep]] | None = None,
+    shared: dict[str, Any] | None = None,  # a memo of values of several kinds (RunView.shared)
 ) -> RunView:
     """Host ``me``'s view of the run: ``todos``, its own converge and those of ``in_topology`` (the
     hosts of its topology the run covers); ``probed``, every host's answer (or the exception its
-    probe raised); ``fan_out``, ``plan_fan_outs`` of every host."""
+    probe raised); ``fan_out``, ``plan_fan_outs`` of every host; ``shared``, the ``RunView.shared``
+    of the other views of its topology in this run (None: a view of its own)."""
     peers: dict[str, tuple[Converge, HostState | None]] = {}
     for p in in_topology:
         found = probed.get(p.host)
@@ -238,6 +244,7 @@ def run_view(
         peers=peers,
         fan_out=tuple(slot[me] for slot in fan_out)[: len(todos[me][1].checkpoints)],
         compile_caches=tuple((compile_caches or {}).get(me, ())),
+        shared={} if shared is None else shared,
     )
 
 
@@ -246,9 +253,20 @@ def restarts(todo: Converge, found: HostState) -> frozenset[str]:
     return frozenset(u.name for u in todo.units if needs_start(u.release, unit_state(u, found)))
 
 
+def _shared(run: RunView, name: str, work: Callable[[RunView], Any]) -> Any:
+    """``work(run)``, once for the views that share ``run.shared`` (the hosts of one topology)."""
+    if name not in run.shared:
+        run.shared[name] = work(run)
+    return run.shared[name]
+
+
 def restarting_hosts(run: RunView) -> list[str]:
     """Hosts of this topology in the run where some unit will (re)start, or that could not be
     probed (down, unreachable): the communication check is needed then."""
+    return list(_shared(run, "restarting", _restarting_hosts))
+
+
+def _restarting_hosts(run: RunView) -> list[str]:
     out = []
     for peer in run.in_topology:
         todo, found = run.peers.get(peer.host, (None, None))
@@ -361,6 +379,11 @@ def down_instances(run: RunView) -> frozenset[tuple[str, int]]:
     """The instances of this host's topology that do not serve now: an engine of theirs not
     running (stopped, failed, never started, systemd restarting it), or a host of theirs that did
     not answer the probe. One still starting is waited for before the batches: not down."""
+    found: frozenset[tuple[str, int]] = _shared(run, "down", _down_instances)
+    return found
+
+
+def _down_instances(run: RunView) -> frozenset[tuple[str, int]]:
     out = set()
     for peer in run.in_topology:
         if peer.role == "router":
@@ -378,6 +401,11 @@ def down_instances(run: RunView) -> frozenset[tuple[str, int]]:
 
 def waiting_hosts(run: RunView) -> tuple[str, ...]:
     """The hosts of this host's topology with a unit still starting (``starting``)."""
+    found: tuple[str, ...] = _shared(run, "waiting", _waiting_hosts)
+    return found
+
+
+def _waiting_hosts(run: RunView) -> tuple[str, ...]:
     out = []
     for peer in run.in_topology:
         todo, found = run.peers.get(peer.host, (None, None))
@@ -443,6 +471,10 @@ def _batches(
     return out
 
 
+def _proofs(run: RunView) -> list[LadderProof]:
+    return [p for _, seen in run.peers.values() if seen is not None for p in seen.get("ladder") or []]
+
+
 def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: RunView) -> Steps:
     """Every step of ``deploy``'s host's converge, from its probe's answer ``found``."""
     spec, recipe = deploy.spec, deploy.recipe
@@ -454,7 +486,7 @@ def converge_steps(deploy: DeployPlan, todo: Converge, found: HostState, run: Ru
     if all_reduce_why is None and not any(h.host in hosts for h in members(spec, run.in_topology)):
         all_reduce_why = f"no engine of instance {instance_label(spec)} starts or restarts"
     # A rung is proven once for the topology's hosts of the same hardware and release.
-    proofs = [p for _, seen in run.peers.values() if seen is not None for p in seen.get("ladder") or []]
+    proofs = _shared(run, "proofs", _proofs)
     down, waiting = down_instances(run), waiting_hosts(run)
     only = only_instance(spec, deploy.topology)
     climb = climb_for(deploy, todo, found, proofs)
