@@ -150,3 +150,31 @@ def test_the_tpu_engines_keep_jaxs_compilation_cache_in_the_folder_their_env_nam
     assert (
         vllm_tpu.compile_cache.target == vllm_tpu.env["VLLM_XLA_CACHE_PATH"] == f"{unit_cache_dir(vllm_tpu.name)}/xla"
     )
+
+
+def test_a_tokenspeed_unit_points_every_librarys_cache_into_one_folder() -> None:
+    full = _plan()
+    keys = _keys(full)
+    # the two ranks of tokenspeed-multi compile their own parts, the single host another launch
+    assert len({keys["h200-01"], keys["h200-02"], keys["b300-02"]}) == 3
+    unit = _engine(full, "h200-01")
+    cache = unit.compile_cache
+    assert cache is not None
+    assert cache.source == f"{CACHES_ROOT}/kimi-tokenspeed-{cache.key}"
+    assert cache.target.startswith(f"{unit_cache_dir('kimi-tokenspeed')}/")
+    # DeepGEMM's, FlashInfer's, Triton's, its autotune results and its C++ extensions: each
+    # library's own variable names a folder inside the one the cache is made from, none the same
+    names = (
+        "DG_JIT_CACHE_DIR",
+        "FLASHINFER_WORKSPACE_BASE",
+        "TRITON_CACHE_DIR",
+        "TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR",
+        "TORCH_EXTENSIONS_DIR",
+    )
+    folders = [unit.env[name] for name in names]
+    assert all(folder.startswith(f"{cache.target}/") for folder in folders)
+    assert len(set(folders)) == len(folders)
+    # as the host gets it: the rendered env file names the same folders
+    files = {f.path: f.content for f in render_host(load_recipe(RECIPE), full.for_host("h200-01"))}
+    rendered = dict(line.split("=", 1) for line in files["/etc/kimi/kimi-tokenspeed.env"].splitlines() if "=" in line)
+    assert [rendered[name] for name in names] == folders
