@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+import yaml
 
 from kimi_deploy.compile_cache.pins import Pins
 from kimi_deploy.converge.compile_caches import CompileCacheStep, plan_compile_caches
@@ -20,6 +21,7 @@ from kimi_deploy.inventory import Inventory
 from kimi_deploy.plan.deploy_plan import DeployPlan
 from kimi_deploy.plan.planner import plan
 from kimi_deploy.recipe import Recipe
+from kimi_deploy.recipe_file import load_recipe
 from kimi_pyinfra.operations.compile_cache import checked_manifest
 from tests.conftest import RECIPE
 
@@ -50,7 +52,8 @@ def _run(
         todo = cast(Converge, SimpleNamespace(user="kimi", checkpoints=[SimpleNamespace(peer_key_file=KEY_FILE)]))
         source = next(u.compile_cache.source for u in spec.units if u.compile_cache is not None)
         probed = {"compile_caches": {source: found[name]} if name in found else dict(by_dir or {})}
-        each.append((deploy, todo, probed, frozenset({"kimi-vllm"} if name in starts else set())))
+        units = {u.name for u in spec.units if u.compile_cache is not None}
+        each.append((deploy, todo, probed, frozenset(units if name in starts else set())))
     steps = plan_compile_caches(each, pins, batches)
     return {name: only for name, (only,) in steps.items()}
 
@@ -284,3 +287,66 @@ def test_without_a_fan_out_port_the_later_batch_compiles_its_own(
     assert steps["gb300-p01"].serves_packed == ()
     assert steps["gb300-p03"].receives is None
     assert not any(s.moves for s in steps.values())
+
+
+# The example's tpu7x topology: one sglang-jax instance over eight hosts, whose ranks share one key
+# (``tests/test_compile_cache_ranks.py``); JAX writes its cache from node rank 0 (tpu7x-w0) alone.
+TPU7X = tuple(f"tpu7x-w{i}" for i in range(8))
+
+
+def _two_tpu7x_instances(tmp_path: Path) -> Recipe:
+    """The example with the tpu7x pool as two instances of four hosts (w0-w3, w4-w7)."""
+    data = yaml.safe_load(Path(RECIPE).read_text(encoding="utf-8"))
+    data["topologies"]["tpu7x"]["pools"]["serve"] |= {"instances": 2, "parallel": {"tp": 16, "ep": 8}}
+    changed = tmp_path / "recipe.yaml"
+    changed.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return load_recipe(changed)
+
+
+def test_a_key_the_ranks_share_is_packed_by_node_rank_0_whatever_the_order(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    # rank 0 is not the first host of the run: the workers' folders stay empty, so it packs anyway
+    order = ("tpu7x-w3", "tpu7x-w1", "tpu7x-w0", "tpu7x-w2", "tpu7x-w4", "tpu7x-w5", "tpu7x-w6", "tpu7x-w7")
+    steps = _run(recipe, prod, {}, Pins(tmp_path), starts=TPU7X, hosts=order)
+    assert [h for h in order if steps[h].pack] == ["tpu7x-w0"]
+    assert len({steps[h].cache.source for h in order}) == 1
+    # with only workers restarting, no folder fills: nothing is packed
+    workers = _run(recipe, prod, {}, Pins(tmp_path / "workers"), starts=TPU7X[1:], hosts=order)
+    assert not any(s.pack for s in workers.values())
+
+
+def test_every_other_host_of_a_shared_key_receives_rank_0s_pack(
+    recipe: Recipe, prod: Inventory, tmp_path: Path
+) -> None:
+    pins = Pins(tmp_path)
+    first = _run(recipe, prod, {}, pins, starts=TPU7X, hosts=TPU7X)["tpu7x-w0"]
+    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "tpu7x-w0")
+    steps = _run(recipe, prod, {"tpu7x-w0": _holds(MANIFEST, _given(first, MANIFEST))}, pins, hosts=TPU7X)
+    leader = prod.host("tpu7x-w0").address
+    assert steps["tpu7x-w0"].serves == tuple(prod.host(h).address for h in TPU7X[1:])
+    for h in TPU7X[1:]:
+        place = steps[h].place
+        assert place is not None
+        assert place["peers"] == [{"host": "tpu7x-w0", "url": f"http://{leader}:8479"}]
+        assert place["manifest"] == MANIFEST
+        assert place["engine_dir"] == steps[h].cache.target
+
+
+def test_in_a_rolling_change_a_shared_key_is_packed_by_rank_0_of_the_first_batch(
+    prod: Inventory, tmp_path: Path
+) -> None:
+    two = _two_tpu7x_instances(tmp_path)
+    # the second instance restarts first; its rank 0 (w4) comes after one of its workers in the run
+    order = ("tpu7x-w5", "tpu7x-w4", "tpu7x-w6", "tpu7x-w7", "tpu7x-w0", "tpu7x-w1", "tpu7x-w2", "tpu7x-w3")
+    batches = {h: 0 if h in TPU7X[4:] else 1 for h in TPU7X}
+    steps = _run(two, prod, {}, Pins(tmp_path), starts=TPU7X, hosts=order, batches=batches)
+    assert [h for h in order if steps[h].pack] == ["tpu7x-w4"]
+    # the first instance's hosts, rank 0 and workers alike, start from that pack in this run
+    assert steps["tpu7x-w4"].serves_packed == tuple(prod.host(h).address for h in TPU7X[:4])
+    for h in TPU7X[:4]:
+        receives = steps[h].receives
+        assert receives is not None
+        assert receives.source == "tpu7x-w4"
+    # the packer's own workers compile beside it and receive it in the next run
+    assert not any(steps[h].receives for h in TPU7X[4:])

@@ -14,7 +14,9 @@ from kimi_deploy.releases.host_paths import engine_dir
 
 
 def unit_key(recipe: Recipe, placement: Placement, unit: Unit) -> CacheKey:
-    """The key of the cache ``unit``'s engine compiles on ``placement``'s host."""
+    """The key of the cache ``unit``'s engine compiles on ``placement``'s host: one per rank, or,
+    for an engine whose ranks share one cache (``Engine.compile_cache_ranks``), one for every rank
+    of the launch."""
     topology = placement.topology
     accelerators = topology.accelerators
     # every driver the recipe pins: a host of another kind's pin changing costs a compile, never a wrong cache
@@ -28,6 +30,7 @@ def unit_key(recipe: Recipe, placement: Placement, unit: Unit) -> CacheKey:
         placement=placement,
         device=f"{accelerators.vendor}:{accelerators.model or '-'}x{accelerators.per_host}",
         driver=driver,
+        ranks=engine(topology.engine).compile_cache_ranks,
     )
 
 

@@ -13,13 +13,15 @@ Pure: from every host's plan, converge and probe, and the manifests the controll
 - A host that holds it (or receives it) and whose engine has not been given that copy gets it
   before its engine (re)starts, the next start then skips the compile.
 - When no host of the run holds it, the first host of the key whose engine (re)starts, in the
-  earliest batch of the start order in which one does (``kimi_deploy.plan.start_batches``),
-  compiles as it would, and once its batch answers its smoke tests its cache is packed into the
-  artifact: the controller holds the manifest its pack answers. The hosts of the key that (re)start
-  in a later batch receive it in this run, before their batch starts, from the host that packed it
-  (which serves it for the rest of the run); those of its own batch compile too, at the same time
-  (waiting for one host to compile and then copying would make the first start slower, not
-  faster), and the hosts that do not (re)start receive it in the next run.
+  earliest batch of the start order in which one does (``kimi_deploy.plan.start_batches``), and
+  whose engine writes the cache (of a key the ranks share, ``Engine.compile_cache_ranks``, a host
+  of node rank 0: the others' folders stay empty), compiles as it would, and once its batch
+  answers its smoke tests its cache is packed into the artifact: the controller holds the
+  manifest its pack answers. The hosts of the key that (re)start in a later batch receive it in
+  this run, before their batch starts, from the host that packed it (which serves it for the rest
+  of the run); those of its own batch compile too, at the same time (waiting for one host to
+  compile and then copying would make the first start slower, not faster), and the hosts that do
+  not (re)start receive it in the next run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from kimi_deploy.compile_cache.pins import Pins
 from kimi_deploy.converge.plan import Converge
+from kimi_deploy.engines import engine
 from kimi_deploy.hostside.compile_cache_found import manifest_digest
 from kimi_deploy.hostside.requests import CompileCachePackRequest, CompileCachePlaceRequest, Lock, PeerSource
 from kimi_deploy.plan.deploy_plan import DeployPlan
@@ -105,6 +108,9 @@ class _Host:
     # the probe's answer of the artifact and the engine's copy (``hostside.compile_cache_found``)
     found: Mapping[str, Any] | None
     starts: bool
+    # its engine writes the cache it compiles: every rank of an engine whose ranks keep their own,
+    # node rank 0 alone of one whose ranks share one (JAX's, which process 0 alone writes)
+    writes: bool
 
 
 def _hosts(hosts: Sequence[tuple[DeployPlan, Converge, Any, frozenset[str]]]) -> list[_Host]:
@@ -113,6 +119,7 @@ def _hosts(hosts: Sequence[tuple[DeployPlan, Converge, Any, frozenset[str]]]) ->
         fan_out = deploy.recipe.weights.fan_out
         key_file = todo.checkpoints[0].peer_key_file if todo.checkpoints else ""
         caches = probed.get("compile_caches") or {} if isinstance(probed, dict) else {}
+        shared = engine(deploy.recipe.topologies[deploy.spec.topology].engine).compile_cache_ranks == "shared"
         for unit in deploy.spec.units:
             if unit.compile_cache is None:
                 continue
@@ -127,6 +134,7 @@ def _hosts(hosts: Sequence[tuple[DeployPlan, Converge, Any, frozenset[str]]]) ->
                     cache=unit.compile_cache,
                     found=caches.get(unit.compile_cache.source),
                     starts=unit.name in restarting,
+                    writes=not shared or deploy.spec.node_rank == 0,
                 )
             )
     return out
@@ -187,9 +195,9 @@ def plan_compile_caches(
 
 def _compiler(group: list[_Host], batch: Mapping[str, int]) -> _Host | None:
     """The host that compiles a key no host of the run holds: the first, in run order, of those
-    whose engine (re)starts in the earliest batch in which one of the key's does; None when none
-    (re)starts."""
-    starting = [h for h in group if h.starts]
+    whose engine (re)starts and writes the cache, in the earliest batch in which one of the key's
+    does; None when none does."""
+    starting = [h for h in group if h.starts and h.writes]
     if not starting:
         return None
     earliest = min(batch.get(h.name, 0) for h in starting)

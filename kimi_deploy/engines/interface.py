@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from kimi_deploy.compile_cache.key import CacheRanks
 from kimi_deploy.plan.listen import gatewayed
 from kimi_deploy.plan.placement import Placement
 from kimi_deploy.plan.servespec import Unit
@@ -60,6 +61,10 @@ class Engine:
     # the folder its ``unit`` keeps what it compiles at start in, when that launch compiles and a
     # start from a copy of the folder skips the compile (``kimi_deploy.compile_cache``); None: none
     compile_cache: Callable[[Unit], str | None] = _no_compile_cache
+    # who writes and reads that cache in an instance over several hosts: "each" rank compiles and
+    # keeps its own (a key per rank); "shared": every rank reads the one cache that node rank 0
+    # alone writes (JAX's), so every rank of the launch has one key and a node-rank-0 host packs it
+    compile_cache_ranks: CacheRanks = "each"
     # its own log lines that time a start (``hostside.start_phases``): per phase ("engine load",
     # "compile"), the readings to try in turn, ``{"took": PATTERN}`` (group 1: seconds) or
     # ``{"between": [A, B]}``; and the line it prints once it serves (None: none read)

@@ -97,11 +97,14 @@ def engine_unit(recipe: Recipe, recipe_file: str, placement: Placement) -> Unit:
 def compile_cache(unit: Unit) -> str | None:
     """The folder JAX keeps the XLA programs the engine compiles in, the unit's
     ``JAX_COMPILATION_CACHE_DIR``. JAX reads an entry by its own key (the program, the jaxlib
-    version, XLA's flags, the devices and their topology), and its documentation has every process
-    of a multi-host job read one cache (docs.jax.dev, persistent_compilation_cache "How it works").
-    Only process 0 writes it (jax 0.10.2 ``jax/_src/compiler.py:796-805``), the engine's node 0
-    (``sgl_jax/srt/managers/scheduler.py:356-358``): in an instance over several hosts, the
-    others' folders stay empty and nothing of theirs is packed."""
+    version, XLA's flags, the devices and their topology), the same in every process of the job.
+    Every process reads the cache, and only the process of rank 0 writes it (docs.jax.dev,
+    persistent_compilation_cache "Multiple process and multiple devices"; jax 0.10.2
+    ``jax/_src/compiler.py:429`` reads, ``:796-805`` writes from ``process_id`` 0 alone), which is
+    the engine's node rank 0 (``sgl_jax/srt/managers/scheduler.py:358``:
+    ``jax.distributed.initialize(dist_init_addr, nnodes, node_rank)``). So the ranks share one
+    cache (``compile_cache_ranks``): node rank 0's folder is packed, and every other host of the
+    launch starts from a copy of it."""
     return unit.env.get(CACHE_ENV)
 
 
@@ -115,4 +118,5 @@ ENGINE = Engine(
         "linear-attention (KDA) layers such as Kimi's: its recurrent state stays on the TPU"
     ),
     compile_cache=compile_cache,
+    compile_cache_ranks="shared",
 )

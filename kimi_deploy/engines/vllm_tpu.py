@@ -144,7 +144,10 @@ def compile_cache(unit: Unit) -> str | None:
     ``VLLM_XLA_CACHE_PATH``, which tpu-inference makes JAX's persistent compilation cache
     (``tpu_inference/runner/compilation_manager.py:88-91``). JAX reads an entry by its own key (the
     program, the jaxlib version, XLA's flags, the devices and their topology; docs.jax.dev,
-    persistent_compilation_cache "How it works"); an instance here is one host (``check_layout``)."""
+    persistent_compilation_cache "How it works"); an instance here is one host (``check_layout``).
+    It is JAX's cache, which every process of a job reads and the process of rank 0 alone writes
+    (docs.jax.dev, persistent_compilation_cache "Multiple process and multiple devices"): its ranks
+    share one cache (``compile_cache_ranks``)."""
     return unit.env.get(CACHE_ENV)
 
 
@@ -155,4 +158,5 @@ ENGINE = Engine(
     positionals=positionals,
     kv_usage_metrics=VLLM_KV_USAGE,
     compile_cache=compile_cache,
+    compile_cache_ranks="shared",
 )
