@@ -110,9 +110,17 @@ def wait_ready(st: dict[str, Any], host: str, since: int, timeout_s: float = 600
 
 
 def cold_start_table(log: str) -> list[str]:
+    """The run's cold-start headline, its table and the engines' own lines after it."""
     lines = log.splitlines()
     at = next((i for i, line in enumerate(lines) if "Cold start:" in line), None)
-    return [] if at is None else lines[at : at + 4]
+    if at is None:
+        return []
+    table = [lines[at]]
+    for line in lines[at + 1 :]:
+        if not re.match(r"\s+(host |kimi-h\d+ |median/max|Engine starts)", line):
+            break
+        table.append(line)
+    return table
 
 
 def main() -> None:

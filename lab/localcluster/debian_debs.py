@@ -20,7 +20,7 @@ from kimi_deploy.engines.vllm import COMPILER_PACKAGES, CPU_PACKAGES
 from kimi_deploy.releases.host_libraries import MOONCAKE_CLIENT, MOONCAKE_MASTER
 from kimi_deploy.releases.host_libraries import packages as library_packages
 from localcluster import log, run
-from localcluster.image import APT_LOCK, cache_lock
+from localcluster.image import APT_LOCK, SUITE, cache_lock
 from localcluster.state import ClusterError
 
 # What the deploy installs on a router host: nginx with its njs (JavaScript) module. Their other
@@ -41,9 +41,11 @@ COMPILER_CLOSURE = (
     "gcc", "libc-dev-bin", "linux-libc-dev", "libcrypt-dev", "libtirpc-dev", "libnsl-dev", "rpcsvc-proto",
     "libc6-dev", "libstdc++-12-dev", "g++-12",
     # libpython3-dev's beyond the base image: libpython3.11-dev and libpython3.11 depend on the
-    # base image's own Python 3.11 at their exact version (a base image older than the mirror's
-    # point release is rebuilt: ``rm -r /var/cache/kimi-cluster/base-*``), which the mirror does not
-    # carry, so that no host is offered an upgrade of its base
+    # base image's own Python 3.11 at their exact version, which the mirror does not carry, so that
+    # no host is offered an upgrade of its base. They are taken from the suite the base image is
+    # built from (``_download``: bookworm, not bookworm-security, whose newer point release of
+    # Python 3.11 the base does not have); a base image older than that suite's point release is
+    # rebuilt: ``rm -r /var/cache/kimi-cluster/base-*``
     "libexpat1-dev", "libpython3.11", "zlib1g-dev", "libpython3.11-dev",
 )  # fmt: skip
 # What a host running the Mooncake master or its store client gets (kimi_deploy.releases.host_libraries,
@@ -74,7 +76,8 @@ DEBIAN_PACKAGES = tuple(
     )
 )
 CACHE_NAME = "debian-debs"
-STAMP = ".done"
+# what was downloaded, by package; named by the suite the packages were taken from
+STAMP = f".done-{SUITE}"
 DOWNLOAD_TIMEOUT_S = 600
 
 
@@ -82,8 +85,11 @@ def _download(into: Path, packages: tuple[str, ...]) -> subprocess.CompletedProc
     # apt downloads as its sandbox user _apt, which must be able to write here.
     with contextlib.suppress(LookupError, PermissionError):
         shutil.chown(into, user="_apt")
+    # each package from the suite the base image is built from (localcluster.image.SUITE) where it
+    # has one: the controller's apt may also know bookworm-security, whose point releases of the
+    # base's own packages (Python 3.11) a package built against them would need
     return subprocess.run(
-        ["apt-get", "download", "-q", *packages],
+        ["apt-get", "download", "-q", "-t", SUITE, *packages],
         cwd=into,
         capture_output=True,
         text=True,
