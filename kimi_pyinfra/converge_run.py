@@ -62,15 +62,7 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
             pins(os.environ),
             _start_batches(state, answered, probed),
         )
-    # The hosts of this topology the run covers, their converges, and what the topology's views
-    # work out alike: once per topology, not once per host of it.
-    topology = (deploy.recipe_file, deploy.spec.topology)
-    if topology not in context.topologies:
-        in_topology = _in_topology(state, deploy)
-        context.topologies[topology] = (in_topology, _todos(me, in_topology), {})
-    in_topology, todos, shared = context.topologies[topology]
-    if me.name not in todos:
-        todos = {**todos, me.name: todo_for(inventory, me)}
+    in_topology, todos, shared = _topology(state, me, deploy)
     return run_view(
         me.name,
         todos,
@@ -82,6 +74,23 @@ def view_of(state: State, me: Host, deploy: DeployPlan) -> RunView:
         transfer_key=context.transfer_key,
         compile_caches=context.compile_caches,
     )
+
+
+def _topology(
+    state: State, me: Host, deploy: DeployPlan
+) -> tuple[list[HostPlan], dict[str, tuple[DeployPlan, Converge]], dict[str, Any]]:
+    """The hosts of ``me``'s topology the run covers, their converges (``me``'s among them), and
+    what the topology's views work out alike (``RunView.shared``): once per topology and run, not
+    once per host of it."""
+    context = run_context()
+    topology = (deploy.recipe_file, deploy.spec.topology)
+    if topology not in context.topologies:
+        in_topology = _in_topology(state, deploy)
+        context.topologies[topology] = (in_topology, _todos(me, in_topology), {})
+    in_topology, todos, shared = context.topologies[topology]
+    if me.name not in todos:
+        todos = {**todos, me.name: todo_for(inventory, me)}
+    return in_topology, todos, shared
 
 
 def _in_topology(state: State, deploy: DeployPlan) -> list[HostPlan]:
@@ -101,18 +110,15 @@ def _todos(me: Host, in_topology: list[HostPlan]) -> dict[str, tuple[DeployPlan,
 def _start_batches(state: State, answered: list[Host], probed: dict[str, Any]) -> dict[str, int]:
     """The batch of the start order each host's engines (re)start in this run, as its steps make
     them (``kimi_deploy.converge.steps``: the instances of its topology that do not serve go first)."""
-    down: dict[tuple[str, str], frozenset[tuple[str, int]]] = {}
     out = {}
     for h in answered:
         deploy = todo_for(inventory, h)[0]
-        topology = (deploy.recipe_file, deploy.spec.topology)
-        if topology not in down:  # the same for every host of a topology
-            in_topology = _in_topology(state, deploy)
-            view = run_view(
-                h.name, _todos(h, in_topology), probed, in_topology=in_topology, fan_out=(), run_id="", transfer_key=""
-            )
-            down[topology] = down_instances(view)
-        out[h.name] = batch_of(deploy.spec, deploy.topology, down[topology])
+        # the topology's view, whose instances down are worked out once and shared with its hosts' steps
+        in_topology, todos, shared = _topology(state, h, deploy)
+        view = run_view(
+            h.name, todos, probed, in_topology=in_topology, shared=shared, fan_out=(), run_id="", transfer_key=""
+        )
+        out[h.name] = batch_of(deploy.spec, deploy.topology, down_instances(view))
     return out
 
 

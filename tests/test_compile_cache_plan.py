@@ -66,6 +66,14 @@ def _given(step: CompileCacheStep, manifest: dict[str, Any]) -> dict[str, str]:
     return {"key": step.cache.source.rsplit("/", 1)[-1], "manifest": manifest_digest(manifest)}
 
 
+def _held(recipe: Recipe, prod: Inventory, pins: Pins) -> dict[str, Any]:
+    """The controller holds ``MANIFEST`` for gb300-p01's key: what a host holding that artifact,
+    given to its engine, answers of it."""
+    first = _run(recipe, prod, {}, pins)["gb300-p01"]
+    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
+    return _holds(MANIFEST, _given(first, MANIFEST))
+
+
 def test_with_no_cache_anywhere_the_first_host_that_starts_compiles_and_packs(
     recipe: Recipe, prod: Inventory, tmp_path: Path
 ) -> None:
@@ -84,9 +92,8 @@ def test_the_holder_serves_and_the_others_receive_the_manifest_the_controller_ho
     recipe: Recipe, prod: Inventory, tmp_path: Path
 ) -> None:
     pins = Pins(tmp_path)
-    first = _run(recipe, prod, {}, pins)["gb300-p01"]
-    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
-    steps = _run(recipe, prod, {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST))}, pins)
+    holder = _held(recipe, prod, pins)
+    steps = _run(recipe, prod, {"gb300-p01": holder}, pins)
     p01, p03, p05 = (steps[h] for h in RANK0)
     addresses = [prod.host(h).address for h in RANK0]
     assert p01.serves == (addresses[1], addresses[2])
@@ -121,9 +128,8 @@ def test_an_artifact_that_is_not_the_controllers_is_neither_served_nor_given(
     recipe: Recipe, prod: Inventory, tmp_path: Path
 ) -> None:
     pins = Pins(tmp_path)
-    first = _run(recipe, prod, {}, pins)["gb300-p01"]
-    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
-    found = {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST)), "gb300-p03": _holds(OTHER)}
+    holder = _held(recipe, prod, pins)
+    found = {"gb300-p01": holder, "gb300-p03": _holds(OTHER)}
     steps = _run(recipe, prod, found, pins)
     p03 = steps["gb300-p03"]
     assert p03.note is not None
@@ -257,9 +263,8 @@ def test_a_key_a_host_holds_moves_before_the_batches_not_within_them(
     recipe: Recipe, prod: Inventory, tmp_path: Path
 ) -> None:
     pins = Pins(tmp_path)
-    first = _run(recipe, prod, {}, pins)["gb300-p01"]
-    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
-    steps = _run(recipe, prod, {"gb300-p01": _holds(MANIFEST, _given(first, MANIFEST))}, pins, batches=ROLLING)
+    holder = _held(recipe, prod, pins)
+    steps = _run(recipe, prod, {"gb300-p01": holder}, pins, batches=ROLLING)
     assert not any(s.pack or s.receives or s.serves_packed or s.in_batches for s in steps.values())
     place = steps["gb300-p03"].place
     assert place is not None
@@ -268,9 +273,8 @@ def test_a_key_a_host_holds_moves_before_the_batches_not_within_them(
 
 def test_a_converged_key_takes_no_step(recipe: Recipe, prod: Inventory, tmp_path: Path) -> None:
     pins = Pins(tmp_path)
-    first = _run(recipe, prod, {}, pins)["gb300-p01"]
-    pins.put(first.cache.source.rsplit("/", 1)[-1], MANIFEST, "gb300-p01")
-    held = {h: _holds(MANIFEST, _given(first, MANIFEST)) for h in RANK0}
+    holder = _held(recipe, prod, pins)
+    held = dict.fromkeys(RANK0, holder)
     steps = _run(recipe, prod, held, pins, starts=(), batches=ROLLING)
     for step in steps.values():
         assert (step.place, step.pack, step.receives, step.serves, step.serves_packed) == (None, None, None, (), ())

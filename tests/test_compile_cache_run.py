@@ -16,26 +16,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from pyinfra.api.config import Config
-from pyinfra.api.state import State
-from pyinfra.context import ctx_host, ctx_inventory, ctx_state, host
-from pyinfra_cli.inventory import make_inventory_from_files
+from pyinfra.context import ctx_host
 
 from kimi_deploy.converge import plan as converge_plan
 from kimi_deploy.converge.compile_caches import FromThisRun
 from kimi_deploy.inventory import Inventory
-from kimi_pyinfra import host_plan, stop_signals
-from kimi_pyinfra.deploys import kimi
-from kimi_pyinfra.facts.host_state import KimiHostState
-from kimi_pyinfra.host_plan import todo_for
+from kimi_pyinfra import host_plan
 from kimi_pyinfra.operations import compile_cache
-from kimi_pyinfra.run_context import Probe, run_context
 from tests.conftest import PROD, ROOT
 from tests.host_converge import LOCK, probe_answer
+from tests.recorded_run import Steps, recorded_run
 
 COMPILES, RECEIVES, BESIDE = "gb300-p01", "gb300-p03", "gb300-p05"
-
-Steps = dict[str, list[tuple[Any, dict[str, Any]]]]
 
 
 @pytest.fixture
@@ -54,37 +46,7 @@ def controller(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def _recorded(answer: Any) -> Steps:
     """Every step the deploy takes on each host, by host (``answer(todo)``: each host's probe)."""
-    with ctx_state.use(State()):
-        inventory = make_inventory_from_files(PROD, override_data={"kimi_reboot": "allowed"}, cwd=str(ROOT))
-    state = State(inventory, Config())  # type: ignore[no-untyped-call]
-    for h in inventory:
-        state.activate_host(h)
-    steps: Steps = {}
-
-    def record(op: Any, /, **arguments: Any) -> None:
-        steps.setdefault(host.name, []).append((op, arguments))
-
-    with pytest.MonkeyPatch.context() as patch, ctx_state.use(state), ctx_inventory.use(inventory):
-        patch.setattr(kimi, "converge_host", lambda converge: converge(record))
-        patch.setattr(stop_signals, "install", lambda state: None)
-        context = run_context()
-        context.step_lines = True  # no progress lines, nothing connects
-        probe = Probe(
-            results={h.name: answer(todo_for(inventory, h)[1]) | {"drivers": _drivers_answer()} for h in inventory}
-        )
-        probe.done.set()
-        context.probes[f"{KimiHostState.__module__}.{KimiHostState.__name__}"] = probe
-        for h in inventory:
-            with ctx_host.use(h):
-                kimi.deploy_kimi()
-    return steps
-
-
-def _drivers_answer() -> dict[str, Any]:
-    """``hostside/driver_probe.py``'s answer on a Debian 12 host (the drivers' steps are not these
-    tests' subject)."""
-    os_release = {"id": "debian", "version_id": "12", "arch": "amd64", "pretty": "Debian GNU/Linux 12"}
-    return {"os": os_release, "packages": {}, "files": {}, "owners": {}, "services": {}, "sysctl": {}}
+    return recorded_run(PROD, answer)[0]
 
 
 def _rolling(todo: Any) -> Any:

@@ -21,20 +21,13 @@ from typing import Any
 
 import pytest
 from pyinfra.api.command import StringCommand
-from pyinfra.api.config import Config
-from pyinfra.api.state import State
-from pyinfra.context import ctx_host, ctx_inventory, ctx_state, host
-from pyinfra_cli.inventory import make_inventory_from_files
 
 from kimi_deploy.converge import plan as converge_plan
 from kimi_deploy.errors import ConfigError
 from kimi_deploy.recipe_file import load_recipe
 from kimi_deploy.weights.lockfile import read_lock
-from kimi_pyinfra import host_plan, stop_signals
+from kimi_pyinfra import host_plan
 from kimi_pyinfra.cli import main
-from kimi_pyinfra.deploys import kimi
-from kimi_pyinfra.facts.host_state import KimiHostState
-from kimi_pyinfra.host_plan import todo_for
 from kimi_pyinfra.operations import (
     commcheck,
     compile_cache,
@@ -50,9 +43,9 @@ from kimi_pyinfra.operations import (
     users,
     weights,
 )
-from kimi_pyinfra.run_context import Probe, run_context
 from tests.conftest import PROD, RECIPE, ROOT
 from tests.host_converge import LOCK, probe_answer
+from tests.recorded_run import Steps, recorded_run
 
 KEY = "sk-kimi-d41c9a0e77b2"
 HUB_TOKEN = "hf_kimiRenderTestToken0123456789"
@@ -107,43 +100,10 @@ class Written:
     secret: bool = False
 
 
-def _drivers_answer() -> dict[str, Any]:
-    """``hostside/driver_probe.py``'s answer on a new Debian 12 host: no driver, no file."""
-    os_release = {"id": "debian", "version_id": "12", "arch": "amd64", "pretty": "Debian GNU/Linux 12"}
-    return {"os": os_release, "packages": {}, "files": {}, "owners": {}, "services": {}, "sysctl": {}}
-
-
-def _recorded_run(inventory_file: str) -> tuple[dict[str, list[tuple[Any, dict[str, Any]]]], Any]:
+def _recorded_run(inventory_file: str) -> tuple[Steps, Any]:
     """Every step ``deploys/kimi.py`` takes on each host of a new fleet, by host, and the run's
     context (its transfer key and communication check token)."""
-    with ctx_state.use(State()):
-        # a new host installs the driver and reboots into it (``--data kimi_reboot=allowed``)
-        inventory = make_inventory_from_files(inventory_file, override_data={"kimi_reboot": "allowed"}, cwd=str(ROOT))
-    state = State(inventory, Config())  # type: ignore[no-untyped-call]
-    for h in inventory:
-        state.activate_host(h)  # as connecting does  # type: ignore[no-untyped-call]
-    steps: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
-
-    def record(op: Any, /, **arguments: Any) -> None:
-        steps.setdefault(host.name, []).append((op, arguments))
-
-    with pytest.MonkeyPatch.context() as patch, ctx_state.use(state), ctx_inventory.use(inventory):
-        # the steps themselves, not pyinfra's operations made of them
-        patch.setattr(kimi, "converge_host", lambda converge: converge(record))
-        patch.setattr(stop_signals, "install", lambda state: None)
-        context = run_context()
-        context.step_lines = True  # no progress lines, no connection settings: nothing connects
-        answers = {}
-        for h in inventory:
-            _, todo = todo_for(inventory, h)
-            answers[h.name] = probe_answer(todo, installed=False, running=False) | {"drivers": _drivers_answer()}
-        probe = Probe(results=answers)
-        probe.done.set()
-        context.probes[f"{KimiHostState.__module__}.{KimiHostState.__name__}"] = probe
-        for h in inventory:
-            with ctx_host.use(h):
-                kimi.deploy_kimi()
-    return steps, context
+    return recorded_run(inventory_file, lambda todo: probe_answer(todo, installed=False, running=False))
 
 
 def _commands(op: Any, arguments: dict[str, Any]) -> list[Any]:

@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from kimi_deploy.controller_dirs import controller_state
 from kimi_deploy.hostside.compile_cache_found import manifest_digest
 from kimi_deploy.hostside.requests import Lock
 from kimi_deploy.hostside.revision_files import CACHE_BYTES
@@ -23,8 +24,7 @@ from kimi_deploy.hostside.revision_files import CACHE_BYTES
 
 def state_dir(environ: Mapping[str, str]) -> Path:
     """Where the controller keeps the manifests it holds (``environ``: the controller's environment)."""
-    base = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "state")
-    return Path(base) / "kimi-deploy" / "compile-caches"
+    return controller_state(environ) / "compile-caches"
 
 
 class Pins:

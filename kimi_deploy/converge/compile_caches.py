@@ -208,6 +208,23 @@ def _later(h: _Host, compiler: _Host, batch: Mapping[str, int]) -> bool:
     return batch.get(h.name, 0) > batch.get(compiler.name, 0)
 
 
+def _place_request(h: _Host, manifest: Lock, sources: list[_Host]) -> CompileCachePlaceRequest:
+    """``compile_cache_place.py``'s request on ``h``: the artifact verified against ``manifest``,
+    fetched from ``sources`` through the weights' relay (none: the host holds it) and given to
+    its engine."""
+    peers: list[PeerSource] = [{"host": s.name, "url": f"http://{s.address}:{s.port}"} for s in sources]
+    return {
+        "dir": h.cache.source,
+        "manifest": manifest,
+        "peers": peers,
+        "peer_key_file": h.key_file if peers else None,
+        "progress_log": f"{h.cache.source}.log",
+        "engine_dir": h.cache.target,
+        "owner_root": unit_cache_dir(h.unit),
+        "user": h.user,
+    }
+
+
 def _step(
     h: _Host,
     *,
@@ -229,19 +246,7 @@ def _step(
     if manifest is not None and (h in holders or h in fetchers):
         given = {"key": name, "manifest": manifest_digest(dict(manifest))}
         if h in fetchers or found.get("given") != given:
-            peers: list[PeerSource] = [
-                {"host": s.name, "url": f"http://{s.address}:{s.port}"} for s in holders if h in fetchers
-            ]
-            place = {
-                "dir": h.cache.source,
-                "manifest": dict(manifest),
-                "peers": peers,
-                "peer_key_file": h.key_file if peers else None,
-                "progress_log": f"{h.cache.source}.log",
-                "engine_dir": h.cache.target,
-                "owner_root": unit_cache_dir(h.unit),
-                "user": h.user,
-            }
+            place = _place_request(h, dict(manifest), holders if h in fetchers else [])
     pack: CompileCachePackRequest | None = None
     if compiler is h:
         pack = {
@@ -253,20 +258,7 @@ def _step(
         }
     receives = None
     if compiler is not None and h in receivers:
-        receives = FromThisRun(
-            name,
-            compiler.name,
-            {
-                "dir": h.cache.source,
-                "manifest": {},
-                "peers": [{"host": compiler.name, "url": f"http://{compiler.address}:{compiler.port}"}],
-                "peer_key_file": h.key_file,
-                "progress_log": f"{h.cache.source}.log",
-                "engine_dir": h.cache.target,
-                "owner_root": unit_cache_dir(h.unit),
-                "user": h.user,
-            },
-        )
+        receives = FromThisRun(name, compiler.name, _place_request(h, {}, [compiler]))
     return CompileCacheStep(
         h.unit,
         h.cache,
